@@ -1,0 +1,185 @@
+"""The node agent: a sidecar that publishes one engine's load and KV-cache state to Kafka.
+
+Every ``heartbeat_interval_s`` it scrapes the engine's Prometheus metrics and publishes a
+:class:`Heartbeat`; it subscribes to the engine's KV events (ZeroMQ, vLLM format), translates them
+to kvgate block hashes and publishes net deltas every ``kv_flush_interval_s`` (or sooner when
+``kv_flush_max_blocks`` are pending), with a full snapshot at start and every
+``snapshot_interval_s``. Sequence numbers are per node and epoch (one epoch per agent start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+import aiohttp
+import zmq
+import zmq.asyncio
+
+from agents.enginemetrics import EngineStats, parse_metrics
+from agents.kvtranslate import KvTranslator
+from agents.settings import AgentSettings
+from agents.vllm_events import decode_batch
+from streams.kafka import KafkaBus
+from streams.schemas import Heartbeat, KvEventBatch
+from streams.topics import HEARTBEATS, KV_EVENTS
+
+__all__ = ["NodeAgent", "new_epoch"]
+
+log = logging.getLogger(__name__)
+
+
+def new_epoch() -> str:
+    """Sortable by start time, unique per incarnation."""
+    return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}"
+
+
+class NodeAgent:
+    def __init__(self, settings: AgentSettings, bus: KafkaBus, block_size: int = 16) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.epoch = new_epoch()
+        self.translator = KvTranslator(block_size)
+        self._hb_seq = 0
+        self._kv_seq = 0
+        self._engine_seq: int | None = None
+        self._last_stats: EngineStats | None = None
+        self._last_scrape_s = 0.0
+        self._rates = (0.0, 0.0)
+        self._flush_now = asyncio.Event()
+        self._kv_lock = asyncio.Lock()
+        self.engine_gaps = 0
+
+    async def run(self) -> None:
+        """Run until cancelled."""
+        timeout = aiohttp.ClientTimeout(total=self.settings.scrape_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            # learn the block size and start from a full (possibly empty) snapshot
+            stats = await self._scrape(http)
+            if stats is not None:
+                self.translator.block_size = stats.block_size
+            tasks = [asyncio.create_task(self._heartbeats(http)),
+                     asyncio.create_task(self._flusher())]
+            if self.settings.kv_events_endpoint:
+                tasks.append(asyncio.create_task(self._subscribe(self.settings.kv_events_endpoint)))
+            await self._publish_kv(snapshot=True)
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                for t in tasks:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t
+
+    # --- heartbeats ----------------------------------------------------------------------
+    async def _scrape(self, http: aiohttp.ClientSession) -> EngineStats | None:
+        try:
+            async with http.get(self.settings.engine_url.rstrip("/") + "/metrics") as resp:
+                resp.raise_for_status()
+                stats = parse_metrics(await resp.text())
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("scrape of %s failed: %s", self.settings.engine_url, exc)
+            return None
+        now = time.time()
+        prev = self._last_stats
+        if prev is not None and now > self._last_scrape_s:
+            dt = now - self._last_scrape_s
+            self._rates = (
+                max(0.0, stats.prompt_tokens_total - prev.prompt_tokens_total) / dt,
+                max(0.0, stats.generation_tokens_total - prev.generation_tokens_total) / dt,
+            )
+        self._last_stats, self._last_scrape_s = stats, now
+        return stats
+
+    async def _heartbeats(self, http: aiohttp.ClientSession) -> None:
+        s = self.settings
+        while True:
+            started = time.monotonic()
+            stats = await self._scrape(http)
+            last = stats or self._last_stats
+            if last is not None:
+                hb = Heartbeat(
+                    node_id=s.node_id, epoch=self.epoch, seq=self._hb_seq, ts=time.time(),
+                    endpoint=s.engine_url, pool=s.pool, model=last.model_name or "unknown",
+                    block_size=last.block_size, kv_blocks_total=last.num_gpu_blocks,
+                    kv_blocks_used=round(last.kv_usage * last.num_gpu_blocks),
+                    running=last.running, waiting=last.waiting,
+                    prompt_tokens_per_s=self._rates[0], generation_tokens_per_s=self._rates[1],
+                    prefix_cache_hit_rate=(last.prefix_hits_total / last.prefix_queries_total
+                                           if last.prefix_queries_total else 0.0),
+                    healthy=stats is not None, lease_s=s.lease_s,
+                )
+                self._hb_seq += 1
+                await self.bus.publish(HEARTBEATS, s.node_id, hb)
+            await asyncio.sleep(max(0.0, s.heartbeat_interval_s - (time.monotonic() - started)))
+
+    # --- KV events -----------------------------------------------------------------------
+    async def _subscribe(self, endpoint: str) -> None:
+        ctx = zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
+        try:
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) != 3:
+                    log.warning("ignoring a KV event message with %d frames", len(frames))
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                self._check_sequence(seq)
+                try:
+                    batch = decode_batch(frames[2])
+                except Exception as exc:  # noqa: BLE001 - msgspec raises several types
+                    log.warning("undecodable KV event batch %d: %s", seq, exc)
+                    continue
+                self.translator.apply(batch)
+                if self.translator.pending >= self.settings.kv_flush_max_blocks:
+                    self._flush_now.set()
+        finally:
+            sock.close(linger=0)
+
+    def _check_sequence(self, seq: int) -> None:
+        last = self._engine_seq
+        self._engine_seq = seq
+        if last is None or seq == last + 1:
+            return
+        if seq <= last:  # the engine restarted: whatever we knew of its cache is gone
+            log.info("engine event sequence restarted (%d after %d): resetting", seq, last)
+            self.translator.reset()
+        else:
+            self.engine_gaps += 1
+            log.warning("engine KV events %d..%d were lost", last + 1, seq - 1)
+
+    async def _flusher(self) -> None:
+        s = self.settings
+        next_snapshot = time.monotonic() + s.snapshot_interval_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_now.wait(), s.kv_flush_interval_s)
+            self._flush_now.clear()
+            snapshot = time.monotonic() >= next_snapshot
+            if snapshot:
+                next_snapshot = time.monotonic() + s.snapshot_interval_s
+            await self._publish_kv(snapshot=snapshot)
+
+    async def _publish_kv(self, snapshot: bool) -> None:
+        async with self._kv_lock:
+            t = self.translator
+            if snapshot:
+                stored, removed, cleared, kind = t.snapshot(), [], False, "snapshot"
+            else:
+                delta = t.take_delta()
+                if delta.empty:
+                    return
+                stored, removed, cleared, kind = delta.stored, delta.removed, delta.cleared, "delta"
+            batch = KvEventBatch(
+                node_id=self.settings.node_id, epoch=self.epoch, seq=self._kv_seq, ts=time.time(),
+                kind=kind, block_size=t.block_size, stored=stored, removed=removed,
+                cleared=cleared,
+            )
+            self._kv_seq += 1
+            await self.bus.publish(KV_EVENTS, self.settings.node_id, batch)

@@ -1,0 +1,157 @@
+"""A paged KV cache of fixed-size blocks with prefix reuse and LRU eviction (pure, no I/O).
+
+Blocks are either *anonymous* (being filled, or holding a partial block) or *cached* under the
+chained hash of their content. A cached block with no reference stays reusable until it is
+evicted in least-recently-used order, like vLLM's prefix cache. Every change that an outside
+observer can see is returned as a :class:`CacheEvent` so that the engine can publish it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["BlockStored", "BlockRemoved", "AllCleared", "CacheEvent", "KvCache", "OutOfBlocks"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllCleared:
+    pass
+
+
+CacheEvent = BlockStored | BlockRemoved | AllCleared
+
+
+class OutOfBlocks(Exception):  # noqa: N818 - a condition, not an error for the engine
+    """Not enough free or evictable blocks."""
+
+
+@dataclass(slots=True)
+class KvCache:
+    num_blocks: int
+    block_size: int
+    _refs: dict[int, int] = field(default_factory=dict)  # cached hash -> references
+    _lru: OrderedDict[int, None] = field(default_factory=OrderedDict)  # unreferenced, cached
+    _anon: int = 0  # anonymous blocks in use
+    events: list[CacheEvent] = field(default_factory=list)
+
+    # --- observation ---------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        """Blocks that cannot be handed out without breaking a running request."""
+        return self._anon + len(self._refs) - len(self._lru)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._refs)
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks available to a new allocation (empty or evictable)."""
+        return self.num_blocks - self.used_blocks
+
+    def usage(self) -> float:
+        return self.used_blocks / self.num_blocks
+
+    def cached_hashes(self) -> list[int]:
+        return list(self._refs)
+
+    def match_prefix(self, hashes: Sequence[int]) -> int:
+        """Number of leading blocks of ``hashes`` present in the cache."""
+        n = 0
+        for h in hashes:
+            if h not in self._refs:
+                break
+            n += 1
+        return n
+
+    def can_allocate(self, new_blocks: int, reuse: Sequence[int] = ()) -> bool:
+        """Whether ``new_blocks`` fresh blocks fit after referencing the cached ``reuse``."""
+        pinned = sum(1 for h in reuse if h in self._lru)
+        return self.free_blocks - pinned >= new_blocks
+
+    # --- mutation ------------------------------------------------------------------------
+    def acquire(self, hashes: Sequence[int]) -> None:
+        """Reference cached blocks (a prefix hit)."""
+        for h in hashes:
+            self._refs[h] += 1
+            self._lru.pop(h, None)
+
+    def allocate(self, n: int) -> None:
+        """Take ``n`` anonymous blocks, evicting unreferenced cached blocks (LRU) if needed."""
+        if n > self.free_blocks:
+            raise OutOfBlocks(f"need {n} blocks, {self.free_blocks} free")
+        empty = self.num_blocks - self._anon - len(self._refs)
+        evict = max(0, n - empty)
+        if evict:
+            removed = []
+            for _ in range(evict):
+                h, _ = self._lru.popitem(last=False)
+                del self._refs[h]
+                removed.append(h)
+            self.events.append(BlockRemoved(tuple(removed)))
+        self._anon += n
+
+    def commit(
+        self, hashes: Sequence[int], parent: int | None, token_ids: Sequence[int]
+    ) -> None:
+        """Turn ``len(hashes)`` filled anonymous blocks into cached, referenced blocks.
+
+        A hash already cached (another request computed the same block) keeps the existing
+        block and frees the duplicate.
+        """
+        new: list[int] = []
+        for h in hashes:
+            self._anon -= 1
+            if h in self._refs:
+                self._refs[h] += 1
+                self._lru.pop(h, None)
+            else:
+                self._refs[h] = 1
+                new.append(h)
+        if new:
+            if len(new) == len(hashes):
+                self.events.append(BlockStored(tuple(new), parent, tuple(token_ids)))
+            else:  # rare: split so that each event's tokens match its blocks
+                bs = self.block_size
+                prev = parent
+                for i, h in enumerate(hashes):
+                    if h in new:
+                        toks = tuple(token_ids[i * bs : (i + 1) * bs])
+                        self.events.append(BlockStored((h,), prev, toks))
+                    prev = h
+
+    def release(self, hashes: Sequence[int], anonymous: int) -> None:
+        """Drop a request's references; its cached blocks become evictable, most recent last."""
+        for h in reversed(hashes):  # the tail of a prefix is evicted before its head
+            left = self._refs[h] - 1
+            self._refs[h] = left
+            if left == 0:
+                self._lru[h] = None
+        self._anon -= anonymous
+
+    def clear(self) -> bool:
+        """Drop every cached block, like vLLM's reset_prefix_cache: only when none is in use."""
+        if self.used_blocks:
+            return False
+        self._refs.clear()
+        self._lru.clear()
+        self.events.append(AllCleared())
+        return True
+
+    def drain_events(self) -> list[CacheEvent]:
+        out, self.events = self.events, []
+        return out

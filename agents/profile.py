@@ -1,0 +1,87 @@
+"""Performance profile of one engine replica: KV capacity and step timing.
+
+Defaults describe Llama-3.1-8B-Instruct (bf16) served by vLLM on one NVIDIA H100 SXM 80 GB;
+``docs/engine-model.md`` derives every number and cites its source. The same profile drives the
+real-time simulated engine and (later) the virtual-time simulator.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["EngineProfile", "kv_bytes_per_token", "kv_blocks_for_memory"]
+
+GIB = 1 << 30
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """KV cache bytes per token: 2 (K and V) × layers × KV heads × head dim × bytes."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_blocks_for_memory(kv_memory_bytes: float, bytes_per_token: int, block_size: int) -> int:
+    return int(kv_memory_bytes // (bytes_per_token * block_size))
+
+
+class EngineProfile(BaseModel):
+    """Capacity and timing of one replica; the timing model is linear in the step's work."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    gpu: str = "H100-SXM-80GB"
+    layers: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    dtype_bytes: int = 2
+    weights_gib: float = 14.96  # 8.03e9 parameters × 2 bytes
+    gpu_memory_gib: float = 79.6  # what CUDA reports as total on an H100 80 GB
+    gpu_memory_utilization: float = 0.9  # vLLM's default
+    activation_reserve_gib: float = 4.0  # peak activations, CUDA graphs, non-torch memory
+    block_size: int = Field(default=16, gt=0)  # vLLM's default on CUDA
+    num_gpu_blocks_override: int | None = Field(default=None, gt=0)
+    max_num_seqs: int = Field(default=256, gt=0)
+    max_num_batched_tokens: int = Field(default=8192, gt=0)  # chunked-prefill token budget / step
+    # timing: step = base + per_seq × decode batch + per_ctx × context tokens read
+    #         + prefill tokens / prefill rate
+    step_base_s: float = Field(default=0.0060, ge=0)  # 16 GB of weights at ~2.7 TB/s
+    step_per_seq_s: float = Field(default=0.00003, ge=0)  # sampling and scheduling per sequence
+    step_per_context_token_s: float = Field(default=4.9e-8, ge=0)  # 128 KiB KV per token read
+    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)  # ~45 % MFU of 989 TFLOPS
+
+    @model_validator(mode="after")
+    def _fits(self) -> EngineProfile:
+        if self.num_gpu_blocks < 1:
+            raise ValueError("the profile leaves no memory for the KV cache")
+        return self
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype_bytes)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
+        free = (
+            self.gpu_memory_gib * self.gpu_memory_utilization
+            - self.weights_gib
+            - self.activation_reserve_gib
+        )
+        return kv_blocks_for_memory(free * GIB, self.kv_bytes_per_token, self.block_size)
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def step_time_s(self, decode_seqs: int, context_tokens: int, prefill_tokens: int) -> float:
+        """Duration of one engine step (one forward pass over the scheduled batch)."""
+        if decode_seqs == 0 and prefill_tokens == 0:
+            return 0.0
+        return (
+            self.step_base_s
+            + self.step_per_seq_s * decode_seqs
+            + self.step_per_context_token_s * context_tokens
+            + prefill_tokens / self.prefill_tokens_per_s
+        )

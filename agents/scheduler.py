@@ -1,0 +1,230 @@
+"""Continuous batching over a paged KV cache, in the style of vLLM's scheduler (pure, no I/O).
+
+``EngineCore.step(now)`` schedules one forward pass — decode tokens for running requests, chunks of
+prefill within the token budget, new requests while blocks and slots allow — and returns how long
+the pass takes and what it produced. The caller advances time (a real sleep in the live engine,
+a virtual clock in the simulator) and then delivers the produced tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from agents.kvcache import CacheEvent, KvCache
+from agents.profile import EngineProfile
+from streams.blocks import approx_tokenize, chain_hashes
+
+__all__ = ["EngineCore", "Sequence", "StepResult", "VOCAB"]
+
+# Output tokens are 4-byte words so that generated text re-tokenizes to the same ids.
+VOCAB: tuple[int, ...] = tuple(
+    approx_tokenize(w)[0]
+    for w in ("the ", "kv  ", "and ", "of  ", "to  ", "gpu ", "is  ", "in  ", "for ", "a   ",
+              "on  ", "it  ", "we  ", "by  ", "as  ", "at  ", "or  ", "be  ", "an  ", "can ")
+)
+
+
+@dataclass(slots=True)
+class Sequence:
+    """One request inside the engine."""
+
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    arrival_s: float
+    rng: random.Random
+    prompt_hashes: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # cached block hashes referenced, in order
+    anon: int = 0  # anonymous blocks held
+    computed: int = 0  # tokens whose KV is in the cache
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    first_token_s: float | None = None
+    finished: bool = False
+    aborted: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.tokens - (1 if self.output else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    duration_s: float
+    tokens: list[tuple[Sequence, int]]  # (sequence, token id) produced by this step
+    finished: list[Sequence]
+    prefill_tokens: int
+    decode_seqs: int
+
+
+@dataclass
+class EngineCore:
+    profile: EngineProfile
+    cache: KvCache = field(init=False)
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: list[Sequence] = field(default_factory=list)
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prefix_queries_tokens: int = 0
+    prefix_hits_tokens: int = 0
+    preemptions_total: int = 0
+
+    def __post_init__(self) -> None:
+        self.cache = KvCache(self.profile.num_gpu_blocks, self.profile.block_size)
+
+    # --- requests ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.prompt_hashes = chain_hashes(seq.prompt, self.profile.block_size)
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a request (client went away); its blocks go back to the cache."""
+        if seq.finished:
+            return
+        seq.aborted = True
+        if seq in self.running:
+            self.running.remove(seq)
+            self._free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.finished = True
+
+    def fits(self, prompt_tokens: int) -> bool:
+        return self.profile.blocks_for_tokens(prompt_tokens + 1) <= self.cache.num_blocks
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # --- one forward pass ----------------------------------------------------------------
+    def step(self, now: float) -> StepResult:
+        p = self.profile
+        budget = p.max_num_batched_tokens
+        produced: list[tuple[Sequence, int]] = []
+        scheduled: list[tuple[Sequence, int]] = []  # (seq, tokens computed this step)
+        decode_seqs = 0
+        context = 0
+        # 1. decode: one token for every running request past its prefill
+        for seq in list(self.running):
+            if seq.prefilling or budget <= 0 or seq not in self.running:
+                continue
+            if not self._grow(seq, seq.tokens):
+                continue
+            budget -= 1
+            decode_seqs += 1
+            context += seq.tokens
+            scheduled.append((seq, 1))
+        # 2. chunked prefill of running requests, then admission of waiting ones
+        prefill = 0
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.prefilling:
+                n = min(budget, seq.tokens - seq.computed)
+                budget -= n
+                prefill += n
+                scheduled.append((seq, n))
+        while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            n = min(budget, seq.tokens - seq.computed)
+            budget -= n
+            prefill += n
+            scheduled.append((seq, n))
+        duration = p.step_time_s(decode_seqs, context, prefill)
+        # 3. apply: computed KV is committed to the cache; completed prefills and decodes emit
+        finished: list[Sequence] = []
+        for seq, n in scheduled:
+            if seq.computed == 0 and seq in self.waiting:  # preempted later in this step
+                continue
+            seq.computed += n
+            self._commit_full_blocks(seq)
+            if seq.computed >= seq.tokens:
+                tok = seq.rng.choice(VOCAB)
+                seq.output.append(tok)
+                produced.append((seq, tok))
+                self.generation_tokens_total += 1
+                if seq.first_token_s is None:
+                    seq.first_token_s = now + duration
+                if len(seq.output) >= seq.max_tokens:
+                    finished.append(seq)
+        for seq in finished:
+            seq.finished = True
+            self.running.remove(seq)
+            self._free(seq)
+        return StepResult(duration, produced, finished, prefill, decode_seqs)
+
+    def drain_events(self) -> list[CacheEvent]:
+        return self.cache.drain_events()
+
+    # --- internals -----------------------------------------------------------------------
+    def _admit(self, seq: Sequence) -> bool:
+        p = self.profile
+        tokens = seq.all_tokens()
+        hashes = chain_hashes(tokens, p.block_size) if seq.output else seq.prompt_hashes
+        hit = self.cache.match_prefix(hashes)
+        hit = min(hit, (len(tokens) - 1) // p.block_size)  # at least one token is computed
+        need = p.blocks_for_tokens(len(tokens)) - hit
+        if not self.cache.can_allocate(need, hashes[:hit]):
+            return False
+        self.cache.acquire(hashes[:hit])
+        self.cache.allocate(need)
+        seq.held = list(hashes[:hit])
+        seq.anon = need
+        seq.computed = hit * p.block_size
+        if not seq.output:  # count the first scheduling only, like vLLM's prefix-cache metrics
+            seq.cached_tokens = seq.computed
+            self.prompt_tokens_total += len(seq.prompt)
+            self.prefix_queries_tokens += len(seq.prompt)
+            self.prefix_hits_tokens += seq.computed
+        return True
+
+    def _grow(self, seq: Sequence, tokens: int) -> bool:
+        """Make room for ``tokens`` in ``seq``, preempting the newest other request if needed."""
+        need = self.profile.blocks_for_tokens(tokens) - len(seq.held) - seq.anon
+        while need > 0 and not self.cache.can_allocate(need):
+            victim = next((s for s in reversed(self.running) if s is not seq), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        if need > 0:
+            self.cache.allocate(need)
+            seq.anon += need
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._free(seq)
+        seq.computed = 0
+        self.waiting.appendleft(seq)
+        self.preemptions_total += 1
+
+    def _commit_full_blocks(self, seq: Sequence) -> None:
+        bs = self.profile.block_size
+        full = min(seq.computed, seq.tokens) // bs
+        have = len(seq.held)
+        if full <= have:
+            return
+        tokens = seq.all_tokens()[have * bs : full * bs]
+        parent = seq.held[-1] if seq.held else None
+        hashes = chain_hashes(tokens, bs, parent)
+        self.cache.commit(hashes, parent, tokens)
+        seq.held.extend(hashes)
+        seq.anon -= len(hashes)
+
+    def _free(self, seq: Sequence) -> None:
+        self.cache.release(seq.held, seq.anon)
+        seq.held = []
+        seq.anon = 0

@@ -1,0 +1,42 @@
+"""Settings of the simulated engine and of the node agent."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.profile import EngineProfile
+
+__all__ = ["AgentSettings", "EngineSettings"]
+
+
+class EngineSettings(BaseModel):
+    """One simulated engine replica (speaks vLLM's HTTP, metrics and KV-event formats)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8100, ge=1, le=65535)
+    served_model_name: str = "llama-3.1-8b"
+    kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
+    kv_events_replay_endpoint: str | None = "tcp://127.0.0.1:5558"
+    default_max_tokens: int = Field(default=256, ge=1)
+    seed: int = 0
+    profile: EngineProfile = EngineProfile()
+
+
+class AgentSettings(BaseModel):
+    """The sidecar that turns one engine's metrics and KV events into kvgate topics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_id: str = Field(default="node-0", min_length=1)
+    engine_url: str = "http://127.0.0.1:8100"
+    engine_kind: str = Field(default="vllm", pattern="^(vllm)$")
+    kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
+    pool: str = "default"
+    heartbeat_interval_s: float = Field(default=0.5, gt=0)
+    kv_flush_interval_s: float = Field(default=0.1, gt=0)
+    kv_flush_max_blocks: int = Field(default=2000, gt=0)
+    snapshot_interval_s: float = Field(default=30.0, gt=0)
+    lease_s: float = Field(default=2.0, gt=0)
+    scrape_timeout_s: float = Field(default=1.0, gt=0)

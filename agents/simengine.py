@@ -1,0 +1,248 @@
+"""The simulated inference engine: one vLLM-like replica without a GPU, in real time.
+
+HTTP (aiohttp): ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming and plain JSON),
+``/v1/models``, ``/health``, ``/metrics`` (vLLM's metric names), ``/reset_prefix_cache``.
+KV events go out on ZeroMQ in vLLM's format. Timing and cache behaviour come from the pure
+:class:`agents.scheduler.EngineCore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from agents.enginemetrics import render_metrics
+from agents.scheduler import EngineCore, Sequence
+from agents.settings import EngineSettings
+from agents.vllm_events import KvEventPublisher, encode_batch
+from streams.blocks import approx_tokenize, detokenize_approx
+from streams.openai import ChatRequest, CompletionRequest, error_body, render_chat
+
+__all__ = ["SimEngine"]
+
+log = logging.getLogger(__name__)
+_DONE = object()
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+class SimEngine:
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.core = EngineCore(settings.profile)
+        self.started_s = time.time()
+        self._wake = asyncio.Event()
+        self._queues: dict[str, asyncio.Queue[object]] = {}
+        self._rng = random.Random(settings.seed)
+        self._publisher: KvEventPublisher | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/reset_prefix_cache", self._reset)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        s = self.settings
+        if s.kv_events_endpoint:
+            self._publisher = KvEventPublisher(s.kv_events_endpoint, s.kv_events_replay_endpoint)
+            self._tasks.append(asyncio.create_task(self._publisher.serve_replay()))
+        self._tasks.append(asyncio.create_task(self._loop()))
+
+    async def _stop(self, _: web.Application) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._publisher is not None:
+            self._publisher.close()
+
+    # --- the engine loop -----------------------------------------------------------------
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.core.idle:
+                self._wake.clear()
+                await self._publish_events()
+                await self._wake.wait()
+            started = loop.time()
+            result = self.core.step(time.time())
+            await self._publish_events()
+            # sleep the rest of the simulated step (our own bookkeeping time counts towards it)
+            await asyncio.sleep(max(0.0, result.duration_s - (loop.time() - started)))
+            for seq, tok in result.tokens:
+                q = self._queues.get(seq.request_id)
+                if q is not None:
+                    q.put_nowait(tok)
+            for seq in result.finished:
+                q = self._queues.get(seq.request_id)
+                if q is not None:
+                    q.put_nowait(_DONE)
+
+    async def _publish_events(self) -> None:
+        events = self.core.drain_events()
+        if events and self._publisher is not None:
+            await self._publisher.publish(
+                encode_batch(events, self.settings.profile.block_size)
+            )
+
+    # --- HTTP ----------------------------------------------------------------------------
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._parse(request, CompletionRequest)
+        if isinstance(body, web.Response):
+            return body
+        assert isinstance(body, CompletionRequest)
+        text = body.prompt_text()
+        tokens = approx_tokenize(text) if text is not None else list(body.prompt)  # type: ignore[arg-type]
+        return await self._serve(request, body, tokens, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._parse(request, ChatRequest)
+        if isinstance(body, web.Response):
+            return body
+        assert isinstance(body, ChatRequest)
+        return await self._serve(request, body, approx_tokenize(render_chat(body.messages)), True)
+
+    async def _parse(
+        self, request: web.Request, model: type[CompletionRequest] | type[ChatRequest]
+    ) -> CompletionRequest | ChatRequest | web.Response:
+        try:
+            body = model.model_validate_json(await request.read())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            return _json(error_body(f"{where}: {first['msg']}"), 400)
+        if body.model != self.settings.served_model_name:
+            return _json(
+                error_body(f"The model `{body.model}` does not exist.", "NotFoundError", 404), 404
+            )
+        return body
+
+    async def _serve(
+        self, request: web.Request, body: CompletionRequest | ChatRequest, tokens: list[int],
+        chat: bool,
+    ) -> web.StreamResponse:
+        if not tokens:
+            return _json(error_body("prompt is empty"), 400)
+        if not self.core.fits(len(tokens)):
+            return _json(error_body(
+                f"prompt of {len(tokens)} tokens exceeds the KV cache "
+                f"({self.core.cache.num_blocks} blocks of {self.settings.profile.block_size})"
+            ), 400)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        seq = Sequence(rid, tokens, body.output_limit(self.settings.default_max_tokens),
+                       time.time(), random.Random(self._rng.random()))
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        self._queues[rid] = queue
+        self.core.add(seq)
+        self._wake.set()
+        try:
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                return await self._stream(request, body.model, seq, queue, chat, include_usage)
+            out: list[int] = [t async for t in _drain(queue)]
+            text = detokenize_approx(out)
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": text},
+                 "finish_reason": "length"}
+                if chat else {"index": 0, "text": text, "finish_reason": "length"}
+            )
+            return _json({
+                "id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(seq.arrival_s), "model": body.model, "choices": [choice],
+                "usage": _usage(seq),
+            })
+        finally:
+            self._queues.pop(rid, None)
+            self.core.abort(seq)  # no-op when finished; frees blocks when the client left
+
+    async def _stream(
+        self, request: web.Request, model: str, seq: Sequence, queue: asyncio.Queue[object],
+        chat: bool, include_usage: bool,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": seq.request_id, "object": obj, "created": int(seq.arrival_s), "model": model}
+        first = True
+        async for tok in _drain(queue):
+            piece = detokenize_approx([tok])
+            if chat:
+                delta: dict[str, Any] = {"content": piece}
+                if first:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": piece, "finish_reason": None}
+            first = False
+            await resp.write(b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n")
+        end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
+               else {"index": 0, "text": "", "finish_reason": "length"})
+        await resp.write(b"data: " + orjson.dumps({**base, "choices": [end]}) + b"\n\n")
+        if include_usage:
+            await resp.write(
+                b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(seq)}) + b"\n\n"
+            )
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _models(self, _: web.Request) -> web.Response:
+        name = self.settings.served_model_name
+        return _json({"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(self.started_s), "owned_by": "kvgate",
+            "root": self.settings.profile.model,
+            "max_model_len": self.core.cache.num_blocks * self.settings.profile.block_size,
+        }]})
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = render_metrics(self.core, self.settings.served_model_name)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def _reset(self, _: web.Request) -> web.Response:
+        ok = self.core.cache.clear()
+        await self._publish_events()
+        return _json({"reset": ok}, 200 if ok else 409)
+
+
+async def _drain(queue: asyncio.Queue[object]) -> AsyncIterator[int]:
+    while True:
+        item = await queue.get()
+        if item is _DONE:
+            return
+        assert isinstance(item, int)
+        yield item
+
+
+def _usage(seq: Sequence) -> dict[str, Any]:
+    return {
+        "prompt_tokens": len(seq.prompt),
+        "completion_tokens": len(seq.output),
+        "total_tokens": seq.tokens,
+        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+    }

@@ -1,0 +1,133 @@
+"""vLLM's KV-cache event wire format (``vllm/distributed/kv_events.py``), and a publisher.
+
+vLLM publishes msgpack-encoded ``KVEventBatch`` structs over a ZeroMQ PUB socket as three frames:
+``[topic, sequence number (8 bytes, big-endian), payload]``. Each event is a tagged array
+(``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``).
+A ROUTER socket answers replay requests: the client sends a start sequence number (8 bytes) and gets
+``[seq, payload]`` frames for every buffered batch from there, then ``[-1, b""]``.
+The simulated engine publishes this format; the agent's vLLM adapter reads it, so the same code runs
+against a real vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
+
+__all__ = [
+    "AllBlocksClearedMsg",
+    "BlockRemovedMsg",
+    "BlockStoredMsg",
+    "KVEventBatchMsg",
+    "KvEventPublisher",
+    "decode_batch",
+    "encode_batch",
+]
+
+
+class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStoredMsg(_Event, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class BlockRemovedMsg(_Event, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class AllBlocksClearedMsg(_Event, tag="AllBlocksCleared"):
+    pass
+
+
+class KVEventBatchMsg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStoredMsg | BlockRemovedMsg | AllBlocksClearedMsg]
+    data_parallel_rank: int | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(KVEventBatchMsg)
+
+
+def encode_batch(events: Sequence[CacheEvent], block_size: int, ts: float | None = None) -> bytes:
+    msgs: list[BlockStoredMsg | BlockRemovedMsg | AllBlocksClearedMsg] = []
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            msgs.append(
+                BlockStoredMsg(
+                    list(ev.block_hashes), ev.parent_block_hash, list(ev.token_ids), block_size
+                )
+            )
+        elif isinstance(ev, BlockRemoved):
+            msgs.append(BlockRemovedMsg(list(ev.block_hashes)))
+        elif isinstance(ev, AllCleared):
+            msgs.append(AllBlocksClearedMsg())
+    return _encoder.encode(KVEventBatchMsg(ts if ts is not None else time.time(), msgs))
+
+
+def decode_batch(payload: bytes) -> KVEventBatchMsg:
+    return _decoder.decode(payload)
+
+
+class KvEventPublisher:
+    """ZeroMQ PUB of KV event batches with a bounded replay buffer served on a ROUTER socket."""
+
+    def __init__(
+        self, endpoint: str, replay_endpoint: str | None, topic: str = "kv-events",
+        buffer_batches: int = 10_000,
+    ) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.bind(endpoint)
+        self._replay: Any = None
+        if replay_endpoint:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.bind(replay_endpoint)
+        self._topic = topic.encode()
+        self._seq = -1
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_batches)
+
+    async def publish(self, payload: bytes) -> int:
+        self._seq += 1
+        self._buffer.append((self._seq, payload))
+        await self._pub.send_multipart(
+            [self._topic, self._seq.to_bytes(8, "big", signed=True), payload]
+        )
+        return self._seq
+
+    async def serve_replay(self) -> None:
+        if self._replay is None:
+            return
+        while True:
+            frames = await self._replay.recv_multipart()
+            identity, start = frames[0], int.from_bytes(frames[-1], "big", signed=True)
+            for seq, payload in list(self._buffer):
+                if seq >= start:
+                    await self._replay.send_multipart(
+                        [identity, b"", seq.to_bytes(8, "big", signed=True), payload]
+                    )
+            await self._replay.send_multipart(
+                [identity, b"", (-1).to_bytes(8, "big", signed=True), b""]
+            )
+
+    def close(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+        self._ctx.term()

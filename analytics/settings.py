@@ -1,0 +1,33 @@
+"""ClickHouse and sink settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+__all__ = ["ClickHouseSettings", "SinkSettings"]
+
+
+class ClickHouseSettings(BaseModel):
+    """``chdb`` (embedded, one process owns ``path``) or ``server`` (clickhouse-connect)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["chdb", "server"] = "chdb"
+    path: str = ".local/clickhouse"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8123, ge=1, le=65535)
+    username: str = "default"
+    password: SecretStr = SecretStr("")
+    database: str = "kvgate"
+    secure: bool = False
+    compress: bool = True
+
+
+class SinkSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group_id: str = "kvgate-sink"
+    batch_rows: int = Field(default=5000, gt=0)
+    batch_interval_s: float = Field(default=1.0, gt=0)

@@ -1,0 +1,135 @@
+"""The ``kvgate`` command: one subcommand per component, plus the demo and tooling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from deploy.settings import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML settings file (or $KVGATE_CONFIG)")
+]
+
+
+def _settings(config: Path | None) -> Settings:
+    try:
+        return load_settings(config)
+    except Exception as exc:  # noqa: BLE001 - show a settings error as a usage error
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("aiokafka", "faust", "mode", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+def engine(
+    config: ConfigOpt = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
+    kv_events_port: Annotated[int | None, typer.Option(help="ZMQ PUB port (replay: +1)")] = None,
+    num_gpu_blocks: Annotated[int | None, typer.Option(help="override the KV capacity")] = None,
+) -> None:
+    """Run one simulated inference engine (vLLM-compatible HTTP, metrics and KV events)."""
+    from aiohttp import web
+
+    from agents.simengine import SimEngine
+
+    s = _settings(config).engine
+    updates: dict[str, object] = {}
+    if port is not None:
+        updates["port"] = port
+    if kv_events_port is not None:
+        updates["kv_events_endpoint"] = f"tcp://127.0.0.1:{kv_events_port}"
+        updates["kv_events_replay_endpoint"] = f"tcp://127.0.0.1:{kv_events_port + 1}"
+    if num_gpu_blocks is not None:
+        updates["profile"] = s.profile.model_copy(update={"num_gpu_blocks_override": num_gpu_blocks})
+    s = s.model_copy(update=updates)
+    _logging()
+    web.run_app(SimEngine(s).app(), host=s.host, port=s.port, print=None, access_log=None)
+
+
+@app.command()
+def agent(
+    config: ConfigOpt = None,
+    node_id: Annotated[str | None, typer.Option(help="node id")] = None,
+    engine_url: Annotated[str | None, typer.Option(help="engine base URL")] = None,
+    kv_events: Annotated[str | None, typer.Option(help="engine KV-event ZMQ endpoint")] = None,
+) -> None:
+    """Run the node agent (sidecar) for one engine."""
+    from agents.agent import NodeAgent
+    from streams.kafka import KafkaBus, ensure_topics
+
+    s = _settings(config)
+    updates = {k: v for k, v in
+               {"node_id": node_id, "engine_url": engine_url, "kv_events_endpoint": kv_events}.items()
+               if v is not None}
+    a = s.agent.model_copy(update=updates)
+    _logging()
+
+    async def main() -> None:
+        await ensure_topics(s.kafka)
+        bus = KafkaBus(s.kafka, f"agent-{a.node_id}")
+        await bus.start()
+        try:
+            await NodeAgent(a, bus).run()
+        finally:
+            await bus.stop()
+
+    asyncio.run(main())
+
+
+@app.command()
+def worker(config: ConfigOpt = None) -> None:
+    """Run the Faust worker that materializes the load table and the prefix index."""
+    from faust import Worker
+
+    from streams.app import build_app
+    from streams.kafka import ensure_topics
+
+    s = _settings(config)
+    _logging()
+    asyncio.run(ensure_topics(s.kafka))
+    faust_app = build_app(s.kafka, s.worker)
+    Worker(faust_app, loglevel="WARNING").execute_from_commandline()
+
+
+@app.command()
+def topics(config: ConfigOpt = None) -> None:
+    """Create kvgate's topics (idempotent)."""
+    from streams.kafka import ensure_topics
+    from streams.topics import ALL_TOPICS
+
+    s = _settings(config)
+    asyncio.run(ensure_topics(s.kafka))
+    for spec in ALL_TOPICS:
+        typer.echo(spec.name(s.kafka.namespace))
+
+
+@app.command()
+def schemas(
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/topics"),
+) -> None:
+    """Write the JSON Schema of every topic's value model."""
+    from streams.jsonschema import write_schemas
+
+    for path in write_schemas(out):
+        typer.echo(str(path))
+
+
+@app.command("settings")
+def show_settings(config: ConfigOpt = None) -> None:
+    """Print the effective settings (secrets masked)."""
+    typer.echo(json.dumps(_settings(config).model_dump(mode="json"), indent=2))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,37 @@
+"""Router settings: where it listens, how it scores, what it replicates."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["RouterSettings", "SeedWeights"]
+
+
+class SeedWeights(BaseModel):
+    """Weights of the seed score (DESIGN.md): higher score wins."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = 1
+    hit: float = 0.5
+    load: float = 0.3
+    queue: float = 0.05
+    unhealthy: float = 0.1
+    slo: float = 0.1
+
+
+class RouterSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    router_id: str | None = Field(default=None, description="default: host:port:pid")
+    policy: str = "seed_score"
+    weights: SeedWeights = SeedWeights()
+    default_max_tokens: int = Field(default=256, ge=1)
+    block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
+    max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)
+    max_queue: int = Field(default=64, ge=0, description="waiting requests above which a node is skipped")
+    upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
+    upstream_idle_timeout_s: float = Field(default=300.0, gt=0)
+    stale_heartbeat_s: float | None = Field(default=None, gt=0, description="default: lease")

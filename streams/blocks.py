@@ -1,0 +1,62 @@
+"""Prompt → tokens → fixed-size blocks → chained block hashes.
+
+The router, the simulated engine and the node agent all use these functions, so a prefix cached by
+an engine and a prefix looked up by the router hash to the same ids. Without a model tokenizer,
+text is cut into 4-byte chunks ("approximate tokens"); a block hash depends on its parent's hash and
+its own token ids, so equal hashes mean equal prefixes.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from hashlib import blake2b
+
+__all__ = [
+    "APPROX_BYTES_PER_TOKEN",
+    "HASH_MASK",
+    "approx_tokenize",
+    "block_hash",
+    "chain_hashes",
+    "detokenize_approx",
+]
+
+APPROX_BYTES_PER_TOKEN = 4
+HASH_MASK = (1 << 63) - 1  # hashes fit a signed 64-bit column and a JSON integer parser
+
+
+def approx_tokenize(text: str) -> list[int]:
+    """Cut UTF-8 text into 4-byte chunks, each read as one little-endian token id."""
+    raw = text.encode("utf-8")
+    step = APPROX_BYTES_PER_TOKEN
+    pad = (-len(raw)) % step
+    if pad:
+        raw += b" " * pad
+    return array("I", raw).tolist()
+
+
+def detokenize_approx(token_ids: Sequence[int]) -> str:
+    """Inverse of :func:`approx_tokenize` for ids it produced."""
+    return array("I", token_ids).tobytes().decode("utf-8", errors="replace")
+
+
+def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:
+    """Hash of one block given its parent's hash (None for the first block)."""
+    h = blake2b(digest_size=8)
+    h.update((parent if parent is not None else HASH_MASK).to_bytes(8, "little"))
+    h.update(array("I", token_ids).tobytes())
+    return int.from_bytes(h.digest(), "little") & HASH_MASK
+
+
+def chain_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int | None = None
+) -> list[int]:
+    """Hashes of every *full* block of ``token_ids``; a partial last block is not cacheable."""
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    out: list[int] = []
+    full = len(token_ids) - len(token_ids) % block_size
+    for start in range(0, full, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size])
+        out.append(parent)
+    return out

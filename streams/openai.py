@@ -1,0 +1,90 @@
+"""The OpenAI-compatible HTTP surface shared by the router and the simulated engine.
+
+Only what kvgate reads is modelled; unknown fields are kept (``extra="allow"``) and forwarded, so
+clients can use engine-specific options. ``render_chat`` is the fallback chat template used when no
+model tokenizer is configured: the router and the simulated engine render identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "StreamOptions",
+    "error_body",
+    "render_chat",
+]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    user: str | None = None
+
+    def output_limit(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+
+class CompletionRequest(_Base):
+    prompt: str | list[int] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
+        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
+            raise ValueError("batched prompts are not supported: send one prompt per request")
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        return v
+
+    def prompt_text(self) -> str | None:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if self.prompt and isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(str(part.get("text", "")) for part in self.content)
+
+
+class ChatRequest(_Base):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def render_chat(messages: list[ChatMessage]) -> str:
+    """Fallback chat template: one ``<|role|>`` header per message, then the assistant turn."""
+    parts = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def error_body(message: str, type_: str = "invalid_request_error", code: int = 400) -> dict[str, Any]:
+    """An OpenAI-style error object."""
+    return {"error": {"message": message, "type": type_, "code": code}}

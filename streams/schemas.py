@@ -1,0 +1,179 @@
+"""The value model of every kvgate topic: versioned pydantic models, published as JSON Schema.
+
+Every model carries ``schema_version``; a consumer rejects versions it does not know (the message
+goes to the dead-letter topic). Fields are only ever added with defaults within one version.
+Times are Unix seconds (float) unless the name says otherwise; block hashes are 63-bit integers
+produced by :mod:`streams.blocks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CandidateScore",
+    "ControlMessage",
+    "DeadLetter",
+    "Decision",
+    "Heartbeat",
+    "KvEventBatch",
+    "LedgerEvent",
+    "Message",
+    "NodeRole",
+    "Outcome",
+]
+
+NodeRole = Literal["mixed", "prefill", "decode"]
+NodeId = str
+
+
+class Message(BaseModel):
+    """Base of every topic value: frozen, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Heartbeat(Message):
+    """Load and health of one engine, published by its agent every ``interval`` (500 ms)."""
+
+    schema_version: Literal[1] = 1
+    node_id: NodeId = Field(min_length=1, max_length=200)
+    epoch: str = Field(min_length=1, description="agent incarnation; a new epoch resets seq")
+    seq: int = Field(ge=0, description="per node and epoch, +1 per heartbeat")
+    ts: float = Field(gt=0, description="when the agent read the engine")
+    endpoint: str = Field(min_length=1, description="base URL of the engine's OpenAI API")
+    pool: str = "default"
+    model: str = Field(min_length=1)
+    role: NodeRole = "mixed"
+    block_size: int = Field(gt=0)
+    kv_blocks_total: int = Field(ge=0)
+    kv_blocks_used: int = Field(ge=0)
+    running: int = Field(ge=0)
+    waiting: int = Field(ge=0)
+    prompt_tokens_per_s: float = Field(default=0.0, ge=0)
+    generation_tokens_per_s: float = Field(default=0.0, ge=0)
+    prefix_cache_hit_rate: float = Field(default=0.0, ge=0, le=1)
+    healthy: bool = True
+    draining: bool = False
+    lease_s: float = Field(default=2.0, gt=0, description="node drops out if no beat for this long")
+
+
+class KvEventBatch(Message):
+    """Cache deltas of one node since the previous batch, or a full snapshot of its cache.
+
+    Apply in ``seq`` order per (node, epoch). ``cleared`` empties the node's entries before
+    ``stored`` is applied. A ``snapshot`` replaces the node's entries with ``stored``.
+    """
+
+    schema_version: Literal[1] = 1
+    node_id: NodeId = Field(min_length=1, max_length=200)
+    epoch: str = Field(min_length=1)
+    seq: int = Field(ge=0)
+    ts: float = Field(gt=0)
+    kind: Literal["delta", "snapshot"] = "delta"
+    block_size: int = Field(gt=0)
+    stored: list[int] = Field(default_factory=list)
+    removed: list[int] = Field(default_factory=list)
+    cleared: bool = False
+
+
+class LedgerEvent(Message):
+    """A reservation against the cluster KV budget (written by admission)."""
+
+    schema_version: Literal[1] = 1
+    reservation_id: str = Field(min_length=1)
+    pool: str = "default"
+    kind: Literal["reserve", "release", "expire"]
+    kv_blocks: int = Field(ge=0)
+    slots: int = Field(default=1, ge=0)
+    router_id: str = Field(min_length=1)
+    ts: float = Field(gt=0)
+    lease_expires_at: float | None = None
+
+
+class CandidateScore(Message):
+    """One node as the routing policy saw it."""
+
+    node_id: NodeId
+    score: float
+    hit_blocks: int = Field(ge=0)
+    hit_fraction: float = Field(ge=0, le=1)
+    kv_used_ratio: float = Field(ge=0)
+    queue_len: float = Field(ge=0)
+    healthy: bool
+    components: dict[str, float] = Field(default_factory=dict)
+
+
+class Decision(Message):
+    """Every admission and routing decision with the inputs that mattered."""
+
+    schema_version: Literal[1] = 1
+    request_id: str = Field(min_length=1)
+    ts: float = Field(gt=0)
+    router_id: str
+    tenant: str = "default"
+    priority: str = "normal"
+    model: str
+    pool: str = "default"
+    session_id: str | None = None
+    endpoint_kind: Literal["completions", "chat"] = "completions"
+    prompt_tokens: int = Field(ge=0)
+    max_tokens: int = Field(ge=0)
+    block_size: int = Field(gt=0)
+    block_hashes: list[int] = Field(default_factory=list)
+    approximate_tokens: bool = True
+    admission: Literal["admitted", "queued", "rejected"] = "admitted"
+    admission_reason: str = "ok"
+    policy: str
+    weights_version: int = 0
+    chosen_node: NodeId | None
+    reason: str
+    candidates: list[CandidateScore] = Field(default_factory=list)
+    index_age_s: float | None = None
+    decision_us: float = Field(ge=0)
+
+
+class Outcome(Message):
+    """What actually happened to a routed request."""
+
+    schema_version: Literal[1] = 1
+    request_id: str = Field(min_length=1)
+    ts: float = Field(gt=0)
+    router_id: str
+    node_id: NodeId | None
+    status: Literal["ok", "error", "cancelled", "rejected"]
+    http_status: int
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float = Field(ge=0)
+    prompt_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    cached_tokens: int | None = None
+    reroutes: int = 0
+    error: str | None = None
+
+
+class ControlMessage(Message):
+    """Operator and pipeline advice: pre-warm, policy weights, node drain, scaling."""
+
+    schema_version: Literal[1] = 1
+    subject: str = Field(min_length=1)
+    kind: Literal["prewarm", "weights", "drain", "undrain", "scale"]
+    ts: float = Field(gt=0)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeadLetter(Message):
+    """A message that failed validation, kept with the error so nothing is lost."""
+
+    schema_version: Literal[1] = 1
+    source_topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: str = Field(description="the original bytes, decoded as UTF-8 with replacement")
+    error: str
+    consumer: str
+    ts: float

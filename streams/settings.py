@@ -1,0 +1,62 @@
+"""Kafka connection settings shared by every component."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+__all__ = ["KafkaSettings", "WorkerSettings"]
+
+
+class KafkaSettings(BaseModel):
+    """Where the brokers are and how topics are named.
+
+    ``namespace`` prefixes every topic (``<namespace>.heartbeats``); tests use their own namespace
+    so that they never share a topic.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    namespace: str = Field(default="kvgate", pattern=r"^[A-Za-z0-9._-]+$")
+    partitions: int = Field(default=4, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for aiokafka clients (connection and security only)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism is not None:
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            if self.sasl_password is not None:
+                options["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        if self.ssl_cafile is not None:
+            import ssl
+
+            options["ssl_context"] = ssl.create_default_context(cafile=self.ssl_cafile)
+        return options
+
+
+class WorkerSettings(BaseModel):
+    """The Faust worker that materializes the load table and the prefix index."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    app_id: str | None = Field(default=None, description="default: <namespace>-streams")
+    exactly_once: bool = True
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    session_timeout_s: float = Field(default=10.0, gt=0)
+    rebalance_timeout_s: float = Field(default=10.0, gt=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    web_host: str = "127.0.0.1"
+    web_port: int = Field(default=6066, ge=1, le=65535)
+    data_dir: str = ".local/worker"

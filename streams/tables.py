@@ -1,0 +1,37 @@
+"""The materialized tables, declared once: names, keys, and the changelog topics that hold them.
+
+| table | key | value |
+|---|---|---|
+| ``load`` | node id | the node's latest :class:`Heartbeat` (JSON) |
+| ``prefix_index`` | ``<node id>|<block hash hex>`` | ``b"1"`` (present) / tombstone (evicted) |
+| ``kv_cursor`` | node id | ``<epoch>/<seq>`` of the last KV batch applied |
+| ``kv_ledger`` | reservation id | reserved blocks and slots (comes with admission control) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streams.settings import KafkaSettings, WorkerSettings
+
+__all__ = ["KV_CURSOR", "LOAD", "PREFIX_INDEX", "TableSpec", "app_id"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    name: str
+    key: str
+    value: str
+
+    def changelog(self, app: str) -> str:
+        """Faust's changelog topic name for this table."""
+        return f"{app}-{self.name}-changelog"
+
+
+LOAD = TableSpec("load", "node id", "Heartbeat JSON")
+PREFIX_INDEX = TableSpec("prefix_index", "node|block hash", "b'1' or tombstone")
+KV_CURSOR = TableSpec("kv_cursor", "node id", "epoch/seq")
+
+
+def app_id(kafka: KafkaSettings, worker: WorkerSettings) -> str:
+    return worker.app_id or f"{kafka.namespace}-streams"
