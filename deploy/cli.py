@@ -131,5 +131,23 @@ def show_settings(config: ConfigOpt = None) -> None:
     typer.echo(json.dumps(_settings(config).model_dump(mode="json"), indent=2))
 
 
+@app.command()
+def router(
+    config: ConfigOpt = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
+) -> None:
+    """Run a stateless router (OpenAI-compatible proxy) with replicas of the tables."""
+    from aiohttp import web
+
+    from router.runtime import build_router_app
+
+    s = _settings(config)
+    if port is not None:
+        s = s.model_copy(update={"router": s.router.model_copy(update={"port": port})})
+    _logging()
+    web.run_app(build_router_app(s), host=s.router.host, port=s.router.port, print=None,
+                access_log=None)
+
+
 def main() -> None:
     app()

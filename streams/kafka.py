@@ -81,21 +81,30 @@ class KafkaBus:
     def __init__(self, settings: KafkaSettings, client_id: str, *, linger_ms: int = 5) -> None:
         self.settings = settings
         self.client_id = client_id
-        self._producer = AIOKafkaProducer(
-            client_id=client_id,
-            linger_ms=linger_ms,
-            acks="all",
-            enable_idempotence=True,
-            max_batch_size=1 << 20,
-            **settings.client_options(),
-        )
+        self._linger_ms = linger_ms
+        self._producer_obj: AIOKafkaProducer | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self.send_errors = 0
 
     def topic(self, spec: TopicSpec) -> str:
         return spec.name(self.settings.namespace)
 
+    @property
+    def _producer(self) -> AIOKafkaProducer:
+        if self._producer_obj is None:
+            raise StreamError("KafkaBus.start() was not awaited")
+        return self._producer_obj
+
     async def start(self) -> None:
+        self._producer_obj = AIOKafkaProducer(
+            client_id=self.client_id,
+            linger_ms=self._linger_ms,
+            acks="all",
+            enable_idempotence=True,
+            max_batch_size=1 << 20,
+            max_request_size=8 << 20,
+            **self.settings.client_options(),
+        )
         try:
             await self._producer.start()
         except KafkaError as exc:

@@ -1,0 +1,96 @@
+"""The routing core: pure functions over a snapshot of the cluster (no I/O, time passed in).
+
+The live router and the offline replay call the same :class:`Policy` implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["Candidate", "NodeView", "Policy", "RouteDecision", "RouteRequest", "eligible"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as the latest heartbeat described it, plus the router's own pending work."""
+
+    node_id: str
+    endpoint: str
+    model: str
+    pool: str
+    block_size: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    running: int
+    waiting: int
+    healthy: bool
+    draining: bool
+    heartbeat_ts: float
+    lease_s: float
+    slo_attainment: float = 1.0
+    pending: int = 0  # this router's dispatches not yet visible in the heartbeat
+
+    @property
+    def kv_used_ratio(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 1.0
+
+    @property
+    def queue_len(self) -> int:
+        return self.waiting + self.pending
+
+    def alive(self, now: float) -> bool:
+        return now - self.heartbeat_ts <= self.lease_s
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    request_id: str
+    model: str
+    block_hashes: Sequence[int]
+    prompt_tokens: int
+    max_tokens: int
+    session_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    node_id: str
+    score: float
+    hit_blocks: int
+    hit_fraction: float
+    kv_used_ratio: float
+    queue_len: int
+    healthy: bool
+    components: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    chosen: str | None
+    reason: str
+    candidates: tuple[Candidate, ...]
+
+
+class Policy(Protocol):
+    """Every routing policy: same inputs, same output."""
+
+    name: str
+    weights_version: int
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision: ...
+
+
+def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:
+    """Nodes that serve ``model``, are healthy, not draining and whose lease has not expired."""
+    return [
+        n for n in nodes
+        if n.model == model and n.healthy and not n.draining and n.alive(now)
+    ]

@@ -1,0 +1,35 @@
+"""The router's own Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+__all__ = ["RouterMetrics"]
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._decisions = Counter("kvgate_router_decisions", "Routing decisions by reason",
+                                  ["reason"], registry=self.registry)
+        self._rejections = Counter("kvgate_router_rejections", "Requests refused by reason",
+                                   ["reason"], registry=self.registry)
+        self._outcomes = Counter("kvgate_router_outcomes", "Finished requests by status",
+                                 ["status"], registry=self.registry)
+        self._latency = Histogram(
+            "kvgate_router_decision_seconds", "Admission + routing decision time",
+            buckets=(50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 1e-2), registry=self.registry,
+        )
+
+    def decided(self, reason: str, decision_us: float) -> None:
+        self._decisions.labels(reason).inc()
+        self._latency.observe(decision_us / 1e6)
+
+    def rejected(self, reason: str) -> None:
+        self._rejections.labels(reason).inc()
+
+    def outcome(self, status: str) -> None:
+        self._outcomes.labels(status).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
