@@ -149,5 +149,49 @@ def router(
                 access_log=None)
 
 
+@app.command()
+def demo(
+    config: ConfigOpt = None,
+    duration: Annotated[float, typer.Option(help="workload seconds")] = 30.0,
+    rps: Annotated[float, typer.Option(help="requests per second")] = 4.0,
+    engines: Annotated[int, typer.Option(help="simulated engines")] = 4,
+    num_gpu_blocks: Annotated[int | None, typer.Option(help="KV blocks per engine")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    no_infra: Annotated[bool, typer.Option(help="use already running Kafka and Redis")] = False,
+) -> None:
+    """Run the whole pipeline locally, drive a workload through it, summarize from ClickHouse."""
+    from deploy.demo import DemoOptions, run_demo
+
+    _logging("WARNING")
+    run_demo(_settings(config), DemoOptions(duration, rps, engines, num_gpu_blocks, json_output,
+                                            not no_infra))
+
+
+@app.command()
+def sink(config: ConfigOpt = None) -> None:
+    """Run the Kafka → ClickHouse sink (this process owns the chDB data path)."""
+    from analytics.clickhouse import open_clickhouse
+    from analytics.schema import migrate
+    from analytics.sink import Sink
+    from streams.kafka import KafkaBus, ensure_topics
+
+    s = _settings(config)
+    _logging()
+
+    async def main() -> None:
+        await ensure_topics(s.kafka)
+        ch = open_clickhouse(s.clickhouse)
+        migrate(ch, s.clickhouse.database)
+        bus = KafkaBus(s.kafka, "kvgate-sink")
+        await bus.start()
+        try:
+            await Sink(s.kafka, s.sink, ch, s.clickhouse.database, bus).run()
+        finally:
+            await bus.stop()
+            ch.close()
+
+    asyncio.run(main())
+
+
 def main() -> None:
     app()

@@ -1,0 +1,120 @@
+"""Starting and stopping kvgate's processes and the local Kafka and Redis (demo, tests, bench)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["LocalInfra", "Proc", "Supervisor", "free_port"]
+
+DEPLOY = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Supervisor:
+    """Child processes running ``python -m deploy <command>``, each with its own log file."""
+
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"{name}.log"
+        full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        with log.open("ab") as fh:
+            popen = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                [sys.executable, "-m", "deploy", *args],
+                stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+            )
+        proc = Proc(name, popen, log)
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, wait_s: float = 30.0) -> None:
+        proc = self.procs.pop(name)
+        if proc.alive():
+            proc.popen.send_signal(sig)
+            try:
+                proc.popen.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+
+    def stop_all(self, wait_s: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        self.procs.clear()
+
+
+@dataclass
+class LocalInfra:
+    """The repo's launchers for Kafka (KRaft) and Redis; stops only what it started."""
+
+    kafka_port: int = 19092
+    redis_port: int = 16379
+    started: list[str] = field(default_factory=list)
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "KVGATE_KAFKA_PORT": str(self.kafka_port),
+                "KVGATE_KAFKA_CONTROLLER_PORT": str(self.kafka_port + 1),
+                "KVGATE_REDIS_PORT": str(self.redis_port)}
+
+    def _script(self, which: str, action: str) -> subprocess.CompletedProcess[bytes]:
+        script = DEPLOY / ("kafka/kafka.sh" if which == "kafka" else "local/redis.sh")
+        return subprocess.run(  # noqa: S603 - the repo's own launcher
+            ["bash", str(script), action], env=self._env(), capture_output=True, check=False,
+        )
+
+    def up(self, which: str) -> None:
+        if self._script(which, "status").returncode == 0:
+            return
+        res = self._script(which, "start")
+        if res.returncode != 0:
+            raise RuntimeError(f"{which} failed to start:\n{res.stdout.decode()}{res.stderr.decode()}")
+        self.started.append(which)
+
+    def down(self) -> None:
+        for which in reversed(self.started):
+            self._script(which, "stop")
+        self.started.clear()
