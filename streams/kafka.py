@@ -51,10 +51,21 @@ async def ensure_topics(
                 await admin.create_topics(wanted)
             except TopicAlreadyExistsError:
                 pass
+            await _wait_for_leaders(admin, [t.name for t in wanted])
     except KafkaError as exc:
         raise StreamError(f"cannot create topics on {settings.bootstrap_servers}: {exc}") from exc
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """New topics answer fetches only once every partition has a leader."""
+    for _ in range(100):
+        described = await admin.describe_topics(names)
+        if all(t.get("error_code", 0) == 0 and t.get("partitions")
+               and all(p.get("leader", -1) >= 0 for p in t["partitions"]) for t in described):
+            return
+        await asyncio.sleep(0.1)
 
 
 def make_consumer(

@@ -1,0 +1,82 @@
+from router.core import NodeView, RouteRequest, eligible
+from router.pending import PendingDispatches
+from router.policies import SeedScorePolicy
+from router.settings import SeedWeights
+from streams.prefix_index import PrefixIndex
+
+NOW = 1000.0
+
+
+def node(nid: str, used: int = 0, waiting: int = 0, running: int = 0, **kw: object) -> NodeView:
+    args: dict[str, object] = dict(
+        node_id=nid, endpoint=f"http://{nid}", model="m", pool="default", block_size=16,
+        kv_blocks_total=100, kv_blocks_used=used, running=running, waiting=waiting,
+        healthy=True, draining=False, heartbeat_ts=NOW - 0.2, lease_s=2.0,
+    )
+    args.update(kw)
+    return NodeView(**args)  # type: ignore[arg-type]
+
+
+def policy() -> SeedScorePolicy:
+    return SeedScorePolicy(SeedWeights(), max_kv_used_ratio=0.9, max_queue=8)
+
+
+REQ = RouteRequest("r1", "m", [1, 2, 3, 4], prompt_tokens=64, max_tokens=16)
+
+
+def test_cached_prefix_wins() -> None:
+    d = policy().decide(REQ, [node("a"), node("b")], {"b": 3}, NOW)
+    assert d.chosen == "b" and d.reason == "prefix_hit"
+    assert {c.node_id: c.hit_blocks for c in d.candidates} == {"a": 0, "b": 3}
+
+
+def test_seed_formula_values() -> None:
+    d = policy().decide(REQ, [node("a", used=50, waiting=4)], {"a": 2}, NOW)
+    c = d.candidates[0]
+    assert abs(c.score - (0.5 * 0.5 - 0.3 * (0.5 + 0.05 * 4) + 0.1)) < 1e-12
+
+
+def test_overloaded_holder_falls_back_to_best_within_limits() -> None:
+    d = policy().decide(REQ, [node("a", used=95), node("b", used=10)], {"a": 4}, NOW)
+    assert d.chosen == "b" and d.reason == "overload_fallback"
+
+
+def test_all_overloaded_picks_least_loaded() -> None:
+    d = policy().decide(REQ, [node("a", used=99), node("b", used=92, waiting=20)], {"b": 4}, NOW)
+    assert d.chosen == "a" and d.reason == "all_overloaded"
+
+
+def test_no_nodes() -> None:
+    d = policy().decide(REQ, [], {}, NOW)
+    assert d.chosen is None and d.reason == "no_healthy_node"
+
+
+def test_eligible_drops_stale_unhealthy_draining_and_other_models() -> None:
+    nodes = [node("ok"), node("stale", heartbeat_ts=NOW - 5), node("sick", healthy=False),
+             node("drain", draining=True), node("other", model="x")]
+    assert [n.node_id for n in eligible(nodes, "m", NOW)] == ["ok"]
+
+
+def test_pending_dispatches_spread_a_burst() -> None:
+    pending = PendingDispatches()
+    chosen = []
+    for i in range(4):
+        nodes = [node(n, pending=pending.unreflected(n, NOW - 0.2, NOW)) for n in ("a", "b")]
+        d = policy().decide(RouteRequest(f"r{i}", "m", [], 10, 10), nodes, {}, NOW)
+        assert d.chosen is not None
+        pending.add(d.chosen, f"r{i}", NOW)
+        chosen.append(d.chosen)
+    assert sorted(chosen) == ["a", "a", "b", "b"]
+    pending.finish("r0")
+    assert pending.unreflected(chosen[0], NOW - 0.2, NOW) == 1
+
+
+def test_prefix_index_longest_contiguous_match_and_drop() -> None:
+    idx = PrefixIndex()
+    idx.add_many("a", [1, 2, 3])
+    idx.add_many("b", [1, 3])
+    assert idx.match([1, 2, 3, 4]) == {"a": 3, "b": 1}
+    idx.drop_node("a")
+    assert idx.match([1, 2]) == {"b": 1} and len(idx) == 2
+    idx.remove("b", 1)
+    assert idx.match([1]) == {} and idx.nodes() == ["b"]

@@ -1,0 +1,32 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from deploy.settings import load_settings
+from streams.settings import KafkaSettings
+
+
+def test_env_overrides_file_and_nested_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "kvgate.yaml"
+    cfg.write_text("kafka:\n  namespace: fromfile\n  partitions: 8\nrouter:\n  port: 9000\n")
+    monkeypatch.setenv("KVGATE_KAFKA__NAMESPACE", "fromenv")
+    s = load_settings(cfg)
+    assert s.kafka.namespace == "fromenv"
+    assert s.kafka.partitions == 8
+    assert s.router.port == 9000
+
+
+def test_invalid_settings_are_rejected_at_load(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("kafka:\n  partitions: 0\n")
+    with pytest.raises(ValidationError):
+        load_settings(cfg)
+    with pytest.raises(ValidationError):
+        KafkaSettings(namespace="bad name")
+
+
+def test_secrets_are_masked() -> None:
+    s = KafkaSettings(sasl_mechanism="PLAIN", sasl_username="u", sasl_password="hunter2")  # type: ignore[arg-type]
+    assert "hunter2" not in s.model_dump_json()
+    assert s.client_options()["sasl_plain_password"] == "hunter2"

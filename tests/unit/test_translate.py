@@ -1,0 +1,49 @@
+from agents.kvcache import AllCleared, BlockRemoved, BlockStored
+from agents.kvtranslate import KvTranslator
+from agents.vllm_events import decode_batch, encode_batch
+from streams.blocks import chain_hashes
+
+
+def test_vllm_wire_format_is_a_tagged_array() -> None:
+    import msgspec
+
+    raw = encode_batch([BlockStored((1,), None, (5,) * 4), BlockRemoved((1,)), AllCleared()], 4,
+                       ts=1.5)
+    # vLLM's structs declare lora_id and medium without defaults: they are always on the wire
+    assert msgspec.msgpack.decode(raw)[:2] == [
+        1.5, [["BlockStored", [1], None, [5, 5, 5, 5], 4, None, None], ["BlockRemoved", [1], None],
+              ["AllBlocksCleared"]],
+    ]
+    assert len(decode_batch(raw).events) == 3
+
+
+def test_engine_hashes_are_translated_to_kvgate_chain_hashes() -> None:
+    tokens = list(range(12))
+    expect = chain_hashes(tokens, 4)
+    t = KvTranslator(block_size=4)
+    # the engine uses its own ids (100, 101, 102) and splits the chain over two events
+    t.apply(decode_batch(encode_batch([BlockStored((100, 101), None, tuple(tokens[:8]))], 4)))
+    t.apply(decode_batch(encode_batch([BlockStored((102,), 101, tuple(tokens[8:]))], 4)))
+    d = t.take_delta()
+    assert sorted(d.stored) == sorted(expect) and not d.removed and not d.cleared
+    t.apply(decode_batch(encode_batch([BlockRemoved((102,))], 4)))
+    assert t.take_delta().removed == [expect[2]]
+
+
+def test_net_delta_cancels_store_then_remove_and_unknown_parent_is_counted() -> None:
+    t = KvTranslator(block_size=2)
+    t.apply(decode_batch(encode_batch([BlockStored((1,), None, (1, 2))], 2)))
+    t.apply(decode_batch(encode_batch([BlockRemoved((1,))], 2)))
+    assert t.take_delta().empty
+    t.apply(decode_batch(encode_batch([BlockStored((9,), 8, (1, 2))], 2)))
+    assert t.untranslatable_blocks == 1 and t.blocks == 0
+
+
+def test_clear_is_forwarded_and_snapshot_holds_the_current_set() -> None:
+    t = KvTranslator(block_size=2)
+    t.apply(decode_batch(encode_batch([BlockStored((1, 2), None, (1, 2, 3, 4))], 2)))
+    t.take_delta()
+    t.apply(decode_batch(encode_batch([AllCleared(), BlockStored((3,), None, (5, 6))], 2)))
+    d = t.take_delta()
+    assert d.cleared and d.stored == chain_hashes([5, 6], 2)
+    assert t.snapshot() == chain_hashes([5, 6], 2)
