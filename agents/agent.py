@@ -61,8 +61,10 @@ class NodeAgent:
             stats = await self._scrape(http)
             if stats is not None:
                 self.translator.block_size = stats.block_size
-            tasks = [asyncio.create_task(self._heartbeats(http)),
-                     asyncio.create_task(self._flusher())]
+            tasks = [
+                asyncio.create_task(self._heartbeats(http)),
+                asyncio.create_task(self._flusher()),
+            ]
             if self.settings.kv_events_endpoint:
                 tasks.append(asyncio.create_task(self._subscribe(self.settings.kv_events_endpoint)))
             await self._publish_kv(snapshot=True)
@@ -103,15 +105,27 @@ class NodeAgent:
             last = stats or self._last_stats
             if last is not None:
                 hb = Heartbeat(
-                    node_id=s.node_id, epoch=self.epoch, seq=self._hb_seq, ts=time.time(),
-                    endpoint=s.engine_url, pool=s.pool, model=last.model_name or "unknown",
-                    block_size=last.block_size, kv_blocks_total=last.num_gpu_blocks,
+                    node_id=s.node_id,
+                    epoch=self.epoch,
+                    seq=self._hb_seq,
+                    ts=time.time(),
+                    endpoint=s.engine_url,
+                    pool=s.pool,
+                    model=last.model_name or "unknown",
+                    block_size=last.block_size,
+                    kv_blocks_total=last.num_gpu_blocks,
                     kv_blocks_used=round(last.kv_usage * last.num_gpu_blocks),
-                    running=last.running, waiting=last.waiting,
-                    prompt_tokens_per_s=self._rates[0], generation_tokens_per_s=self._rates[1],
-                    prefix_cache_hit_rate=(last.prefix_hits_total / last.prefix_queries_total
-                                           if last.prefix_queries_total else 0.0),
-                    healthy=stats is not None, lease_s=s.lease_s,
+                    running=last.running,
+                    waiting=last.waiting,
+                    prompt_tokens_per_s=self._rates[0],
+                    generation_tokens_per_s=self._rates[1],
+                    prefix_cache_hit_rate=(
+                        last.prefix_hits_total / last.prefix_queries_total
+                        if last.prefix_queries_total
+                        else 0.0
+                    ),
+                    healthy=stats is not None,
+                    lease_s=s.lease_s,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)
@@ -133,7 +147,7 @@ class NodeAgent:
                 self._check_sequence(seq)
                 try:
                     batch = decode_batch(frames[2])
-                except Exception as exc:  # noqa: BLE001 - msgspec raises several types
+                except Exception as exc:
                     log.warning("undecodable KV event batch %d: %s", seq, exc)
                     continue
                 self.translator.apply(batch)
@@ -177,8 +191,14 @@ class NodeAgent:
                     return
                 stored, removed, cleared, kind = delta.stored, delta.removed, delta.cleared, "delta"
             batch = KvEventBatch(
-                node_id=self.settings.node_id, epoch=self.epoch, seq=self._kv_seq, ts=time.time(),
-                kind=kind, block_size=t.block_size, stored=stored, removed=removed,
+                node_id=self.settings.node_id,
+                epoch=self.epoch,
+                seq=self._kv_seq,
+                ts=time.time(),
+                kind=kind,
+                block_size=t.block_size,
+                stored=stored,
+                removed=removed,
                 cleared=cleared,
             )
             self._kv_seq += 1

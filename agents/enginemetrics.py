@@ -34,7 +34,7 @@ def render_metrics(core: EngineCore, model_name: str) -> bytes:
         "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
         "# TYPE vllm:gpu_cache_usage_perc gauge",
         f"vllm:gpu_cache_usage_perc{{{lbl}}} {usage}",
-        "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.",
+        "# HELP vllm:prefix_cache_queries Prefix cache queries, in number of queried tokens.",
         "# TYPE vllm:prefix_cache_queries counter",
         f"vllm:prefix_cache_queries_total{{{lbl}}} {core.prefix_queries_tokens}",
         "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.",

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BlockStored", "BlockRemoved", "AllCleared", "CacheEvent", "KvCache", "OutOfBlocks"]
+__all__ = ["AllCleared", "BlockRemoved", "BlockStored", "CacheEvent", "KvCache", "OutOfBlocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class AllCleared:
 CacheEvent = BlockStored | BlockRemoved | AllCleared
 
 
-class OutOfBlocks(Exception):  # noqa: N818 - a condition, not an error for the engine
+class OutOfBlocks(Exception):
     """Not enough free or evictable blocks."""
 
 
@@ -105,9 +105,7 @@ class KvCache:
             self.events.append(BlockRemoved(tuple(removed)))
         self._anon += n
 
-    def commit(
-        self, hashes: Sequence[int], parent: int | None, token_ids: Sequence[int]
-    ) -> None:
+    def commit(self, hashes: Sequence[int], parent: int | None, token_ids: Sequence[int]) -> None:
         """Turn ``len(hashes)`` filled anonymous blocks into cached, referenced blocks.
 
         A hash already cached (another request computed the same block) keeps the existing

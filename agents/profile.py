@@ -11,7 +11,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["EngineProfile", "kv_bytes_per_token", "kv_blocks_for_memory"]
+__all__ = ["EngineProfile", "kv_blocks_for_memory", "kv_bytes_per_token"]
 
 GIB = 1 << 30
 

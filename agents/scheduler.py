@@ -16,13 +16,33 @@ from agents.kvcache import CacheEvent, KvCache
 from agents.profile import EngineProfile
 from streams.blocks import approx_tokenize, chain_hashes
 
-__all__ = ["EngineCore", "Sequence", "StepResult", "VOCAB"]
+__all__ = ["VOCAB", "EngineCore", "Sequence", "StepResult"]
 
 # Output tokens are 4-byte words so that generated text re-tokenizes to the same ids.
 VOCAB: tuple[int, ...] = tuple(
     approx_tokenize(w)[0]
-    for w in ("the ", "kv  ", "and ", "of  ", "to  ", "gpu ", "is  ", "in  ", "for ", "a   ",
-              "on  ", "it  ", "we  ", "by  ", "as  ", "at  ", "or  ", "be  ", "an  ", "can ")
+    for w in (
+        "the ",
+        "kv  ",
+        "and ",
+        "of  ",
+        "to  ",
+        "gpu ",
+        "is  ",
+        "in  ",
+        "for ",
+        "a   ",
+        "on  ",
+        "it  ",
+        "we  ",
+        "by  ",
+        "as  ",
+        "at  ",
+        "or  ",
+        "be  ",
+        "an  ",
+        "can ",
+    )
 )
 
 

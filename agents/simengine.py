@@ -103,9 +103,7 @@ class SimEngine:
     async def _publish_events(self) -> None:
         events = self.core.drain_events()
         if events and self._publisher is not None:
-            await self._publisher.publish(
-                encode_batch(events, self.settings.profile.block_size)
-            )
+            await self._publisher.publish(encode_batch(events, self.settings.profile.block_size))
 
     # --- HTTP ----------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -113,9 +111,7 @@ class SimEngine:
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, CompletionRequest)
-        text = body.prompt_text()
-        tokens = approx_tokenize(text) if text is not None else list(body.prompt)  # type: ignore[arg-type]
-        return await self._serve(request, body, tokens, chat=False)
+        return await self._serve(request, body, body.prompt_tokens(approx_tokenize), chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._parse(request, ChatRequest)
@@ -140,19 +136,30 @@ class SimEngine:
         return body
 
     async def _serve(
-        self, request: web.Request, body: CompletionRequest | ChatRequest, tokens: list[int],
+        self,
+        request: web.Request,
+        body: CompletionRequest | ChatRequest,
+        tokens: list[int],
         chat: bool,
     ) -> web.StreamResponse:
         if not tokens:
             return _json(error_body("prompt is empty"), 400)
         if not self.core.fits(len(tokens)):
-            return _json(error_body(
-                f"prompt of {len(tokens)} tokens exceeds the KV cache "
-                f"({self.core.cache.num_blocks} blocks of {self.settings.profile.block_size})"
-            ), 400)
+            return _json(
+                error_body(
+                    f"prompt of {len(tokens)} tokens exceeds the KV cache "
+                    f"({self.core.cache.num_blocks} blocks of {self.settings.profile.block_size})"
+                ),
+                400,
+            )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        seq = Sequence(rid, tokens, body.output_limit(self.settings.default_max_tokens),
-                       time.time(), random.Random(self._rng.random()))
+        seq = Sequence(
+            rid,
+            tokens,
+            body.output_limit(self.settings.default_max_tokens),
+            time.time(),
+            random.Random(self._rng.random()),
+        )
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[rid] = queue
         self.core.add(seq)
@@ -164,25 +171,40 @@ class SimEngine:
             out: list[int] = [t async for t in _drain(queue)]
             text = detokenize_approx(out)
             choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": text},
-                 "finish_reason": "length"}
-                if chat else {"index": 0, "text": text, "finish_reason": "length"}
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length"}
             )
-            return _json({
-                "id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": int(seq.arrival_s), "model": body.model, "choices": [choice],
-                "usage": _usage(seq),
-            })
+            return _json(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(seq.arrival_s),
+                    "model": body.model,
+                    "choices": [choice],
+                    "usage": _usage(seq),
+                }
+            )
         finally:
             self._queues.pop(rid, None)
             self.core.abort(seq)  # no-op when finished; frees blocks when the client left
 
     async def _stream(
-        self, request: web.Request, model: str, seq: Sequence, queue: asyncio.Queue[object],
-        chat: bool, include_usage: bool,
+        self,
+        request: web.Request,
+        model: str,
+        seq: Sequence,
+        queue: asyncio.Queue[object],
+        chat: bool,
+        include_usage: bool,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         base = {"id": seq.request_id, "object": obj, "created": int(seq.arrival_s), "model": model}
@@ -198,8 +220,11 @@ class SimEngine:
                 choice = {"index": 0, "text": piece, "finish_reason": None}
             first = False
             await resp.write(b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n")
-        end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
-               else {"index": 0, "text": "", "finish_reason": "length"})
+        end = (
+            {"index": 0, "delta": {}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": "", "finish_reason": "length"}
+        )
         await resp.write(b"data: " + orjson.dumps({**base, "choices": [end]}) + b"\n\n")
         if include_usage:
             await resp.write(
@@ -211,11 +236,22 @@ class SimEngine:
 
     async def _models(self, _: web.Request) -> web.Response:
         name = self.settings.served_model_name
-        return _json({"object": "list", "data": [{
-            "id": name, "object": "model", "created": int(self.started_s), "owned_by": "kvgate",
-            "root": self.settings.profile.model,
-            "max_model_len": self.core.cache.num_blocks * self.settings.profile.block_size,
-        }]})
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": int(self.started_s),
+                        "owned_by": "kvgate",
+                        "root": self.settings.profile.model,
+                        "max_model_len": self.core.cache.num_blocks
+                        * self.settings.profile.block_size,
+                    }
+                ],
+            }
+        )
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200)

@@ -89,7 +89,10 @@ class KvEventPublisher:
     """ZeroMQ PUB of KV event batches with a bounded replay buffer served on a ROUTER socket."""
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str | None, topic: str = "kv-events",
+        self,
+        endpoint: str,
+        replay_endpoint: str | None,
+        topic: str = "kv-events",
         buffer_batches: int = 10_000,
     ) -> None:
         self._ctx = zmq.asyncio.Context()

@@ -36,7 +36,7 @@ class ChdbBackend:
 
         self._lock = threading.Lock()
         try:
-            self._session = session.Session(path)
+            self._session: Any = session.Session(path)  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise ClickHouseError(f"cannot open chDB at {path}: {exc}") from exc
 
@@ -73,8 +73,12 @@ class ServerBackend:
 
         try:
             self._client = clickhouse_connect.get_client(
-                host=s.host, port=s.port, username=s.username,
-                password=s.password.get_secret_value(), secure=s.secure, compress=s.compress,
+                host=s.host,
+                port=s.port,
+                username=s.username,
+                password=s.password.get_secret_value(),
+                secure=s.secure,
+                compress=s.compress,
             )
         except Exception as exc:
             raise ClickHouseError(f"cannot reach ClickHouse at {s.host}:{s.port}: {exc}") from exc

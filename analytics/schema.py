@@ -14,8 +14,11 @@ from analytics.clickhouse import ClickHouse
 __all__ = ["MIGRATIONS", "migrate"]
 
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
-    (1, "decisions and outcomes", [
-        """CREATE TABLE IF NOT EXISTS {db}.decisions (
+    (
+        1,
+        "decisions and outcomes",
+        [
+            """CREATE TABLE IF NOT EXISTS {db}.decisions (
             request_id String,
             ts DateTime64(6),
             router_id LowCardinality(String),
@@ -48,7 +51,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         PARTITION BY toYYYYMMDD(ts)
         ORDER BY (toStartOfHour(ts), request_id)
         TTL toDateTime(ts) + INTERVAL 30 DAY""",
-        """CREATE TABLE IF NOT EXISTS {db}.outcomes (
+            """CREATE TABLE IF NOT EXISTS {db}.outcomes (
             request_id String,
             ts DateTime64(6),
             router_id LowCardinality(String),
@@ -69,7 +72,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         PARTITION BY toYYYYMMDD(ts)
         ORDER BY (toStartOfHour(ts), request_id)
         TTL toDateTime(ts) + INTERVAL 30 DAY""",
-    ]),
+        ],
+    ),
 ]
 
 
@@ -81,15 +85,19 @@ def migrate(ch: ClickHouse, database: str) -> list[int]:
         "(version UInt32, name String, applied_at DateTime64(3)) "
         "ENGINE = ReplacingMergeTree ORDER BY version"
     )
-    done = {int(r["version"]) for r in
-            ch.query(f"SELECT version FROM {database}.schema_migrations FINAL")}
+    done = {
+        int(r["version"])
+        for r in ch.query(f"SELECT version FROM {database}.schema_migrations FINAL")
+    }
     applied = []
     for version, name, statements in MIGRATIONS:
         if version in done:
             continue
         for sql in statements:
             ch.command(sql.format(db=database))
-        ch.insert_json(f"{database}.schema_migrations",
-                       [{"version": version, "name": name, "applied_at": time.time()}])
+        ch.insert_json(
+            f"{database}.schema_migrations",
+            [{"version": version, "name": name, "applied_at": time.time()}],
+        )
         applied.append(version)
     return applied

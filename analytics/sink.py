@@ -31,7 +31,11 @@ log = logging.getLogger(__name__)
 
 class Sink:
     def __init__(
-        self, kafka: KafkaSettings, settings: SinkSettings, ch: ClickHouse, database: str,
+        self,
+        kafka: KafkaSettings,
+        settings: SinkSettings,
+        ch: ClickHouse,
+        database: str,
         bus: KafkaBus,
     ) -> None:
         self.kafka = kafka
@@ -47,8 +51,11 @@ class Sink:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         consumer = make_consumer(
-            self.kafka, self.decisions_topic, self.outcomes_topic,
-            group_id=self.settings.group_id, client_id="kvgate-sink",
+            self.kafka,
+            self.decisions_topic,
+            self.outcomes_topic,
+            group_id=self.settings.group_id,
+            client_id="kvgate-sink",
             isolation_level="read_committed",
         )
         self._consumer = consumer
@@ -57,7 +64,9 @@ class Sink:
         first_at: float | None = None
         try:
             while stop is None or not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=100, max_records=self.settings.batch_rows)
+                batches = await consumer.getmany(
+                    timeout_ms=100, max_records=self.settings.batch_rows
+                )
                 for tp, records in batches.items():
                     for r in records:
                         await self._convert(r, tp.topic, rows)
@@ -79,11 +88,13 @@ class Sink:
     async def _convert(self, r: Any, topic: str, rows: dict[str, list[dict[str, Any]]]) -> None:
         try:
             if topic == self.decisions_topic:
-                rows["decisions"].append(decision_row(decode(Decision, r.value), r.partition,
-                                                      r.offset))
+                rows["decisions"].append(
+                    decision_row(decode(Decision, r.value), r.partition, r.offset)
+                )
             else:
-                rows["outcomes"].append(outcome_row(decode(Outcome, r.value), r.partition,
-                                                    r.offset))
+                rows["outcomes"].append(
+                    outcome_row(decode(Outcome, r.value), r.partition, r.offset)
+                )
         except SchemaError as exc:
             self.dead_lettered += 1
             await self.bus.publish(DLQ, r.topic, dead_letter(r, str(exc), "sink"))

@@ -59,9 +59,14 @@ def run_summary(ch: ClickHouse, db: str, router_id: str) -> dict[str, Any]:
         "outcome_rows": int(o["requests"]),
         "decision_p50_us": _num(d["decision_p50_us"]),
         "decision_p99_us": _num(d["decision_p99_us"]),
-        "per_node": {r["node"]: {"requests": int(r["requests"]),
-                                 "share": int(r["requests"]) / total,
-                                 "hit_rate": float(r["node_hit_rate"])} for r in share},
+        "per_node": {
+            r["node"]: {
+                "requests": int(r["requests"]),
+                "share": int(r["requests"]) / total,
+                "hit_rate": float(r["node_hit_rate"]),
+            }
+            for r in share
+        },
         "reasons": {r["reason"]: int(r["decisions"]) for r in reasons},
     }
 

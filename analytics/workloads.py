@@ -27,8 +27,14 @@ def _text(rng: random.Random, words: int) -> str:
 
 
 def shared_prompt_chat(
-    model: str, rps: float, duration_s: float, *, bots: int = 4, system_words: int = 600,
-    user_words: tuple[int, int] = (10, 120), max_tokens: tuple[int, int] = (16, 96),
+    model: str,
+    rps: float,
+    duration_s: float,
+    *,
+    bots: int = 4,
+    system_words: int = 600,
+    user_words: tuple[int, int] = (10, 120),
+    max_tokens: tuple[int, int] = (16, 96),
     seed: int = 7,
 ) -> Iterator[ChatRequestSpec]:
     """Support-bot traffic: a few long system prompts shared by many short user turns.
@@ -37,8 +43,10 @@ def shared_prompt_chat(
     prefix), a user message and an output limit, and asks for a streamed answer.
     """
     rng = random.Random(seed)
-    systems = [f"You are support bot {b}. " + _text(random.Random(seed * 1000 + b), system_words)
-               for b in range(bots)]
+    systems = [
+        f"You are support bot {b}. " + _text(random.Random(seed * 1000 + b), system_words)
+        for b in range(bots)
+    ]
     t = 0.0
     n = 0
     while True:
@@ -47,13 +55,16 @@ def shared_prompt_chat(
             return
         bot = rng.randrange(bots)
         n += 1
-        yield ChatRequestSpec(t, {
-            "model": model,
-            "messages": [
-                {"role": "system", "content": systems[bot]},
-                {"role": "user", "content": _text(rng, rng.randint(*user_words))},
-            ],
-            "max_tokens": rng.randint(*max_tokens),
-            "stream": True,
-            "user": f"user-{rng.randrange(50)}",
-        })
+        yield ChatRequestSpec(
+            t,
+            {
+                "model": model,
+                "messages": [
+                    {"role": "system", "content": systems[bot]},
+                    {"role": "user", "content": _text(rng, rng.randint(*user_words))},
+                ],
+                "max_tokens": rng.randint(*max_tokens),
+                "stream": True,
+                "user": f"user-{rng.randrange(50)}",
+            },
+        )

@@ -21,7 +21,7 @@ ConfigOpt = Annotated[
 def _settings(config: Path | None) -> Settings:
     try:
         return load_settings(config)
-    except Exception as exc:  # noqa: BLE001 - show a settings error as a usage error
+    except Exception as exc:
         raise typer.BadParameter(str(exc)) from exc
 
 
@@ -51,7 +51,9 @@ def engine(
         updates["kv_events_endpoint"] = f"tcp://127.0.0.1:{kv_events_port}"
         updates["kv_events_replay_endpoint"] = f"tcp://127.0.0.1:{kv_events_port + 1}"
     if num_gpu_blocks is not None:
-        updates["profile"] = s.profile.model_copy(update={"num_gpu_blocks_override": num_gpu_blocks})
+        updates["profile"] = s.profile.model_copy(
+            update={"num_gpu_blocks_override": num_gpu_blocks}
+        )
     s = s.model_copy(update=updates)
     _logging()
     web.run_app(SimEngine(s).app(), host=s.host, port=s.port, print=None, access_log=None)
@@ -69,9 +71,15 @@ def agent(
     from streams.kafka import KafkaBus, ensure_topics
 
     s = _settings(config)
-    updates = {k: v for k, v in
-               {"node_id": node_id, "engine_url": engine_url, "kv_events_endpoint": kv_events}.items()
-               if v is not None}
+    updates = {
+        k: v
+        for k, v in {
+            "node_id": node_id,
+            "engine_url": engine_url,
+            "kv_events_endpoint": kv_events,
+        }.items()
+        if v is not None
+    }
     a = s.agent.model_copy(update=updates)
     _logging()
 
@@ -145,8 +153,9 @@ def router(
     if port is not None:
         s = s.model_copy(update={"router": s.router.model_copy(update={"port": port})})
     _logging()
-    web.run_app(build_router_app(s), host=s.router.host, port=s.router.port, print=None,
-                access_log=None)
+    web.run_app(
+        build_router_app(s), host=s.router.host, port=s.router.port, print=None, access_log=None
+    )
 
 
 @app.command()
@@ -163,8 +172,10 @@ def demo(
     from deploy.demo import DemoOptions, run_demo
 
     _logging("WARNING")
-    run_demo(_settings(config), DemoOptions(duration, rps, engines, num_gpu_blocks, json_output,
-                                            not no_infra))
+    run_demo(
+        _settings(config),
+        DemoOptions(duration, rps, engines, num_gpu_blocks, json_output, not no_infra),
+    )
 
 
 @app.command()

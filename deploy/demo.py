@@ -61,8 +61,11 @@ async def _wait_ready(url: str, engines: int, timeout_s: float) -> None:
 
 async def _one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bool:
     try:
-        async with http.post(url + "/v1/chat/completions", data=orjson.dumps(body),
-                             headers={"Content-Type": "application/json"}) as r:
+        async with http.post(
+            url + "/v1/chat/completions",
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json"},
+        ) as r:
             async for _ in r.content:
                 pass
             return r.status == 200
@@ -73,8 +76,14 @@ async def _one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> b
 async def _drive(url: str, opts: DemoOptions, model: str, console: Console) -> tuple[int, int]:
     specs = list(shared_prompt_chat(model, opts.rps, opts.duration_s))
     ok = failed = 0
-    progress = Progress(TextColumn("[bold]workload"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=console, disable=opts.json_output)
+    progress = Progress(
+        TextColumn("[bold]workload"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=opts.json_output,
+    )
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
         with progress:
             task = progress.add_task("requests", total=len(specs))
@@ -102,9 +111,13 @@ async def _drive(url: str, opts: DemoOptions, model: str, console: Console) -> t
     return ok, failed
 
 
-async def _run(settings: Settings, opts: DemoOptions, console: Console, log_dir: Path) -> dict[str, Any]:
+async def _run(
+    settings: Settings, opts: DemoOptions, console: Console, log_dir: Path
+) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
-    kafka = settings.kafka.model_copy(update={"namespace": f"{settings.kafka.namespace}-demo-{run}"})
+    kafka = settings.kafka.model_copy(
+        update={"namespace": f"{settings.kafka.namespace}-demo-{run}"}
+    )
     router_id = f"demo-{run}"
     router_port = free_port()
     env = {
@@ -124,25 +137,42 @@ async def _run(settings: Settings, opts: DemoOptions, console: Console, log_dir:
     try:
         await ensure_topics(kafka)
         await bus.start()
-        sink = Sink(kafka, settings.sink.model_copy(update={"group_id": f"sink-{run}"}), ch, db,
-                    bus)
+        sink = Sink(
+            kafka, settings.sink.model_copy(update={"group_id": f"sink-{run}"}), ch, db, bus
+        )
         sink_task = asyncio.create_task(sink.run(stop_sink))
         model = settings.engine.served_model_name
         for i in range(opts.engines):
             http_port, zmq_port = free_port(), free_port()
             extra = ["--num-gpu-blocks", str(opts.num_gpu_blocks)] if opts.num_gpu_blocks else []
-            sup.spawn(f"engine-{i}", "engine", "--port", str(http_port),
-                      "--kv-events-port", str(zmq_port), *extra,
-                      env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""})
-            sup.spawn(f"agent-{i}", "agent", "--node-id", f"node-{i}",
-                      "--engine-url", f"http://127.0.0.1:{http_port}",
-                      "--kv-events", f"tcp://127.0.0.1:{zmq_port}")
+            sup.spawn(
+                f"engine-{i}",
+                "engine",
+                "--port",
+                str(http_port),
+                "--kv-events-port",
+                str(zmq_port),
+                *extra,
+                env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
+            )
+            sup.spawn(
+                f"agent-{i}",
+                "agent",
+                "--node-id",
+                f"node-{i}",
+                "--engine-url",
+                f"http://127.0.0.1:{http_port}",
+                "--kv-events",
+                f"tcp://127.0.0.1:{zmq_port}",
+            )
         sup.spawn("worker", "worker")
         sup.spawn("router", "router", "--port", str(router_port))
         url = f"http://127.0.0.1:{router_port}"
         if not opts.json_output:
-            console.print(f"[bold]kvgate demo[/] run {run}: {opts.engines} engines, worker, router "
-                          f"on {url}; logs in {log_dir}")
+            console.print(
+                f"[bold]kvgate demo[/] run {run}: {opts.engines} engines, worker, router "
+                f"on {url}; logs in {log_dir}"
+            )
         await _wait_ready(url, opts.engines, 120)
         started = time.time()
         ok, failed = await _drive(url, opts, model, console)
@@ -154,9 +184,16 @@ async def _run(settings: Settings, opts: DemoOptions, console: Console, log_dir:
                 break
             await asyncio.sleep(0.2)
         summary = run_summary(ch, db, router_id)
-        summary.update({"run": run, "duration_s": round(wall, 2), "client_ok": ok,
-                        "client_failed": failed, "engines": opts.engines,
-                        "throughput_rps": round(summary["requests"] / wall, 2) if wall else 0.0})
+        summary.update(
+            {
+                "run": run,
+                "duration_s": round(wall, 2),
+                "client_ok": ok,
+                "client_failed": failed,
+                "engines": opts.engines,
+                "throughput_rps": round(summary["requests"] / wall, 2) if wall else 0.0,
+            }
+        )
         return summary
     finally:
         stop_sink.set()
@@ -170,12 +207,30 @@ async def _run(settings: Settings, opts: DemoOptions, console: Console, log_dir:
 
 def render(summary: dict[str, Any], console: Console) -> None:
     t = Table(title=f"kvgate demo {summary['run']}: summary from ClickHouse", show_header=False)
-    fmt = {"hit_rate": "{:.1%}", "ttft_p50_s": "{:.3f} s", "ttft_p99_s": "{:.3f} s",
-           "tpot_p50_s": "{:.4f} s", "tpot_p99_s": "{:.4f} s", "decision_p50_us": "{:.0f} µs",
-           "decision_p99_us": "{:.0f} µs"}
-    for key in ("requests", "errors", "hit_rate", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-                "tpot_p99_s", "decision_rows", "outcome_rows", "decision_p50_us",
-                "decision_p99_us", "throughput_rps", "duration_s"):
+    fmt = {
+        "hit_rate": "{:.1%}",
+        "ttft_p50_s": "{:.3f} s",
+        "ttft_p99_s": "{:.3f} s",
+        "tpot_p50_s": "{:.4f} s",
+        "tpot_p99_s": "{:.4f} s",
+        "decision_p50_us": "{:.0f} µs",
+        "decision_p99_us": "{:.0f} µs",
+    }
+    for key in (
+        "requests",
+        "errors",
+        "hit_rate",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+        "decision_rows",
+        "outcome_rows",
+        "decision_p50_us",
+        "decision_p99_us",
+        "throughput_rps",
+        "duration_s",
+    ):
         v = summary.get(key)
         t.add_row(key, "—" if v is None else fmt.get(key, "{}").format(v))
     console.print(t)
@@ -185,7 +240,9 @@ def render(summary: dict[str, Any], console: Console) -> None:
     for node, row in summary["per_node"].items():
         nodes.add_row(node, str(row["requests"]), f"{row['share']:.1%}", f"{row['hit_rate']:.1%}")
     console.print(nodes)
-    console.print("decisions by reason: " + ", ".join(f"{k}={v}" for k, v in summary["reasons"].items()))
+    console.print(
+        "decisions by reason: " + ", ".join(f"{k}={v}" for k, v in summary["reasons"].items())
+    )
 
 
 def run_demo(settings: Settings, opts: DemoOptions) -> dict[str, Any]:
@@ -205,7 +262,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> dict[str, Any]:
     finally:
         infra.down()
     if opts.json_output:
-        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())  # noqa: T201
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     else:
         render(summary, console)
     return summary

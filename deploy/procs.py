@@ -57,7 +57,10 @@ class Supervisor:
         with log.open("ab") as fh:
             popen = subprocess.Popen(  # noqa: S603 - our own interpreter and module
                 [sys.executable, "-m", "deploy", *args],
-                stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
             )
         proc = Proc(name, popen, log)
         self.procs[name] = proc
@@ -96,14 +99,20 @@ class LocalInfra:
     started: list[str] = field(default_factory=list)
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "KVGATE_KAFKA_PORT": str(self.kafka_port),
-                "KVGATE_KAFKA_CONTROLLER_PORT": str(self.kafka_port + 1),
-                "KVGATE_REDIS_PORT": str(self.redis_port)}
+        return {
+            **os.environ,
+            "KVGATE_KAFKA_PORT": str(self.kafka_port),
+            "KVGATE_KAFKA_CONTROLLER_PORT": str(self.kafka_port + 1),
+            "KVGATE_REDIS_PORT": str(self.redis_port),
+        }
 
     def _script(self, which: str, action: str) -> subprocess.CompletedProcess[bytes]:
         script = DEPLOY / ("kafka/kafka.sh" if which == "kafka" else "local/redis.sh")
         return subprocess.run(  # noqa: S603 - the repo's own launcher
-            ["bash", str(script), action], env=self._env(), capture_output=True, check=False,
+            ["/bin/bash", str(script), action],
+            env=self._env(),
+            capture_output=True,
+            check=False,
         )
 
     def up(self, which: str) -> None:
@@ -111,7 +120,9 @@ class LocalInfra:
             return
         res = self._script(which, "start")
         if res.returncode != 0:
-            raise RuntimeError(f"{which} failed to start:\n{res.stdout.decode()}{res.stderr.decode()}")
+            raise RuntimeError(
+                f"{which} failed to start:\n{res.stdout.decode()}{res.stderr.decode()}"
+            )
         self.started.append(which)
 
     def down(self) -> None:

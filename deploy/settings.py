@@ -52,13 +52,17 @@ class Settings(BaseSettings):
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     """File (``config`` or ``$KVGATE_CONFIG``) < environment < ``overrides``."""
-    path = config or (Path(os.environ["KVGATE_CONFIG"]) if os.environ.get("KVGATE_CONFIG") else None)
+    path = config or (
+        Path(os.environ["KVGATE_CONFIG"]) if os.environ.get("KVGATE_CONFIG") else None
+    )
     file_values: dict[str, Any] = {}
     if path is not None:
         file_values = yaml.safe_load(path.read_text()) or {}

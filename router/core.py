@@ -90,7 +90,4 @@ class Policy(Protocol):
 
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:
     """Nodes that serve ``model``, are healthy, not draining and whose lease has not expired."""
-    return [
-        n for n in nodes
-        if n.model == model and n.healthy and not n.draining and n.alive(now)
-    ]
+    return [n for n in nodes if n.model == model and n.healthy and not n.draining and n.alive(now)]

@@ -10,15 +10,29 @@ __all__ = ["RouterMetrics"]
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._decisions = Counter("kvgate_router_decisions", "Routing decisions by reason",
-                                  ["reason"], registry=self.registry)
-        self._rejections = Counter("kvgate_router_rejections", "Requests refused by reason",
-                                   ["reason"], registry=self.registry)
-        self._outcomes = Counter("kvgate_router_outcomes", "Finished requests by status",
-                                 ["status"], registry=self.registry)
+        self._decisions = Counter(
+            "kvgate_router_decisions",
+            "Routing decisions by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._rejections = Counter(
+            "kvgate_router_rejections",
+            "Requests refused by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._outcomes = Counter(
+            "kvgate_router_outcomes",
+            "Finished requests by status",
+            ["status"],
+            registry=self.registry,
+        )
         self._latency = Histogram(
-            "kvgate_router_decision_seconds", "Admission + routing decision time",
-            buckets=(50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 1e-2), registry=self.registry,
+            "kvgate_router_decision_seconds",
+            "Admission + routing decision time",
+            buckets=(50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 1e-2),
+            registry=self.registry,
         )
 
     def decided(self, reason: str, decision_us: float) -> None:

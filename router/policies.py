@@ -54,8 +54,18 @@ class SeedScorePolicy:
                 "unhealthy": -w.unhealthy * (0.0 if n.healthy else 1.0),
                 "slo": w.slo * n.slo_attainment,
             }
-            cands.append(Candidate(n.node_id, sum(parts.values()), hit, frac,
-                                   n.kv_used_ratio, n.queue_len, n.healthy, parts))
+            cands.append(
+                Candidate(
+                    n.node_id,
+                    sum(parts.values()),
+                    hit,
+                    frac,
+                    n.kv_used_ratio,
+                    n.queue_len,
+                    n.healthy,
+                    parts,
+                )
+            )
         # ties (a cold cache, idle nodes) go to the node with the least running work, then to a
         # per-request pseudo-random order so that several routers do not pile onto one node
         salt = zlib.crc32(request.request_id.encode())
@@ -63,8 +73,11 @@ class SeedScorePolicy:
 
         def rank(c: Candidate) -> tuple[float, int, int]:
             n = by_node[c.node_id]
-            return (-round(c.score, 9), n.running + n.pending,
-                    zlib.crc32(c.node_id.encode()) ^ salt)
+            return (
+                -round(c.score, 9),
+                n.running + n.pending,
+                zlib.crc32(c.node_id.encode()) ^ salt,
+            )
 
         ordered = sorted(cands, key=rank)
         best = ordered[0]

@@ -31,7 +31,9 @@ class RouterSettings(BaseModel):
     default_max_tokens: int = Field(default=256, ge=1)
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)
-    max_queue: int = Field(default=64, ge=0, description="waiting requests above which a node is skipped")
+    max_queue: int = Field(
+        default=64, ge=0, description="waiting requests above which a node is skipped"
+    )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
     upstream_idle_timeout_s: float = Field(default=300.0, gt=0)
     stale_heartbeat_s: float | None = Field(default=None, gt=0, description="default: lease")

@@ -67,7 +67,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     mirror: dict[str, set[int]] = {}
     mirror_ok = False
 
-    @app.on_rebalance_complete.connect  # type: ignore[untyped-decorator]
+    @app.on_rebalance_complete.connect
     def _invalidate(*_: Any, **__: Any) -> None:
         nonlocal mirror_ok
         mirror_ok = False
@@ -86,9 +86,14 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         msg = event.message
         raw = event.value if isinstance(event.value, bytes) else b""
         letter = DeadLetter(
-            source_topic=msg.topic, partition=msg.partition, offset=msg.offset,
+            source_topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
             key=event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None,
-            value=raw.decode("utf-8", "replace"), error=error, consumer=consumer, ts=time.time(),
+            value=raw.decode("utf-8", "replace"),
+            error=error,
+            consumer=consumer,
+            ts=time.time(),
         )
         log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
         await dlq.send(key=msg.topic.encode(), value=encode(letter))
@@ -122,8 +127,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             if not plan.apply:
                 continue
             if plan.gap:
-                log.warning("KV batches of %s were lost before %s/%d", node, batch.epoch,
-                            batch.seq)
+                log.warning("KV batches of %s were lost before %s/%d", node, batch.epoch, batch.seq)
             for block in plan.deletes:
                 del index[index_key(node, block)]
                 current.discard(block)

@@ -48,9 +48,7 @@ def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little") & HASH_MASK
 
 
-def chain_hashes(
-    token_ids: Sequence[int], block_size: int, parent: int | None = None
-) -> list[int]:
+def chain_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
     """Hashes of every *full* block of ``token_ids``; a partial last block is not cacheable."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")

@@ -28,9 +28,7 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 
-async def ensure_topics(
-    settings: KafkaSettings, specs: Iterable[TopicSpec] = ALL_TOPICS
-) -> None:
+async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = ALL_TOPICS) -> None:
     """Create the topics that do not exist yet (idempotent)."""
     admin = AIOKafkaAdminClient(**settings.client_options())
     try:
@@ -62,8 +60,12 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str]) -> Non
     """New topics answer fetches only once every partition has a leader."""
     for _ in range(100):
         described = await admin.describe_topics(names)
-        if all(t.get("error_code", 0) == 0 and t.get("partitions")
-               and all(p.get("leader", -1) >= 0 for p in t["partitions"]) for t in described):
+        if all(
+            t.get("error_code", 0) == 0
+            and t.get("partitions")
+            and all(p.get("leader", -1) >= 0 for p in t["partitions"])
+            for t in described
+        ):
             return
         await asyncio.sleep(0.1)
 
@@ -184,8 +186,9 @@ async def decode_or_dead_letter(
     try:
         return decode(spec.value_model, record.value)
     except SchemaError as exc:
-        log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
-                    record.offset, exc)
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
+        )
         await bus.publish(DLQ, record.topic, dead_letter(record, str(exc), consumer))
         return None
 

@@ -7,6 +7,7 @@ model tokenizer is configured: the router and the simulated engine render identi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -53,6 +54,13 @@ class CompletionRequest(_Base):
             raise ValueError("prompt must not be empty")
         return v
 
+    def prompt_tokens(self, tokenize: Callable[[str], list[int]]) -> list[int]:
+        """Token ids of the prompt: given as ids, or ``tokenize`` applied to its text."""
+        text = self.prompt_text()
+        if text is not None:
+            return tokenize(text)
+        return [int(t) for t in self.prompt]
+
     def prompt_text(self) -> str | None:
         if isinstance(self.prompt, str):
             return self.prompt
@@ -85,6 +93,8 @@ def render_chat(messages: list[ChatMessage]) -> str:
     return "".join(parts)
 
 
-def error_body(message: str, type_: str = "invalid_request_error", code: int = 400) -> dict[str, Any]:
+def error_body(
+    message: str, type_: str = "invalid_request_error", code: int = 400
+) -> dict[str, Any]:
     """An OpenAI-style error object."""
     return {"error": {"message": message, "type": type_, "code": code}}

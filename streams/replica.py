@@ -32,8 +32,15 @@ log = logging.getLogger(__name__)
 
 
 class TableReplica:
-    def __init__(self, kafka: KafkaSettings, worker: WorkerSettings, client_id: str) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        worker: WorkerSettings,
+        client_id: str,
+        isolation_level: str = "read_uncommitted",
+    ) -> None:
         self.kafka = kafka
+        self.isolation_level = isolation_level
         app = app_id(kafka, worker)
         self.load_topic = LOAD.changelog(app)
         self.index_topic = PREFIX_INDEX.changelog(app)
@@ -68,14 +75,17 @@ class TableReplica:
             parts = consumer.partitions_for_topic(topic)  # type: ignore[attr-defined]
             if parts:
                 return [TopicPartition(topic, p) for p in sorted(parts)]
-            await consumer._client.force_metadata_update()  # type: ignore[attr-defined]  # noqa: SLF001
+            await consumer._client.force_metadata_update()  # type: ignore[attr-defined]
             await asyncio.sleep(0.1)
         raise KafkaError(f"changelog {topic} does not exist (is the worker running?)")
 
     async def _follow(self) -> None:
         consumer = make_consumer(
-            self.kafka, group_id=None, client_id=self.client_id,
-            isolation_level="read_uncommitted", fetch_max_wait_ms=50,
+            self.kafka,
+            group_id=None,
+            client_id=self.client_id,
+            isolation_level=self.isolation_level,
+            fetch_max_wait_ms=50,
         )
         await consumer.start()
         try:
@@ -104,8 +114,9 @@ class TableReplica:
                         if await consumer.position(tp) >= ends[tp]:
                             pending.discard(tp)
                 if not pending and not self.caught_up.is_set():
-                    log.info("replica caught up: %d nodes, %d blocks", len(self.load),
-                             len(self.index))
+                    log.info(
+                        "replica caught up: %d nodes, %d blocks", len(self.load), len(self.index)
+                    )
                     self.caught_up.set()
         finally:
             await consumer.stop()

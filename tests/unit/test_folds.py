@@ -9,8 +9,19 @@ def batch(seq: int, epoch: str = "e1", **kw: object) -> KvEventBatch:
 
 
 def hb(epoch: str, seq: int) -> Heartbeat:
-    return Heartbeat(node_id="n", epoch=epoch, seq=seq, ts=1.0, endpoint="http://x", model="m",
-                     block_size=16, kv_blocks_total=10, kv_blocks_used=1, running=0, waiting=0)
+    return Heartbeat(
+        node_id="n",
+        epoch=epoch,
+        seq=seq,
+        ts=1.0,
+        endpoint="http://x",
+        model="m",
+        block_size=16,
+        kv_blocks_total=10,
+        kv_blocks_used=1,
+        running=0,
+        waiting=0,
+    )
 
 
 def test_delta_upserts_new_and_deletes_present_only() -> None:
@@ -32,8 +43,9 @@ def test_gap_is_flagged_but_applied() -> None:
 
 
 def test_snapshot_replaces_the_node_state_even_from_a_new_epoch() -> None:
-    plan = plan_kv(KvCursor("e1", 9), {1, 2, 3}, batch(0, epoch="e2", kind="snapshot",
-                                                       stored=[3, 4]))
+    plan = plan_kv(
+        KvCursor("e1", 9), {1, 2, 3}, batch(0, epoch="e2", kind="snapshot", stored=[3, 4])
+    )
     assert plan.apply and not plan.gap
     assert sorted(plan.deletes) == [1, 2] and plan.upserts == [4]
 

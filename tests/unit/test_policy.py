@@ -9,9 +9,19 @@ NOW = 1000.0
 
 def node(nid: str, used: int = 0, waiting: int = 0, running: int = 0, **kw: object) -> NodeView:
     args: dict[str, object] = dict(
-        node_id=nid, endpoint=f"http://{nid}", model="m", pool="default", block_size=16,
-        kv_blocks_total=100, kv_blocks_used=used, running=running, waiting=waiting,
-        healthy=True, draining=False, heartbeat_ts=NOW - 0.2, lease_s=2.0,
+        node_id=nid,
+        endpoint=f"http://{nid}",
+        model="m",
+        pool="default",
+        block_size=16,
+        kv_blocks_total=100,
+        kv_blocks_used=used,
+        running=running,
+        waiting=waiting,
+        healthy=True,
+        draining=False,
+        heartbeat_ts=NOW - 0.2,
+        lease_s=2.0,
     )
     args.update(kw)
     return NodeView(**args)  # type: ignore[arg-type]
@@ -52,8 +62,13 @@ def test_no_nodes() -> None:
 
 
 def test_eligible_drops_stale_unhealthy_draining_and_other_models() -> None:
-    nodes = [node("ok"), node("stale", heartbeat_ts=NOW - 5), node("sick", healthy=False),
-             node("drain", draining=True), node("other", model="x")]
+    nodes = [
+        node("ok"),
+        node("stale", heartbeat_ts=NOW - 5),
+        node("sick", healthy=False),
+        node("drain", draining=True),
+        node("other", model="x"),
+    ]
     assert [n.node_id for n in eligible(nodes, "m", NOW)] == ["ok"]
 
 

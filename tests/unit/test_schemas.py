@@ -31,16 +31,19 @@ def test_roundtrip() -> None:
     assert decode(KvEventBatch, encode(b)) == b
 
 
-@pytest.mark.parametrize("raw", [
-    b"not json",
-    b"{}",
-    b'{"schema_version": 2, "node_id": "n"}',
-    b'{"schema_version":1,"node_id":"n","epoch":"e","seq":-1,"ts":1,"endpoint":"x","model":"m",'
-    b'"block_size":16,"kv_blocks_total":1,"kv_blocks_used":0,"running":0,"waiting":0}',
-    b'{"schema_version":1,"node_id":"n","epoch":"e","seq":1,"ts":1,"endpoint":"x","model":"m",'
-    b'"block_size":16,"kv_blocks_total":1,"kv_blocks_used":0,"running":0,"waiting":0,"x":1}',
-    None,
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"{}",
+        b'{"schema_version": 2, "node_id": "n"}',
+        b'{"schema_version":1,"node_id":"n","epoch":"e","seq":-1,"ts":1,"endpoint":"x","model":"m",'
+        b'"block_size":16,"kv_blocks_total":1,"kv_blocks_used":0,"running":0,"waiting":0}',
+        b'{"schema_version":1,"node_id":"n","epoch":"e","seq":1,"ts":1,"endpoint":"x","model":"m",'
+        b'"block_size":16,"kv_blocks_total":1,"kv_blocks_used":0,"running":0,"waiting":0,"x":1}',
+        None,
+    ],
+)
 def test_invalid_messages_raise_schema_error(raw: bytes | None) -> None:
     with pytest.raises(SchemaError):
         decode(Heartbeat, raw)

@@ -7,7 +7,9 @@ from deploy.settings import load_settings
 from streams.settings import KafkaSettings
 
 
-def test_env_overrides_file_and_nested_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_overrides_file_and_nested_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = tmp_path / "kvgate.yaml"
     cfg.write_text("kafka:\n  namespace: fromfile\n  partitions: 8\nrouter:\n  port: 9000\n")
     monkeypatch.setenv("KVGATE_KAFKA__NAMESPACE", "fromenv")

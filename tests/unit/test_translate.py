@@ -7,12 +7,17 @@ from streams.blocks import chain_hashes
 def test_vllm_wire_format_is_a_tagged_array() -> None:
     import msgspec
 
-    raw = encode_batch([BlockStored((1,), None, (5,) * 4), BlockRemoved((1,)), AllCleared()], 4,
-                       ts=1.5)
+    raw = encode_batch(
+        [BlockStored((1,), None, (5,) * 4), BlockRemoved((1,)), AllCleared()], 4, ts=1.5
+    )
     # vLLM's structs declare lora_id and medium without defaults: they are always on the wire
     assert msgspec.msgpack.decode(raw)[:2] == [
-        1.5, [["BlockStored", [1], None, [5, 5, 5, 5], 4, None, None], ["BlockRemoved", [1], None],
-              ["AllBlocksCleared"]],
+        1.5,
+        [
+            ["BlockStored", [1], None, [5, 5, 5, 5], 4, None, None],
+            ["BlockRemoved", [1], None],
+            ["AllBlocksCleared"],
+        ],
     ]
     assert len(decode_batch(raw).events) == 3
 
