@@ -1,0 +1,70 @@
+"""A small live cluster for integration tests: engines + agents, a Faust worker, routers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from deploy.procs import Supervisor, free_port
+from tests.conftest import wait_until
+
+MODEL = "llama-3.1-8b"
+
+
+@dataclass
+class Cluster:
+    sup: Supervisor
+    engines: dict[str, str] = field(default_factory=dict)  # node id -> engine URL
+    routers: dict[str, str] = field(default_factory=dict)  # name -> router URL
+
+    def add_engine(self, node_id: str, num_gpu_blocks: int = 2000) -> str:
+        http, zmq = free_port(), free_port()
+        self.sup.spawn(f"engine-{node_id}", "engine", "--port", str(http), "--kv-events-port",
+                       str(zmq), "--num-gpu-blocks", str(num_gpu_blocks),
+                       env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""})
+        url = f"http://127.0.0.1:{http}"
+        self.sup.spawn(f"agent-{node_id}", "agent", "--node-id", node_id, "--engine-url", url,
+                       "--kv-events", f"tcp://127.0.0.1:{zmq}")
+        self.engines[node_id] = url
+        return url
+
+    def add_worker(self, name: str = "worker") -> None:
+        self.sup.spawn(name, "worker")
+
+    def add_router(self, name: str = "router") -> str:
+        port = free_port()
+        self.sup.spawn(name, "router", "--port", str(port),
+                       env={"KVGATE_ROUTER__ROUTER_ID": name})
+        url = f"http://127.0.0.1:{port}"
+        self.routers[name] = url
+        return url
+
+    async def wait_ready(self, router: str, nodes: int, timeout_s: float = 90.0) -> None:
+        url = self.routers[router]
+
+        async def ready() -> bool:
+            async with aiohttp.ClientSession() as http, http.get(url + "/ready") as r:
+                body = await r.json()
+                return bool(body["ready"]) and body["healthy_nodes"] >= nodes
+
+        await wait_until(ready, timeout_s, f"{router} ready with {nodes} nodes", 0.25)
+
+
+async def post(url: str, path: str, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.post(url + path, json=body,
+                                                          headers=headers) as r:
+        if r.content_type == "text/event-stream":
+            return r.status, await r.text()
+        return r.status, await r.json(content_type=None)
+
+
+async def get(url: str, path: str) -> Any:
+    async with aiohttp.ClientSession() as http, http.get(url + path) as r:
+        return await r.json(content_type=None)
+
+
+def long_prompt(tag: str, words: int = 200) -> str:
+    return f"[{tag}] " + " ".join(f"word{i % 37}" for i in range(words))
