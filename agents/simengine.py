@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
 from pydantic import ValidationError
 
 from agents.enginemetrics import render_metrics
@@ -167,7 +167,12 @@ class SimEngine:
         try:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                return await self._stream(request, body.model, seq, queue, chat, include_usage)
+                try:
+                    return await self._stream(request, body.model, seq, queue, chat,
+                                              include_usage)
+                except (ConnectionResetError, ClientConnectionResetError):
+                    log.info("client left %s after %d tokens", rid, len(seq.output))
+                    return web.Response(status=499)
             out: list[int] = [t async for t in _drain(queue)]
             text = detokenize_approx(out)
             choice: dict[str, Any] = (

@@ -350,8 +350,10 @@ class RouterService:
                 status = "ok"
                 return resp
         except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            # the client went away: leaving the ``async with`` closes the upstream connection,
+            # which makes the engine abort the request and free its KV blocks
             status, error = "cancelled", f"client disconnected: {exc}"
-            raise
+            return resp if resp is not None else web.Response(status=499)
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = f"upstream {node.node_id} failed: {exc!r}"
             log.warning("%s", error)

@@ -1,0 +1,151 @@
+"""Faults: kill the Faust worker mid-stream (SIGKILL and SIGTERM, with and without exactly-once)
+and kill a router mid-run. The tables must end exactly equal to the state the input implies."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+
+from deploy.procs import Supervisor
+from streams.kafka import KafkaBus, ensure_topics
+from streams.replica import TableReplica
+from streams.schemas import Heartbeat
+from streams.settings import KafkaSettings, WorkerSettings
+from streams.topics import HEARTBEATS, KV_EVENTS
+from tests.conftest import wait_until
+from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post
+from tests.integration.streamgen import expected_state, synthetic_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+
+def _diff(replica: TableReplica, exp_blocks: dict[str, set[int]]) -> str:
+    lines = []
+    for node, blocks in sorted(exp_blocks.items()):
+        have = replica.index.blocks_of(node)
+        if have != blocks:
+            lines.append(f"{node}: missing {len(blocks - have)}, extra {len(have - blocks)}")
+    extra_nodes = set(replica.index.nodes()) - set(exp_blocks)
+    if extra_nodes:
+        lines.append(f"unexpected nodes {extra_nodes}")
+    return "; ".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("sig", "exactly_once"),
+    [(signal.SIGKILL, True), (signal.SIGTERM, True), (signal.SIGKILL, False)],
+    ids=["kill9-exactly-once", "sigterm-exactly-once", "kill9-at-least-once"],
+)
+async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings,
+    sig: signal.Signals, exactly_once: bool,
+) -> None:
+    await ensure_topics(kafka_settings)
+    supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
+    stream = synthetic_stream()
+    exp = expected_state(stream)
+    bus = KafkaBus(kafka_settings, "t-faults")
+    await bus.start()
+    replica = TableReplica(kafka_settings, worker_settings, "t-faults-replica",
+                           isolation_level="read_committed")
+    try:
+        supervisor.spawn("worker-1", "worker")
+        third = len(stream) // 3
+        for msg in stream[:third]:
+            spec = HEARTBEATS if isinstance(msg, Heartbeat) else KV_EVENTS
+            await bus.publish(spec, msg.node_id, msg)  # type: ignore[attr-defined]
+        await bus.flush()
+        await replica.start()
+        await wait_until(lambda: _progress(replica), 90, "the first worker to fold some input")
+        # keep producing while the worker dies
+        producer = asyncio.create_task(_produce(bus, stream[third:]))
+        await asyncio.sleep(0.3)
+        supervisor.kill("worker-1", sig)
+        folded_before_restart = replica.records
+        await producer
+        supervisor.spawn("worker-2", "worker")
+
+        async def exact() -> bool:
+            done = all(
+                (hb.epoch, hb.seq) == exp.last_heartbeat[node]
+                for node, hb in replica.load.items()
+            ) and set(replica.load) == set(exp.last_heartbeat)
+            return done and not _diff(replica, exp.blocks)
+
+        try:
+            await wait_until(exact, 120, "tables equal to the recomputed state", 0.25)
+        except AssertionError:
+            raise AssertionError(f"tables differ from the input: {_diff(replica, exp.blocks)}; "
+                                 f"load={ {n: (h.epoch, h.seq) for n, h in replica.load.items()} } "
+                                 f"expected={exp.last_heartbeat}") from None
+        assert folded_before_restart > 0
+        total = sum(len(b) for b in exp.blocks.values())
+        assert replica.index.entries == total
+    finally:
+        await replica.stop()
+        await bus.stop()
+
+
+async def _progress(replica: TableReplica) -> bool:
+    return replica.records > 0
+
+
+async def _produce(bus: KafkaBus, msgs: list[object]) -> None:
+    for i, msg in enumerate(msgs):
+        spec = HEARTBEATS if isinstance(msg, Heartbeat) else KV_EVENTS
+        await bus.publish(spec, msg.node_id, msg)  # type: ignore[attr-defined]
+        if i % 50 == 0:
+            await asyncio.sleep(0.02)
+    await bus.flush()
+
+
+async def test_router_killed_mid_run_a_new_router_rebuilds_and_routes(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_engine("n2")
+    c.add_worker()
+    first = c.add_router("router-a")
+    await c.wait_ready("router-a", 2)
+    prompts = [long_prompt(f"doc{i}") for i in range(6)]
+    holders: dict[str, str] = {}
+    for p in prompts:
+        status, _ = await post(first, "/v1/completions",
+                               {"model": MODEL, "prompt": p, "max_tokens": 2})
+        assert status == 200
+
+    async def all_indexed() -> bool:
+        for p in prompts:
+            _, d = await post(first, "/v1/kvgate/decide", {"model": MODEL, "prompt": p})
+            best = max(d["candidates"], key=lambda x: x["hit_blocks"])
+            if best["hit_blocks"] == 0:
+                return False
+            holders[p] = best["node_id"]
+        return True
+
+    await wait_until(all_indexed, 5, "every prompt indexed in router-a")
+    # requests in flight when the router dies
+    inflight = [asyncio.create_task(post(first, "/v1/completions", {
+        "model": MODEL, "prompt": p, "max_tokens": 200, "stream": True})) for p in prompts]
+    await asyncio.sleep(0.3)
+    supervisor.kill("router-a", signal.SIGKILL)
+    results = await asyncio.gather(*inflight, return_exceptions=True)
+    assert any(isinstance(r, Exception) for r in results)  # they really were cut off
+
+    second = c.add_router("router-b")
+    await c.wait_ready("router-b", 2)
+    state = await get(second, "/v1/kvgate/state")
+    assert state["replica_caught_up"] and state["indexed_blocks"] > 0
+    for p in prompts:
+        _, d = await post(second, "/v1/kvgate/decide", {"model": MODEL, "prompt": p})
+        hits = {x["node_id"]: x["hit_blocks"] for x in d["candidates"]}
+        assert d["chosen_node"] == holders[p], (d, holders[p])
+        assert hits[holders[p]] > 0
+        status, _ = await post(second, "/v1/completions",
+                               {"model": MODEL, "prompt": p, "max_tokens": 2})
+        assert status == 200
