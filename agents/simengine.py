@@ -168,8 +168,7 @@ class SimEngine:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 try:
-                    return await self._stream(request, body.model, seq, queue, chat,
-                                              include_usage)
+                    return await self._stream(request, body.model, seq, queue, chat, include_usage)
                 except (ConnectionResetError, ClientConnectionResetError):
                     log.info("client left %s after %d tokens", rid, len(seq.output))
                     return web.Response(status=499)

@@ -34,8 +34,10 @@ def _reachable(hostport: str) -> bool:
 @pytest.fixture(scope="session")
 def kafka_up() -> str:
     if not _reachable(KAFKA):
-        pytest.fail(f"Kafka is not reachable at {KAFKA}: start it with deploy/kafka/kafka.sh start "
-                    "(or run the tests with `bash .ci/run`)")
+        pytest.fail(
+            f"Kafka is not reachable at {KAFKA}: start it with deploy/kafka/kafka.sh start "
+            "(or run the tests with `bash .ci/run`)"
+        )
     return KAFKA
 
 
@@ -51,14 +53,20 @@ def kafka_settings(kafka_up: str, namespace: str) -> KafkaSettings:
 
 @pytest.fixture
 def worker_settings(tmp_path: Path) -> WorkerSettings:
-    return WorkerSettings(web_port=free_port(), data_dir=str(tmp_path / "worker"),
-                          session_timeout_s=6.0, rebalance_timeout_s=6.0,
-                          heartbeat_interval_s=0.5, commit_interval_s=0.5)
+    return WorkerSettings(
+        web_port=free_port(),
+        data_dir=str(tmp_path / "worker"),
+        session_timeout_s=6.0,
+        rebalance_timeout_s=6.0,
+        heartbeat_interval_s=0.5,
+        commit_interval_s=0.5,
+    )
 
 
 @pytest.fixture
-def supervisor(tmp_path: Path, kafka_settings: KafkaSettings,
-               worker_settings: WorkerSettings) -> Iterator[Supervisor]:
+def supervisor(
+    tmp_path: Path, kafka_settings: KafkaSettings, worker_settings: WorkerSettings
+) -> Iterator[Supervisor]:
     env = {
         "KVGATE_KAFKA__BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
         "KVGATE_KAFKA__NAMESPACE": kafka_settings.namespace,
@@ -88,7 +96,7 @@ async def wait_until(
     while time.monotonic() < deadline:
         try:
             result = await check()
-        except Exception as exc:  # noqa: BLE001 - services still starting
+        except Exception as exc:
             last = exc
         else:
             last = result

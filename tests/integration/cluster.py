@@ -21,12 +21,28 @@ class Cluster:
 
     def add_engine(self, node_id: str, num_gpu_blocks: int = 2000) -> str:
         http, zmq = free_port(), free_port()
-        self.sup.spawn(f"engine-{node_id}", "engine", "--port", str(http), "--kv-events-port",
-                       str(zmq), "--num-gpu-blocks", str(num_gpu_blocks),
-                       env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""})
+        self.sup.spawn(
+            f"engine-{node_id}",
+            "engine",
+            "--port",
+            str(http),
+            "--kv-events-port",
+            str(zmq),
+            "--num-gpu-blocks",
+            str(num_gpu_blocks),
+            env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
+        )
         url = f"http://127.0.0.1:{http}"
-        self.sup.spawn(f"agent-{node_id}", "agent", "--node-id", node_id, "--engine-url", url,
-                       "--kv-events", f"tcp://127.0.0.1:{zmq}")
+        self.sup.spawn(
+            f"agent-{node_id}",
+            "agent",
+            "--node-id",
+            node_id,
+            "--engine-url",
+            url,
+            "--kv-events",
+            f"tcp://127.0.0.1:{zmq}",
+        )
         self.engines[node_id] = url
         return url
 
@@ -35,8 +51,7 @@ class Cluster:
 
     def add_router(self, name: str = "router") -> str:
         port = free_port()
-        self.sup.spawn(name, "router", "--port", str(port),
-                       env={"KVGATE_ROUTER__ROUTER_ID": name})
+        self.sup.spawn(name, "router", "--port", str(port), env={"KVGATE_ROUTER__ROUTER_ID": name})
         url = f"http://127.0.0.1:{port}"
         self.routers[name] = url
         return url
@@ -52,10 +67,13 @@ class Cluster:
         await wait_until(ready, timeout_s, f"{router} ready with {nodes} nodes", 0.25)
 
 
-async def post(url: str, path: str, body: dict[str, Any],
-               headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as http, http.post(url + path, json=body,
-                                                          headers=headers) as r:
+async def post(
+    url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + path, json=body, headers=headers) as r,
+    ):
         if r.content_type == "text/event-stream":
             return r.status, await r.text()
         return r.status, await r.json(content_type=None)

@@ -22,9 +22,19 @@ class Expected:
 
 
 def _hb(node: str, epoch: str, seq: int, ts: float) -> Heartbeat:
-    return Heartbeat(node_id=node, epoch=epoch, seq=seq, ts=ts, endpoint=f"http://{node}",
-                     model="m", block_size=16, kv_blocks_total=5000, kv_blocks_used=seq % 5000,
-                     running=seq % 7, waiting=seq % 3)
+    return Heartbeat(
+        node_id=node,
+        epoch=epoch,
+        seq=seq,
+        ts=ts,
+        endpoint=f"http://{node}",
+        model="m",
+        block_size=16,
+        kv_blocks_total=5000,
+        kv_blocks_used=seq % 5000,
+        running=seq % 7,
+        waiting=seq % 3,
+    )
 
 
 def synthetic_stream(nodes: int = 4, steps: int = 1600, seed: int = 11) -> list[BaseModel]:
@@ -38,8 +48,11 @@ def synthetic_stream(nodes: int = 4, steps: int = 1600, seed: int = 11) -> list[
     ts = 1_000_000.0
     next_hash = 1
     for n in names:
-        out.append(KvEventBatch(node_id=n, epoch=epoch[n], seq=0, ts=ts, kind="snapshot",
-                                block_size=16, stored=[]))
+        out.append(
+            KvEventBatch(
+                node_id=n, epoch=epoch[n], seq=0, ts=ts, kind="snapshot", block_size=16, stored=[]
+            )
+        )
     restarted = False
     for step in range(steps):
         ts += 0.01
@@ -49,8 +62,17 @@ def synthetic_stream(nodes: int = 4, steps: int = 1600, seed: int = 11) -> list[
             epoch[n], kv_seq[n] = "0002-b", 0
             keep = set(rng.sample(sorted(held[n]), len(held[n]) // 2))
             held[n] = keep
-            out.append(KvEventBatch(node_id=n, epoch=epoch[n], seq=0, ts=ts, kind="snapshot",
-                                    block_size=16, stored=sorted(keep)))
+            out.append(
+                KvEventBatch(
+                    node_id=n,
+                    epoch=epoch[n],
+                    seq=0,
+                    ts=ts,
+                    kind="snapshot",
+                    block_size=16,
+                    stored=sorted(keep),
+                )
+            )
             continue
         r = rng.random()
         if r < 0.35:
@@ -64,21 +86,46 @@ def synthetic_stream(nodes: int = 4, steps: int = 1600, seed: int = 11) -> list[
                 keep.add(next_hash)
                 next_hash += 1
             held[n] = keep
-            out.append(KvEventBatch(node_id=n, epoch=epoch[n], seq=kv_seq[n], ts=ts,
-                                    kind="snapshot", block_size=16, stored=sorted(keep)))
+            out.append(
+                KvEventBatch(
+                    node_id=n,
+                    epoch=epoch[n],
+                    seq=kv_seq[n],
+                    ts=ts,
+                    kind="snapshot",
+                    block_size=16,
+                    stored=sorted(keep),
+                )
+            )
         elif r < 0.38:  # the engine cleared its cache, then stored a little
             fresh = list(range(next_hash, next_hash + 3))
             next_hash += 3
             held[n] = set(fresh)
-            out.append(KvEventBatch(node_id=n, epoch=epoch[n], seq=kv_seq[n], ts=ts,
-                                    block_size=16, cleared=True, stored=fresh))
+            out.append(
+                KvEventBatch(
+                    node_id=n,
+                    epoch=epoch[n],
+                    seq=kv_seq[n],
+                    ts=ts,
+                    block_size=16,
+                    cleared=True,
+                    stored=fresh,
+                )
+            )
         else:
             removed = rng.sample(sorted(held[n]), min(len(held[n]), rng.randint(0, 12)))
             stored = list(range(next_hash, next_hash + rng.randint(0, 30)))
             next_hash += len(stored)
             held[n] = (held[n] - set(removed)) | set(stored)
-            b = KvEventBatch(node_id=n, epoch=epoch[n], seq=kv_seq[n], ts=ts, block_size=16,
-                             stored=stored, removed=removed)
+            b = KvEventBatch(
+                node_id=n,
+                epoch=epoch[n],
+                seq=kv_seq[n],
+                ts=ts,
+                block_size=16,
+                stored=stored,
+                removed=removed,
+            )
             out.append(b)
             if rng.random() < 0.05:  # a producer retry re-sends the same batch
                 out.append(b)

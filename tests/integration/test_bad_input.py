@@ -28,9 +28,19 @@ pytestmark = pytest.mark.integration
 
 
 def heartbeat(node: str, seq: int) -> Heartbeat:
-    return Heartbeat(node_id=node, epoch="e1", seq=seq, ts=time.time(), endpoint="http://x",
-                     model="m", block_size=16, kv_blocks_total=100, kv_blocks_used=1,
-                     running=0, waiting=0)
+    return Heartbeat(
+        node_id=node,
+        epoch="e1",
+        seq=seq,
+        ts=time.time(),
+        endpoint="http://x",
+        model="m",
+        block_size=16,
+        kv_blocks_total=100,
+        kv_blocks_used=1,
+        running=0,
+        waiting=0,
+    )
 
 
 async def read_dlq(kafka: KafkaSettings, want: int, timeout_s: float = 30) -> list[DeadLetter]:
@@ -48,7 +58,9 @@ async def read_dlq(kafka: KafkaSettings, want: int, timeout_s: float = 30) -> li
 
 
 async def test_malformed_input_messages_are_dead_lettered_and_worker_continues(
-    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings,
+    supervisor: Supervisor,
+    kafka_settings: KafkaSettings,
+    worker_settings: WorkerSettings,
 ) -> None:
     await ensure_topics(kafka_settings)
     Cluster(supervisor).add_worker()
@@ -63,7 +75,8 @@ async def test_malformed_input_messages_are_dead_lettered_and_worker_continues(
         await bus.flush()
         letters = await read_dlq(kafka_settings, 2, timeout_s=60)
         assert sorted(x.source_topic for x in letters) == sorted(
-            [HEARTBEATS.name(ns), KV_EVENTS.name(ns)])
+            [HEARTBEATS.name(ns), KV_EVENTS.name(ns)]
+        )
         assert all(x.error and x.consumer.startswith("worker.") for x in letters)
         assert any(x.value == "{not json" for x in letters)  # the original bytes are kept
         await replica.start()
@@ -87,14 +100,22 @@ async def test_malformed_analytics_messages_are_dead_lettered_by_the_sink(
     bus = KafkaBus(kafka_settings, "t-sink")
     await bus.start()
     stop = asyncio.Event()
-    sink = Sink(kafka_settings, SinkSettings(group_id="s", batch_interval_s=0.2), ch, "kvgate",
-                bus)
+    sink = Sink(kafka_settings, SinkSettings(group_id="s", batch_interval_s=0.2), ch, "kvgate", bus)
     task = asyncio.create_task(sink.run(stop))
     try:
         ns = kafka_settings.namespace
         await bus.publish_raw(DECISIONS.name(ns), b"r1", b"\xff\xfe garbage")
-        good = Outcome(request_id="r2", ts=time.time(), router_id="t", node_id="n",
-                       status="ok", http_status=200, e2e_s=0.1, prompt_tokens=1, output_tokens=1)
+        good = Outcome(
+            request_id="r2",
+            ts=time.time(),
+            router_id="t",
+            node_id="n",
+            status="ok",
+            http_status=200,
+            e2e_s=0.1,
+            prompt_tokens=1,
+            output_tokens=1,
+        )
         await bus.publish(OUTCOMES, "r2", good)
         await bus.flush()
         letters = await read_dlq(kafka_settings, 1)
@@ -136,8 +157,9 @@ async def test_malformed_http_requests_get_a_4xx_json_error(
             for path, body, status in cases:
                 if base == engine and body == b"[1, 2]":
                     status = 400
-                async with http.post(base + path, data=body,
-                                     headers={"Content-Type": "application/json"}) as r:
+                async with http.post(
+                    base + path, data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     assert r.status == status, (base, path, body, await r.text())
                     err = await r.json(content_type=None)
                     assert err["error"]["message"], err

@@ -40,8 +40,11 @@ def _diff(replica: TableReplica, exp_blocks: dict[str, set[int]]) -> str:
     ids=["kill9-exactly-once", "sigterm-exactly-once", "kill9-at-least-once"],
 )
 async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
-    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings,
-    sig: signal.Signals, exactly_once: bool,
+    supervisor: Supervisor,
+    kafka_settings: KafkaSettings,
+    worker_settings: WorkerSettings,
+    sig: signal.Signals,
+    exactly_once: bool,
 ) -> None:
     await ensure_topics(kafka_settings)
     supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
@@ -49,8 +52,9 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
     exp = expected_state(stream)
     bus = KafkaBus(kafka_settings, "t-faults")
     await bus.start()
-    replica = TableReplica(kafka_settings, worker_settings, "t-faults-replica",
-                           isolation_level="read_committed")
+    replica = TableReplica(
+        kafka_settings, worker_settings, "t-faults-replica", isolation_level="read_committed"
+    )
     try:
         supervisor.spawn("worker-1", "worker")
         third = len(stream) // 3
@@ -70,17 +74,18 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
 
         async def exact() -> bool:
             done = all(
-                (hb.epoch, hb.seq) == exp.last_heartbeat[node]
-                for node, hb in replica.load.items()
+                (hb.epoch, hb.seq) == exp.last_heartbeat[node] for node, hb in replica.load.items()
             ) and set(replica.load) == set(exp.last_heartbeat)
             return done and not _diff(replica, exp.blocks)
 
         try:
             await wait_until(exact, 120, "tables equal to the recomputed state", 0.25)
         except AssertionError:
-            raise AssertionError(f"tables differ from the input: {_diff(replica, exp.blocks)}; "
-                                 f"load={ {n: (h.epoch, h.seq) for n, h in replica.load.items()} } "
-                                 f"expected={exp.last_heartbeat}") from None
+            raise AssertionError(
+                f"tables differ from the input: {_diff(replica, exp.blocks)}; "
+                f"load={ {n: (h.epoch, h.seq) for n, h in replica.load.items()} } "
+                f"expected={exp.last_heartbeat}"
+            ) from None
         assert folded_before_restart > 0
         total = sum(len(b) for b in exp.blocks.values())
         assert replica.index.entries == total
@@ -115,8 +120,9 @@ async def test_router_killed_mid_run_a_new_router_rebuilds_and_routes(
     prompts = [long_prompt(f"doc{i}") for i in range(6)]
     holders: dict[str, str] = {}
     for p in prompts:
-        status, _ = await post(first, "/v1/completions",
-                               {"model": MODEL, "prompt": p, "max_tokens": 2})
+        status, _ = await post(
+            first, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 2}
+        )
         assert status == 200
 
     async def all_indexed() -> bool:
@@ -130,8 +136,16 @@ async def test_router_killed_mid_run_a_new_router_rebuilds_and_routes(
 
     await wait_until(all_indexed, 5, "every prompt indexed in router-a")
     # requests in flight when the router dies
-    inflight = [asyncio.create_task(post(first, "/v1/completions", {
-        "model": MODEL, "prompt": p, "max_tokens": 200, "stream": True})) for p in prompts]
+    inflight = [
+        asyncio.create_task(
+            post(
+                first,
+                "/v1/completions",
+                {"model": MODEL, "prompt": p, "max_tokens": 200, "stream": True},
+            )
+        )
+        for p in prompts
+    ]
     await asyncio.sleep(0.3)
     supervisor.kill("router-a", signal.SIGKILL)
     results = await asyncio.gather(*inflight, return_exceptions=True)
@@ -146,6 +160,7 @@ async def test_router_killed_mid_run_a_new_router_rebuilds_and_routes(
         hits = {x["node_id"]: x["hit_blocks"] for x in d["candidates"]}
         assert d["chosen_node"] == holders[p], (d, holders[p])
         assert hits[holders[p]] > 0
-        status, _ = await post(second, "/v1/completions",
-                               {"model": MODEL, "prompt": p, "max_tokens": 2})
+        status, _ = await post(
+            second, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 2}
+        )
         assert status == 200

@@ -36,8 +36,9 @@ async def test_engine_cache_reaches_tables_and_router_within_2s(
 
     prompt = long_prompt("freshness")
     blocks = len(chain_hashes(approx_tokenize(prompt), 16))
-    status, _ = await post(engine, "/v1/completions", {"model": MODEL, "prompt": prompt,
-                                                       "max_tokens": 2})
+    status, _ = await post(
+        engine, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+    )
     assert status == 200
     cached_at = time.monotonic()
 
@@ -68,8 +69,9 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
     bus = KafkaBus(kafka_settings, "test-sink")
     await bus.start()
     stop = asyncio.Event()
-    sink = Sink(kafka_settings, SinkSettings(group_id="sink-test", batch_interval_s=0.3), ch,
-                "kvgate", bus)
+    sink = Sink(
+        kafka_settings, SinkSettings(group_id="sink-test", batch_interval_s=0.3), ch, "kvgate", bus
+    )
     task = asyncio.create_task(sink.run(stop))
     try:
         await c.wait_ready("router", 2)
@@ -79,8 +81,10 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
             ids.append(rid)
             body: dict[str, object] = {"model": MODEL, "max_tokens": 4, "stream": i % 2 == 0}
             if i % 3 == 0:
-                body["messages"] = [{"role": "system", "content": long_prompt("sys")},
-                                    {"role": "user", "content": f"question {i}"}]
+                body["messages"] = [
+                    {"role": "system", "content": long_prompt("sys")},
+                    {"role": "user", "content": f"question {i}"},
+                ]
                 path = "/v1/chat/completions"
             else:
                 body["prompt"] = long_prompt("doc") + f" q{i}"
@@ -97,14 +101,17 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
         await wait_until(landed, 20, "outcomes in ClickHouse", 0.2)
         await asyncio.sleep(1.0)  # anything extra would have landed by now
         for table in ("decisions", "outcomes"):
-            final = ch.query(f"SELECT request_id, count() AS n FROM kvgate.{table} FINAL "
-                             "GROUP BY request_id")
+            final = ch.query(
+                f"SELECT request_id, count() AS n FROM kvgate.{table} FINAL GROUP BY request_id"
+            )
             raw = ch.query(f"SELECT count() AS n FROM kvgate.{table}")
             assert sorted(r["request_id"] for r in final) == sorted(ids), table
             assert all(int(r["n"]) == 1 for r in final)
             assert int(raw[0]["n"]) == len(ids), f"{table}: duplicated rows before merges"
-        ok = ch.query("SELECT countIf(status = 'ok') AS ok, countIf(ttft_s > 0) AS ttft, "
-                      "sum(ifNull(cached_tokens, 0)) AS cached FROM kvgate.outcomes FINAL")[0]
+        ok = ch.query(
+            "SELECT countIf(status = 'ok') AS ok, countIf(ttft_s > 0) AS ttft, "
+            "sum(ifNull(cached_tokens, 0)) AS cached FROM kvgate.outcomes FINAL"
+        )[0]
         assert int(ok["ok"]) == len(ids) and int(ok["ttft"]) == len(ids)
         assert int(ok["cached"]) > 0  # shared prompts were served from the prefix cache
         chosen = ch.query("SELECT DISTINCT chosen_node AS n FROM kvgate.decisions FINAL")

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything kvgate needs on a fresh Debian machine, idempotently:
+# Java 17 and Maven (for the Kafka jars), redis-server, a Python 3.11 virtualenv in .venv with
+# kvgate and its dev tools, and the Kafka broker jars resolved from Maven Central.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+need_apt=()
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing system packages: ${need_apt[*]} (install them, or run as root)" >&2; exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+py="${KVGATE_PYTHON:-}"
+if [ -z "$py" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      py="$cand"; break
+    fi
+  done
+fi
+[ -n "$py" ] || { echo "kvgate needs Python 3.11 (set KVGATE_PYTHON)" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[dev]"
+
+bash deploy/kafka/kafka.sh install
+echo "kvgate installed: .venv/bin/kvgate"
