@@ -51,6 +51,7 @@ class TableReplica:
         self.caught_up = asyncio.Event()
         self.records = 0
         self.on_load: Callable[[Heartbeat, float], None] | None = None
+        self.on_block: Callable[[str, int, float], None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -131,6 +132,8 @@ class TableReplica:
                 self.index.remove(node, block)
             else:
                 self.index.add(node, block)
+                if self.on_block is not None:
+                    self.on_block(node, block, now)
             self.index_updated_s[node] = now
         else:
             node = key.decode()
