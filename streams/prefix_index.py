@@ -31,6 +31,10 @@ class PrefixIndex:
     def blocks_of(self, node: str) -> set[int]:
         return set(self._by_node.get(node, ()))
 
+    def blocks_view(self, node: str) -> frozenset[int] | set[int]:
+        """The node's blocks without a copy: read it before changing the index."""
+        return self._by_node.get(node) or frozenset()
+
     def add(self, node: str, block: int) -> None:
         self._by_block.setdefault(block, set()).add(node)
         self._by_node.setdefault(node, set()).add(block)

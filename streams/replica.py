@@ -1,10 +1,19 @@
-"""A router's in-memory replica of the load table and the prefix index, read from changelogs.
+"""A router's in-memory replica of the load table and the prefix index.
 
-The replica assigns itself every partition of the two changelog topics (no consumer group: each
-router holds the whole state), reads them from the beginning — compaction keeps that short — and
-then follows them. It reads ``read_uncommitted``: under exactly-once, Faust's transactions commit
-every ``commit_interval_s``, and routers need the index within ~1 s; an aborted write is repaired
-by the re-processed one that follows it. A killed router rebuilds everything on restart.
+Bootstrap from the tables, then follow the input:
+
+1. read the committed offsets of the worker's consumer group on the input topics;
+2. read the table changelogs (``load``, ``prefix_index``, ``kv_cursor``) to their end,
+   ``read_committed`` — under exactly-once that is the state the worker committed *at least up to*
+   those offsets;
+3. consume the input topics (heartbeats, KV events) from those offsets and fold every event with
+   the worker's own pure folds (:mod:`streams.folds`); the per-node cursors skip what the tables
+   already held, so the result is exact, and every later event reaches the router without waiting
+   for the worker's transaction to commit.
+
+A router killed at any time rebuilds the same state on restart. ``follow_input=False`` keeps
+following the changelogs instead: the replica then shows exactly what the tables hold (tests and
+operators use it to check the worker).
 """
 
 from __future__ import annotations
@@ -14,17 +23,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
-from pydantic import ValidationError
 
-from streams.folds import parse_index_key
+from streams.exceptions import SchemaError
+from streams.folds import KvCursor, heartbeat_is_newer, parse_index_key, plan_kv
 from streams.kafka import make_consumer
 from streams.prefix_index import PrefixIndex
-from streams.schemas import Heartbeat
+from streams.schemas import Heartbeat, KvEventBatch
 from streams.settings import KafkaSettings, WorkerSettings
-from streams.tables import LOAD, PREFIX_INDEX, app_id
+from streams.tables import KV_CURSOR, LOAD, PREFIX_INDEX, app_id
+from streams.topics import HEARTBEATS, KV_EVENTS
 
 __all__ = ["TableReplica"]
 
@@ -33,23 +45,26 @@ log = logging.getLogger(__name__)
 
 class TableReplica:
     def __init__(
-        self,
-        kafka: KafkaSettings,
-        worker: WorkerSettings,
-        client_id: str,
-        isolation_level: str = "read_uncommitted",
+        self, kafka: KafkaSettings, worker: WorkerSettings, client_id: str, *,
+        follow_input: bool = True, node_ttl_s: float = 60.0,
     ) -> None:
         self.kafka = kafka
-        self.isolation_level = isolation_level
-        app = app_id(kafka, worker)
-        self.load_topic = LOAD.changelog(app)
-        self.index_topic = PREFIX_INDEX.changelog(app)
+        self.group = app_id(kafka, worker)
+        self.load_topic = LOAD.changelog(self.group)
+        self.index_topic = PREFIX_INDEX.changelog(self.group)
+        self.cursor_topic = KV_CURSOR.changelog(self.group)
+        self.hb_topic = HEARTBEATS.name(kafka.namespace)
+        self.kv_topic = KV_EVENTS.name(kafka.namespace)
         self.client_id = client_id
+        self.follow_input = follow_input
+        self.node_ttl_s = node_ttl_s
         self.index = PrefixIndex()
         self.load: dict[str, Heartbeat] = {}
+        self.cursors: dict[str, KvCursor] = {}
         self.index_updated_s: dict[str, float] = {}  # node -> when its entries last changed here
         self.caught_up = asyncio.Event()
         self.records = 0
+        self.gaps = 0
         self.on_load: Callable[[Heartbeat, float], None] | None = None
         self.on_block: Callable[[str, int, float], None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -63,66 +78,111 @@ class TableReplica:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    # --- I/O -----------------------------------------------------------------------------
     async def _run(self) -> None:
         while True:
             try:
                 await self._follow()
             except KafkaError as exc:
-                log.warning("replica lost Kafka (%s); reconnecting", exc)
+                log.warning("replica lost Kafka (%s); rebuilding", exc)
                 await asyncio.sleep(1.0)
 
-    async def _partitions(self, consumer: object, topic: str) -> list[TopicPartition]:
+    async def _partitions(self, consumer: Any, topic: str) -> list[TopicPartition]:
         for _ in range(600):
-            parts = consumer.partitions_for_topic(topic)  # type: ignore[attr-defined]
+            parts = consumer.partitions_for_topic(topic)
             if parts:
                 return [TopicPartition(topic, p) for p in sorted(parts)]
-            await consumer._client.force_metadata_update()  # type: ignore[attr-defined]
+            await consumer._client.force_metadata_update()  # noqa: SLF001
             await asyncio.sleep(0.1)
-        raise KafkaError(f"changelog {topic} does not exist (is the worker running?)")
+        raise KafkaError(f"topic {topic} does not exist (is the worker running?)")
+
+    async def _committed(self) -> dict[TopicPartition, int]:
+        admin = AIOKafkaAdminClient(**self.kafka.client_options())
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(self.group)
+        finally:
+            await admin.close()
+        return {tp: meta.offset for tp, meta in offsets.items()
+                if tp.topic in (self.hb_topic, self.kv_topic) and meta.offset >= 0}
 
     async def _follow(self) -> None:
-        consumer = make_consumer(
-            self.kafka,
-            group_id=None,
-            client_id=self.client_id,
-            isolation_level=self.isolation_level,
-            fetch_max_wait_ms=50,
-        )
-        await consumer.start()
+        self.index, self.load, self.cursors = PrefixIndex(), {}, {}
+        committed = await self._committed() if self.follow_input else {}
+        # phase 1: the tables, as committed by the worker
+        tables = make_consumer(self.kafka, group_id=None, client_id=self.client_id,
+                               isolation_level="read_committed", fetch_max_wait_ms=50)
+        await tables.start()
         try:
             tps: list[TopicPartition] = []
-            for topic in (self.load_topic, self.index_topic):
-                tps += await self._partitions(consumer, topic)
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            # the rebuild replaces what this replica held before a reconnect
-            self.index = PrefixIndex()
-            self.load.clear()
-            pending = {tp for tp, end in ends.items() if end > 0}
-            if not pending:
-                self.caught_up.set()
-            while True:
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-                now = time.time()
-                for tp, records in batches.items():
-                    for r in records:
-                        self._apply(tp.topic, r.key, r.value, now)
-                    if tp in pending and records and records[-1].offset + 1 >= ends[tp]:
-                        pending.discard(tp)
-                if pending and not batches:
-                    for tp in list(pending):
-                        if await consumer.position(tp) >= ends[tp]:
-                            pending.discard(tp)
-                if not pending and not self.caught_up.is_set():
-                    log.info(
-                        "replica caught up: %d nodes, %d blocks", len(self.load), len(self.index)
-                    )
-                    self.caught_up.set()
+            for topic in (self.load_topic, self.index_topic, self.cursor_topic):
+                tps += await self._partitions(tables, topic)
+            tables.assign(tps)
+            await tables.seek_to_beginning(*tps)
+            if self.follow_input:
+                await self._drain(tables, tps, self._apply_changelog)
+            else:
+                await self._drain(tables, tps, self._apply_changelog, forever=True)
+                return
         finally:
-            await consumer.stop()
+            await tables.stop()
+        # phase 2: the input, from where the worker's committed state ends
+        source = make_consumer(self.kafka, group_id=None, client_id=self.client_id,
+                               fetch_max_wait_ms=20)
+        await source.start()
+        try:
+            tps = await self._partitions(source, self.hb_topic)
+            tps += await self._partitions(source, self.kv_topic)
+            source.assign(tps)
+            for tp in tps:
+                if tp in committed:
+                    source.seek(tp, committed[tp])
+                else:
+                    await source.seek_to_beginning(tp)
+            log.info("replica bootstrapped from tables: %d nodes, %d blocks; following input",
+                     len(self.load), len(self.index))
+            await self._drain(source, tps, self._apply_input, forever=True)
+        finally:
+            await source.stop()
 
-    def _apply(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
+    async def _drain(
+        self, consumer: Any, tps: list[TopicPartition],
+        apply: Callable[[str, bytes | None, bytes | None, float], None], forever: bool = False,
+    ) -> None:
+        """Consume until every partition reached its end at the start (and on, if ``forever``)."""
+        ends = await consumer.end_offsets(tps)
+        pending = {tp for tp in tps if ends[tp] > await consumer.position(tp)}
+        if not pending and forever:
+            self._mark_caught_up()
+        last_sweep = time.monotonic()
+        while True:
+            batches = await consumer.getmany(timeout_ms=100, max_records=5000)
+            now = time.time()
+            for tp, records in batches.items():
+                for r in records:
+                    apply(tp.topic, r.key, r.value, now)
+                if tp in pending and records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+            if pending and not batches:
+                for tp in list(pending):
+                    if await consumer.position(tp) >= ends[tp]:
+                        pending.discard(tp)
+            if not pending:
+                if not forever:
+                    return
+                self._mark_caught_up()
+            if self.follow_input and time.monotonic() - last_sweep > 5.0:
+                self.expire(now)
+                last_sweep = time.monotonic()
+
+    def _mark_caught_up(self) -> None:
+        if not self.caught_up.is_set():
+            log.info("replica caught up: %d nodes, %d blocks", len(self.load), len(self.index))
+            self.caught_up.set()
+
+    # --- folds (the worker's, applied here) ------------------------------------------------
+    def _apply_changelog(self, topic: str, key: bytes | None, value: bytes | None,
+                         now: float) -> None:
         if key is None:
             return
         self.records += 1
@@ -135,17 +195,61 @@ class TableReplica:
                 if self.on_block is not None:
                     self.on_block(node, block, now)
             self.index_updated_s[node] = now
+        elif topic == self.cursor_topic:
+            if value is None:
+                self.cursors.pop(key.decode(), None)
+            else:
+                self.cursors[key.decode()] = KvCursor.decode(value)
         else:
             node = key.decode()
             if value is None:
                 self.load.pop(node, None)
-                self.index.drop_node(node)
                 return
-            try:
+            with contextlib.suppress(SchemaError, ValueError):
+                self._set_load(Heartbeat.model_validate_json(value), now)
+
+    def _apply_input(self, topic: str, key: bytes | None, value: bytes | None,
+                     now: float) -> None:
+        if value is None:
+            return
+        self.records += 1
+        try:
+            if topic == self.hb_topic:
                 hb = Heartbeat.model_validate_json(value)
-            except ValidationError:
-                log.warning("ignoring an unreadable load entry for %s", node)
-                return
-            self.load[node] = hb
-            if self.on_load is not None:
-                self.on_load(hb, now)
+                if heartbeat_is_newer(self.load.get(hb.node_id), hb):
+                    self._set_load(hb, now)
+            else:
+                self.apply_kv(KvEventBatch.model_validate_json(value), now)
+        except ValueError:  # invalid input: the worker dead-letters it
+            return
+
+    def _set_load(self, hb: Heartbeat, now: float) -> None:
+        self.load[hb.node_id] = hb
+        if self.on_load is not None:
+            self.on_load(hb, now)
+
+    def apply_kv(self, batch: KvEventBatch, now: float) -> None:
+        node = batch.node_id
+        current = self.index.blocks_view(node)
+        plan = plan_kv(self.cursors.get(node), current, batch)
+        if not plan.apply:
+            return
+        if plan.gap:
+            self.gaps += 1
+        for block in plan.deletes:
+            self.index.remove(node, block)
+        for block in plan.upserts:
+            self.index.add(node, block)
+            if self.on_block is not None:
+                self.on_block(node, block, now)
+        self.cursors[node] = plan.cursor
+        self.index_updated_s[node] = now
+
+    def expire(self, now: float) -> list[str]:
+        """Forget nodes not heard from for ``node_ttl_s``: their load and index entries."""
+        dead = [n for n, hb in self.load.items() if now - hb.ts > self.node_ttl_s]
+        for node in dead:
+            self.load.pop(node, None)
+            self.index.drop_node(node)
+            self.index_updated_s.pop(node, None)
+        return dead

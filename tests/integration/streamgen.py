@@ -8,6 +8,7 @@ empties them, a delta removes then stores.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
@@ -45,7 +46,7 @@ def synthetic_stream(nodes: int = 4, steps: int = 1600, seed: int = 11) -> list[
     kv_seq = dict.fromkeys(names, 0)
     hb_seq = dict.fromkeys(names, 0)
     held: dict[str, set[int]] = {n: set() for n in names}
-    ts = 1_000_000.0
+    ts = time.time()
     next_hash = 1
     for n in names:
         out.append(
