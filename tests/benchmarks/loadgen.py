@@ -34,8 +34,13 @@ def produced_ms(block: int) -> int:
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
-    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, linger_ms=5, acks=1,
-                                max_batch_size=1 << 20, compression_type=None)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=args.bootstrap,
+        linger_ms=5,
+        acks=1,
+        max_batch_size=1 << 20,
+        compression_type=None,
+    )
     await producer.start()
     hb_topic, kv_topic = HEARTBEATS.name(args.namespace), KV_EVENTS.name(args.namespace)
     nodes = [f"{args.prefix}{i:05d}" for i in range(args.nodes)]
@@ -49,8 +54,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     Heartbeat.model_validate(_hb(nodes[0], epoch, 0, time.time()))
     KvEventBatch.model_validate(_kv(nodes[0], epoch, 0, time.time(), [1], [], "snapshot"))
     for n in nodes:  # every node starts with a (empty) snapshot, as a real agent does
-        await producer.send(kv_topic, orjson.dumps(_kv(n, epoch, 0, time.time(), [], [],
-                                                      "snapshot")), n.encode())
+        await producer.send(
+            kv_topic, orjson.dumps(_kv(n, epoch, 0, time.time(), [], [], "snapshot")), n.encode()
+        )
     start = time.monotonic()
     tick = min(args.hb_interval_s, args.kv_interval_s)
     next_hb = start
@@ -64,8 +70,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             next_hb += args.hb_interval_s
             for n in nodes:
                 hb_seq[n] += 1
-                await producer.send(hb_topic, orjson.dumps(_hb(n, epoch, hb_seq[n], now)),
-                                    n.encode())
+                await producer.send(
+                    hb_topic, orjson.dumps(_hb(n, epoch, hb_seq[n], now)), n.encode()
+                )
                 sent += 1
         if now_m >= next_kv:
             lag_max = max(lag_max, now_m - next_kv)
@@ -81,30 +88,61 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                     cache.append(b)
                 removed = [cache.popleft() for _ in range(max(0, len(cache) - args.cache_blocks))]
                 kv_seq[n] += 1
-                await producer.send(kv_topic, orjson.dumps(_kv(n, epoch, kv_seq[n], now, stored,
-                                                              removed, "delta")), n.encode())
+                await producer.send(
+                    kv_topic,
+                    orjson.dumps(_kv(n, epoch, kv_seq[n], now, stored, removed, "delta")),
+                    n.encode(),
+                )
                 sent += 1
         await asyncio.sleep(max(0.0, min(next_hb, next_kv) - time.monotonic(), tick / 50))
     await producer.flush()
     await producer.stop()
     elapsed = time.monotonic() - start
-    return {"messages": sent, "elapsed_s": elapsed, "msgs_per_s": sent / elapsed,
-            "producer_lag_max_s": lag_max}
+    return {
+        "messages": sent,
+        "elapsed_s": elapsed,
+        "msgs_per_s": sent / elapsed,
+        "producer_lag_max_s": lag_max,
+    }
 
 
 def _hb(node: str, epoch: str, seq: int, ts: float) -> dict[str, object]:
-    return {"schema_version": 1, "node_id": node, "epoch": epoch, "seq": seq, "ts": ts,
-            "endpoint": f"http://{node}:8000", "pool": "default", "model": "bench",
-            "role": "mixed", "block_size": 16, "kv_blocks_total": 27000,
-            "kv_blocks_used": seq % 27000, "running": seq % 17, "waiting": seq % 3,
-            "healthy": True, "draining": False, "lease_s": 2.0}
+    return {
+        "schema_version": 1,
+        "node_id": node,
+        "epoch": epoch,
+        "seq": seq,
+        "ts": ts,
+        "endpoint": f"http://{node}:8000",
+        "pool": "default",
+        "model": "bench",
+        "role": "mixed",
+        "block_size": 16,
+        "kv_blocks_total": 27000,
+        "kv_blocks_used": seq % 27000,
+        "running": seq % 17,
+        "waiting": seq % 3,
+        "healthy": True,
+        "draining": False,
+        "lease_s": 2.0,
+    }
 
 
-def _kv(node: str, epoch: str, seq: int, ts: float, stored: list[int], removed: list[int],
-        kind: str) -> dict[str, object]:
-    return {"schema_version": 1, "node_id": node, "epoch": epoch, "seq": seq, "ts": ts,
-            "kind": kind, "block_size": 16, "stored": stored, "removed": removed,
-            "cleared": False}
+def _kv(
+    node: str, epoch: str, seq: int, ts: float, stored: list[int], removed: list[int], kind: str
+) -> dict[str, object]:
+    return {
+        "schema_version": 1,
+        "node_id": node,
+        "epoch": epoch,
+        "seq": seq,
+        "ts": ts,
+        "kind": kind,
+        "block_size": 16,
+        "stored": stored,
+        "removed": removed,
+        "cleared": False,
+    }
 
 
 def main() -> None:

@@ -49,8 +49,13 @@ def cpu_s(pid: int) -> float:
 
 
 async def freshness_step(
-    kafka: KafkaSettings, worker: WorkerSettings, sup: Supervisor, replica: TableReplica,
-    nodes: int, duration: float, args: argparse.Namespace,
+    kafka: KafkaSettings,
+    worker: WorkerSettings,
+    sup: Supervisor,
+    replica: TableReplica,
+    nodes: int,
+    duration: float,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     prefix = f"s{nodes}-"
     hb_lat: list[float] = []
@@ -71,9 +76,21 @@ async def freshness_step(
     worker_pid = sup.procs["worker"].pid
     cpu0, self0, t0 = cpu_s(worker_pid), time.process_time(), time.monotonic()
     gen = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.benchmarks.loadgen", "--bootstrap", kafka.bootstrap_servers,
-        "--namespace", kafka.namespace, "--prefix", prefix, "--nodes", str(nodes),
-        "--duration", str(duration), "--stored", str(args.stored),
+        sys.executable,
+        "-m",
+        "tests.benchmarks.loadgen",
+        "--bootstrap",
+        kafka.bootstrap_servers,
+        "--namespace",
+        kafka.namespace,
+        "--prefix",
+        prefix,
+        "--nodes",
+        str(nodes),
+        "--duration",
+        str(duration),
+        "--stored",
+        str(args.stored),
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await gen.communicate()
@@ -100,7 +117,9 @@ async def freshness_step(
         "block_samples": len(kv_lat),
         "block_p50_ms": _ms(pct(kv_lat, 0.5)),
         "block_p99_ms": _ms(pct(kv_lat, 0.99)),
-        "blocks_seen_ratio": round(len(kv_lat) / max(1, produced_blocks * (1 - args.warmup / duration)), 3),
+        "blocks_seen_ratio": round(
+            len(kv_lat) / max(1, produced_blocks * (1 - args.warmup / duration)), 3
+        ),
         "drain_s": round(time.monotonic() - drain_start, 1),
         "worker_cpu_share": round((cpu_s(worker_pid) - cpu0) / wall, 2),
         "replica_cpu_share": round((time.process_time() - self0) / wall, 2),
@@ -117,11 +136,26 @@ def _ms(v: float | None) -> float | None:
 
 async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
     http_port, zmq_port, router_port = free_port(), free_port(), free_port()
-    sup.spawn("engine", "engine", "--port", str(http_port), "--kv-events-port", str(zmq_port),
-              env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""})
+    sup.spawn(
+        "engine",
+        "engine",
+        "--port",
+        str(http_port),
+        "--kv-events-port",
+        str(zmq_port),
+        env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
+    )
     engine = f"http://127.0.0.1:{http_port}"
-    sup.spawn("agent", "agent", "--node-id", "bench-engine", "--engine-url", engine,
-              "--kv-events", f"tcp://127.0.0.1:{zmq_port}")
+    sup.spawn(
+        "agent",
+        "agent",
+        "--node-id",
+        "bench-engine",
+        "--engine-url",
+        engine,
+        "--kv-events",
+        f"tcp://127.0.0.1:{zmq_port}",
+    )
     sup.spawn("router", "router", "--port", str(router_port))
     router = f"http://127.0.0.1:{router_port}"
     async with aiohttp.ClientSession() as http:
@@ -136,8 +170,12 @@ async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
         direct: list[float] = []
         routed: list[float] = []
         for i in range(requests):
-            body = {"model": "llama-3.1-8b", "prompt": f"request {i} " + "lorem ipsum " * 200,
-                    "max_tokens": 8, "stream": True}
+            body = {
+                "model": "llama-3.1-8b",
+                "prompt": f"request {i} " + "lorem ipsum " * 200,
+                "max_tokens": 8,
+                "stream": True,
+            }
             order = [(engine, direct), (router, routed)]
             if i % 2:
                 order.reverse()
@@ -153,8 +191,10 @@ async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
     diff = [r - d for r, d in zip(routed, direct, strict=True)]
     return {
         "requests": requests,
-        "direct_ttft_p50_ms": _ms(pct(direct, 0.5)), "direct_ttft_p99_ms": _ms(pct(direct, 0.99)),
-        "router_ttft_p50_ms": _ms(pct(routed, 0.5)), "router_ttft_p99_ms": _ms(pct(routed, 0.99)),
+        "direct_ttft_p50_ms": _ms(pct(direct, 0.5)),
+        "direct_ttft_p99_ms": _ms(pct(direct, 0.99)),
+        "router_ttft_p50_ms": _ms(pct(routed, 0.5)),
+        "router_ttft_p99_ms": _ms(pct(routed, 0.99)),
         "overhead_ttft_p50_ms": _ms(pct(routed, 0.5) - pct(direct, 0.5)),  # type: ignore[operator]
         "overhead_ttft_p99_ms": _ms(pct(routed, 0.99) - pct(direct, 0.99)),  # type: ignore[operator]
         "paired_overhead_median_ms": _ms(statistics.median(diff)),
@@ -163,46 +203,73 @@ async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     ns = f"bench{uuid.uuid4().hex[:8]}"
-    kafka = KafkaSettings(bootstrap_servers=args.bootstrap, namespace=ns, partitions=args.partitions)
+    kafka = KafkaSettings(
+        bootstrap_servers=args.bootstrap, namespace=ns, partitions=args.partitions
+    )
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
-    worker = WorkerSettings(web_port=free_port(), data_dir=str(tmp / "worker"),
-                            exactly_once=not args.at_least_once)
+    worker = WorkerSettings(
+        web_port=free_port(), data_dir=str(tmp / "worker"), exactly_once=not args.at_least_once
+    )
     await ensure_topics(kafka)
-    sup = Supervisor(tmp / "logs", {
-        "KVGATE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "KVGATE_KAFKA__NAMESPACE": ns, "KVGATE_KAFKA__PARTITIONS": str(args.partitions),
-        "KVGATE_WORKER__WEB_PORT": str(worker.web_port),
-        "KVGATE_WORKER__DATA_DIR": worker.data_dir,
-        "KVGATE_WORKER__EXACTLY_ONCE": str(worker.exactly_once).lower(),
-    })
-    replica = TableReplica(kafka, worker, "bench-replica")
-    steps: list[dict[str, Any]] = []
+    sup = Supervisor(
+        tmp / "logs",
+        {
+            "KVGATE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+            "KVGATE_KAFKA__NAMESPACE": ns,
+            "KVGATE_KAFKA__PARTITIONS": str(args.partitions),
+            "KVGATE_WORKER__WEB_PORT": str(worker.web_port),
+            "KVGATE_WORKER__DATA_DIR": worker.data_dir,
+            "KVGATE_WORKER__EXACTLY_ONCE": str(worker.exactly_once).lower(),
+        },
+    )
+    sweeps: dict[str, list[dict[str, Any]]] = {"router": [], "tables": []}
     try:
         sup.spawn("worker", "worker")
         bus = KafkaBus(kafka, "bench-probe")
         await bus.start()
-        await bus.send(HEARTBEATS, "probe", Heartbeat(
-            node_id="probe", epoch="e", seq=0, ts=time.time(), endpoint="http://probe",
-            model="bench", block_size=16, kv_blocks_total=1, kv_blocks_used=0, running=0,
-            waiting=0))
+        await bus.send(
+            HEARTBEATS,
+            "probe",
+            Heartbeat(
+                node_id="probe",
+                epoch="e",
+                seq=0,
+                ts=time.time(),
+                endpoint="http://probe",
+                model="bench",
+                block_size=16,
+                kv_blocks_total=1,
+                kv_blocks_used=0,
+                running=0,
+                waiting=0,
+            ),
+        )
         await bus.stop()
-        await replica.start()
-        for _ in range(600):
-            if "probe" in replica.load:
-                break
-            await asyncio.sleep(0.1)
-        failures = 0
-        for n in args.nodes:
-            step = await freshness_step(kafka, worker, sup, replica, n, args.duration, args)
-            steps.append(step)
-            print(json.dumps(step), file=sys.stderr)  # noqa: T201
-            failures = 0 if step["meets_1s_p99"] else failures + 1
-            if failures >= 2:
-                break
+        for mode in args.modes:
+            # router: what a router sees (tables + input); tables: what the worker's tables hold
+            replica = TableReplica(kafka, worker, f"bench-{mode}", follow_input=mode == "router")
+            await replica.start()
+            try:
+                for _ in range(600):
+                    if "probe" in replica.load:
+                        break
+                    await asyncio.sleep(0.1)
+                failures = 0
+                for n in args.nodes:
+                    step = await freshness_step(kafka, worker, sup, replica, n, args.duration, args)
+                    step["replica"] = mode
+                    sweeps[mode].append(step)
+                    print(json.dumps(step), file=sys.stderr)  # noqa: T201
+                    failures = 0 if step["meets_1s_p99"] else failures + 1
+                    if failures >= args.stop_after_failures:
+                        break
+                    await asyncio.sleep(args.settle)
+            finally:
+                await replica.stop()
         overhead = await router_overhead(sup, args.requests)
     finally:
-        await replica.stop()
         sup.stop_all()
+    steps = sweeps["router"]
     ok = [s for s in steps if s["meets_1s_p99"]]
     best = max(ok, key=lambda s: s["nodes"]) if ok else None
     return {
@@ -217,9 +284,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "freshness_p99_ms_at_max_nodes": best["freshness_p99_ms"] if best else None,
         "router_overhead_ttft_p50_ms": overhead["overhead_ttft_p50_ms"],
         "router_overhead_ttft_p99_ms": overhead["overhead_ttft_p99_ms"],
+        "max_nodes_tables": _max_nodes(sweeps["tables"]),
         "router_overhead": overhead,
         "steps": steps,
+        "steps_tables": sweeps["tables"],
     }
+
+
+def _max_nodes(steps: list[dict[str, Any]]) -> int:
+    return max((s["nodes"] for s in steps if s["meets_1s_p99"]), default=0)
 
 
 def write(result: dict[str, Any]) -> None:
@@ -245,7 +318,8 @@ def write(result: dict[str, Any]) -> None:
             f"{s['heartbeat_p50_ms']} / {s['heartbeat_p99_ms']} | {s['block_p50_ms']} / "
             f"{s['block_p99_ms']} | {s['blocks_seen_ratio']:.0%} | {s['drain_s']} | "
             f"{s['worker_cpu_share']:.0%} | {s['replica_cpu_share']:.0%} | "
-            f"{'yes' if s['meets_1s_p99'] else 'no'} |")
+            f"{'yes' if s['meets_1s_p99'] else 'no'} |"
+        )
     o = result["router_overhead"]
     lines += [
         "",
@@ -268,8 +342,11 @@ def write(result: dict[str, Any]) -> None:
 def cli() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bootstrap", default=os.environ.get("KVGATE_TEST_KAFKA", "127.0.0.1:19092"))
-    p.add_argument("--nodes", type=lambda s: [int(x) for x in s.split(",")],
-                   default=[50, 100, 200, 400, 700, 1000])
+    p.add_argument(
+        "--nodes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[50, 100, 200, 400, 700, 1000],
+    )
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--warmup", type=float, default=4.0)
     p.add_argument("--drain-limit", type=float, default=60.0)
@@ -277,6 +354,9 @@ def cli() -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--at-least-once", action="store_true")
+    p.add_argument("--modes", type=lambda s: s.split(","), default=["router", "tables"])
+    p.add_argument("--stop-after-failures", type=int, default=1)
+    p.add_argument("--settle", type=float, default=3.0, help="pause between steps")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     result = asyncio.run(main(args))
