@@ -14,6 +14,7 @@ from agents.vllm_events import (
     AllBlocksClearedMsg,
     BlockRemovedMsg,
     BlockStoredMsg,
+    EngineHash,
     KVEventBatchMsg,
 )
 from streams.blocks import block_hash
@@ -35,7 +36,7 @@ class KvDelta:
 @dataclass(slots=True)
 class KvTranslator:
     block_size: int
-    _by_engine: dict[int, int] = field(default_factory=dict)  # engine hash -> kvgate hash
+    _by_engine: dict[EngineHash, int] = field(default_factory=dict)  # engine -> kvgate hash
     _blocks: set[int] = field(default_factory=set)  # kvgate hashes the engine holds now
     _published: set[int] = field(default_factory=set)  # what consumers were last told
     _touched: set[int] = field(default_factory=set)

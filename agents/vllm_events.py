@@ -26,6 +26,7 @@ __all__ = [
     "AllBlocksClearedMsg",
     "BlockRemovedMsg",
     "BlockStoredMsg",
+    "EngineHash",
     "KVEventBatchMsg",
     "KvEventPublisher",
     "decode_batch",
@@ -37,9 +38,14 @@ class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=
     pass
 
 
+# vLLM's ExternalBlockHash is ``bytes | int`` (newer releases send bytes). Fields that newer
+# releases append (lora_name, extra_keys, group_idx) are ignored: msgspec skips trailing items.
+EngineHash = int | bytes
+
+
 class BlockStoredMsg(_Event, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
+    block_hashes: list[EngineHash]
+    parent_block_hash: EngineHash | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
@@ -47,7 +53,7 @@ class BlockStoredMsg(_Event, tag="BlockStored"):
 
 
 class BlockRemovedMsg(_Event, tag="BlockRemoved"):
-    block_hashes: list[int]
+    block_hashes: list[EngineHash]
     medium: str | None = None
 
 
@@ -71,11 +77,12 @@ def encode_batch(events: Sequence[CacheEvent], block_size: int, ts: float | None
         if isinstance(ev, BlockStored):
             msgs.append(
                 BlockStoredMsg(
-                    list(ev.block_hashes), ev.parent_block_hash, list(ev.token_ids), block_size
+                    list[EngineHash](ev.block_hashes), ev.parent_block_hash,
+                    list(ev.token_ids), block_size,
                 )
             )
         elif isinstance(ev, BlockRemoved):
-            msgs.append(BlockRemovedMsg(list(ev.block_hashes)))
+            msgs.append(BlockRemovedMsg(list[EngineHash](ev.block_hashes)))
         elif isinstance(ev, AllCleared):
             msgs.append(AllBlocksClearedMsg())
     return _encoder.encode(KVEventBatchMsg(ts if ts is not None else time.time(), msgs))
