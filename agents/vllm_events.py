@@ -77,8 +77,10 @@ def encode_batch(events: Sequence[CacheEvent], block_size: int, ts: float | None
         if isinstance(ev, BlockStored):
             msgs.append(
                 BlockStoredMsg(
-                    list[EngineHash](ev.block_hashes), ev.parent_block_hash,
-                    list(ev.token_ids), block_size,
+                    list[EngineHash](ev.block_hashes),
+                    ev.parent_block_hash,
+                    list(ev.token_ids),
+                    block_size,
                 )
             )
         elif isinstance(ev, BlockRemoved):

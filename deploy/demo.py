@@ -143,28 +143,7 @@ async def _run(
         sink_task = asyncio.create_task(sink.run(stop_sink))
         model = settings.engine.served_model_name
         for i in range(opts.engines):
-            http_port, zmq_port = free_port(), free_port()
-            extra = ["--num-gpu-blocks", str(opts.num_gpu_blocks)] if opts.num_gpu_blocks else []
-            sup.spawn(
-                f"engine-{i}",
-                "engine",
-                "--port",
-                str(http_port),
-                "--kv-events-port",
-                str(zmq_port),
-                *extra,
-                env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
-            )
-            sup.spawn(
-                f"agent-{i}",
-                "agent",
-                "--node-id",
-                f"node-{i}",
-                "--engine-url",
-                f"http://127.0.0.1:{http_port}",
-                "--kv-events",
-                f"tcp://127.0.0.1:{zmq_port}",
-            )
+            sup.spawn_node(f"node-{i}", opts.num_gpu_blocks)
         sup.spawn("worker", "worker")
         sup.spawn("router", "router", "--port", str(router_port))
         url = f"http://127.0.0.1:{router_port}"

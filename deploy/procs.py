@@ -66,6 +66,33 @@ class Supervisor:
         self.procs[name] = proc
         return proc
 
+    def spawn_node(self, node_id: str, num_gpu_blocks: int | None = None) -> str:
+        """A simulated engine and its agent; returns the engine's base URL."""
+        http_port, zmq_port = free_port(), free_port()
+        extra = ["--num-gpu-blocks", str(num_gpu_blocks)] if num_gpu_blocks else []
+        self.spawn(
+            f"engine-{node_id}",
+            "engine",
+            "--port",
+            str(http_port),
+            "--kv-events-port",
+            str(zmq_port),
+            *extra,
+            env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
+        )
+        url = f"http://127.0.0.1:{http_port}"
+        self.spawn(
+            f"agent-{node_id}",
+            "agent",
+            "--node-id",
+            node_id,
+            "--engine-url",
+            url,
+            "--kv-events",
+            f"tcp://127.0.0.1:{zmq_port}",
+        )
+        return url
+
     def kill(self, name: str, sig: int = signal.SIGKILL, wait_s: float = 30.0) -> None:
         proc = self.procs.pop(name)
         if proc.alive():

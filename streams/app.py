@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 
 from streams.codec import decode, encode
 from streams.exceptions import SchemaError
-from streams.folds import KvCursor, heartbeat_is_newer, index_key, parse_index_key, plan_kv
-from streams.schemas import DeadLetter, Heartbeat, KvEventBatch
+from streams.folds import KvCursor, index_key, is_newer, parse_index_key, plan_kv
+from streams.kafka import KafkaBus
+from streams.schemas import DeadLetter, Heartbeat, KvEventBatch, Message
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import KV_CURSOR, LOAD, PREFIX_INDEX, app_id
 from streams.topics import DLQ, HEARTBEATS, KV_EVENTS
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 RAW_TOPIC: dict[str, Any] = {**RAW, "key_serializer": "raw", "value_serializer": "raw"}
 PRESENT = b"1"
+M = TypeVar("M", bound=Message)
 
 
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
@@ -62,9 +64,10 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     index = app.Table(PREFIX_INDEX.name, default=None, partitions=kafka.partitions, **RAW)
     cursors = app.Table(KV_CURSOR.name, default=None, partitions=kafka.partitions, **RAW)
 
-    # node -> blocks it holds, mirrored from ``index`` for the partitions this worker owns;
-    # rebuilt from the restored table after every rebalance.
+    # In-memory mirrors of the tables for the partitions this worker owns (node -> blocks, node ->
+    # last heartbeat (epoch, seq)), rebuilt from the restored tables after every rebalance.
     mirror: dict[str, set[int]] = {}
+    beats: dict[str, tuple[str, int, float]] = {}
     mirror_ok = False
 
     @app.on_rebalance_complete.connect
@@ -72,15 +75,19 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         nonlocal mirror_ok
         mirror_ok = False
 
-    def node_blocks(node: str) -> set[int]:
+    def rebuild() -> None:
         nonlocal mirror_ok
-        if not mirror_ok:
-            mirror.clear()
-            for key in list(index.keys()):
-                n, block = parse_index_key(key)
-                mirror.setdefault(n, set()).add(block)
-            mirror_ok = True
-        return mirror.setdefault(node, set())
+        if mirror_ok:
+            return
+        mirror.clear()
+        beats.clear()
+        for key in list(index.keys()):
+            n, block = parse_index_key(key)
+            mirror.setdefault(n, set()).add(block)
+        for key, value in list(load.items()):
+            hb = Heartbeat.model_validate_json(value)
+            beats[key.decode()] = (hb.epoch, hb.seq, hb.ts)
+        mirror_ok = True
 
     async def dead_letter(event: Any, error: str, consumer: str) -> None:
         msg = event.message
@@ -98,31 +105,56 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
         await dlq.send(key=msg.topic.encode(), value=encode(letter))
 
+    def forget(node: str) -> None:
+        """A node retired (tombstone on the input): drop its entries from every table."""
+        rebuild()
+        for block in mirror.pop(node, set()):
+            del index[index_key(node, block)]
+        if node in beats:
+            del load[node.encode()]
+            del beats[node]
+        if cursors.get(node.encode()) is not None:
+            del cursors[node.encode()]
+
+    async def node_message(event: Any, model: type[M], consumer: str) -> M | None:
+        """The event's message, or None when it was a retirement (handled here) or invalid
+        (dead-lettered)."""
+        key = event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None
+        if event.value is None and key is not None:
+            forget(key)
+            return None
+        try:
+            msg = decode(model, event.value)
+        except SchemaError as exc:
+            await dead_letter(event, str(exc), consumer)
+            return None
+        if key != getattr(msg, "node_id", None):
+            await dead_letter(event, "the message key must be the node id", consumer)
+            return None
+        rebuild()
+        return msg
+
     @app.agent(heartbeats)
     async def fold_heartbeats(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            try:
-                hb = decode(Heartbeat, event.value)
-            except SchemaError as exc:
-                await dead_letter(event, str(exc), "worker.load")
+            hb = await node_message(event, Heartbeat, "worker.load")
+            if hb is None:
                 continue
-            raw = load.get(hb.node_id.encode())
-            prev = Heartbeat.model_validate_json(raw) if raw else None
-            if heartbeat_is_newer(prev, hb):
+            prev = beats.get(hb.node_id)
+            if is_newer(None if prev is None else prev[:2], (hb.epoch, hb.seq)):
                 load[hb.node_id.encode()] = event.value
+                beats[hb.node_id] = (hb.epoch, hb.seq, hb.ts)
 
     @app.agent(kv_events)
     async def fold_kv_events(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            try:
-                batch = decode(KvEventBatch, event.value)
-            except SchemaError as exc:
-                await dead_letter(event, str(exc), "worker.prefix_index")
+            batch = await node_message(event, KvEventBatch, "worker.prefix_index")
+            if batch is None:
                 continue
             node = batch.node_id
             raw = cursors.get(node.encode())
             cursor = KvCursor.decode(raw) if raw else None
-            current = node_blocks(node)
+            current = mirror.setdefault(node, set())
             plan = plan_kv(cursor, current, batch)
             if not plan.apply:
                 continue
@@ -135,5 +167,27 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 index[index_key(node, block)] = PRESENT
                 current.add(block)
             cursors[node.encode()] = plan.cursor.encode()
+
+    reaper: KafkaBus | None = None
+
+    @app.timer(interval=worker.reap_interval_s)  # type: ignore[untyped-decorator]
+    async def reap() -> None:
+        """Retire nodes silent for ``node_ttl_s``: a tombstone on both input topics, which the
+        agents above (and every router) fold like any other event."""
+        nonlocal reaper
+        if not mirror_ok:
+            return
+        now = time.time()
+        dead = [n for n, (_, _, ts) in beats.items() if now - ts > worker.node_ttl_s]
+        if not dead:
+            return
+        if reaper is None:
+            reaper = KafkaBus(kafka, f"{app.conf.id}-reaper")
+            await reaper.start()
+        for node in dead:
+            log.info("retiring node %s (silent for %.0f s)", node, now - beats[node][2])
+            await reaper.publish_raw(HEARTBEATS.name(ns), node.encode(), None)
+            await reaper.publish_raw(KV_EVENTS.name(ns), node.encode(), None)
+        await reaper.flush()
 
     return app

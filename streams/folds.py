@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from streams.schemas import Heartbeat, KvEventBatch
 
-__all__ = ["KvCursor", "KvPlan", "heartbeat_is_newer", "index_key", "parse_index_key", "plan_kv"]
+__all__ = [
+    "KvCursor",
+    "KvPlan",
+    "heartbeat_is_newer",
+    "index_key",
+    "is_newer",
+    "parse_index_key",
+    "plan_kv",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +48,13 @@ class KvPlan:
     cursor: KvCursor
 
 
+def is_newer(prev: tuple[str, int] | None, key: tuple[str, int]) -> bool:
+    """Whether the message with (epoch, seq) ``key`` comes after ``prev`` from the same node."""
+    return prev is None or key > prev
+
+
 def heartbeat_is_newer(prev: Heartbeat | None, hb: Heartbeat) -> bool:
-    return prev is None or (hb.epoch, hb.seq) > (prev.epoch, prev.seq)
+    return is_newer(None if prev is None else (prev.epoch, prev.seq), (hb.epoch, hb.seq))
 
 
 def plan_kv(cursor: KvCursor | None, current: Set[int], batch: KvEventBatch) -> KvPlan:

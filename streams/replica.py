@@ -45,8 +45,13 @@ log = logging.getLogger(__name__)
 
 class TableReplica:
     def __init__(
-        self, kafka: KafkaSettings, worker: WorkerSettings, client_id: str, *,
-        follow_input: bool = True, node_ttl_s: float = 60.0,
+        self,
+        kafka: KafkaSettings,
+        worker: WorkerSettings,
+        client_id: str,
+        *,
+        follow_input: bool = True,
+        node_ttl_s: float = 60.0,
     ) -> None:
         self.kafka = kafka
         self.group = app_id(kafka, worker)
@@ -92,7 +97,7 @@ class TableReplica:
             parts = consumer.partitions_for_topic(topic)
             if parts:
                 return [TopicPartition(topic, p) for p in sorted(parts)]
-            await consumer._client.force_metadata_update()  # noqa: SLF001
+            await consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
         raise KafkaError(f"topic {topic} does not exist (is the worker running?)")
 
@@ -103,15 +108,23 @@ class TableReplica:
             offsets = await admin.list_consumer_group_offsets(self.group)
         finally:
             await admin.close()
-        return {tp: meta.offset for tp, meta in offsets.items()
-                if tp.topic in (self.hb_topic, self.kv_topic) and meta.offset >= 0}
+        return {
+            tp: meta.offset
+            for tp, meta in offsets.items()
+            if tp.topic in (self.hb_topic, self.kv_topic) and meta.offset >= 0
+        }
 
     async def _follow(self) -> None:
         self.index, self.load, self.cursors = PrefixIndex(), {}, {}
         committed = await self._committed() if self.follow_input else {}
         # phase 1: the tables, as committed by the worker
-        tables = make_consumer(self.kafka, group_id=None, client_id=self.client_id,
-                               isolation_level="read_committed", fetch_max_wait_ms=50)
+        tables = make_consumer(
+            self.kafka,
+            group_id=None,
+            client_id=self.client_id,
+            isolation_level="read_committed",
+            fetch_max_wait_ms=50,
+        )
         await tables.start()
         try:
             tps: list[TopicPartition] = []
@@ -127,8 +140,9 @@ class TableReplica:
         finally:
             await tables.stop()
         # phase 2: the input, from where the worker's committed state ends
-        source = make_consumer(self.kafka, group_id=None, client_id=self.client_id,
-                               fetch_max_wait_ms=20)
+        source = make_consumer(
+            self.kafka, group_id=None, client_id=self.client_id, fetch_max_wait_ms=20
+        )
         await source.start()
         try:
             tps = await self._partitions(source, self.hb_topic)
@@ -139,15 +153,21 @@ class TableReplica:
                     source.seek(tp, committed[tp])
                 else:
                     await source.seek_to_beginning(tp)
-            log.info("replica bootstrapped from tables: %d nodes, %d blocks; following input",
-                     len(self.load), len(self.index))
+            log.info(
+                "replica bootstrapped from tables: %d nodes, %d blocks; following input",
+                len(self.load),
+                len(self.index),
+            )
             await self._drain(source, tps, self._apply_input, forever=True)
         finally:
             await source.stop()
 
     async def _drain(
-        self, consumer: Any, tps: list[TopicPartition],
-        apply: Callable[[str, bytes | None, bytes | None, float], None], forever: bool = False,
+        self,
+        consumer: Any,
+        tps: list[TopicPartition],
+        apply: Callable[[str, bytes | None, bytes | None, float], None],
+        forever: bool = False,
     ) -> None:
         """Consume until every partition reached its end at the start (and on, if ``forever``)."""
         ends = await consumer.end_offsets(tps)
@@ -181,8 +201,9 @@ class TableReplica:
             self.caught_up.set()
 
     # --- folds (the worker's, applied here) ------------------------------------------------
-    def _apply_changelog(self, topic: str, key: bytes | None, value: bytes | None,
-                         now: float) -> None:
+    def _apply_changelog(
+        self, topic: str, key: bytes | None, value: bytes | None, now: float
+    ) -> None:
         if key is None:
             return
         self.records += 1
@@ -208,9 +229,10 @@ class TableReplica:
             with contextlib.suppress(SchemaError, ValueError):
                 self._set_load(Heartbeat.model_validate_json(value), now)
 
-    def _apply_input(self, topic: str, key: bytes | None, value: bytes | None,
-                     now: float) -> None:
-        if value is None:
+    def _apply_input(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
+        if value is None:  # the worker retired the node
+            if key is not None:
+                self.forget(key.decode())
             return
         self.records += 1
         try:
@@ -245,11 +267,15 @@ class TableReplica:
         self.cursors[node] = plan.cursor
         self.index_updated_s[node] = now
 
+    def forget(self, node: str) -> None:
+        self.load.pop(node, None)
+        self.index.drop_node(node)
+        self.cursors.pop(node, None)
+        self.index_updated_s.pop(node, None)
+
     def expire(self, now: float) -> list[str]:
         """Forget nodes not heard from for ``node_ttl_s``: their load and index entries."""
         dead = [n for n, hb in self.load.items() if now - hb.ts > self.node_ttl_s]
         for node in dead:
-            self.load.pop(node, None)
-            self.index.drop_node(node)
-            self.index_updated_s.pop(node, None)
+            self.forget(node)
         return dead

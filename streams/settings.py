@@ -60,3 +60,5 @@ class WorkerSettings(BaseModel):
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=1, le=65535)
     data_dir: str = ".local/worker"
+    node_ttl_s: float = Field(default=300.0, gt=0, description="silent nodes are retired after")
+    reap_interval_s: float = Field(default=10.0, gt=0)

@@ -156,7 +156,7 @@ def main() -> None:
     p.add_argument("--kv-interval-s", type=float, default=0.1)
     p.add_argument("--stored", type=int, default=4, help="blocks stored per KV batch")
     p.add_argument("--cache-blocks", type=int, default=400, help="blocks held per node")
-    print(orjson.dumps(asyncio.run(run(p.parse_args()))).decode())  # noqa: T201
+    print(orjson.dumps(asyncio.run(run(p.parse_args()))).decode())
 
 
 if __name__ == "__main__":

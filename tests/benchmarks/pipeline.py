@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from streams.schemas import Heartbeat
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import HEARTBEATS
 from tests.benchmarks.loadgen import produced_ms
+from tests.factories import heartbeat
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
@@ -170,16 +170,17 @@ async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
         direct: list[float] = []
         routed: list[float] = []
         for i in range(requests):
-            body = {
-                "model": "llama-3.1-8b",
-                "prompt": f"request {i} " + "lorem ipsum " * 200,
-                "max_tokens": 8,
-                "stream": True,
-            }
-            order = [(engine, direct), (router, routed)]
+            order = [(engine, direct, "direct"), (router, routed, "routed")]
             if i % 2:
                 order.reverse()
-            for base, sink in order:
+            for base, sink, tag in order:
+                # distinct prompts: neither request may reuse the other's cached prefix
+                body = {
+                    "model": "llama-3.1-8b",
+                    "prompt": f"{tag} request {i} " + "lorem ipsum " * 200,
+                    "max_tokens": 8,
+                    "stream": True,
+                }
                 t = time.perf_counter()
                 async with http.post(base + "/v1/completions", json=body) as r:
                     async for line in r.content:
@@ -201,80 +202,89 @@ async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
     }
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    ns = f"bench{uuid.uuid4().hex[:8]}"
-    kafka = KafkaSettings(
-        bootstrap_servers=args.bootstrap, namespace=ns, partitions=args.partitions
-    )
-    tmp = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
-    worker = WorkerSettings(
-        web_port=free_port(), data_dir=str(tmp / "worker"), exactly_once=not args.at_least_once
-    )
-    await ensure_topics(kafka)
-    sup = Supervisor(
-        tmp / "logs",
-        {
-            "KVGATE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "KVGATE_KAFKA__NAMESPACE": ns,
-            "KVGATE_KAFKA__PARTITIONS": str(args.partitions),
-            "KVGATE_WORKER__WEB_PORT": str(worker.web_port),
-            "KVGATE_WORKER__DATA_DIR": worker.data_dir,
-            "KVGATE_WORKER__EXACTLY_ONCE": str(worker.exactly_once).lower(),
-        },
-    )
-    sweeps: dict[str, list[dict[str, Any]]] = {"router": [], "tables": []}
-    try:
-        sup.spawn("worker", "worker")
-        bus = KafkaBus(kafka, "bench-probe")
-        await bus.start()
-        await bus.send(
-            HEARTBEATS,
-            "probe",
-            Heartbeat(
-                node_id="probe",
-                epoch="e",
-                seq=0,
-                ts=time.time(),
-                endpoint="http://probe",
-                model="bench",
-                block_size=16,
-                kv_blocks_total=1,
-                kv_blocks_used=0,
-                running=0,
-                waiting=0,
-            ),
+class Env:
+    """A fresh namespace, worker settings and process supervisor (one per measurement)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.kafka = KafkaSettings(
+            bootstrap_servers=args.bootstrap,
+            namespace=f"bench{uuid.uuid4().hex[:8]}",
+            partitions=args.partitions,
         )
+        tmp = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
+        self.worker = WorkerSettings(
+            web_port=free_port(), data_dir=str(tmp / "worker"), exactly_once=not args.at_least_once
+        )
+        self.sup = Supervisor(
+            tmp / "logs",
+            {
+                "KVGATE_KAFKA__BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
+                "KVGATE_KAFKA__NAMESPACE": self.kafka.namespace,
+                "KVGATE_KAFKA__PARTITIONS": str(args.partitions),
+                "KVGATE_WORKER__WEB_PORT": str(self.worker.web_port),
+                "KVGATE_WORKER__DATA_DIR": self.worker.data_dir,
+                "KVGATE_WORKER__EXACTLY_ONCE": str(self.worker.exactly_once).lower(),
+            },
+        )
+
+
+async def sweep(args: argparse.Namespace, mode: str, nodes: list[int]) -> list[dict[str, Any]]:
+    """Freshness at growing node counts, until ``stop_after_failures`` steps miss 1 s p99.
+
+    ``router``: what a router sees (tables, then the input); ``tables``: what the worker's tables
+    hold (changelogs only)."""
+    env = Env(args)
+    await ensure_topics(env.kafka)
+    steps: list[dict[str, Any]] = []
+    replica = TableReplica(env.kafka, env.worker, f"bench-{mode}", follow_input=mode == "router")
+    try:
+        env.sup.spawn("worker", "worker")
+        bus = KafkaBus(env.kafka, "bench-probe")
+        await bus.start()
+        await bus.send(HEARTBEATS, "probe", heartbeat("probe"))
         await bus.stop()
-        for mode in args.modes:
-            # router: what a router sees (tables + input); tables: what the worker's tables hold
-            replica = TableReplica(kafka, worker, f"bench-{mode}", follow_input=mode == "router")
-            await replica.start()
-            try:
-                for _ in range(600):
-                    if "probe" in replica.load:
-                        break
-                    await asyncio.sleep(0.1)
-                failures = 0
-                for n in args.nodes:
-                    step = await freshness_step(kafka, worker, sup, replica, n, args.duration, args)
-                    step["replica"] = mode
-                    sweeps[mode].append(step)
-                    print(json.dumps(step), file=sys.stderr)  # noqa: T201
-                    failures = 0 if step["meets_1s_p99"] else failures + 1
-                    if failures >= args.stop_after_failures:
-                        break
-                    await asyncio.sleep(args.settle)
-            finally:
-                await replica.stop()
-        overhead = await router_overhead(sup, args.requests)
+        await replica.start()
+        for _ in range(600):
+            if "probe" in replica.load:
+                break
+            await asyncio.sleep(0.1)
+        failures = 0
+        for n in nodes:
+            step = await freshness_step(
+                env.kafka, env.worker, env.sup, replica, n, args.duration, args
+            )
+            step["replica"] = mode
+            steps.append(step)
+            print(json.dumps(step), file=sys.stderr)
+            failures = 0 if step["meets_1s_p99"] else failures + 1
+            if failures >= args.stop_after_failures:
+                break
+            await asyncio.sleep(args.settle)
     finally:
-        sup.stop_all()
+        await replica.stop()
+        env.sup.stop_all()
+    return steps
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    sweeps: dict[str, list[dict[str, Any]]] = {"router": [], "tables": []}
+    for mode in (m for m in args.modes if m in sweeps):
+        sweeps[mode] = await sweep(args, mode, args.nodes if mode == "router" else args.table_nodes)
+    env = Env(args)
+    await ensure_topics(env.kafka)
+    try:
+        env.sup.spawn("worker", "worker")
+        overhead = await router_overhead(env.sup, args.requests)
+    finally:
+        env.sup.stop_all()
+    worker = env.worker
     steps = sweeps["router"]
     ok = [s for s in steps if s["meets_1s_p99"]]
     best = max(ok, key=lambda s: s["nodes"]) if ok else None
     return {
         "command": "python -m tests.benchmarks.pipeline " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
         "exactly_once": worker.exactly_once,
         "partitions": args.partitions,
@@ -295,37 +305,72 @@ def _max_nodes(steps: list[dict[str, Any]]) -> int:
     return max((s["nodes"] for s in steps if s["meets_1s_p99"]), default=0)
 
 
+def _step_table(steps: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| nodes | offered msgs/s | block changes/s | hb p50 / p99 ms | block p50 / p99 ms "
+        "| blocks seen | worker CPU | replica CPU | ≤ 1 s p99 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for s in steps:
+        lines.append(
+            f"| {s['nodes']} | {s['offered_msgs_per_s']} | "
+            f"{s['offered_block_changes_per_s']:.0f} | "
+            f"{s['heartbeat_p50_ms']} / {s['heartbeat_p99_ms']} | {s['block_p50_ms']} / "
+            f"{s['block_p99_ms']} | {s['blocks_seen_ratio']:.0%} | "
+            f"{s['worker_cpu_share']:.0%} | {s['replica_cpu_share']:.0%} | "
+            f"{'yes' if s['meets_1s_p99'] else 'no'} |"
+        )
+    return lines
+
+
 def write(result: dict[str, Any]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
+    kv = result["kv_batch"]
+    o = result["router_overhead"]
     lines = [
         "# Pipeline benchmark",
         "",
         f"Command: `{result['command']}`  ",
-        f"Machine: {result['machine']}; date {result['date']}; exactly_once="
-        f"{result['exactly_once']}; {result['partitions']} partitions.",
+        f"Machine: {result['machine']}; date {result['date']}; worker exactly_once="
+        f"{result['exactly_once']}; {result['partitions']} partitions. Kafka, the Faust worker, "
+        "the load generator and the measuring replica all share the machine's 2 cores.",
         "",
-        f"**max_nodes = {result['max_nodes']}** (largest node count whose heartbeats and KV "
-        f"blocks were visible in a router replica within 1 s at p99); freshness p99 there: "
-        f"{result['freshness_p99_ms_at_max_nodes']} ms. Target: ≥ 1,000 nodes.",
+        "Load per simulated node: a heartbeat every "
+        f"{result['heartbeat_interval_s']} s and a KV batch every {kv['interval_s']} s with "
+        f"{kv['stored']} blocks stored and {kv['removed']} removed (80 block changes/s: about "
+        "2.5 requests/s of 256 new prompt+output tokens each, at 16 tokens per block). "
+        "Freshness = time from the message's production to its visibility in the replica, per "
+        "heartbeat and per stored block; steps of "
+        f"{result['steps'][0]['duration_s'] if result['steps'] else '?'} s, the first seconds "
+        "left out.",
         "",
-        "| nodes | offered msgs/s | block changes/s | hb p50 / p99 ms | block p50 / p99 ms | blocks seen | drain s | worker CPU | replica CPU | ≤ 1 s p99 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
-    ]
-    for s in result["steps"]:
-        lines.append(
-            f"| {s['nodes']} | {s['offered_msgs_per_s']} | {s['offered_block_changes_per_s']:.0f} | "
-            f"{s['heartbeat_p50_ms']} / {s['heartbeat_p99_ms']} | {s['block_p50_ms']} / "
-            f"{s['block_p99_ms']} | {s['blocks_seen_ratio']:.0%} | {s['drain_s']} | "
-            f"{s['worker_cpu_share']:.0%} | {s['replica_cpu_share']:.0%} | "
-            f"{'yes' if s['meets_1s_p99'] else 'no'} |"
-        )
-    o = result["router_overhead"]
-    lines += [
+        f"**max_nodes = {result['max_nodes']}** — the largest node count whose heartbeats and "
+        "KV blocks were visible in a router's replica within 1 s at p99 "
+        f"(p99 there: {result['freshness_p99_ms_at_max_nodes']} ms). Target ≥ 1,000 nodes.",
+        "",
+        "## A router's replica (bootstrapped from the tables, then folding the input)",
+        "",
+        *_step_table(result["steps"]),
+        "",
+        "## The worker's tables alone (changelogs, read_committed)",
+        "",
+        f"max_nodes_tables = {result['max_nodes_tables']}.",
+        "",
+        *_step_table(result["steps_tables"]),
+        "",
+        "What limits it: the Faust worker writes one changelog record per block change and one "
+        "per heartbeat, and one worker process saturates one core at a few thousand table writes "
+        "per second; beyond that its backlog grows, and with it the tables' staleness. Routers do "
+        "not wait for the tables (they fold the input themselves), but on this machine the "
+        "saturated worker and the broker compete with them for the same two cores, which is what "
+        "bends the router curve near 1,000 nodes. Scale-out is more partitions and more workers "
+        "on other cores or machines.",
         "",
         "## Router overhead (TTFT through the router minus TTFT direct to the engine)",
         "",
-        f"{o['requests']} sequential streamed requests, alternating direct and routed.",
+        f"{o['requests']} sequential streamed requests (~460 prompt tokens, 8 output tokens), "
+        "alternating direct and routed, one simulated engine.",
         "",
         "| | p50 ms | p99 ms |",
         "|---|---:|---:|",
@@ -355,6 +400,11 @@ def cli() -> None:
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--at-least-once", action="store_true")
     p.add_argument("--modes", type=lambda s: s.split(","), default=["router", "tables"])
+    p.add_argument(
+        "--table-nodes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10, 25, 50, 100, 200],
+    )
     p.add_argument("--stop-after-failures", type=int, default=1)
     p.add_argument("--settle", type=float, default=3.0, help="pause between steps")
     p.add_argument("--no-write", action="store_true")
@@ -362,7 +412,7 @@ def cli() -> None:
     result = asyncio.run(main(args))
     if not args.no_write:
         write(result)
-    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2))  # noqa: T201
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2))
 
 
 if __name__ == "__main__":

@@ -20,29 +20,7 @@ class Cluster:
     routers: dict[str, str] = field(default_factory=dict)  # name -> router URL
 
     def add_engine(self, node_id: str, num_gpu_blocks: int = 2000) -> str:
-        http, zmq = free_port(), free_port()
-        self.sup.spawn(
-            f"engine-{node_id}",
-            "engine",
-            "--port",
-            str(http),
-            "--kv-events-port",
-            str(zmq),
-            "--num-gpu-blocks",
-            str(num_gpu_blocks),
-            env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
-        )
-        url = f"http://127.0.0.1:{http}"
-        self.sup.spawn(
-            f"agent-{node_id}",
-            "agent",
-            "--node-id",
-            node_id,
-            "--engine-url",
-            url,
-            "--kv-events",
-            f"tcp://127.0.0.1:{zmq}",
-        )
+        url = self.sup.spawn_node(node_id, num_gpu_blocks)
         self.engines[node_id] = url
         return url
 
@@ -55,6 +33,17 @@ class Cluster:
         url = f"http://127.0.0.1:{port}"
         self.routers[name] = url
         return url
+
+    @classmethod
+    async def two_nodes(cls, sup: Supervisor, router: str = "router") -> tuple[Cluster, str]:
+        """Engines n1 and n2 with agents, a worker and a ready router."""
+        c = cls(sup)
+        c.add_engine("n1")
+        c.add_engine("n2")
+        c.add_worker()
+        url = c.add_router(router)
+        await c.wait_ready(router, 2)
+        return c, url
 
     async def wait_ready(self, router: str, nodes: int, timeout_s: float = 90.0) -> None:
         url = self.routers[router]

@@ -18,29 +18,14 @@ from deploy.procs import Supervisor
 from streams.codec import decode
 from streams.kafka import KafkaBus, ensure_topics, make_consumer
 from streams.replica import TableReplica
-from streams.schemas import DeadLetter, Heartbeat, Outcome
+from streams.schemas import DeadLetter, Outcome
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import DECISIONS, DLQ, HEARTBEATS, KV_EVENTS, OUTCOMES
 from tests.conftest import wait_until
+from tests.factories import heartbeat
 from tests.integration.cluster import MODEL, Cluster
 
 pytestmark = pytest.mark.integration
-
-
-def heartbeat(node: str, seq: int) -> Heartbeat:
-    return Heartbeat(
-        node_id=node,
-        epoch="e1",
-        seq=seq,
-        ts=time.time(),
-        endpoint="http://x",
-        model="m",
-        block_size=16,
-        kv_blocks_total=100,
-        kv_blocks_used=1,
-        running=0,
-        waiting=0,
-    )
 
 
 async def read_dlq(kafka: KafkaSettings, want: int, timeout_s: float = 30) -> list[DeadLetter]:

@@ -53,9 +53,7 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
     bus = KafkaBus(kafka_settings, "t-faults")
     await bus.start()
     # follow the changelogs only: this replica shows exactly what the worker's tables hold
-    replica = TableReplica(
-        kafka_settings, worker_settings, "t-faults-replica", follow_input=False
-    )
+    replica = TableReplica(kafka_settings, worker_settings, "t-faults-replica", follow_input=False)
     try:
         supervisor.spawn("worker-1", "worker")
         third = len(stream) // 3
@@ -96,8 +94,7 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
         try:
             await wait_until(lambda: _caught_up(router_view), 60, "the router replica")
             assert not _diff(router_view, exp.blocks)
-            assert {n: (h.epoch, h.seq) for n, h in router_view.load.items()} == \
-                exp.last_heartbeat
+            assert {n: (h.epoch, h.seq) for n, h in router_view.load.items()} == exp.last_heartbeat
         finally:
             await router_view.stop()
     finally:
@@ -126,12 +123,7 @@ async def test_router_killed_mid_run_a_new_router_rebuilds_and_routes(
     supervisor: Supervisor, kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine("n1")
-    c.add_engine("n2")
-    c.add_worker()
-    first = c.add_router("router-a")
-    await c.wait_ready("router-a", 2)
+    c, first = await Cluster.two_nodes(supervisor, "router-a")
     prompts = [long_prompt(f"doc{i}") for i in range(6)]
     holders: dict[str, str] = {}
     for p in prompts:

@@ -27,12 +27,8 @@ async def test_engine_cache_reaches_tables_and_router_within_2s(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    engine = c.add_engine("n1")
-    c.add_engine("n2")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 2)
+    c, router = await Cluster.two_nodes(supervisor)
+    engine = c.engines["n1"]
 
     prompt = long_prompt("freshness")
     blocks = len(chain_hashes(approx_tokenize(prompt), 16))

@@ -2,6 +2,7 @@ import pytest
 
 from streams.folds import KvCursor, heartbeat_is_newer, index_key, parse_index_key, plan_kv
 from streams.schemas import Heartbeat, KvEventBatch
+from tests.factories import heartbeat
 
 
 def batch(seq: int, epoch: str = "e1", **kw: object) -> KvEventBatch:
@@ -9,19 +10,7 @@ def batch(seq: int, epoch: str = "e1", **kw: object) -> KvEventBatch:
 
 
 def hb(epoch: str, seq: int) -> Heartbeat:
-    return Heartbeat(
-        node_id="n",
-        epoch=epoch,
-        seq=seq,
-        ts=1.0,
-        endpoint="http://x",
-        model="m",
-        block_size=16,
-        kv_blocks_total=10,
-        kv_blocks_used=1,
-        running=0,
-        waiting=0,
-    )
+    return heartbeat("n", seq=seq, epoch=epoch)
 
 
 def test_delta_upserts_new_and_deletes_present_only() -> None:

@@ -57,10 +57,16 @@ def test_clear_is_forwarded_and_snapshot_holds_the_current_set() -> None:
 def test_newer_vllm_batches_with_bytes_hashes_and_extra_fields_decode() -> None:
     import msgspec
 
-    raw = msgspec.msgpack.encode([2.0, [
-        ["BlockStored", [b"\x01" * 32], None, [1, 2], 2, None, None, "lora-a", None, 0],
-        ["BlockRemoved", [b"\x01" * 32], None, 0],
-    ], 0])
+    raw = msgspec.msgpack.encode(
+        [
+            2.0,
+            [
+                ["BlockStored", [b"\x01" * 32], None, [1, 2], 2, None, None, "lora-a", None, 0],
+                ["BlockRemoved", [b"\x01" * 32], None, 0],
+            ],
+            0,
+        ]
+    )
     t = KvTranslator(block_size=2)
     t.apply(decode_batch(raw))
     assert t.blocks == 0 and t.take_delta().empty  # stored then removed
