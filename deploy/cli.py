@@ -204,5 +204,29 @@ def sink(config: ConfigOpt = None) -> None:
     asyncio.run(main())
 
 
+@app.command()
+def infra(
+    action: Annotated[str, typer.Argument(help="start | stop | status")],
+    config: ConfigOpt = None,
+) -> None:
+    """Start, stop or check the local Kafka (KRaft) and Redis from the repo's launchers."""
+    from deploy.procs import LocalInfra
+
+    if action not in ("start", "stop", "status"):
+        raise typer.BadParameter("action must be start, stop or status")
+    s = _settings(config)
+    infra_ = LocalInfra.from_settings(s.kafka.bootstrap_servers, s.redis.url)
+    failed = False
+    for which in ("kafka", "redis"):
+        res = infra_.run(which, action)
+        out = (res.stdout + res.stderr).decode().strip()
+        if action == "status":
+            out = "up" if res.returncode == 0 else "down"
+        typer.echo(f"{which}: {out}")
+        failed |= res.returncode != 0
+    if failed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()

@@ -226,10 +226,7 @@ def render(summary: dict[str, Any], console: Console) -> None:
 
 def run_demo(settings: Settings, opts: DemoOptions) -> dict[str, Any]:
     console = Console(stderr=opts.json_output)
-    infra = LocalInfra(
-        kafka_port=int(settings.kafka.bootstrap_servers.rsplit(":", 1)[1]),
-        redis_port=int(settings.redis.url.rsplit(":", 1)[1].split("/")[0]),
-    )
+    infra = LocalInfra.from_settings(settings.kafka.bootstrap_servers, settings.redis.url)
     log_dir = Path(".local/demo") / time.strftime("%Y%m%d-%H%M%S")
     try:
         if opts.start_infra:

@@ -133,6 +133,17 @@ class LocalInfra:
             "KVGATE_REDIS_PORT": str(self.redis_port),
         }
 
+    @classmethod
+    def from_settings(cls, bootstrap_servers: str, redis_url: str) -> LocalInfra:
+        """Ports from the settings (``host:port`` of the first broker, ``redis://host:port/db``)."""
+        kafka_port = int(bootstrap_servers.split(",")[0].rsplit(":", 1)[1])
+        redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+        return cls(kafka_port=kafka_port, redis_port=redis_port)
+
+    def run(self, which: str, action: str) -> subprocess.CompletedProcess[bytes]:
+        """Run a launcher action (``start``, ``stop``, ``status``) for ``kafka`` or ``redis``."""
+        return self._script(which, action)
+
     def _script(self, which: str, action: str) -> subprocess.CompletedProcess[bytes]:
         script = DEPLOY / ("kafka/kafka.sh" if which == "kafka" else "local/redis.sh")
         return subprocess.run(  # noqa: S603 - the repo's own launcher

@@ -127,6 +127,10 @@ async def freshness_step(
     both = [v for v in (result["heartbeat_p99_ms"], result["block_p99_ms"]) if v is not None]
     result["freshness_p99_ms"] = max(both) if both else None
     result["meets_1s_p99"] = bool(both) and max(both) <= 1000 and result["blocks_seen_ratio"] > 0.95
+    # a read_committed reader of the tables cannot see a write before the worker's transaction
+    # commits: judge the tables against 1 s plus one commit interval
+    limit_ms = 1000 + 1000 * worker.commit_interval_s
+    result["keeps_up"] = bool(both) and max(both) <= limit_ms and result["blocks_seen_ratio"] > 0.95
     return result
 
 
@@ -256,7 +260,8 @@ async def sweep(args: argparse.Namespace, mode: str, nodes: list[int]) -> list[d
             step["replica"] = mode
             steps.append(step)
             print(json.dumps(step), file=sys.stderr)
-            failures = 0 if step["meets_1s_p99"] else failures + 1
+            ok = step["meets_1s_p99"] if mode == "router" else step["keeps_up"]
+            failures = 0 if ok else failures + 1
             if failures >= args.stop_after_failures:
                 break
             await asyncio.sleep(args.settle)
@@ -294,21 +299,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "freshness_p99_ms_at_max_nodes": best["freshness_p99_ms"] if best else None,
         "router_overhead_ttft_p50_ms": overhead["overhead_ttft_p50_ms"],
         "router_overhead_ttft_p99_ms": overhead["overhead_ttft_p99_ms"],
-        "max_nodes_tables": _max_nodes(sweeps["tables"]),
+        "max_nodes_tables": _max_nodes(sweeps["tables"], "keeps_up"),
+        "commit_interval_s": env.worker.commit_interval_s,
         "router_overhead": overhead,
         "steps": steps,
         "steps_tables": sweeps["tables"],
     }
 
 
-def _max_nodes(steps: list[dict[str, Any]]) -> int:
-    return max((s["nodes"] for s in steps if s["meets_1s_p99"]), default=0)
+def _max_nodes(steps: list[dict[str, Any]], key: str = "meets_1s_p99") -> int:
+    return max((s["nodes"] for s in steps if s[key]), default=0)
 
 
-def _step_table(steps: list[dict[str, Any]]) -> list[str]:
+def _step_table(
+    steps: list[dict[str, Any]], key: str = "meets_1s_p99", title: str = "≤ 1 s p99"
+) -> list[str]:
     lines = [
         "| nodes | offered msgs/s | block changes/s | hb p50 / p99 ms | block p50 / p99 ms "
-        "| blocks seen | worker CPU | replica CPU | ≤ 1 s p99 |",
+        f"| blocks seen | worker CPU | replica CPU | {title} |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for s in steps:
@@ -318,7 +326,7 @@ def _step_table(steps: list[dict[str, Any]]) -> list[str]:
             f"{s['heartbeat_p50_ms']} / {s['heartbeat_p99_ms']} | {s['block_p50_ms']} / "
             f"{s['block_p99_ms']} | {s['blocks_seen_ratio']:.0%} | "
             f"{s['worker_cpu_share']:.0%} | {s['replica_cpu_share']:.0%} | "
-            f"{'yes' if s['meets_1s_p99'] else 'no'} |"
+            f"{'yes' if s[key] else 'no'} |"
         )
     return lines
 
@@ -355,9 +363,12 @@ def write(result: dict[str, Any]) -> None:
         "",
         "## The worker's tables alone (changelogs, read_committed)",
         "",
-        f"max_nodes_tables = {result['max_nodes_tables']}.",
+        f"max_nodes_tables = {result['max_nodes_tables']}: the largest node count the worker "
+        "keeps up with, judged against 1 s plus one exactly-once commit interval "
+        f"({result['commit_interval_s']} s), because a read_committed reader sees a table write "
+        "only when the worker's transaction commits (the freshness-vs-exactly-once trade-off).",
         "",
-        *_step_table(result["steps_tables"]),
+        *_step_table(result["steps_tables"], "keeps_up", "keeps up"),
         "",
         "What limits it: the Faust worker writes one changelog record per block change and one "
         "per heartbeat, and one worker process saturates one core at a few thousand table writes "
@@ -369,7 +380,8 @@ def write(result: dict[str, Any]) -> None:
         "",
         "## Router overhead (TTFT through the router minus TTFT direct to the engine)",
         "",
-        f"{o['requests']} sequential streamed requests (~460 prompt tokens, 8 output tokens), "
+        f"{o['requests']} sequential streamed requests (~600 prompt tokens, distinct per "
+        "request so that no prefix is cached; 8 output tokens), "
         "alternating direct and routed, one simulated engine.",
         "",
         "| | p50 ms | p99 ms |",
