@@ -12,7 +12,6 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -22,13 +21,15 @@ from pydantic import ValidationError
 
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.metrics import RouterMetrics
+from router.parse import ParsedRequest, parse_request
 from router.pending import PendingDispatches
+from router.proxy import Relay, forward
+from router.records import decision_record, outcome_record
 from router.settings import RouterSettings
-from streams.blocks import approx_tokenize, chain_hashes
+from streams.blocks import chain_hashes
 from streams.kafka import KafkaBus
-from streams.openai import ChatRequest, CompletionRequest, error_body, render_chat
+from streams.openai import error_body
 from streams.replica import TableReplica
-from streams.schemas import CandidateScore, Decision, Outcome
 from streams.topics import DECISIONS, OUTCOMES
 
 __all__ = ["RouterService"]
@@ -40,18 +41,6 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(
         body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
     )
-
-
-@dataclass(slots=True)
-class _Parsed:
-    body: dict[str, Any]
-    model: str
-    stream: bool
-    include_usage: bool
-    tokens: list[int]
-    max_tokens: int
-    chat: bool
-    session_id: str | None
 
 
 class RouterService:
@@ -130,28 +119,8 @@ class RouterService:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=True)
 
-    def _parse(self, raw: bytes, chat: bool) -> _Parsed:
-        body = orjson.loads(raw)
-        if not isinstance(body, dict):
-            raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - a 400
-        req: ChatRequest | CompletionRequest
-        if chat:
-            req = ChatRequest.model_validate(body)
-            tokens = approx_tokenize(render_chat(req.messages))
-        else:
-            req = CompletionRequest.model_validate(body)
-            tokens = req.prompt_tokens(approx_tokenize)
-        session = body.get("user") or request_session(body)
-        return _Parsed(
-            body=body,
-            model=req.model,
-            stream=req.stream,
-            include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            tokens=tokens,
-            max_tokens=req.output_limit(self.settings.default_max_tokens),
-            chat=chat,
-            session_id=session,
-        )
+    def _parse(self, raw: bytes, chat: bool) -> ParsedRequest:
+        return parse_request(raw, chat, self.settings.default_max_tokens)
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         started = time.time()
@@ -180,9 +149,8 @@ class RouterService:
         self.metrics.decided(decision.reason, decision_us)
         await self._publish_decision(rreq, p, decision, decision_us, started, block_size)
         if decision.chosen is None:
-            await self._publish_outcome(
-                request_id, None, "rejected", 503, started, p, error=decision.reason
-            )
+            relay = Relay(status="rejected", http_status=503, error=decision.reason)
+            await self._publish_outcome(request_id, None, relay, p, started)
             return _json(
                 error_body("no healthy engine for this model", "ServiceUnavailable", 503),
                 503,
@@ -190,13 +158,17 @@ class RouterService:
             )
         node = next(n for n in nodes if n.node_id == decision.chosen)
         self.pending.add(node.node_id, request_id, time.time())
+        assert self._http is not None
+        relay = Relay()
         try:
-            return await self._forward(request, request_id, node, p, started)
+            resp, relay = await forward(self._http, request, request_id, node, p, started)
+            return resp
         finally:
             self.pending.finish(request_id)
+            await self._publish_outcome(request_id, node.node_id, relay, p, started)
 
     def _route(
-        self, request_id: str, p: _Parsed
+        self, request_id: str, p: ParsedRequest
     ) -> tuple[RouteRequest, list[NodeView], RouteDecision, float, int] | None:
         """The decision itself (None: no node serves the model)."""
         t0 = time.perf_counter()
@@ -275,118 +247,17 @@ class RouterService:
             }
         )
 
-    async def _forward(
-        self, request: web.Request, request_id: str, node: NodeView, p: _Parsed, started: float
-    ) -> web.StreamResponse:
-        assert self._http is not None
-        body = p.body
-        if p.stream and not p.include_usage:  # ask for usage to learn cached tokens; strip later
-            body = {
-                **body,
-                "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
-            }
-        url = node.endpoint.rstrip("/") + ("/v1/chat/completions" if p.chat else "/v1/completions")
-        ttft: float | None = None
-        out_tokens = 0
-        usage: dict[str, Any] | None = None
-        status = "error"
-        http_status = 502
-        error: str | None = None
-        resp: web.StreamResponse | None = None
-        try:
-            async with self._http.post(
-                url,
-                data=orjson.dumps(body),
-                headers={
-                    "Content-Type": "application/json",
-                    "X-Request-Id": request_id,
-                },
-            ) as up:
-                http_status = up.status
-                if not p.stream or up.status != 200:
-                    data = await up.read()
-                    ttft = time.time() - started
-                    if up.status == 200:
-                        parsed = orjson.loads(data)
-                        usage = parsed.get("usage")
-                        out_tokens = int((usage or {}).get("completion_tokens", 0))
-                        status = "ok"
-                    else:
-                        error = data[:500].decode("utf-8", "replace")
-                    return web.Response(
-                        body=data,
-                        status=up.status,
-                        content_type=up.content_type or "application/json",
-                    )
-                resp = web.StreamResponse(
-                    status=200,
-                    headers={
-                        "Content-Type": "text/event-stream",
-                        "Cache-Control": "no-cache",
-                        "X-Kvgate-Node": node.node_id,
-                        "X-Request-Id": request_id,
-                    },
-                )
-                await resp.prepare(request)
-                skip_blank = False
-                async for line in up.content:
-                    if skip_blank and line in (b"\n", b"\r\n"):
-                        skip_blank = False
-                        continue
-                    skip_blank = False
-                    if line.startswith(b"data: {"):
-                        chunk = orjson.loads(line[6:])
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-                            if not chunk.get("choices") and not p.include_usage:
-                                skip_blank = True
-                                continue
-                        if chunk.get("choices") and _has_text(chunk["choices"][0]):
-                            out_tokens += 1
-                            if ttft is None:
-                                ttft = time.time() - started
-                    await resp.write(line)
-                await resp.write_eof()
-                status = "ok"
-                return resp
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-            # the client went away: leaving the ``async with`` closes the upstream connection,
-            # which makes the engine abort the request and free its KV blocks
-            status, error = "cancelled", f"client disconnected: {exc}"
-            return resp if resp is not None else web.Response(status=499)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            error = f"upstream {node.node_id} failed: {exc!r}"
-            log.warning("%s", error)
-            if resp is None:
-                return _json(error_body(error, "BadGateway", 502), 502)
-            raise
-        finally:
-            if usage is not None:
-                out_tokens = int(usage.get("completion_tokens", out_tokens))
-            await self._publish_outcome(
-                request_id,
-                node.node_id,
-                status,
-                http_status,
-                started,
-                p,
-                ttft=ttft,
-                out_tokens=out_tokens,
-                usage=usage,
-                error=error,
-            )
-
     # --- events --------------------------------------------------------------------------
     async def _publish_decision(
         self,
         rreq: RouteRequest,
-        p: _Parsed,
+        p: ParsedRequest,
         d: RouteDecision,
         decision_us: float,
         started: float,
         block_size: int,
     ) -> None:
-        node_ages = [
+        ages = [
             started - self.replica.index_updated_s.get(c.node_id, started)
             for c in d.candidates
             if c.hit_blocks
@@ -394,77 +265,35 @@ class RouterService:
         await self.bus.publish(
             DECISIONS,
             rreq.request_id,
-            Decision(
-                request_id=rreq.request_id,
-                ts=started,
+            decision_record(
+                rreq,
+                p,
+                d,
                 router_id=self.router_id,
-                model=p.model,
-                session_id=p.session_id,
-                endpoint_kind="chat" if p.chat else "completions",
-                prompt_tokens=len(p.tokens),
-                max_tokens=p.max_tokens,
-                block_size=block_size,
-                block_hashes=list(rreq.block_hashes),
-                approximate_tokens=True,
                 policy=self.policy.name,
                 weights_version=self.policy.weights_version,
-                chosen_node=d.chosen,
-                reason=d.reason,
-                candidates=[
-                    CandidateScore(
-                        node_id=c.node_id,
-                        score=c.score,
-                        hit_blocks=c.hit_blocks,
-                        hit_fraction=c.hit_fraction,
-                        kv_used_ratio=c.kv_used_ratio,
-                        queue_len=c.queue_len,
-                        healthy=c.healthy,
-                        components=dict(c.components),
-                    )
-                    for c in d.candidates
-                ],
-                index_age_s=max(node_ages) if node_ages else None,
+                started=started,
+                block_size=block_size,
                 decision_us=decision_us,
+                index_age_s=max(ages) if ages else None,
             ),
         )
 
     async def _publish_outcome(
-        self,
-        request_id: str,
-        node: str | None,
-        status: str,
-        http_status: int,
-        started: float,
-        p: _Parsed,
-        *,
-        ttft: float | None = None,
-        out_tokens: int = 0,
-        usage: dict[str, Any] | None = None,
-        error: str | None = None,
+        self, request_id: str, node: str | None, relay: Relay, p: ParsedRequest, started: float
     ) -> None:
-        e2e = time.time() - started
-        tpot = (e2e - ttft) / (out_tokens - 1) if ttft is not None and out_tokens > 1 else None
-        cached = None
-        if usage is not None:
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        self.metrics.outcome(status)
+        self.metrics.outcome(relay.status)
         await self.bus.publish(
             OUTCOMES,
             request_id,
-            Outcome(
-                request_id=request_id,
-                ts=time.time(),
+            outcome_record(
+                request_id,
+                node,
+                relay,
+                p,
                 router_id=self.router_id,
-                node_id=node,
-                status=status,
-                http_status=http_status,
-                ttft_s=ttft,
-                tpot_s=tpot,
-                e2e_s=e2e,
-                prompt_tokens=len(p.tokens),
-                output_tokens=out_tokens,
-                cached_tokens=cached,
-                error=error,
+                started=started,
+                now=time.time(),
             ),
         )
 
@@ -498,18 +327,3 @@ class RouterService:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
-
-
-def _has_text(choice: dict[str, Any]) -> bool:
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta") or {}
-    return bool(delta.get("content"))
-
-
-def request_session(body: dict[str, Any]) -> str | None:
-    """A session key from the body (``session_id`` or ``metadata.session_id``), if any."""
-    sid = body.get("session_id")
-    if sid is None and isinstance(body.get("metadata"), dict):
-        sid = body["metadata"].get("session_id")
-    return str(sid) if sid is not None else None

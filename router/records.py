@@ -1,0 +1,87 @@
+"""Decision and outcome events for ``kvgate.decisions`` / ``kvgate.outcomes`` (pure builders)."""
+
+from __future__ import annotations
+
+from router.core import RouteDecision, RouteRequest
+from router.parse import ParsedRequest
+from router.proxy import Relay
+from streams.schemas import CandidateScore, Decision, Outcome
+
+__all__ = ["decision_record", "outcome_record"]
+
+
+def decision_record(
+    rreq: RouteRequest,
+    p: ParsedRequest,
+    d: RouteDecision,
+    *,
+    router_id: str,
+    policy: str,
+    weights_version: int,
+    started: float,
+    block_size: int,
+    decision_us: float,
+    index_age_s: float | None,
+) -> Decision:
+    return Decision(
+        request_id=rreq.request_id,
+        ts=started,
+        router_id=router_id,
+        model=p.model,
+        session_id=p.session_id,
+        endpoint_kind="chat" if p.chat else "completions",
+        prompt_tokens=len(p.tokens),
+        max_tokens=p.max_tokens,
+        block_size=block_size,
+        block_hashes=list(rreq.block_hashes),
+        approximate_tokens=True,
+        policy=policy,
+        weights_version=weights_version,
+        chosen_node=d.chosen,
+        reason=d.reason,
+        candidates=[
+            CandidateScore(
+                node_id=c.node_id,
+                score=c.score,
+                hit_blocks=c.hit_blocks,
+                hit_fraction=c.hit_fraction,
+                kv_used_ratio=c.kv_used_ratio,
+                queue_len=c.queue_len,
+                healthy=c.healthy,
+                components=dict(c.components),
+            )
+            for c in d.candidates
+        ],
+        index_age_s=index_age_s,
+        decision_us=decision_us,
+    )
+
+
+def outcome_record(
+    request_id: str,
+    node: str | None,
+    relay: Relay,
+    p: ParsedRequest,
+    *,
+    router_id: str,
+    started: float,
+    now: float,
+) -> Outcome:
+    e2e = now - started
+    ttft, n = relay.ttft_s, relay.output_tokens
+    tpot = (e2e - ttft) / (n - 1) if ttft is not None and n > 1 else None
+    return Outcome(
+        request_id=request_id,
+        ts=now,
+        router_id=router_id,
+        node_id=node,
+        status=relay.status,
+        http_status=relay.http_status,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        prompt_tokens=len(p.tokens),
+        output_tokens=n,
+        cached_tokens=relay.cached_tokens,
+        error=relay.error,
+    )
