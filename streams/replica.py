@@ -181,12 +181,11 @@ class TableReplica:
             for tp, records in batches.items():
                 for r in records:
                     apply(tp.topic, r.key, r.value, now)
-                if tp in pending and records and records[-1].offset + 1 >= ends[tp]:
+            # positions, not the last record's offset: transaction markers occupy offsets too,
+            # and a busy partition may never return an empty fetch
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
                     pending.discard(tp)
-            if pending and not batches:
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
             if not pending:
                 if not forever:
                     return
