@@ -172,6 +172,8 @@ def demo(
     from deploy.demo import DemoOptions, run_demo
 
     _logging("WARNING")
+    # a fresh broker answers "coordinator not available" for a moment; the clients retry
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     run_demo(
         _settings(config),
         DemoOptions(duration, rps, engines, num_gpu_blocks, json_output, not no_infra),

@@ -26,3 +26,13 @@ def test_continuing_a_chain_equals_hashing_the_whole() -> None:
     whole = chain_hashes(toks, 16)
     head = chain_hashes(toks[:32], 16)
     assert head + chain_hashes(toks[32:], 16, parent=head[-1]) == whole
+
+
+def test_chain_hashes_equal_folding_block_hash() -> None:
+    toks = [(i * 7919) % 100_000 for i in range(100)]
+    parent = None
+    folded = []
+    for start in range(0, 96, 16):
+        parent = block_hash(parent, toks[start : start + 16])
+        folded.append(parent)
+    assert chain_hashes(toks, 16) == folded
