@@ -17,12 +17,10 @@ from aiokafka.errors import KafkaError
 from analytics.clickhouse import ClickHouse
 from analytics.rows import decision_row, outcome_row
 from analytics.settings import SinkSettings
-from streams.codec import decode
-from streams.exceptions import SchemaError
-from streams.kafka import KafkaBus, dead_letter, make_consumer
+from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import Decision, Outcome
 from streams.settings import KafkaSettings
-from streams.topics import DECISIONS, DLQ, OUTCOMES
+from streams.topics import DECISIONS, OUTCOMES
 
 __all__ = ["Sink"]
 
@@ -86,18 +84,14 @@ class Sink:
             await consumer.stop()
 
     async def _convert(self, r: Any, topic: str, rows: dict[str, list[dict[str, Any]]]) -> None:
-        try:
-            if topic == self.decisions_topic:
-                rows["decisions"].append(
-                    decision_row(decode(Decision, r.value), r.partition, r.offset)
-                )
-            else:
-                rows["outcomes"].append(
-                    outcome_row(decode(Outcome, r.value), r.partition, r.offset)
-                )
-        except SchemaError as exc:
+        spec = DECISIONS if topic == self.decisions_topic else OUTCOMES
+        msg = await decode_or_dead_letter(self.bus, spec, r, "sink")
+        if isinstance(msg, Decision):
+            rows["decisions"].append(decision_row(msg, r.partition, r.offset))
+        elif isinstance(msg, Outcome):
+            rows["outcomes"].append(outcome_row(msg, r.partition, r.offset))
+        else:
             self.dead_lettered += 1
-            await self.bus.publish(DLQ, r.topic, dead_letter(r, str(exc), "sink"))
 
     async def _flush(self, consumer: Any, rows: dict[str, list[dict[str, Any]]]) -> None:
         for table, batch in rows.items():

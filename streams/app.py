@@ -18,7 +18,8 @@ from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.folds import KvCursor, index_key, is_newer, parse_index_key, plan_kv
 from streams.kafka import KafkaBus
-from streams.schemas import DeadLetter, Heartbeat, KvEventBatch, Message
+from streams.kafka import dead_letter as kafka_dead_letter
+from streams.schemas import Heartbeat, KvEventBatch, Message
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import KV_CURSOR, LOAD, PREFIX_INDEX, app_id
 from streams.topics import DLQ, HEARTBEATS, KV_EVENTS
@@ -91,18 +92,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
 
     async def dead_letter(event: Any, error: str, consumer: str) -> None:
         msg = event.message
-        raw = event.value if isinstance(event.value, bytes) else b""
-        letter = DeadLetter(
-            source_topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            key=event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None,
-            value=raw.decode("utf-8", "replace"),
-            error=error,
-            consumer=consumer,
-            ts=time.time(),
-        )
         log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
+        letter = kafka_dead_letter(msg, error, consumer)
         await dlq.send(key=msg.topic.encode(), value=encode(letter))
 
     def forget(node: str) -> None:

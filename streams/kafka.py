@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -22,10 +22,9 @@ from streams.schemas import DeadLetter
 from streams.settings import KafkaSettings
 from streams.topics import ALL_TOPICS, DLQ, TopicSpec
 
-__all__ = ["KafkaBus", "dead_letter", "ensure_topics", "make_consumer"]
+__all__ = ["KafkaBus", "dead_letter", "decode_or_dead_letter", "ensure_topics", "make_consumer"]
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
 
 
 async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = ALL_TOPICS) -> None:
@@ -161,7 +160,9 @@ class KafkaBus:
             log.warning("delivery failed: %s", fut.exception())
 
 
-def dead_letter(record: ConsumerRecord[bytes, bytes], error: str, consumer: str) -> DeadLetter:
+def dead_letter(record: Any, error: str, consumer: str) -> DeadLetter:
+    """A dead letter for a consumed record (aiokafka's ConsumerRecord or Faust's Message: both
+    have topic, partition, offset, key and value)."""
     raw = record.value if isinstance(record.value, bytes) else b""
     key = record.key.decode("utf-8", "replace") if isinstance(record.key, bytes) else None
     return DeadLetter(
@@ -191,6 +192,3 @@ async def decode_or_dead_letter(
         )
         await bus.publish(DLQ, record.topic, dead_letter(record, str(exc), consumer))
         return None
-
-
-Handler = Callable[[BaseModel], Awaitable[None]]
