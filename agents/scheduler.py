@@ -69,8 +69,24 @@ class Sequence:
     def tokens(self) -> int:
         return len(self.prompt) + len(self.output)
 
-    def all_tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Token ids in ``[start, end)`` of prompt + output, without copying the whole prompt."""
+        n = len(self.prompt)
+        if end <= n:
+            return list(self.prompt[start:end])
+        if start >= n:
+            return self.output[start - n : end - n]
+        return list(self.prompt[start:]) + self.output[: end - n]
+
+    def block_hashes(self, blocks: int, block_size: int) -> list[int]:
+        """Hashes of the first ``blocks`` full blocks: the prompt's (given or computed at
+        arrival), then blocks holding output, chained on."""
+        have = self.prompt_hashes[:blocks]
+        if blocks <= len(have):
+            return have
+        start = len(have) * block_size
+        tail = self.tokens_between(start, blocks * block_size)
+        return have + chain_hashes(tail, block_size, have[-1] if have else None)
 
     @property
     def prefilling(self) -> bool:
@@ -103,7 +119,8 @@ class EngineCore:
 
     # --- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        seq.prompt_hashes = chain_hashes(seq.prompt, self.profile.block_size)
+        if not seq.prompt_hashes:  # a replayed trace brings its own block hashes
+            seq.prompt_hashes = chain_hashes(seq.prompt, self.profile.block_size)
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -192,11 +209,11 @@ class EngineCore:
     # --- internals -----------------------------------------------------------------------
     def _admit(self, seq: Sequence) -> bool:
         p = self.profile
-        tokens = seq.all_tokens()
-        hashes = chain_hashes(tokens, p.block_size) if seq.output else seq.prompt_hashes
+        n = seq.tokens
+        hashes = seq.block_hashes(n // p.block_size, p.block_size)
         hit = self.cache.match_prefix(hashes)
-        hit = min(hit, (len(tokens) - 1) // p.block_size)  # at least one token is computed
-        need = p.blocks_for_tokens(len(tokens)) - hit
+        hit = min(hit, (n - 1) // p.block_size)  # at least one token is computed
+        need = p.blocks_for_tokens(n) - hit
         if not self.cache.can_allocate(need, hashes[:hit]):
             return False
         self.cache.acquire(hashes[:hit])
@@ -237,10 +254,9 @@ class EngineCore:
         have = len(seq.held)
         if full <= have:
             return
-        tokens = seq.all_tokens()[have * bs : full * bs]
+        hashes = seq.block_hashes(full, bs)[have:]
         parent = seq.held[-1] if seq.held else None
-        hashes = chain_hashes(tokens, bs, parent)
-        self.cache.commit(hashes, parent, tokens)
+        self.cache.commit(hashes, parent, seq.tokens_between(have * bs, full * bs))
         seq.held.extend(hashes)
         seq.anon -= len(hashes)
 

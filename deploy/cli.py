@@ -230,5 +230,32 @@ def infra(
         raise typer.Exit(1)
 
 
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Option(help="Mooncake .jsonl or Azure .csv trace")],
+    nodes: Annotated[int, typer.Option(help="simulated engines")] = 16,
+    policy: Annotated[str, typer.Option(help="routing policy")] = "seed_score",
+    load: Annotated[float | None, typer.Option(help="offered load / capacity (e.g. 0.8)")] = None,
+    limit: Annotated[int | None, typer.Option(help="first N requests only")] = None,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Replay a trace through simulated engines in virtual time with a routing policy."""
+    from analytics.sim.replay import replay as run_replay
+    from router.policies import POLICIES
+
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    if not trace.exists():
+        raise typer.BadParameter(f"{trace} does not exist")
+    result = run_replay(trace, nodes=nodes, policy=policy, load=load, limit=limit, seed=seed)
+    if json_output:
+        typer.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        typer.echo(f"{key:>22}  {shown}")
+
+
 def main() -> None:
     app()

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import bisect
+import random
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from router.core import Candidate, NodeView, RouteDecision, RouteRequest
+from router.core import Candidate, NodeView, Policy, RouteDecision, RouteRequest
 from router.settings import RouterSettings, SeedWeights
 
-__all__ = ["POLICIES", "SeedScorePolicy", "make_policy"]
+__all__ = [
+    "POLICIES",
+    "ConsistentHashPolicy",
+    "LeastRequestsPolicy",
+    "PowerOfTwoPolicy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
+    "SeedScorePolicy",
+    "make_policy",
+]
 
 
 class SeedScorePolicy:
@@ -91,10 +102,179 @@ class SeedScorePolicy:
         return RouteDecision(least.node_id, "all_overloaded", tuple(cands))
 
 
-POLICIES = {"seed_score"}
+def _salted(request: RouteRequest, node_id: str) -> int:
+    """A per-request order of nodes, so that ties do not always go to the same node."""
+    return zlib.crc32(node_id.encode()) ^ zlib.crc32(request.request_id.encode())
 
 
-def make_policy(settings: RouterSettings) -> SeedScorePolicy:
-    if settings.policy not in POLICIES:
+def _load(n: NodeView) -> int:
+    return n.running + n.waiting + n.pending
+
+
+def _candidates(
+    nodes: Sequence[NodeView], matches: Mapping[str, int], request: RouteRequest
+) -> tuple[Candidate, ...]:
+    total = max(1, len(request.block_hashes))
+    return tuple(
+        Candidate(
+            n.node_id,
+            -float(_load(n)),
+            matches.get(n.node_id, 0),
+            matches.get(n.node_id, 0) / total,
+            n.kv_used_ratio,
+            n.queue_len,
+            n.healthy,
+        )
+        for n in nodes
+    )
+
+
+class RandomPolicy:
+    """Uniformly random among eligible nodes."""
+
+    name = "random"
+    weights_version = 0
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        if not nodes:
+            return RouteDecision(None, "no_healthy_node", ())
+        return RouteDecision(
+            self._rng.choice(nodes).node_id, "random", _candidates(nodes, matches, request)
+        )
+
+
+class RoundRobinPolicy:
+    """The next node in id order, whatever its load."""
+
+    name = "round_robin"
+    weights_version = 0
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        if not nodes:
+            return RouteDecision(None, "no_healthy_node", ())
+        ordered = sorted(nodes, key=lambda n: n.node_id)
+        node = ordered[self._next % len(ordered)]
+        self._next += 1
+        return RouteDecision(node.node_id, "round_robin", _candidates(nodes, matches, request))
+
+
+class LeastRequestsPolicy:
+    """Fewest running + waiting (+ this router's unreflected) requests."""
+
+    name = "least_requests"
+    weights_version = 0
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        if not nodes:
+            return RouteDecision(None, "no_healthy_node", ())
+        best = min(nodes, key=lambda n: (_load(n), _salted(request, n.node_id)))
+        return RouteDecision(best.node_id, "least_requests", _candidates(nodes, matches, request))
+
+
+class PowerOfTwoPolicy:
+    """Two random nodes, the less loaded one wins (Mitzenmacher's power of two choices)."""
+
+    name = "power_of_two"
+    weights_version = 0
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        if not nodes:
+            return RouteDecision(None, "no_healthy_node", ())
+        pair = self._rng.sample(list(nodes), min(2, len(nodes)))
+        best = min(pair, key=_load)
+        return RouteDecision(best.node_id, "power_of_two", _candidates(nodes, matches, request))
+
+
+class ConsistentHashPolicy:
+    """A hash ring (``vnodes`` points per node) keyed by the session, else the prompt's first
+    block: the same prefix always lands on the same node while the node set is stable."""
+
+    name = "consistent_hash"
+    weights_version = 0
+
+    def __init__(self, vnodes: int = 64) -> None:
+        self.vnodes = vnodes
+        self._rings: dict[frozenset[str], tuple[list[int], list[str]]] = {}
+
+    def _ring(self, ids: frozenset[str]) -> tuple[list[int], list[str]]:
+        ring = self._rings.get(ids)
+        if ring is None:
+            points = sorted(
+                (zlib.crc32(f"{node}#{v}".encode()), node)
+                for node in ids
+                for v in range(self.vnodes)
+            )
+            ring = ([p for p, _ in points], [n for _, n in points])
+            if len(self._rings) > 64:  # node sets change rarely; keep a few
+                self._rings.clear()
+            self._rings[ids] = ring
+        return ring
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        if not nodes:
+            return RouteDecision(None, "no_healthy_node", ())
+        if request.session_id is not None:
+            key = zlib.crc32(request.session_id.encode())
+        elif request.block_hashes:
+            key = request.block_hashes[0] & 0xFFFFFFFF
+        else:
+            key = zlib.crc32(request.request_id.encode())
+        points, owners = self._ring(frozenset(n.node_id for n in nodes))
+        chosen = owners[bisect.bisect(points, key) % len(points)]
+        return RouteDecision(chosen, "consistent_hash", _candidates(nodes, matches, request))
+
+
+POLICIES: dict[str, Callable[[RouterSettings], Policy]] = {
+    "seed_score": lambda s: SeedScorePolicy(s.weights, s.max_kv_used_ratio, s.max_queue),
+    "random": lambda s: RandomPolicy(),
+    "round_robin": lambda s: RoundRobinPolicy(),
+    "least_requests": lambda s: LeastRequestsPolicy(),
+    "power_of_two": lambda s: PowerOfTwoPolicy(),
+    "consistent_hash": lambda s: ConsistentHashPolicy(),
+}
+
+
+def make_policy(settings: RouterSettings) -> Policy:
+    factory = POLICIES.get(settings.policy)
+    if factory is None:
         raise ValueError(f"unknown policy {settings.policy!r}; known: {sorted(POLICIES)}")
-    return SeedScorePolicy(settings.weights, settings.max_kv_used_ratio, settings.max_queue)
+    return factory(settings)

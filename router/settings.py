@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["RouterSettings", "SeedWeights"]
@@ -26,7 +28,9 @@ class RouterSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     router_id: str | None = Field(default=None, description="default: host:port:pid")
-    policy: str = "seed_score"
+    policy: Literal[
+        "seed_score", "random", "round_robin", "least_requests", "power_of_two", "consistent_hash"
+    ] = "seed_score"
     weights: SeedWeights = SeedWeights()
     default_max_tokens: int = Field(default=256, ge=1)
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")

@@ -95,3 +95,45 @@ def test_prefix_index_longest_contiguous_match_and_drop() -> None:
     assert idx.match([1, 2]) == {"b": 1} and len(idx) == 2
     idx.remove("b", 1)
     assert idx.match([1]) == {} and idx.nodes() == ["b"]
+
+
+def test_least_requests_counts_pending_too() -> None:
+    from router.policies import LeastRequestsPolicy
+
+    d = LeastRequestsPolicy().decide(
+        REQ, [node("a", running=2), node("b", running=1, pending=3)], {}, NOW
+    )
+    assert d.chosen == "a"
+
+
+def test_power_of_two_takes_the_less_loaded_of_its_pair() -> None:
+    from router.policies import PowerOfTwoPolicy
+
+    p = PowerOfTwoPolicy(seed=1)
+    nodes = [node("a", running=9), node("b", running=0)]
+    assert all(p.decide(REQ, nodes, {}, NOW).chosen == "b" for _ in range(10))
+
+
+def test_consistent_hash_is_stable_and_moves_little_when_a_node_leaves() -> None:
+    from router.policies import ConsistentHashPolicy
+
+    p = ConsistentHashPolicy()
+    nodes = [node(n) for n in "abcd"]
+    reqs = [RouteRequest(f"r{i}", "m", [i * 7919], 16, 8, session_id=f"s{i}") for i in range(200)]
+    before = {r.session_id: p.decide(r, nodes, {}, NOW).chosen for r in reqs}
+    assert before == {r.session_id: p.decide(r, nodes, {}, NOW).chosen for r in reqs}
+    after = {r.session_id: p.decide(r, nodes[:3], {}, NOW).chosen for r in reqs}
+    moved = [s for s in before if before[s] != after[s]]
+    assert all(before[s] == "d" for s in moved)  # only the departed node's keys move
+    assert len(set(before.values())) == 4
+
+
+def test_every_policy_has_the_same_interface() -> None:
+    from router.policies import POLICIES
+    from router.settings import RouterSettings
+
+    for name, factory in POLICIES.items():
+        policy = factory(RouterSettings.model_validate({"policy": name}))
+        d = policy.decide(REQ, [node("a"), node("b")], {"a": 2}, NOW)
+        assert policy.name == name and d.chosen in {"a", "b"}
+        assert policy.decide(REQ, [], {}, NOW).chosen is None

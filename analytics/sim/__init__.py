@@ -1,0 +1,1 @@
+"""Virtual-time simulation of a cluster of engines behind kvgate's routing core."""

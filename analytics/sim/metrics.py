@@ -1,0 +1,77 @@
+"""Per-run metrics of a simulated replay (pure)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from analytics.sim.cluster import Done
+from analytics.sim.traces import hit_bound
+
+__all__ = ["run_metrics"]
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_metrics(
+    done: Sequence[Done],
+    nodes: int,
+    block_size: int,
+    *,
+    ttft_slo_s: float = 2.0,
+    tpot_slo_s: float = 0.1,
+) -> dict[str, Any]:
+    if not done:
+        return {"requests": 0}
+    ttft = [d.first_token_s - d.request.arrival_s for d in done]
+    tpot = [
+        (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1)
+        for d in done
+        if d.request.output_tokens > 1
+    ]
+    e2e = [d.finish_s - d.request.arrival_s for d in done]
+    prompt = sum(d.request.prompt_tokens for d in done)
+    cached = sum(d.cached_tokens for d in done)
+    ok = [
+        d
+        for d in done
+        if d.first_token_s - d.request.arrival_s <= ttft_slo_s
+        and (
+            d.request.output_tokens <= 1
+            or (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1) <= tpot_slo_s
+        )
+    ]
+    per_node = Counter(d.node for d in done)
+    loads = [per_node.get(f"node-{i:02d}", 0) for i in range(nodes)]
+    mean = statistics.fmean(loads)
+    first = min(d.request.arrival_s for d in done)
+    last = max(d.finish_s for d in done)
+    span = max(1e-9, last - first)
+    return {
+        "requests": len(done),
+        "ttft_p50_s": _pct(ttft, 0.5),
+        "ttft_p99_s": _pct(ttft, 0.99),
+        "tpot_p50_s": _pct(tpot, 0.5),
+        "tpot_p99_s": _pct(tpot, 0.99),
+        "e2e_p50_s": _pct(e2e, 0.5),
+        "e2e_p99_s": _pct(e2e, 0.99),
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "hit_bound": hit_bound(
+            sorted((d.request for d in done), key=lambda r: r.arrival_s), block_size
+        ),
+        "slo_attainment": len(ok) / len(done),
+        "ttft_slo_s": ttft_slo_s,
+        "tpot_slo_s": tpot_slo_s,
+        "load_cov": statistics.pstdev(loads) / mean if mean else 0.0,
+        "max_over_mean_load": max(loads) / mean if mean else 0.0,
+        "throughput_rps": len(done) / span,
+        "goodput_rps": len(ok) / span,
+        "reasons": dict(Counter(d.reason for d in done)),
+    }

@@ -1,0 +1,129 @@
+"""Request traces for replay: the Mooncake JSONL format and the Azure LLM inference CSV format.
+
+Mooncake rows carry ``hash_ids``: prefix-chained ids of 512-token blocks (equal ids are a
+reusable prefix). Azure rows carry only arrival times and lengths: every request gets blocks of its
+own (no sharing), a control case for routing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from streams.blocks import HASH_MASK
+
+__all__ = ["Trace", "TraceRequest", "hit_bound", "load_trace"]
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...]  # full blocks of ``block_size`` tokens
+    session_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    name: str
+    block_size: int
+    requests: tuple[TraceRequest, ...]
+
+    @property
+    def span_s(self) -> float:
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
+
+    def scaled(self, factor: float) -> Trace:
+        """Arrival times × ``factor`` (< 1 compresses: more load)."""
+        t0 = self.requests[0].arrival_s if self.requests else 0.0
+        return Trace(
+            self.name,
+            self.block_size,
+            tuple(
+                TraceRequest(
+                    t0 + (r.arrival_s - t0) * factor,
+                    r.prompt_tokens,
+                    r.output_tokens,
+                    r.block_hashes,
+                    r.session_id,
+                )
+                for r in self.requests
+            ),
+        )
+
+    def head(self, n: int) -> Trace:
+        return Trace(self.name, self.block_size, self.requests[:n])
+
+
+def _mooncake(lines: Iterable[str], name: str) -> Trace:
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        # ids are small integers; spread them over the hash space (kvgate hashes are 63-bit)
+        prompt = int(row["input_length"])
+        full = prompt // MOONCAKE_BLOCK_TOKENS  # an engine caches full blocks only
+        hashes = tuple(
+            (int(h) * 0x9E3779B97F4A7C15 + 1) & HASH_MASK for h in row["hash_ids"][:full]
+        )
+        out.append(
+            TraceRequest(
+                float(row["timestamp"]) / 1000.0, prompt, max(1, int(row["output_length"])), hashes
+            )
+        )
+    out.sort(key=lambda r: r.arrival_s)
+    return Trace(name, MOONCAKE_BLOCK_TOKENS, tuple(out))
+
+
+def _azure(rows: Iterable[dict[str, str]], name: str, block_size: int, seed: int) -> Trace:
+    rng = random.Random(seed)
+    out = []
+    t0: datetime | None = None
+    for row in rows:
+        ts = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26])
+        t0 = t0 or ts
+        prompt = int(row["ContextTokens"])
+        hashes = tuple(rng.getrandbits(63) for _ in range(prompt // block_size))
+        out.append(
+            TraceRequest(
+                (ts - t0).total_seconds(), prompt, max(1, int(row["GeneratedTokens"])), hashes
+            )
+        )
+    out.sort(key=lambda r: r.arrival_s)
+    return Trace(name, block_size, tuple(out))
+
+
+def load_trace(path: Path, *, azure_block_size: int = 16, seed: int = 0) -> Trace:
+    """A Mooncake ``.jsonl`` or an Azure ``.csv`` trace."""
+    name = path.stem
+    if path.suffix == ".jsonl":
+        with path.open() as fh:
+            return _mooncake(fh, name)
+    if path.suffix == ".csv":
+        with path.open(newline="") as fh:
+            return _azure(csv.DictReader(fh), name, azure_block_size, seed)
+    raise ValueError(f"{path}: expected a Mooncake .jsonl or an Azure .csv trace")
+
+
+def hit_bound(requests: Sequence[TraceRequest], block_size: int) -> float:
+    """Infinite-cache bound: the share of prompt tokens in (full) blocks that an earlier request
+    had — what a cache that never evicts could serve."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in requests:
+        total += r.prompt_tokens
+        for h in r.block_hashes:
+            if h in seen:
+                hit += block_size
+            else:
+                seen.add(h)
+    return hit / total if total else 0.0

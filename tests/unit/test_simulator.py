@@ -1,0 +1,83 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from agents.profile import EngineProfile
+from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.metrics import run_metrics
+from analytics.sim.traces import Trace, TraceRequest, hit_bound, load_trace
+from router.policies import RoundRobinPolicy, SeedScorePolicy
+from router.settings import SeedWeights
+
+PROFILE = EngineProfile(num_gpu_blocks_override=400, block_size=16)
+
+
+def req(t: float, blocks: range, out: int = 8) -> TraceRequest:
+    return TraceRequest(t, len(blocks) * 16, out, tuple(b + 1000 for b in blocks))
+
+
+def seed_policy() -> SeedScorePolicy:
+    return SeedScorePolicy(SeedWeights(), max_kv_used_ratio=0.95, max_queue=8)
+
+
+def test_a_cached_prefix_draws_the_next_request_to_its_node() -> None:
+    trace = Trace("t", 16, (req(0.0, range(20)), req(2.0, range(30))))
+    done = simulate(trace, seed_policy(), SimConfig(nodes=4, profile=PROFILE))
+    first, second = sorted(done, key=lambda d: d.request.arrival_s)
+    assert second.node == first.node and second.reason == "prefix_hit"
+    assert second.hit_blocks_seen == 20
+    assert second.cached_tokens == 20 * 16  # the engine really reused it
+
+
+def test_the_router_cannot_see_a_prefix_before_the_index_lag() -> None:
+    trace = Trace("t", 16, (req(0.0, range(20)), req(0.05, range(30))))
+    done = simulate(trace, seed_policy(), SimConfig(nodes=4, profile=PROFILE, index_lag_s=5.0))
+    second = max(done, key=lambda d: d.request.arrival_s)
+    assert second.hit_blocks_seen == 0
+
+
+def test_round_robin_spreads_evenly_and_runs_are_deterministic() -> None:
+    trace = Trace("t", 16, tuple(req(i * 0.1, range(i * 10, i * 10 + 10)) for i in range(40)))
+    cfg = SimConfig(nodes=4, profile=PROFILE)
+    done = simulate(trace, RoundRobinPolicy(), cfg)
+    m = run_metrics(done, 4, 16)
+    assert m["requests"] == 40 and m["max_over_mean_load"] == 1.0 and m["load_cov"] == 0.0
+    again = run_metrics(simulate(trace, RoundRobinPolicy(), cfg), 4, 16)
+    assert again == m
+    assert m["hit_rate"] == 0.0 and m["hit_bound"] == 0.0
+    assert 0 < m["ttft_p50_s"] <= m["ttft_p99_s"] and m["slo_attainment"] == 1.0
+
+
+def test_hit_bound_counts_blocks_seen_before() -> None:
+    rs = [TraceRequest(0, 64, 1, (1, 2, 3, 4)), TraceRequest(1, 64, 1, (1, 2, 5, 6))]
+    assert hit_bound(rs, 16) == pytest.approx(32 / 128)
+
+
+def test_trace_formats(tmp_path: Path) -> None:
+    moon = tmp_path / "m.jsonl"
+    moon.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+                {"timestamp": 1500, "input_length": 600, "output_length": 0, "hash_ids": [0, 3]},
+            ]
+        )
+    )
+    t = load_trace(moon)
+    assert t.block_size == 512 and [r.arrival_s for r in t.requests] == [0.0, 1.5]
+    assert len(t.requests[0].block_hashes) == 2  # the partial third block is not cacheable
+    assert t.requests[0].block_hashes[0] == t.requests[1].block_hashes[0]
+    assert t.requests[1].output_tokens == 1
+    az = tmp_path / "a.csv"
+    az.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,48,10\n2023-11-16 18:17:04.4799600,32,8\n"
+    )
+    a = load_trace(az)
+    assert a.block_size == 16 and a.requests[1].arrival_s == pytest.approx(0.5)
+    assert len(a.requests[0].block_hashes) == 3
+    assert not set(a.requests[0].block_hashes) & set(a.requests[1].block_hashes)
+    with pytest.raises(ValueError, match="expected"):
+        load_trace(tmp_path / "x.txt")
