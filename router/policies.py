@@ -7,6 +7,7 @@ import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 
+from router.baselines import DynamoCostPolicy, LlmdWeightedPolicy, SglangCacheAwarePolicy
 from router.core import Candidate, NodeView, Policy, RouteDecision, RouteRequest
 from router.settings import RouterSettings, SeedWeights
 
@@ -270,6 +271,9 @@ POLICIES: dict[str, Callable[[RouterSettings], Policy]] = {
     "least_requests": lambda s: LeastRequestsPolicy(),
     "power_of_two": lambda s: PowerOfTwoPolicy(),
     "consistent_hash": lambda s: ConsistentHashPolicy(),
+    "sglang_cache_aware": lambda s: SglangCacheAwarePolicy(),
+    "dynamo_cost": lambda s: DynamoCostPolicy(),
+    "llmd_weighted": lambda s: LlmdWeightedPolicy(),
 }
 
 

@@ -29,7 +29,15 @@ class RouterSettings(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     router_id: str | None = Field(default=None, description="default: host:port:pid")
     policy: Literal[
-        "seed_score", "random", "round_robin", "least_requests", "power_of_two", "consistent_hash"
+        "seed_score",
+        "random",
+        "round_robin",
+        "least_requests",
+        "power_of_two",
+        "consistent_hash",
+        "sglang_cache_aware",
+        "dynamo_cost",
+        "llmd_weighted",
     ] = "seed_score"
     weights: SeedWeights = SeedWeights()
     default_max_tokens: int = Field(default=256, ge=1)
