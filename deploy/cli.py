@@ -257,5 +257,42 @@ def replay(
         typer.echo(f"{key:>22}  {shown}")
 
 
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write docs/benchmarks/.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("routing")
+def bench_routing(
+    traces_dir: Annotated[Path, typer.Option(help="folder with the public traces")] = Path(
+        "../shared/traces"
+    ),
+    nodes: Annotated[int, typer.Option(help="simulated engines")] = 16,
+    loads: Annotated[str, typer.Option(help="comma-separated loads")] = "0.8",
+    mooncake_limit: Annotated[int, typer.Option(help="Mooncake requests")] = 1500,
+    azure_limit: Annotated[int, typer.Option(help="Azure conv requests")] = 3000,
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
+) -> None:
+    """Every routing policy on the Mooncake and Azure traces in the simulator."""
+    import sys
+
+    from analytics.sim.bench import bench_routing as run
+
+    traces = [
+        (traces_dir / "mooncake_fast25_synthetic_trace.jsonl", mooncake_limit),
+        (traces_dir / "azure_llm_inference_2023_conv.csv", azure_limit),
+    ]
+    for path, _ in traces:
+        if not path.exists():
+            raise typer.BadParameter(f"{path} does not exist")
+    run(
+        traces,
+        nodes=nodes,
+        loads=[float(x) for x in loads.split(",")],
+        out_dir=out,
+        command="kvgate bench " + " ".join(sys.argv[2:]),
+    )
+    typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
+
+
 def main() -> None:
     app()

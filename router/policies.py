@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from router.baselines import DynamoCostPolicy, LlmdWeightedPolicy, SglangCacheAwarePolicy
 from router.core import Candidate, NodeView, Policy, RouteDecision, RouteRequest
+from router.costpolicy import CompletionCostPolicy
 from router.settings import RouterSettings, SeedWeights
 
 __all__ = [
@@ -274,6 +275,7 @@ POLICIES: dict[str, Callable[[RouterSettings], Policy]] = {
     "sglang_cache_aware": lambda s: SglangCacheAwarePolicy(),
     "dynamo_cost": lambda s: DynamoCostPolicy(),
     "llmd_weighted": lambda s: LlmdWeightedPolicy(),
+    "kvgate": lambda s: CompletionCostPolicy(s.cost, s.max_kv_used_ratio, s.max_queue),
 }
 
 

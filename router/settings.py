@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RouterSettings", "SeedWeights"]
+__all__ = ["CostWeights", "RouterSettings", "SeedWeights"]
 
 
 class SeedWeights(BaseModel):
@@ -20,6 +20,22 @@ class SeedWeights(BaseModel):
     queue: float = 0.05
     unhealthy: float = 0.1
     slo: float = 0.1
+
+
+class CostWeights(BaseModel):
+    """The completion-cost model of the ``kvgate`` policy (defaults: the documented engine
+    profile, docs/engine-model.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = 1
+    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)
+    step_base_s: float = Field(default=0.006, ge=0)
+    step_per_seq_s: float = Field(default=0.00003, ge=0)
+    interference: float = Field(default=1.0, ge=0, description="weight of the stall on others")
+    kv_soft_limit: float = Field(default=0.85, ge=0, le=1)
+    kv_pressure_s: float = Field(default=5.0, ge=0, description="cost per unit of KV over limit")
+    prefill_ewma: float = Field(default=0.1, gt=0, le=1)
 
 
 class RouterSettings(BaseModel):
@@ -38,8 +54,10 @@ class RouterSettings(BaseModel):
         "sglang_cache_aware",
         "dynamo_cost",
         "llmd_weighted",
+        "kvgate",
     ] = "seed_score"
     weights: SeedWeights = SeedWeights()
+    cost: CostWeights = CostWeights()
     default_max_tokens: int = Field(default=256, ge=1)
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)

@@ -137,3 +137,57 @@ def test_every_policy_has_the_same_interface() -> None:
         d = policy.decide(REQ, [node("a"), node("b")], {"a": 2}, NOW)
         assert policy.name == name and d.chosen in {"a", "b"}
         assert policy.decide(REQ, [], {}, NOW).chosen is None
+
+
+def test_sglang_cache_aware_follows_its_own_tree_until_load_is_imbalanced() -> None:
+    from router.baselines import SglangCacheAwarePolicy
+
+    p = SglangCacheAwarePolicy(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    nodes = [node("a"), node("b")]
+    first = p.decide(REQ, nodes, {}, NOW)
+    assert first.reason == "smallest_tree"
+    again = p.decide(RouteRequest("r2", "m", [1, 2, 3, 9], 64, 16), nodes, {}, NOW)
+    assert again.chosen == first.chosen and again.reason == "prefix_hit"  # 3/4 > 0.3
+    busy = [node(first.chosen, running=10), node("b" if first.chosen == "a" else "a")]
+    d = p.decide(RouteRequest("r3", "m", [1, 2, 3], 48, 16), busy, {}, NOW)
+    assert d.reason == "imbalanced_least_loaded" and d.chosen != first.chosen
+
+
+def test_dynamo_cost_is_overlap_weighted_prefill_plus_decode_blocks() -> None:
+    from router.baselines import DynamoCostPolicy
+
+    d = DynamoCostPolicy().decide(REQ, [node("a", used=10), node("b", used=0)], {"a": 4}, NOW)
+    costs = {c.node_id: -c.score for c in d.candidates}
+    assert costs == {"a": 0 + 14, "b": 4 + 4} and d.chosen == "b"
+
+
+def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
+    from router.baselines import LlmdWeightedPolicy
+
+    d = LlmdWeightedPolicy().decide(REQ, [node("a", waiting=4), node("b", used=50)], {"a": 4}, NOW)
+    parts = {c.node_id: c.components for c in d.candidates}
+    assert parts["a"] == {"prefix": 3.0, "queue": 0.0, "kv": 1.0}
+    assert parts["b"] == {"prefix": 0.0, "queue": 2.0, "kv": 0.5}
+    assert d.chosen == "a"
+
+
+def test_completion_cost_discounts_cached_prefill_and_avoids_a_backlog() -> None:
+    from router.costpolicy import CompletionCostPolicy
+    from router.settings import CostWeights
+
+    p = CompletionCostPolicy(CostWeights(), max_kv_used_ratio=0.9, max_queue=8)
+    long_req = RouteRequest("r1", "m", list(range(1000)), prompt_tokens=16_000, max_tokens=16)
+    d = p.decide(long_req, [node("a"), node("b")], {"b": 1000}, NOW)
+    assert d.chosen == "b" and d.reason == "prefix_hit"
+    parts = {c.node_id: c.components for c in d.candidates}
+    assert parts["a"]["prefill_s"] == 16_000 / 25_000 and parts["b"]["prefill_s"] == 0.0
+    # two uncached long prompts in a row: the router's own prefill backlog spreads them
+    other = RouteRequest("r2", "m", list(range(5000, 6000)), prompt_tokens=16_000, max_tokens=16)
+    first = p.decide(other, [node("a"), node("b")], {}, NOW).chosen
+    second = p.decide(
+        RouteRequest("r3", "m", list(range(7000, 8000)), 16_000, 16),
+        [node("a"), node("b")],
+        {},
+        NOW,
+    ).chosen
+    assert first != second
