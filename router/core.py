@@ -31,6 +31,7 @@ class NodeView:
     lease_s: float
     slo_attainment: float = 1.0
     pending: int = 0  # this router's dispatches not yet visible in the heartbeat
+    prefill_backlog_tokens: int = 0  # this router's uncached prompt tokens awaiting prefill
 
     @property
     def kv_used_ratio(self) -> float:

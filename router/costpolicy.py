@@ -28,9 +28,6 @@ class CompletionCostPolicy:
         self.max_kv_used_ratio = max_kv_used_ratio
         self.max_queue = max_queue
         self._avg_prefill_s = 0.05  # EWMA of the prefill this router sends per request
-        # per node: when the prefill work this router sent there should be done (a FIFO model
-        # of chunked prefill); heartbeats only show counts, not how long queued prompts are
-        self._busy_until: dict[str, float] = {}
 
     def decide(
         self,
@@ -49,7 +46,8 @@ class CompletionCostPolicy:
             hit = matches.get(n.node_id, 0)
             uncached = max(0, request.prompt_tokens - hit * n.block_size)
             prefill_s = uncached / w.prefill_tokens_per_s
-            backlog_s = max(0.0, self._busy_until.get(n.node_id, now) - now)
+            # this router's own queued prompts are known exactly; other routers' only by count
+            backlog_s = n.prefill_backlog_tokens / w.prefill_tokens_per_s
             queue_s = max(backlog_s, (n.waiting + n.pending) * self._avg_prefill_s)
             batch = n.running + n.pending + 1
             tpot_s = w.step_base_s + w.step_per_seq_s * batch
@@ -95,10 +93,5 @@ class CompletionCostPolicy:
         else:
             best, reason = ordered[0], "all_overloaded"
         a = w.prefill_ewma
-        p = prefill_of[best.node_id]
-        self._avg_prefill_s = (1 - a) * self._avg_prefill_s + a * p
-        self._busy_until[best.node_id] = max(now, self._busy_until.get(best.node_id, now)) + p
-        if len(self._busy_until) > 4 * len(nodes) + 64:  # forget nodes that left
-            live = {n.node_id for n in nodes}
-            self._busy_until = {k: v for k, v in self._busy_until.items() if k in live}
+        self._avg_prefill_s = (1 - a) * self._avg_prefill_s + a * prefill_of[best.node_id]
         return RouteDecision(best.node_id, reason, tuple(cands))

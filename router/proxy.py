@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,7 @@ async def forward(
     node: NodeView,
     p: ParsedRequest,
     started: float,
+    on_first_token: Callable[[], None] | None = None,
 ) -> tuple[web.StreamResponse, Relay]:
     relay = Relay()
     body = p.body
@@ -121,6 +123,8 @@ async def forward(
                         relay.output_tokens += 1
                         if relay.ttft_s is None:
                             relay.ttft_s = time.time() - started
+                            if on_first_token is not None:
+                                on_first_token()
                 await resp.write(line)
             await resp.write_eof()
             relay.status = "ok"

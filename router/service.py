@@ -20,9 +20,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
-from router.pending import PendingDispatches
 from router.proxy import Relay, forward
 from router.records import decision_record, outcome_record
 from router.settings import RouterSettings
@@ -54,7 +54,8 @@ class RouterService:
         self.router_id = (
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
-        self.pending = PendingDispatches()
+        self.ledger = InflightLedger()
+        self._last_sweep = 0.0
         self.metrics = RouterMetrics()
         self._http: aiohttp.ClientSession | None = None
 
@@ -90,6 +91,9 @@ class RouterService:
 
     # --- snapshot ------------------------------------------------------------------------
     def nodes(self, now: float) -> list[NodeView]:
+        if now - self._last_sweep > 30.0:
+            self.ledger.sweep(now)
+            self._last_sweep = now
         out = []
         for hb in self.replica.load.values():
             out.append(
@@ -107,7 +111,8 @@ class RouterService:
                     draining=hb.draining,
                     heartbeat_ts=hb.ts,
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
-                    pending=self.pending.unreflected(hb.node_id, hb.ts, now),
+                    pending=self.ledger.unreflected(hb.node_id, hb.ts),
+                    prefill_backlog_tokens=self.ledger.prefill_backlog(hb.node_id),
                 )
             )
         return out
@@ -157,14 +162,25 @@ class RouterService:
                 headers={"Retry-After": "1"},
             )
         node = next(n for n in nodes if n.node_id == decision.chosen)
-        self.pending.add(node.node_id, request_id, time.time())
+        hit = next((c.hit_blocks for c in decision.candidates if c.node_id == node.node_id), 0)
+        self.ledger.dispatch(
+            request_id, node.node_id, time.time(), max(0, rreq.prompt_tokens - hit * block_size)
+        )
         assert self._http is not None
         relay = Relay()
         try:
-            resp, relay = await forward(self._http, request, request_id, node, p, started)
+            resp, relay = await forward(
+                self._http,
+                request,
+                request_id,
+                node,
+                p,
+                started,
+                on_first_token=lambda: self.ledger.first_token(request_id),
+            )
             return resp
         finally:
-            self.pending.finish(request_id)
+            self.ledger.finish(request_id)
             await self._publish_outcome(request_id, node.node_id, relay, p, started)
 
     def _route(

@@ -3,7 +3,7 @@
 Each node is an :class:`agents.scheduler.EngineCore` — the same cache and timing model as the live
 simulated engine. The router sees what the live router would: heartbeats every
 ``heartbeat_interval_s`` and KV-cache changes ``index_lag_s`` late, plus its own dispatches that
-the heartbeats do not show yet (:class:`router.pending.PendingDispatches`). Every request is routed
+the heartbeats do not show yet (:class:`router.ledger.InflightLedger`). Every request is routed
 by a :class:`router.core.Policy`, the same objects the live router uses.
 """
 
@@ -21,7 +21,7 @@ from agents.profile import EngineProfile
 from agents.scheduler import EngineCore, Sequence, StepResult
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
-from router.pending import PendingDispatches
+from router.ledger import InflightLedger
 from streams.prefix_index import PrefixIndex
 
 __all__ = ["Done", "SimConfig", "simulate"]
@@ -99,7 +99,7 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
     nodes = [_Node(f"node-{i:02d}", EngineCore(profile)) for i in range(cfg.nodes)]
     by_id = {n.node_id: n for n in nodes}
     index = PrefixIndex()
-    pending = PendingDispatches(horizon_s=5.0)
+    ledger = InflightLedger()
     rng = random.Random(cfg.seed)
     lease = cfg.heartbeat_interval_s * 4
     events: list[tuple[float, int, str, object]] = []
@@ -145,7 +145,11 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
             r = trace.requests[idx]
             rid = f"r{idx}"
             views = [
-                replace(n.view, pending=pending.unreflected(n.node_id, n.view.heartbeat_ts, now))
+                replace(
+                    n.view,
+                    pending=ledger.unreflected(n.node_id, n.view.heartbeat_ts),
+                    prefill_backlog_tokens=ledger.prefill_backlog(n.node_id),
+                )
                 for n in nodes
                 if n.view is not None
             ]
@@ -155,7 +159,10 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
             matches = index.match(r.block_hashes)
             d = policy.decide(req, eligible(views, MODEL, now), matches, now)
             target = by_id[d.chosen] if d.chosen is not None else rng.choice(nodes)
-            pending.add(target.node_id, rid, now)
+            seen = matches.get(target.node_id, 0)
+            ledger.dispatch(
+                rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size)
+            )
             seq = Sequence(
                 rid,
                 [0] * r.prompt_tokens,
@@ -172,9 +179,12 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
             node_id, res = cast(tuple[str, StepResult], data)
             n = by_id[node_id]
             n.busy = False
+            for seq, _ in res.tokens:
+                if len(seq.output) == 1:
+                    ledger.first_token(seq.request_id)
             for seq in res.finished:
                 r, node, reason, seen = meta.pop(seq.request_id)
-                pending.finish(seq.request_id)
+                ledger.finish(seq.request_id)
                 n.served += 1
                 done.append(
                     Done(

@@ -1,5 +1,5 @@
 from router.core import NodeView, RouteRequest, eligible
-from router.pending import PendingDispatches
+from router.ledger import InflightLedger
 from router.policies import SeedScorePolicy
 from router.settings import SeedWeights
 from streams.prefix_index import PrefixIndex
@@ -72,18 +72,33 @@ def test_eligible_drops_stale_unhealthy_draining_and_other_models() -> None:
     assert [n.node_id for n in eligible(nodes, "m", NOW)] == ["ok"]
 
 
-def test_pending_dispatches_spread_a_burst() -> None:
-    pending = PendingDispatches()
+def test_ledger_counts_unreflected_dispatches_and_spreads_a_burst() -> None:
+    ledger = InflightLedger()
     chosen = []
     for i in range(4):
-        nodes = [node(n, pending=pending.unreflected(n, NOW - 0.2, NOW)) for n in ("a", "b")]
+        nodes = [node(n, pending=ledger.unreflected(n, NOW - 0.2)) for n in ("a", "b")]
         d = policy().decide(RouteRequest(f"r{i}", "m", [], 10, 10), nodes, {}, NOW)
         assert d.chosen is not None
-        pending.add(d.chosen, f"r{i}", NOW)
+        ledger.dispatch(f"r{i}", d.chosen, NOW, prefill_tokens=100)
         chosen.append(d.chosen)
     assert sorted(chosen) == ["a", "a", "b", "b"]
-    pending.finish("r0")
-    assert pending.unreflected(chosen[0], NOW - 0.2, NOW) == 1
+    ledger.finish("r0")
+    assert ledger.unreflected(chosen[0], NOW - 0.2) == 1
+    assert ledger.unreflected(chosen[0], NOW + 1) == 0  # a newer heartbeat shows them
+
+
+def test_ledger_prefill_backlog_until_first_token_and_sweep() -> None:
+    ledger = InflightLedger(horizon_s=10)
+    ledger.dispatch("r1", "a", NOW, 500)
+    ledger.dispatch("r2", "a", NOW, 300)
+    assert ledger.prefill_backlog("a") == 800
+    ledger.first_token("r1")
+    ledger.first_token("r1")  # idempotent
+    assert ledger.prefill_backlog("a") == 300
+    ledger.finish("r1")
+    assert len(ledger) == 1
+    assert ledger.sweep(NOW + 11) == 1  # a lost finish does not leak
+    assert len(ledger) == 0 and ledger.prefill_backlog("a") == 0
 
 
 def test_prefix_index_longest_contiguous_match_and_drop() -> None:
@@ -181,13 +196,9 @@ def test_completion_cost_discounts_cached_prefill_and_avoids_a_backlog() -> None
     assert d.chosen == "b" and d.reason == "prefix_hit"
     parts = {c.node_id: c.components for c in d.candidates}
     assert parts["a"]["prefill_s"] == 16_000 / 25_000 and parts["b"]["prefill_s"] == 0.0
-    # two uncached long prompts in a row: the router's own prefill backlog spreads them
+    # an uncached long prompt avoids the node where this router's prompts await prefill
     other = RouteRequest("r2", "m", list(range(5000, 6000)), prompt_tokens=16_000, max_tokens=16)
-    first = p.decide(other, [node("a"), node("b")], {}, NOW).chosen
-    second = p.decide(
-        RouteRequest("r3", "m", list(range(7000, 8000)), 16_000, 16),
-        [node("a"), node("b")],
-        {},
-        NOW,
-    ).chosen
-    assert first != second
+    busy = [node("a", prefill_backlog_tokens=32_000), node("b")]
+    d2 = p.decide(other, busy, {}, NOW)
+    assert d2.chosen == "b"
+    assert {c.node_id: c.components["queue_s"] for c in d2.candidates}["a"] == 32_000 / 25_000
