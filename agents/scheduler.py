@@ -46,7 +46,7 @@ VOCAB: tuple[int, ...] = tuple(
 )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: two requests are never "equal"
 class Sequence:
     """One request inside the engine."""
 
@@ -64,10 +64,20 @@ class Sequence:
     first_token_s: float | None = None
     finished: bool = False
     aborted: bool = False
+    n_prompt: int = field(init=False)
+    salt: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_prompt = len(self.prompt)
+        self.salt = self.rng.randrange(len(VOCAB))
 
     @property
     def tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return self.n_prompt + len(self.output)
+
+    def next_token(self) -> int:
+        """The simulated model's next output token (deterministic per request)."""
+        return VOCAB[(self.salt + 7 * len(self.output)) % len(VOCAB)]
 
     def tokens_between(self, start: int, end: int) -> list[int]:
         """Token ids in ``[start, end)`` of prompt + output, without copying the whole prompt."""
@@ -116,6 +126,7 @@ class EngineCore:
 
     def __post_init__(self) -> None:
         self.cache = KvCache(self.profile.num_gpu_blocks, self.profile.block_size)
+        self._preempted: set[int] = set()
 
     # --- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -150,9 +161,10 @@ class EngineCore:
         scheduled: list[tuple[Sequence, int]] = []  # (seq, tokens computed this step)
         decode_seqs = 0
         context = 0
+        self._preempted = set()
         # 1. decode: one token for every running request past its prefill
         for seq in list(self.running):
-            if seq.prefilling or budget <= 0 or seq not in self.running:
+            if budget <= 0 or id(seq) in self._preempted or seq.prefilling:
                 continue
             if not self._grow(seq, seq.tokens):
                 continue
@@ -184,12 +196,12 @@ class EngineCore:
         # 3. apply: computed KV is committed to the cache; completed prefills and decodes emit
         finished: list[Sequence] = []
         for seq, n in scheduled:
-            if seq.computed == 0 and seq in self.waiting:  # preempted later in this step
+            if id(seq) in self._preempted:  # preempted later in this step
                 continue
             seq.computed += n
             self._commit_full_blocks(seq)
             if seq.computed >= seq.tokens:
-                tok = seq.rng.choice(VOCAB)
+                tok = seq.next_token()
                 seq.output.append(tok)
                 produced.append((seq, tok))
                 self.generation_tokens_total += 1
@@ -197,10 +209,11 @@ class EngineCore:
                     seq.first_token_s = now + duration
                 if len(seq.output) >= seq.max_tokens:
                     finished.append(seq)
-        for seq in finished:
-            seq.finished = True
-            self.running.remove(seq)
-            self._free(seq)
+        if finished:
+            for seq in finished:
+                seq.finished = True
+                self._free(seq)
+            self.running = [s for s in self.running if not s.finished]
         return StepResult(duration, produced, finished, prefill, decode_seqs)
 
     def drain_events(self) -> list[CacheEvent]:
@@ -242,6 +255,7 @@ class EngineCore:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        self._preempted.add(id(seq))
         self.running.remove(seq)
         self._free(seq)
         seq.computed = 0
