@@ -139,27 +139,8 @@ def _ms(v: float | None) -> float | None:
 
 
 async def router_overhead(sup: Supervisor, requests: int) -> dict[str, Any]:
-    http_port, zmq_port, router_port = free_port(), free_port(), free_port()
-    sup.spawn(
-        "engine",
-        "engine",
-        "--port",
-        str(http_port),
-        "--kv-events-port",
-        str(zmq_port),
-        env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
-    )
-    engine = f"http://127.0.0.1:{http_port}"
-    sup.spawn(
-        "agent",
-        "agent",
-        "--node-id",
-        "bench-engine",
-        "--engine-url",
-        engine,
-        "--kv-events",
-        f"tcp://127.0.0.1:{zmq_port}",
-    )
+    router_port = free_port()
+    engine = sup.spawn_node("bench-engine")
     sup.spawn("router", "router", "--port", str(router_port))
     router = f"http://127.0.0.1:{router_port}"
     async with aiohttp.ClientSession() as http:
