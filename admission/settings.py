@@ -1,10 +1,14 @@
-"""Redis settings for the shared reservation store (admission control)."""
+"""Admission control settings: tenants and priorities, watermarks, cost estimate, reservations."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from typing import Literal
 
-__all__ = ["RedisSettings"]
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+__all__ = ["AdmissionSettings", "Priority", "RedisSettings", "Tenant"]
+
+Priority = Literal["high", "normal", "low"]
 
 
 class RedisSettings(BaseModel):
@@ -13,3 +17,40 @@ class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:16379/0"
     password: SecretStr | None = None
     socket_timeout_s: float = Field(default=1.0, gt=0)
+
+
+class Tenant(BaseModel):
+    """A client, known by its API key; its priority comes from here, never from a header."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    priority: Priority = "normal"
+
+
+class AdmissionSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    backend: Literal["inproc"] = "inproc"
+    yellow_watermark: float = Field(default=0.8, gt=0, le=1)
+    red_watermark: float = Field(default=0.9, gt=0, le=1)
+    safety_factor: float = Field(default=1.1, ge=1)
+    expected_output_cap: int = Field(
+        default=512, ge=1, description="max_tokens above this count as this much (until learned)"
+    )
+    slots_per_node: int = Field(default=256, ge=1)
+    lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")
+    min_retry_after_s: float = Field(default=1.0, gt=0)
+    max_retry_after_s: float = Field(default=60.0, gt=0)
+    require_api_key: bool = False
+    tenants: dict[str, Tenant] = Field(default_factory=dict, description="API key -> tenant")
+    anonymous: Tenant = Tenant(name="anonymous", priority="normal")
+
+    @model_validator(mode="after")
+    def _watermarks_rise(self) -> AdmissionSettings:
+        if not self.yellow_watermark < self.red_watermark:
+            raise ValueError("yellow_watermark must be below red_watermark")
+        if self.min_retry_after_s > self.max_retry_after_s:
+            raise ValueError("min_retry_after_s must not exceed max_retry_after_s")
+        return self

@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from admission.settings import RedisSettings
+from admission.settings import AdmissionSettings, RedisSettings
 from agents.settings import AgentSettings, EngineSettings
 from analytics.settings import ClickHouseSettings, SinkSettings
 from router.settings import RouterSettings
@@ -30,6 +30,7 @@ class Settings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)

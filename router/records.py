@@ -22,6 +22,12 @@ def decision_record(
     block_size: int,
     decision_us: float,
     index_age_s: float | None,
+    tenant: str = "default",
+    priority: str = "normal",
+    admission: str = "admitted",
+    admission_reason: str = "ok",
+    budget_usage: float | None = None,
+    kv_blocks_estimate: int | None = None,
 ) -> Decision:
     return Decision(
         request_id=rreq.request_id,
@@ -54,6 +60,12 @@ def decision_record(
         ],
         index_age_s=index_age_s,
         decision_us=decision_us,
+        tenant=tenant,
+        priority=priority,
+        admission=admission,
+        admission_reason=admission_reason,
+        budget_usage=budget_usage,
+        kv_blocks_estimate=kv_blocks_estimate,
     )
 
 

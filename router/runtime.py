@@ -20,7 +20,7 @@ __all__ = ["build_router_app"]
 def build_router_app(s: Settings) -> web.Application:
     bus = KafkaBus(s.kafka, "kvgate-router")
     replica = TableReplica(s.kafka, s.worker, "kvgate-router-replica")
-    service = RouterService(s.router, replica, bus, make_policy(s.router))
+    service = RouterService(s.router, replica, bus, make_policy(s.router), s.admission)
     app = service.app()
 
     async def start(_: web.Application) -> None:

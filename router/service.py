@@ -7,6 +7,7 @@ outcome. Kafka publishing never waits on the broker.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -19,7 +20,11 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from admission.core import Rejection, RejectReason, Verdict
+from admission.gate import AdmissionGate
+from admission.settings import AdmissionSettings, Tenant
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.errors import rejection_response, rejection_status
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
@@ -30,7 +35,7 @@ from streams.blocks import chain_hashes
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
-from streams.topics import DECISIONS, OUTCOMES
+from streams.topics import DECISIONS, LEDGER, OUTCOMES
 
 __all__ = ["RouterService"]
 
@@ -45,7 +50,12 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 class RouterService:
     def __init__(
-        self, settings: RouterSettings, replica: TableReplica, bus: KafkaBus, policy: Policy
+        self,
+        settings: RouterSettings,
+        replica: TableReplica,
+        bus: KafkaBus,
+        policy: Policy,
+        admission: AdmissionSettings | None = None,
     ) -> None:
         self.settings = settings
         self.replica = replica
@@ -55,9 +65,15 @@ class RouterService:
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
         self.ledger = InflightLedger()
+        self.gate = AdmissionGate(
+            admission or AdmissionSettings(),
+            self.router_id,
+            lambda ev: bus.publish(LEDGER, ev.pool, ev),
+        )
         self._last_sweep = 0.0
         self.metrics = RouterMetrics()
         self._http: aiohttp.ClientSession | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -84,8 +100,17 @@ class RouterService:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             auto_decompress=False,
         )
+        self._sweeper = asyncio.create_task(self._sweep_reservations())
+
+    async def _sweep_reservations(self) -> None:
+        """Leases that ran out (a release lost to a crash path) expire with an event."""
+        while True:
+            await asyncio.sleep(5.0)
+            await self.gate.sweep(time.time())
 
     async def _stop(self, _: web.Application) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._http is not None:
             await self._http.close()
 
@@ -144,23 +169,71 @@ class RouterService:
             self.metrics.rejected("bad_request")
             return _json(error_body(str(exc)), 400)
 
-        routed = self._route(request_id, p)
-        if routed is None:
+        t0 = time.perf_counter()
+        now = time.time()
+        tenant = self.gate.tenant(request.headers.get("Authorization"))
+        if isinstance(tenant, Rejection):
+            self.metrics.rejected(tenant.reason)
+            return rejection_response(tenant)
+        all_nodes = self.nodes(now)
+        if not any(n.model == p.model for n in all_nodes):
             self.metrics.rejected("unknown_model")
             return _json(
                 error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
             )
-        rreq, nodes, decision, decision_us, block_size = routed
+        nodes = eligible(all_nodes, p.model, now)
+        block_size = nodes[0].block_size if nodes else self.settings.block_size
+        pool = nodes[0].pool if nodes else "default"
+        verdict = None
+        if self.gate.settings.enabled:
+            verdict = await self.gate.admit(
+                request_id,
+                tenant,
+                len(p.tokens),
+                p.max_tokens,
+                block_size,
+                pool,
+                [n.kv_blocks_total for n in nodes],
+                now,
+            )
+        try:
+            return await self._admitted(
+                request, request_id, p, tenant, nodes, block_size, verdict, started, t0, now
+            )
+        finally:
+            if verdict is not None and verdict.admitted:
+                await self.gate.release(request_id, time.time())
+
+    async def _admitted(
+        self,
+        request: web.Request,
+        request_id: str,
+        p: ParsedRequest,
+        tenant: Tenant,
+        nodes: list[NodeView],
+        block_size: int,
+        verdict: Verdict | None,
+        started: float,
+        t0: float,
+        now: float,
+    ) -> web.StreamResponse:
+        rreq, decision = self._route(request_id, p, nodes, block_size, now, verdict)
+        decision_us = (time.perf_counter() - t0) * 1e6
         self.metrics.decided(decision.reason, decision_us)
-        await self._publish_decision(rreq, p, decision, decision_us, started, block_size)
+        await self._publish_decision(
+            rreq, p, decision, decision_us, started, block_size, tenant, verdict
+        )
+        if verdict is not None and verdict.rejection is not None:
+            rej = verdict.rejection
+            self.metrics.rejected(rej.reason)
+            relay = Relay(status="rejected", http_status=rejection_status(rej), error=rej.message)
+            await self._publish_outcome(request_id, None, relay, p, started)
+            return rejection_response(rej)
         if decision.chosen is None:
+            rej = Rejection(RejectReason.NO_CAPACITY, True, 1.0, "no healthy engine for this model")
             relay = Relay(status="rejected", http_status=503, error=decision.reason)
             await self._publish_outcome(request_id, None, relay, p, started)
-            return _json(
-                error_body("no healthy engine for this model", "ServiceUnavailable", 503),
-                503,
-                headers={"Retry-After": "1"},
-            )
+            return rejection_response(rej)
         node = next(n for n in nodes if n.node_id == decision.chosen)
         hit = next((c.hit_blocks for c in decision.candidates if c.node_id == node.node_id), 0)
         self.ledger.dispatch(
@@ -184,20 +257,20 @@ class RouterService:
             await self._publish_outcome(request_id, node.node_id, relay, p, started)
 
     def _route(
-        self, request_id: str, p: ParsedRequest
-    ) -> tuple[RouteRequest, list[NodeView], RouteDecision, float, int] | None:
-        """The decision itself (None: no node serves the model)."""
-        t0 = time.perf_counter()
-        now = time.time()
-        all_nodes = self.nodes(now)
-        if not any(n.model == p.model for n in all_nodes):
-            return None
-        nodes = eligible(all_nodes, p.model, now)
-        block_size = nodes[0].block_size if nodes else self.settings.block_size
+        self,
+        request_id: str,
+        p: ParsedRequest,
+        nodes: list[NodeView],
+        block_size: int,
+        now: float,
+        verdict: Verdict | None = None,
+    ) -> tuple[RouteRequest, RouteDecision]:
+        """The routing decision (skipped when admission rejected the request)."""
         hashes = chain_hashes(p.tokens, block_size)
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
-        decision = self.policy.decide(rreq, nodes, self.replica.index.match(hashes), now)
-        return rreq, nodes, decision, (time.perf_counter() - t0) * 1e6, block_size
+        if verdict is not None and not verdict.admitted:
+            return rreq, RouteDecision(None, "admission_rejected", ())
+        return rreq, self.policy.decide(rreq, nodes, self.replica.index.match(hashes), now)
 
     async def _decide(self, request: web.Request) -> web.Response:
         """Dry run: what would the router do with this body (completion or chat)? No events."""
@@ -207,12 +280,17 @@ class RouterService:
             p = self._parse(raw, chat=isinstance(body, dict) and "messages" in body)
         except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
             return _json(error_body(str(exc).splitlines()[0]), 400)
-        routed = self._route(uuid.uuid4().hex, p)
-        if routed is None:
+        t0 = time.perf_counter()
+        now = time.time()
+        all_nodes = self.nodes(now)
+        if not any(n.model == p.model for n in all_nodes):
             return _json(
                 error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
             )
-        rreq, nodes, d, decision_us, block_size = routed
+        nodes = eligible(all_nodes, p.model, now)
+        block_size = nodes[0].block_size if nodes else self.settings.block_size
+        rreq, d = self._route(uuid.uuid4().hex, p, nodes, block_size, now)
+        decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
         return _json(
             {
@@ -245,6 +323,9 @@ class RouterService:
                 "router_id": self.router_id,
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
+                "reservations": len(self.gate.store),
+                "reserved_kv_blocks": self.gate.store.held("default")[0],
+                "inflight": len(self.ledger),
                 "nodes": {
                     n.node_id: {
                         "model": n.model,
@@ -272,6 +353,8 @@ class RouterService:
         decision_us: float,
         started: float,
         block_size: int,
+        tenant: Tenant,
+        verdict: Verdict | None,
     ) -> None:
         ages = [
             started - self.replica.index_updated_s.get(c.node_id, started)
@@ -292,6 +375,14 @@ class RouterService:
                 block_size=block_size,
                 decision_us=decision_us,
                 index_age_s=max(ages) if ages else None,
+                tenant=tenant.name,
+                priority=tenant.priority,
+                admission="admitted" if verdict is None or verdict.admitted else "rejected",
+                admission_reason="disabled"
+                if verdict is None
+                else (verdict.rejection.reason if verdict.rejection else "ok"),
+                budget_usage=None if verdict is None else verdict.usage_after,
+                kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
             ),
         )
 

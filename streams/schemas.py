@@ -126,6 +126,10 @@ class Decision(Message):
     approximate_tokens: bool = True
     admission: Literal["admitted", "queued", "rejected"] = "admitted"
     admission_reason: str = "ok"
+    budget_usage: float | None = Field(
+        default=None, description="cluster KV budget use if this request is admitted"
+    )
+    kv_blocks_estimate: int | None = Field(default=None, ge=0)
     policy: str
     weights_version: int = 0
     chosen_node: NodeId | None

@@ -1,0 +1,137 @@
+"""Global admission control, the pure core: cost of a request, budget, watermarks, priorities.
+
+Given the cluster budget (KV blocks and slots of healthy, non-draining nodes), what is already
+reserved, and a request's cost, decide: admit, or reject with a typed reason and a Retry-After
+computed from how fast reservations drain. Below the yellow watermark everything is admitted;
+between yellow and red low priority is rejected; above red only high priority is admitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from admission.settings import AdmissionSettings, Priority
+
+__all__ = ["Budget", "RejectReason", "Rejection", "Verdict", "admit", "kv_blocks_for"]
+
+
+class RejectReason(StrEnum):
+    UNAUTHORIZED = "unauthorized"
+    TOO_LARGE = "too_large"  # the prompt alone exceeds the largest node's KV
+    YELLOW_LOW_PRIORITY = "yellow_low_priority"
+    RED_WATERMARK = "red_watermark"
+    NO_CAPACITY = "no_capacity"  # no healthy node at all
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: RejectReason
+    retriable: bool
+    retry_after_s: float | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One pool's capacity and what admitted requests hold of it."""
+
+    kv_blocks_total: int
+    slots_total: int
+    kv_blocks_reserved: int
+    slots_reserved: int
+    largest_node_blocks: int
+    drain_blocks_per_s: float  # recent release rate
+
+    def usage_after(self, kv_blocks: int) -> float:
+        if self.kv_blocks_total <= 0:
+            return math.inf
+        kv = (self.kv_blocks_reserved + kv_blocks) / self.kv_blocks_total
+        slots = (self.slots_reserved + 1) / max(1, self.slots_total)
+        return max(kv, slots)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    admitted: bool
+    kv_blocks: int
+    usage_after: float
+    rejection: Rejection | None = None
+
+
+def kv_blocks_for(
+    prompt_tokens: int, max_tokens: int, block_size: int, s: AdmissionSettings
+) -> int:
+    """KV blocks a request will hold: (prompt + expected output) / block size × safety factor."""
+    expected_out = min(max_tokens, s.expected_output_cap)
+    return math.ceil(math.ceil((prompt_tokens + expected_out) / block_size) * s.safety_factor)
+
+
+def _retry_after(b: Budget, kv_blocks: int, limit: float, s: AdmissionSettings) -> float:
+    excess = b.kv_blocks_reserved + kv_blocks - limit * b.kv_blocks_total
+    seconds = excess / b.drain_blocks_per_s if b.drain_blocks_per_s > 0 else s.max_retry_after_s
+    return min(s.max_retry_after_s, max(s.min_retry_after_s, seconds))
+
+
+def admit(
+    prompt_tokens: int,
+    max_tokens: int,
+    block_size: int,
+    priority: Priority,
+    b: Budget,
+    s: AdmissionSettings,
+) -> Verdict:
+    blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s)
+    if b.kv_blocks_total <= 0:
+        return Verdict(
+            False,
+            blocks,
+            math.inf,
+            Rejection(RejectReason.NO_CAPACITY, True, s.min_retry_after_s, "no healthy capacity"),
+        )
+    if math.ceil(prompt_tokens / block_size) > b.largest_node_blocks:
+        return Verdict(
+            False,
+            blocks,
+            math.inf,
+            Rejection(
+                RejectReason.TOO_LARGE,
+                False,
+                None,
+                f"the prompt needs {math.ceil(prompt_tokens / block_size)} KV blocks; the largest "
+                f"node has {b.largest_node_blocks}",
+            ),
+        )
+    usage = b.usage_after(blocks)
+    if usage <= s.yellow_watermark:
+        return Verdict(True, blocks, usage)
+    if usage <= s.red_watermark:
+        if priority != "low":
+            return Verdict(True, blocks, usage)
+        return Verdict(
+            False,
+            blocks,
+            usage,
+            Rejection(
+                RejectReason.YELLOW_LOW_PRIORITY,
+                True,
+                _retry_after(b, blocks, s.yellow_watermark, s),
+                f"cluster KV budget at {usage:.0%} (yellow {s.yellow_watermark:.0%}): "
+                "low priority is deferred",
+            ),
+        )
+    if priority == "high" and usage <= 1.0:
+        return Verdict(True, blocks, usage)
+    limit = 1.0 if priority == "high" else s.red_watermark
+    return Verdict(
+        False,
+        blocks,
+        usage,
+        Rejection(
+            RejectReason.RED_WATERMARK,
+            True,
+            _retry_after(b, blocks, limit, s),
+            f"cluster KV budget at {usage:.0%} (red {s.red_watermark:.0%})",
+        ),
+    )

@@ -1,0 +1,102 @@
+"""The admission edge inside a router: tenants by API key, budget from the load table,
+reservations, and ledger events. Decisions come from the pure :mod:`admission.core`."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from admission.core import Budget, Rejection, RejectReason, Verdict, admit
+from admission.reservations import InProcessReservations
+from admission.settings import AdmissionSettings, Tenant
+from streams.schemas import LedgerEvent
+
+__all__ = ["AdmissionGate"]
+
+log = logging.getLogger(__name__)
+Publish = Callable[[LedgerEvent], Awaitable[None]]
+
+
+class AdmissionGate:
+    def __init__(self, settings: AdmissionSettings, router_id: str, publish: Publish) -> None:
+        self.settings = settings
+        self.router_id = router_id
+        self.store = InProcessReservations()
+        self._publish = publish
+        self._pools: dict[str, str] = {}  # reservation id -> pool
+
+    def tenant(self, authorization: str | None) -> Tenant | Rejection:
+        """The tenant of an ``Authorization: Bearer <key>`` header (keys compared in constant
+        time); anonymous when no key is required and none is given."""
+        key = None
+        if authorization and authorization.lower().startswith("bearer "):
+            key = authorization[7:].strip()
+        if key:
+            for known, tenant in self.settings.tenants.items():
+                if hmac.compare_digest(known.encode(), key.encode()):
+                    return tenant
+            return Rejection(RejectReason.UNAUTHORIZED, False, None, "unknown API key")
+        if self.settings.require_api_key:
+            return Rejection(RejectReason.UNAUTHORIZED, False, None, "an API key is required")
+        return self.settings.anonymous
+
+    def budget(self, pool: str, node_blocks: Sequence[int], now: float) -> Budget:
+        held_blocks, held_slots = self.store.held(pool)
+        return Budget(
+            kv_blocks_total=sum(node_blocks),
+            slots_total=len(node_blocks) * self.settings.slots_per_node,
+            kv_blocks_reserved=held_blocks,
+            slots_reserved=held_slots,
+            largest_node_blocks=max(node_blocks, default=0),
+            drain_blocks_per_s=self.store.drain_rate(pool, now),
+        )
+
+    async def admit(
+        self,
+        request_id: str,
+        tenant: Tenant,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_size: int,
+        pool: str,
+        node_blocks: Sequence[int],
+        now: float,
+    ) -> Verdict:
+        b = self.budget(pool, node_blocks, now)
+        verdict = admit(prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings)
+        if verdict.admitted:  # no await between the check and the reservation: atomic
+            r = self.store.reserve(request_id, pool, verdict.kv_blocks, now, self.settings.lease_s)
+            self._pools[request_id] = pool
+            await self._event("reserve", request_id, pool, r.kv_blocks, now, r.expires_at)
+        return verdict
+
+    async def release(self, request_id: str, now: float) -> None:
+        r = self.store.release(request_id, now)
+        self._pools.pop(request_id, None)
+        if r is not None:
+            await self._event("release", request_id, r.pool, r.kv_blocks, now, None)
+
+    async def sweep(self, now: float) -> int:
+        """Expire reservations whose lease ran out, with a compensation event each."""
+        dead = self.store.expire(now)
+        for r in dead:
+            self._pools.pop(r.reservation_id, None)
+            log.warning("reservation %s expired (lease ran out)", r.reservation_id)
+            await self._event("expire", r.reservation_id, r.pool, r.kv_blocks, now, None)
+        return len(dead)
+
+    async def _event(
+        self, kind: str, rid: str, pool: str, blocks: int, now: float, expires: float | None
+    ) -> None:
+        await self._publish(
+            LedgerEvent(
+                reservation_id=rid,
+                pool=pool,
+                kind=kind,
+                kv_blocks=blocks,
+                router_id=self.router_id,
+                ts=now,
+                lease_expires_at=expires,
+            )
+        )

@@ -1,0 +1,38 @@
+"""Typed admission rejections → HTTP, in exactly one place."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+from aiohttp import web
+
+from admission.core import Rejection, RejectReason
+from streams.openai import error_body
+
+__all__ = ["rejection_response", "rejection_status"]
+
+_STATUS = {
+    RejectReason.UNAUTHORIZED: 401,
+    RejectReason.TOO_LARGE: 413,
+    RejectReason.NO_CAPACITY: 503,
+    RejectReason.YELLOW_LOW_PRIORITY: 429,
+    RejectReason.RED_WATERMARK: 429,
+}
+
+
+def rejection_status(rej: Rejection) -> int:
+    return _STATUS[rej.reason]
+
+
+def rejection_response(rej: Rejection) -> web.Response:
+    status = rejection_status(rej)
+    body = error_body(rej.message, str(rej.reason), status)
+    body["error"]["retriable"] = rej.retriable
+    headers = {}
+    if rej.retry_after_s is not None:
+        body["error"]["retry_after_s"] = rej.retry_after_s
+        headers["Retry-After"] = str(max(1, math.ceil(rej.retry_after_s)))
+    return web.Response(
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
+    )

@@ -1,0 +1,101 @@
+import pytest
+from pydantic import ValidationError
+
+from admission.core import Budget, RejectReason, admit, kv_blocks_for
+from admission.gate import AdmissionGate
+from admission.reservations import InProcessReservations
+from admission.settings import AdmissionSettings, Tenant
+from streams.schemas import LedgerEvent
+
+S = AdmissionSettings()
+
+
+def budget(reserved: int, total: int = 1000, drain: float = 100.0) -> Budget:
+    return Budget(
+        kv_blocks_total=total,
+        slots_total=512,
+        kv_blocks_reserved=reserved,
+        slots_reserved=0,
+        largest_node_blocks=total // 4,
+        drain_blocks_per_s=drain,
+    )
+
+
+def test_cost_caps_the_output_estimate_and_applies_the_safety_factor() -> None:
+    assert kv_blocks_for(160, 4096, 16, S) == 47  # ceil(ceil((160 + 512) / 16) × 1.1) = 47
+    assert kv_blocks_for(160, 16, 16, S) == 13  # 11 blocks × 1.1 = 12.1 → 13
+
+
+@pytest.mark.parametrize(
+    ("reserved", "priority", "admitted", "reason"),
+    [
+        (700, "low", True, None),  # → ~0.71: below yellow, everyone
+        (800, "low", False, RejectReason.YELLOW_LOW_PRIORITY),
+        (800, "normal", True, None),
+        (900, "normal", False, RejectReason.RED_WATERMARK),
+        (900, "high", True, None),
+        (996, "high", False, RejectReason.RED_WATERMARK),  # past 100 %: not even high priority
+    ],
+)
+def test_watermarks_and_priorities(
+    reserved: int, priority: str, admitted: bool, reason: RejectReason | None
+) -> None:
+    v = admit(64, 16, 16, priority, budget(reserved), S)  # type: ignore[arg-type]
+    assert v.admitted is admitted
+    assert (v.rejection.reason if v.rejection else None) == reason
+    if v.rejection:
+        assert v.rejection.retriable and v.rejection.retry_after_s is not None
+        assert S.min_retry_after_s <= v.rejection.retry_after_s <= S.max_retry_after_s
+
+
+def test_retry_after_follows_the_drain_rate() -> None:
+    slow = admit(64, 16, 16, "normal", budget(950, drain=1.0), S).rejection
+    fast = admit(64, 16, 16, "normal", budget(950, drain=50.0), S).rejection
+    assert slow and fast and slow.retry_after_s > fast.retry_after_s  # type: ignore[operator]
+
+
+def test_too_large_and_no_capacity() -> None:
+    v = admit(16 * 300, 1, 16, "high", budget(0), S)  # 300 blocks > largest node (250)
+    assert v.rejection and v.rejection.reason == RejectReason.TOO_LARGE
+    assert not v.rejection.retriable
+    empty = Budget(0, 0, 0, 0, 0, 0.0)
+    v = admit(16, 1, 16, "high", empty, S)
+    assert v.rejection and v.rejection.reason == RejectReason.NO_CAPACITY
+
+
+def test_watermarks_must_rise() -> None:
+    with pytest.raises(ValidationError):
+        AdmissionSettings(yellow_watermark=0.9, red_watermark=0.8)
+
+
+def test_reservations_release_expire_and_drain_rate() -> None:
+    r = InProcessReservations(drain_window_s=10)
+    r.reserve("a", "p", 10, now=0, lease_s=5)
+    r.reserve("b", "p", 20, now=0, lease_s=50)
+    assert r.held("p") == (30, 2)
+    assert r.release("a", now=1) is not None and r.release("a", now=1) is None
+    assert r.drain_rate("p", now=1) == 1.0
+    assert [x.reservation_id for x in r.expire(now=60)] == ["b"]
+    assert r.held("p") == (0, 0) and len(r) == 0
+
+
+async def test_gate_tenants_and_ledger_events() -> None:
+    events: list[LedgerEvent] = []
+
+    async def publish(ev: LedgerEvent) -> None:
+        events.append(ev)
+
+    s = AdmissionSettings(
+        require_api_key=True, tenants={"k-batch": Tenant(name="batch", priority="low")}
+    )
+    gate = AdmissionGate(s, "rt", publish)
+    assert gate.tenant("Bearer k-batch") == Tenant(name="batch", priority="low")
+    for header in (None, "Bearer nope", "Basic x"):
+        rej = gate.tenant(header)
+        assert not isinstance(rej, Tenant) and rej.reason == RejectReason.UNAUTHORIZED
+    tenant = Tenant(name="batch", priority="low")
+    v = await gate.admit("r1", tenant, 64, 16, 16, "default", [100, 100], now=1)
+    assert v.admitted and gate.store.held("default")[0] == v.kv_blocks
+    await gate.release("r1", now=2)
+    assert gate.store.held("default") == (0, 0)
+    assert [e.kind for e in events] == ["reserve", "release"]
