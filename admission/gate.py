@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from admission.core import Budget, Rejection, RejectReason, Verdict, admit
-from admission.reservations import InProcessReservations
+from admission.reservations import InProcessReservations, ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
 
@@ -19,10 +19,16 @@ Publish = Callable[[LedgerEvent], Awaitable[None]]
 
 
 class AdmissionGate:
-    def __init__(self, settings: AdmissionSettings, router_id: str, publish: Publish) -> None:
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        router_id: str,
+        publish: Publish,
+        store: ReservationStore | None = None,
+    ) -> None:
         self.settings = settings
         self.router_id = router_id
-        self.store = InProcessReservations()
+        self.store: ReservationStore = store if store is not None else InProcessReservations()
         self._publish = publish
         self._pools: dict[str, str] = {}  # reservation id -> pool
 
@@ -41,16 +47,25 @@ class AdmissionGate:
             return Rejection(RejectReason.UNAUTHORIZED, False, None, "an API key is required")
         return self.settings.anonymous
 
-    def budget(self, pool: str, node_blocks: Sequence[int], now: float) -> Budget:
-        held_blocks, held_slots = self.store.held(pool)
+    async def budget(self, pool: str, node_blocks: Sequence[int], now: float) -> Budget:
+        held_blocks, held_slots = await self.store.held(pool)
         return Budget(
             kv_blocks_total=sum(node_blocks),
             slots_total=len(node_blocks) * self.settings.slots_per_node,
             kv_blocks_reserved=held_blocks,
             slots_reserved=held_slots,
             largest_node_blocks=max(node_blocks, default=0),
-            drain_blocks_per_s=self.store.drain_rate(pool, now),
+            drain_blocks_per_s=await self.store.drain_rate(pool, now),
         )
+
+    def limit(self, tenant: Tenant, total_blocks: int) -> int:
+        """The most KV blocks reservations may hold once this tenant's request is in."""
+        share = {
+            "low": self.settings.yellow_watermark,
+            "normal": self.settings.red_watermark,
+            "high": 1.0,
+        }[tenant.priority]
+        return int(share * total_blocks)
 
     async def admit(
         self,
@@ -63,23 +78,45 @@ class AdmissionGate:
         node_blocks: Sequence[int],
         now: float,
     ) -> Verdict:
-        b = self.budget(pool, node_blocks, now)
+        b = await self.budget(pool, node_blocks, now)
         verdict = admit(prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings)
-        if verdict.admitted:  # no await between the check and the reservation: atomic
-            r = self.store.reserve(request_id, pool, verdict.kv_blocks, now, self.settings.lease_s)
-            self._pools[request_id] = pool
-            await self._event("reserve", request_id, pool, r.kv_blocks, now, r.expires_at)
+        if not verdict.admitted:
+            return verdict
+        # the snapshot may be stale (other routers): the store checks the limit atomically
+        r = await self.store.try_reserve(
+            request_id,
+            pool,
+            verdict.kv_blocks,
+            self.limit(tenant, b.kv_blocks_total),
+            now,
+            self.settings.lease_s,
+        )
+        if r is None:
+            retry = max(self.settings.min_retry_after_s, 1.0)
+            return Verdict(
+                False,
+                verdict.kv_blocks,
+                verdict.usage_after,
+                Rejection(
+                    RejectReason.RED_WATERMARK,
+                    True,
+                    retry,
+                    "the cluster KV budget filled up concurrently",
+                ),
+            )
+        self._pools[request_id] = pool
+        await self._event("reserve", request_id, pool, r.kv_blocks, now, r.expires_at)
         return verdict
 
     async def release(self, request_id: str, now: float) -> None:
-        r = self.store.release(request_id, now)
+        r = await self.store.release(request_id, now)
         self._pools.pop(request_id, None)
         if r is not None:
             await self._event("release", request_id, r.pool, r.kv_blocks, now, None)
 
     async def sweep(self, now: float) -> int:
         """Expire reservations whose lease ran out, with a compensation event each."""
-        dead = self.store.expire(now)
+        dead = await self.store.expire(now)
         for r in dead:
             self._pools.pop(r.reservation_id, None)
             log.warning("reservation %s expired (lease ran out)", r.reservation_id)

@@ -1,17 +1,19 @@
-"""Reservations against the cluster KV budget, in-process backend (one router).
+"""Reservations against the cluster KV budget: one interface, two backends.
 
 Every admitted request holds a reservation until it completes, fails or its client leaves; each
-carries a lease, so a reservation whose release was lost expires on its own. Check-and-reserve is
-atomic because the router's event loop runs ``admit`` and ``reserve`` without yielding in between.
-A shared Redis backend (several routers) implements the same methods.
+carries a lease, so a reservation whose release was lost expires on its own. ``try_reserve`` is
+an atomic check-and-reserve against a limit (the watermark the caller's priority may reach):
+in-process because the event loop does not yield inside it, in Redis by a Lua script, so several
+routers sharing one Redis can never together pass the limit.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["InProcessReservations", "Reservation"]
+__all__ = ["InProcessReservations", "Reservation", "ReservationStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,17 @@ class Reservation:
     expires_at: float
 
 
+class ReservationStore(Protocol):
+    async def try_reserve(
+        self, rid: str, pool: str, kv_blocks: int, limit_blocks: int, now: float, lease_s: float
+    ) -> Reservation | None: ...
+    async def release(self, rid: str, now: float) -> Reservation | None: ...
+    async def expire(self, now: float) -> list[Reservation]: ...
+    async def held(self, pool: str) -> tuple[int, int]: ...
+    async def drain_rate(self, pool: str, now: float) -> float: ...
+    async def count(self) -> int: ...
+
+
 @dataclass(slots=True)
 class InProcessReservations:
     drain_window_s: float = 30.0
@@ -31,19 +44,20 @@ class InProcessReservations:
     _slots: dict[str, int] = field(default_factory=dict)
     _released: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return len(self._by_id)
-
-    def reserve(
-        self, rid: str, pool: str, kv_blocks: int, now: float, lease_s: float, slots: int = 1
-    ) -> Reservation:
-        r = Reservation(rid, pool, kv_blocks, slots, now + lease_s)
+    async def try_reserve(
+        self, rid: str, pool: str, kv_blocks: int, limit_blocks: int, now: float, lease_s: float
+    ) -> Reservation | None:
+        if rid in self._by_id:
+            return self._by_id[rid]
+        if self._blocks.get(pool, 0) + kv_blocks > limit_blocks:
+            return None
+        r = Reservation(rid, pool, kv_blocks, 1, now + lease_s)
         self._by_id[rid] = r
         self._blocks[pool] = self._blocks.get(pool, 0) + kv_blocks
-        self._slots[pool] = self._slots.get(pool, 0) + slots
+        self._slots[pool] = self._slots.get(pool, 0) + 1
         return r
 
-    def release(self, rid: str, now: float) -> Reservation | None:
+    async def release(self, rid: str, now: float) -> Reservation | None:
         r = self._by_id.pop(rid, None)
         if r is not None:
             self._blocks[r.pool] -= r.kv_blocks
@@ -54,22 +68,22 @@ class InProcessReservations:
                 q.popleft()
         return r
 
-    def expire(self, now: float) -> list[Reservation]:
-        """Release every reservation whose lease ran out (its router lost track of it)."""
+    async def expire(self, now: float) -> list[Reservation]:
         dead = [r for r in self._by_id.values() if r.expires_at <= now]
         for r in dead:
-            self.release(r.reservation_id, now)
+            await self.release(r.reservation_id, now)
         return dead
 
-    def held(self, pool: str) -> tuple[int, int]:
-        """(KV blocks, slots) reserved in ``pool``."""
+    async def held(self, pool: str) -> tuple[int, int]:
         return self._blocks.get(pool, 0), self._slots.get(pool, 0)
 
-    def drain_rate(self, pool: str, now: float) -> float:
-        """KV blocks released per second over the recent window."""
+    async def drain_rate(self, pool: str, now: float) -> float:
         q = self._released.get(pool)
         if not q:
             return 0.0
         while q and now - q[0][0] > self.drain_window_s:
             q.popleft()
         return sum(b for _, b in q) / self.drain_window_s
+
+    async def count(self) -> int:
+        return len(self._by_id)

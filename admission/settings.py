@@ -32,7 +32,9 @@ class AdmissionSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
-    backend: Literal["inproc"] = "inproc"
+    backend: Literal["inproc", "redis"] = Field(
+        default="inproc", description="inproc: one router; redis: several routers share a budget"
+    )
     yellow_watermark: float = Field(default=0.8, gt=0, le=1)
     red_watermark: float = Field(default=0.9, gt=0, le=1)
     safety_factor: float = Field(default=1.1, ge=1)

@@ -20,7 +20,19 @@ __all__ = ["build_router_app"]
 def build_router_app(s: Settings) -> web.Application:
     bus = KafkaBus(s.kafka, "kvgate-router")
     replica = TableReplica(s.kafka, s.worker, "kvgate-router-replica")
-    service = RouterService(s.router, replica, bus, make_policy(s.router), s.admission)
+    store = None
+    redis_client = None
+    if s.admission.backend == "redis":
+        from redis.asyncio import Redis
+
+        from admission.redis_store import RedisReservations
+
+        password = s.redis.password.get_secret_value() if s.redis.password else None
+        redis_client = Redis.from_url(
+            s.redis.url, password=password, socket_timeout=s.redis.socket_timeout_s
+        )
+        store = RedisReservations(redis_client, f"kvgate:{s.kafka.namespace}")
+    service = RouterService(s.router, replica, bus, make_policy(s.router), s.admission, store)
     app = service.app()
 
     async def start(_: web.Application) -> None:
@@ -31,6 +43,8 @@ def build_router_app(s: Settings) -> web.Application:
     async def stop(_: web.Application) -> None:
         await replica.stop()
         await bus.stop()
+        if redis_client is not None:
+            await redis_client.aclose()
 
     app.on_startup.insert(0, start)
     app.on_cleanup.append(stop)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from admission.core import Rejection, RejectReason, Verdict
 from admission.gate import AdmissionGate
+from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
@@ -56,6 +57,7 @@ class RouterService:
         bus: KafkaBus,
         policy: Policy,
         admission: AdmissionSettings | None = None,
+        store: ReservationStore | None = None,
     ) -> None:
         self.settings = settings
         self.replica = replica
@@ -69,6 +71,7 @@ class RouterService:
             admission or AdmissionSettings(),
             self.router_id,
             lambda ev: bus.publish(LEDGER, ev.pool, ev),
+            store,
         )
         self._last_sweep = 0.0
         self.metrics = RouterMetrics()
@@ -323,8 +326,8 @@ class RouterService:
                 "router_id": self.router_id,
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
-                "reservations": len(self.gate.store),
-                "reserved_kv_blocks": self.gate.store.held("default")[0],
+                "reservations": await self.gate.store.count(),
+                "reserved_kv_blocks": (await self.gate.store.held("default"))[0],
                 "inflight": len(self.ledger),
                 "nodes": {
                     n.node_id: {

@@ -11,18 +11,21 @@ import pytest
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
-from tests.conftest import wait_until
+from tests.conftest import REDIS, wait_until
 from tests.integration.cluster import MODEL, Cluster, get
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize("backend", ["inproc", "redis"])
 async def test_admission_rejects_typed_and_releases_everything(
-    supervisor: Supervisor, kafka_settings: KafkaSettings
+    supervisor: Supervisor, kafka_settings: KafkaSettings, backend: str
 ) -> None:
     await ensure_topics(kafka_settings)
     supervisor.env.update(
         {
+            "KVGATE_ADMISSION__BACKEND": backend,
+            "KVGATE_REDIS__URL": REDIS,
             "KVGATE_ADMISSION__REQUIRE_API_KEY": "true",
             "KVGATE_ADMISSION__TENANTS": json.dumps(
                 {

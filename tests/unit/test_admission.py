@@ -68,15 +68,16 @@ def test_watermarks_must_rise() -> None:
         AdmissionSettings(yellow_watermark=0.9, red_watermark=0.8)
 
 
-def test_reservations_release_expire_and_drain_rate() -> None:
+async def test_reservations_check_limit_release_expire_and_drain_rate() -> None:
     r = InProcessReservations(drain_window_s=10)
-    r.reserve("a", "p", 10, now=0, lease_s=5)
-    r.reserve("b", "p", 20, now=0, lease_s=50)
-    assert r.held("p") == (30, 2)
-    assert r.release("a", now=1) is not None and r.release("a", now=1) is None
-    assert r.drain_rate("p", now=1) == 1.0
-    assert [x.reservation_id for x in r.expire(now=60)] == ["b"]
-    assert r.held("p") == (0, 0) and len(r) == 0
+    assert await r.try_reserve("a", "p", 10, limit_blocks=30, now=0, lease_s=5)
+    assert await r.try_reserve("b", "p", 20, limit_blocks=30, now=0, lease_s=50)
+    assert await r.try_reserve("c", "p", 1, limit_blocks=30, now=0, lease_s=50) is None
+    assert await r.held("p") == (30, 2)
+    assert await r.release("a", now=1) is not None and await r.release("a", now=1) is None
+    assert await r.drain_rate("p", now=1) == 1.0
+    assert [x.reservation_id for x in await r.expire(now=60)] == ["b"]
+    assert await r.held("p") == (0, 0) and await r.count() == 0
 
 
 async def test_gate_tenants_and_ledger_events() -> None:
@@ -95,7 +96,7 @@ async def test_gate_tenants_and_ledger_events() -> None:
         assert not isinstance(rej, Tenant) and rej.reason == RejectReason.UNAUTHORIZED
     tenant = Tenant(name="batch", priority="low")
     v = await gate.admit("r1", tenant, 64, 16, 16, "default", [100, 100], now=1)
-    assert v.admitted and gate.store.held("default")[0] == v.kv_blocks
+    assert v.admitted and (await gate.store.held("default"))[0] == v.kv_blocks
     await gate.release("r1", now=2)
-    assert gate.store.held("default") == (0, 0)
+    assert await gate.store.held("default") == (0, 0)
     assert [e.kind for e in events] == ["reserve", "release"]
