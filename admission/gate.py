@@ -48,14 +48,14 @@ class AdmissionGate:
         return self.settings.anonymous
 
     async def budget(self, pool: str, node_blocks: Sequence[int], now: float) -> Budget:
-        held_blocks, held_slots = await self.store.held(pool)
+        held_blocks, held_slots, drain = await self.store.snapshot(pool, now)
         return Budget(
             kv_blocks_total=sum(node_blocks),
             slots_total=len(node_blocks) * self.settings.slots_per_node,
             kv_blocks_reserved=held_blocks,
             slots_reserved=held_slots,
             largest_node_blocks=max(node_blocks, default=0),
-            drain_blocks_per_s=await self.store.drain_rate(pool, now),
+            drain_blocks_per_s=drain,
         )
 
     def limit(self, tenant: Tenant, total_blocks: int) -> int:

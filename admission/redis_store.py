@@ -2,14 +2,12 @@
 
 Keys (``<prefix>`` is per namespace): ``<prefix>:held:<pool>`` hash {blocks, slots};
 ``<prefix>:resv`` hash id → "pool|blocks|slots|expires"; ``<prefix>:exp`` sorted set of ids by
-lease expiry; ``<prefix>:drain:<pool>`` list of "ts|blocks" releases. Check-and-reserve and
-release are Lua scripts, so they are atomic across routers. Redis errors surface as
-:class:`AdmissionError`.
+lease expiry; ``<prefix>:drain:<pool>:<bucket>`` blocks released per ``bucket_s`` interval.
+Check-and-reserve and release are Lua scripts, so they are atomic across routers. Redis errors
+surface as :class:`AdmissionError`.
 """
 
 from __future__ import annotations
-
-import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -37,7 +35,7 @@ return value
 
 _RELEASE = """
 local resv = KEYS[1]; local exp = KEYS[2]; local prefix = ARGV[2]
-local rid = ARGV[1]; local now = ARGV[3]
+local rid = ARGV[1]; local bucket = ARGV[3]; local ttl = ARGV[4]
 local value = redis.call('HGET', resv, rid)
 if not value then return false end
 local pool, blocks, slots = string.match(value, '([^|]*)|([^|]*)|([^|]*)|')
@@ -45,9 +43,9 @@ redis.call('HINCRBY', prefix .. ':held:' .. pool, 'blocks', -tonumber(blocks))
 redis.call('HINCRBY', prefix .. ':held:' .. pool, 'slots', -tonumber(slots))
 redis.call('HDEL', resv, rid)
 redis.call('ZREM', exp, rid)
-local drain = prefix .. ':drain:' .. pool
-redis.call('LPUSH', drain, now .. '|' .. blocks)
-redis.call('LTRIM', drain, 0, 999)
+local drain = prefix .. ':drain:' .. pool .. ':' .. bucket
+redis.call('INCRBY', drain, blocks)
+redis.call('EXPIRE', drain, ttl)
 return value
 """
 
@@ -59,10 +57,13 @@ def _parse(rid: str, value: bytes | str) -> Reservation:
 
 
 class RedisReservations:
-    def __init__(self, client: Redis, prefix: str, drain_window_s: float = 30.0) -> None:
+    def __init__(
+        self, client: Redis, prefix: str, drain_window_s: float = 30.0, bucket_s: float = 5.0
+    ) -> None:
         self.r = client
         self.prefix = prefix
         self.drain_window_s = drain_window_s
+        self.bucket_s = bucket_s
         self._reserve = client.register_script(_RESERVE)
         self._release = client.register_script(_RELEASE)
 
@@ -83,7 +84,12 @@ class RedisReservations:
         try:
             value = await self._release(
                 keys=[f"{self.prefix}:resv", f"{self.prefix}:exp"],
-                args=[rid, self.prefix, repr(now)],
+                args=[
+                    rid,
+                    self.prefix,
+                    int(now // self.bucket_s),
+                    int(self.drain_window_s + 2 * self.bucket_s),
+                ],
             )
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
@@ -109,18 +115,23 @@ class RedisReservations:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return int(blocks or 0), int(slots or 0)
 
-    async def drain_rate(self, pool: str, now: float | None = None) -> float:
-        now = time.time() if now is None else now
+    async def snapshot(self, pool: str, now: float) -> tuple[int, int, float]:
+        """Held blocks, held slots and the drain rate in one round trip."""
+        last = int(now // self.bucket_s)
+        n = int(self.drain_window_s // self.bucket_s)
+        buckets = [f"{self.prefix}:drain:{pool}:{b}" for b in range(last - n + 1, last + 1)]
         try:
-            items = await self.r.lrange(f"{self.prefix}:drain:{pool}", 0, 999)
+            async with self.r.pipeline(transaction=False) as pipe:
+                pipe.hmget(f"{self.prefix}:held:{pool}", "blocks", "slots")
+                pipe.mget(buckets)
+                (blocks, slots), drained = await pipe.execute()
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
-        total = 0
-        for item in items:
-            ts, blocks = (item.decode() if isinstance(item, bytes) else item).split("|")
-            if now - float(ts) <= self.drain_window_s:
-                total += int(blocks)
-        return total / self.drain_window_s
+        total = sum(int(x) for x in drained if x is not None)
+        return int(blocks or 0), int(slots or 0), total / (n * self.bucket_s)
+
+    async def drain_rate(self, pool: str, now: float) -> float:
+        return (await self.snapshot(pool, now))[2]
 
     async def count(self) -> int:
         try:

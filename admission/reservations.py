@@ -32,6 +32,7 @@ class ReservationStore(Protocol):
     async def release(self, rid: str, now: float) -> Reservation | None: ...
     async def expire(self, now: float) -> list[Reservation]: ...
     async def held(self, pool: str) -> tuple[int, int]: ...
+    async def snapshot(self, pool: str, now: float) -> tuple[int, int, float]: ...
     async def drain_rate(self, pool: str, now: float) -> float: ...
     async def count(self) -> int: ...
 
@@ -43,6 +44,13 @@ class InProcessReservations:
     _blocks: dict[str, int] = field(default_factory=dict)
     _slots: dict[str, int] = field(default_factory=dict)
     _released: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    _released_sum: dict[str, int] = field(default_factory=dict)
+
+    def _trim(self, pool: str, now: float) -> deque[tuple[float, int]]:
+        q = self._released.setdefault(pool, deque())
+        while q and now - q[0][0] > self.drain_window_s:
+            self._released_sum[pool] -= q.popleft()[1]
+        return q
 
     async def try_reserve(
         self, rid: str, pool: str, kv_blocks: int, limit_blocks: int, now: float, lease_s: float
@@ -62,10 +70,8 @@ class InProcessReservations:
         if r is not None:
             self._blocks[r.pool] -= r.kv_blocks
             self._slots[r.pool] -= r.slots
-            q = self._released.setdefault(r.pool, deque())
-            q.append((now, r.kv_blocks))
-            while q and now - q[0][0] > self.drain_window_s:
-                q.popleft()
+            self._trim(r.pool, now).append((now, r.kv_blocks))
+            self._released_sum[r.pool] = self._released_sum.get(r.pool, 0) + r.kv_blocks
         return r
 
     async def expire(self, now: float) -> list[Reservation]:
@@ -77,13 +83,14 @@ class InProcessReservations:
     async def held(self, pool: str) -> tuple[int, int]:
         return self._blocks.get(pool, 0), self._slots.get(pool, 0)
 
+    async def snapshot(self, pool: str, now: float) -> tuple[int, int, float]:
+        """Held blocks, held slots and the drain rate (one call: one round trip in Redis)."""
+        blocks, slots = await self.held(pool)
+        return blocks, slots, await self.drain_rate(pool, now)
+
     async def drain_rate(self, pool: str, now: float) -> float:
-        q = self._released.get(pool)
-        if not q:
-            return 0.0
-        while q and now - q[0][0] > self.drain_window_s:
-            q.popleft()
-        return sum(b for _, b in q) / self.drain_window_s
+        self._trim(pool, now)
+        return self._released_sum.get(pool, 0) / self.drain_window_s
 
     async def count(self) -> int:
         return len(self._by_id)
