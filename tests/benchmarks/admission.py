@@ -105,9 +105,9 @@ def write(r: dict[str, Any]) -> None:
         f"| Redis (loopback, Lua) | {r['redis']['admit_p50_ms']} | {r['redis']['admit_p99_ms']} | "
         f"≤ 2 | {r['redis']['release_p50_ms']} | {r['redis']['release_p99_ms']} |",
         "",
-        "The Redis path is two round trips: one pipeline for the budget snapshot (HMGET of the held "
-        "totals, MGET of the per-5-s release counters for the drain rate) and the EVALSHA of the "
-        "check-and-reserve script.",
+        "The Redis path is two round trips: one pipeline for the budget snapshot (HMGET of the "
+        "held totals, MGET of the per-5-s release counters for the drain rate) and the "
+        "EVALSHA of the check-and-reserve script.",
         "",
     ]
     (OUT / "admission.md").write_text("\n".join(lines))
