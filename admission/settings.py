@@ -43,6 +43,7 @@ class AdmissionSettings(BaseModel):
     )
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")
+    sweep_interval_s: float = Field(default=5.0, gt=0, description="how often leases are checked")
     min_retry_after_s: float = Field(default=1.0, gt=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)
     require_api_key: bool = False

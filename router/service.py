@@ -21,6 +21,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from admission.core import Rejection, RejectReason, Verdict
+from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
@@ -108,8 +109,11 @@ class RouterService:
     async def _sweep_reservations(self) -> None:
         """Leases that ran out (a release lost to a crash path) expire with an event."""
         while True:
-            await asyncio.sleep(5.0)
-            await self.gate.sweep(time.time())
+            await asyncio.sleep(self.gate.settings.sweep_interval_s)
+            try:
+                await self.gate.sweep(time.time())
+            except AdmissionError as exc:
+                log.warning("reservation sweep failed: %s", exc)
 
     async def _stop(self, _: web.Application) -> None:
         if self._sweeper is not None:
