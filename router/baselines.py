@@ -10,7 +10,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from router.core import Candidate, NodeView, RouteDecision, RouteRequest
+from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 
 __all__ = ["DynamoCostPolicy", "LlmdWeightedPolicy", "SglangCacheAwarePolicy"]
 
@@ -23,7 +23,7 @@ def _tiebreak(request: RouteRequest, node_id: str) -> int:
     return zlib.crc32(node_id.encode()) ^ zlib.crc32(request.request_id.encode())
 
 
-class SglangCacheAwarePolicy:
+class SglangCacheAwarePolicy(PolicyBase):
     """SGLang model gateway, ``--policy cache_aware`` (sgl-router docs: cache_threshold 0.3,
     balance_abs_threshold 64, balance_rel_threshold 1.5).
 
@@ -69,15 +69,13 @@ class SglangCacheAwarePolicy:
         while len(tree) > self.max_tree_blocks:
             tree.popitem(last=False)
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         hashes = request.block_hashes
         total = max(1, len(hashes))
         own = {n.node_id: self._match(n.node_id, hashes) for n in nodes}
@@ -116,7 +114,7 @@ class SglangCacheAwarePolicy:
         return RouteDecision(best.node_id, reason, cands)
 
 
-class DynamoCostPolicy:
+class DynamoCostPolicy(PolicyBase):
     """NVIDIA Dynamo's KV router cost (docs "KV Cache Aware Routing"): for each worker,
     ``overlap_score_weight × prefill blocks + decode blocks``, lowest wins (temperature 0).
     Prefill blocks: the request's blocks the worker does not hold; decode blocks: the KV blocks
@@ -128,15 +126,13 @@ class DynamoCostPolicy:
     def __init__(self, overlap_score_weight: float = 1.0) -> None:
         self.overlap_score_weight = overlap_score_weight
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         blocks = len(request.block_hashes)
         total = max(1, blocks)
         cands = []
@@ -163,7 +159,7 @@ class DynamoCostPolicy:
         )
 
 
-class LlmdWeightedPolicy:
+class LlmdWeightedPolicy(PolicyBase):
     """llm-d inference scheduler: filter → weighted scorers → pick the highest total.
 
     Scorers, each in [0, 1]: prefix cache (share of the request's blocks the endpoint holds),
@@ -178,15 +174,13 @@ class LlmdWeightedPolicy:
     def __init__(self, prefix: float = 3.0, queue: float = 2.0, kv: float = 1.0) -> None:
         self.w = (prefix, queue, kv)
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         total = max(1, len(request.block_hashes))
         queues = [n.queue_len + n.running for n in nodes]
         qmin, qmax = min(queues), max(queues)

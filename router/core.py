@@ -9,7 +9,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Candidate", "NodeView", "Policy", "RouteDecision", "RouteRequest", "eligible"]
+__all__ = [
+    "Candidate",
+    "NodeView",
+    "Policy",
+    "PolicyBase",
+    "RouteDecision",
+    "RouteRequest",
+    "eligible",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,33 @@ class Policy(Protocol):
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision: ...
+
+
+class PolicyBase:
+    """Shared by every policy: no eligible node → no decision; otherwise ``choose``."""
+
+    name: str = "base"
+    weights_version: int = 0
+
+    def decide(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        if not nodes:
+            return RouteDecision(None, "no_healthy_node", ())
+        return self.choose(request, nodes, matches, now)
+
+    def choose(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        raise NotImplementedError
 
 
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:

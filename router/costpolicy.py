@@ -13,13 +13,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 
-from router.core import Candidate, NodeView, RouteDecision, RouteRequest
+from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.settings import CostWeights
 
 __all__ = ["CompletionCostPolicy"]
 
 
-class CompletionCostPolicy:
+class CompletionCostPolicy(PolicyBase):
     name = "kvgate"
 
     def __init__(self, w: CostWeights, max_kv_used_ratio: float, max_queue: int) -> None:
@@ -29,15 +29,13 @@ class CompletionCostPolicy:
         self.max_queue = max_queue
         self._avg_prefill_s = 0.05  # EWMA of the prefill this router sends per request
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         w = self.w
         total = max(1, len(request.block_hashes))
         cands: list[Candidate] = []

@@ -8,7 +8,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 
 from router.baselines import DynamoCostPolicy, LlmdWeightedPolicy, SglangCacheAwarePolicy
-from router.core import Candidate, NodeView, Policy, RouteDecision, RouteRequest
+from router.core import Candidate, NodeView, Policy, PolicyBase, RouteDecision, RouteRequest
 from router.costpolicy import CompletionCostPolicy
 from router.settings import RouterSettings, SeedWeights
 
@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-class SeedScorePolicy:
+class SeedScorePolicy(PolicyBase):
     """The seed score (DESIGN.md), highest wins:
 
     0.5·(prefix-hit blocks / prompt blocks) − 0.3·(KV used ratio + 0.05·queue length)
@@ -46,15 +46,13 @@ class SeedScorePolicy:
     def _over(self, n: NodeView) -> bool:
         return n.kv_used_ratio >= self.max_kv_used_ratio or n.queue_len > self.max_queue
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         w = self.weights
         total = max(1, len(request.block_hashes))
         cands: list[Candidate] = []
@@ -131,7 +129,7 @@ def _candidates(
     )
 
 
-class RandomPolicy:
+class RandomPolicy(PolicyBase):
     """Uniformly random among eligible nodes."""
 
     name = "random"
@@ -140,21 +138,19 @@ class RandomPolicy:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         return RouteDecision(
             self._rng.choice(nodes).node_id, "random", _candidates(nodes, matches, request)
         )
 
 
-class RoundRobinPolicy:
+class RoundRobinPolicy(PolicyBase):
     """The next node in id order, whatever its load."""
 
     name = "round_robin"
@@ -163,41 +159,37 @@ class RoundRobinPolicy:
     def __init__(self) -> None:
         self._next = 0
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         ordered = sorted(nodes, key=lambda n: n.node_id)
         node = ordered[self._next % len(ordered)]
         self._next += 1
         return RouteDecision(node.node_id, "round_robin", _candidates(nodes, matches, request))
 
 
-class LeastRequestsPolicy:
+class LeastRequestsPolicy(PolicyBase):
     """Fewest running + waiting (+ this router's unreflected) requests."""
 
     name = "least_requests"
     weights_version = 0
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         best = min(nodes, key=lambda n: (_load(n), _salted(request, n.node_id)))
         return RouteDecision(best.node_id, "least_requests", _candidates(nodes, matches, request))
 
 
-class PowerOfTwoPolicy:
+class PowerOfTwoPolicy(PolicyBase):
     """Two random nodes, the less loaded one wins (Mitzenmacher's power of two choices)."""
 
     name = "power_of_two"
@@ -206,21 +198,19 @@ class PowerOfTwoPolicy:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         pair = self._rng.sample(list(nodes), min(2, len(nodes)))
         best = min(pair, key=_load)
         return RouteDecision(best.node_id, "power_of_two", _candidates(nodes, matches, request))
 
 
-class ConsistentHashPolicy:
+class ConsistentHashPolicy(PolicyBase):
     """A hash ring (``vnodes`` points per node) keyed by the session, else the prompt's first
     block: the same prefix always lands on the same node while the node set is stable."""
 
@@ -245,15 +235,13 @@ class ConsistentHashPolicy:
             self._rings[ids] = ring
         return ring
 
-    def decide(
+    def choose(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        if not nodes:
-            return RouteDecision(None, "no_healthy_node", ())
         if request.session_id is not None:
             key = zlib.crc32(request.session_id.encode())
         elif request.block_hashes:
