@@ -23,6 +23,7 @@ class RejectReason(StrEnum):
     YELLOW_LOW_PRIORITY = "yellow_low_priority"
     RED_WATERMARK = "red_watermark"
     NO_CAPACITY = "no_capacity"  # no healthy node at all
+    RETRY_STORM = "retry_storm"  # retried before Retry-After
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from admission.core import Budget, Rejection, RejectReason, Verdict, admit
 from admission.reservations import InProcessReservations, ReservationStore
 from admission.settings import AdmissionSettings, Tenant
+from admission.storm import InProcessStormStore, StormGuard, StormStore
 from streams.schemas import LedgerEvent
 
 __all__ = ["AdmissionGate"]
@@ -25,10 +26,16 @@ class AdmissionGate:
         router_id: str,
         publish: Publish,
         store: ReservationStore | None = None,
+        storm_store: StormStore | None = None,
     ) -> None:
         self.settings = settings
         self.router_id = router_id
         self.store: ReservationStore = store if store is not None else InProcessReservations()
+        self.storm = StormGuard(
+            storm_store if storm_store is not None else InProcessStormStore(),
+            settings.retry_guard_window_s,
+            settings.retry_guard_max_s,
+        )
         self._publish = publish
         self._pools: dict[str, str] = {}  # reservation id -> pool
 
@@ -107,6 +114,16 @@ class AdmissionGate:
         self._pools[request_id] = pool
         await self._event("reserve", request_id, pool, r.kv_blocks, now, r.expires_at)
         return verdict
+
+    async def early_retry(self, tenant: Tenant, attempt: str, now: float) -> Rejection | None:
+        """A refusal when this attempt was refused before and came back too early."""
+        if not self.settings.retry_guard:
+            return None
+        return await self.storm.check(tenant.name, attempt, now)
+
+    async def refused(self, attempt: str, rejection: Rejection, now: float) -> None:
+        if self.settings.retry_guard:
+            await self.storm.refused(attempt, rejection, now)
 
     async def release(self, request_id: str, now: float) -> None:
         r = await self.store.release(request_id, now)

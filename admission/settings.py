@@ -46,6 +46,9 @@ class AdmissionSettings(BaseModel):
     sweep_interval_s: float = Field(default=5.0, gt=0, description="how often leases are checked")
     min_retry_after_s: float = Field(default=1.0, gt=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)
+    retry_guard: bool = True
+    retry_guard_window_s: float = Field(default=60.0, gt=0)
+    retry_guard_max_s: float = Field(default=600.0, gt=0, description="longest penalty")
     require_api_key: bool = False
     tenants: dict[str, Tenant] = Field(default_factory=dict, description="API key -> tenant")
     anonymous: Tenant = Tenant(name="anonymous", priority="normal")

@@ -18,7 +18,7 @@ class EngineSettings(BaseModel):
     port: int = Field(default=8100, ge=1, le=65535)
     served_model_name: str = "llama-3.1-8b"
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
-    kv_events_replay_endpoint: str | None = "tcp://127.0.0.1:5558"
+    kv_events_replay_endpoint: str | None = None  # vLLM default: no replay socket
     default_max_tokens: int = Field(default=256, ge=1)
     seed: int = 0
     profile: EngineProfile = EngineProfile()

@@ -35,7 +35,10 @@ def _logging(level: str = "INFO") -> None:
 def engine(
     config: ConfigOpt = None,
     port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
-    kv_events_port: Annotated[int | None, typer.Option(help="ZMQ PUB port (replay: +1)")] = None,
+    kv_events_port: Annotated[int | None, typer.Option(help="ZMQ PUB port for KV events")] = None,
+    kv_events_replay_port: Annotated[
+        int | None, typer.Option(help="ZMQ ROUTER port answering replay requests")
+    ] = None,
     num_gpu_blocks: Annotated[int | None, typer.Option(help="override the KV capacity")] = None,
 ) -> None:
     """Run one simulated inference engine (vLLM-compatible HTTP, metrics and KV events)."""
@@ -49,7 +52,8 @@ def engine(
         updates["port"] = port
     if kv_events_port is not None:
         updates["kv_events_endpoint"] = f"tcp://127.0.0.1:{kv_events_port}"
-        updates["kv_events_replay_endpoint"] = f"tcp://127.0.0.1:{kv_events_port + 1}"
+    if kv_events_replay_port is not None:
+        updates["kv_events_replay_endpoint"] = f"tcp://127.0.0.1:{kv_events_replay_port}"
     if num_gpu_blocks is not None:
         updates["profile"] = s.profile.model_copy(
             update={"num_gpu_blocks_override": num_gpu_blocks}

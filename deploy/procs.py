@@ -68,7 +68,7 @@ class Supervisor:
 
     def spawn_node(self, node_id: str, num_gpu_blocks: int | None = None) -> str:
         """A simulated engine and its agent; returns the engine's base URL."""
-        http_port, zmq_port = free_port(), free_port()
+        http_port, zmq_port, replay_port = free_port(), free_port(), free_port()
         extra = ["--num-gpu-blocks", str(num_gpu_blocks)] if num_gpu_blocks else []
         self.spawn(
             f"engine-{node_id}",
@@ -77,8 +77,9 @@ class Supervisor:
             str(http_port),
             "--kv-events-port",
             str(zmq_port),
+            "--kv-events-replay-port",
+            str(replay_port),
             *extra,
-            env={"KVGATE_ENGINE__KV_EVENTS_REPLAY_ENDPOINT": ""},
         )
         url = f"http://127.0.0.1:{http_port}"
         self.spawn(

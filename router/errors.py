@@ -18,6 +18,7 @@ _STATUS = {
     RejectReason.NO_CAPACITY: 503,
     RejectReason.YELLOW_LOW_PRIORITY: 429,
     RejectReason.RED_WATERMARK: 429,
+    RejectReason.RETRY_STORM: 429,
 }
 
 

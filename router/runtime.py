@@ -21,18 +21,23 @@ def build_router_app(s: Settings) -> web.Application:
     bus = KafkaBus(s.kafka, "kvgate-router")
     replica = TableReplica(s.kafka, s.worker, "kvgate-router-replica")
     store = None
+    storm_store = None
     redis_client = None
     if s.admission.backend == "redis":
         from redis.asyncio import Redis
 
         from admission.redis_store import RedisReservations
+        from admission.storm import RedisStormStore
 
         password = s.redis.password.get_secret_value() if s.redis.password else None
         redis_client = Redis.from_url(
             s.redis.url, password=password, socket_timeout=s.redis.socket_timeout_s
         )
         store = RedisReservations(redis_client, f"kvgate:{s.kafka.namespace}")
-    service = RouterService(s.router, replica, bus, make_policy(s.router), s.admission, store)
+        storm_store = RedisStormStore(redis_client, f"kvgate:{s.kafka.namespace}")
+    service = RouterService(
+        s.router, replica, bus, make_policy(s.router), s.admission, store, storm_store
+    )
     app = service.app()
 
     async def start(_: web.Application) -> None:

@@ -13,6 +13,8 @@ import os
 import socket
 import time
 import uuid
+from array import array
+from hashlib import blake2b
 from typing import Any
 
 import aiohttp
@@ -25,6 +27,7 @@ from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
+from admission.storm import StormStore
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
 from router.ledger import InflightLedger
@@ -44,6 +47,13 @@ __all__ = ["RouterService"]
 log = logging.getLogger(__name__)
 
 
+def attempt_fingerprint(tenant: Tenant, p: ParsedRequest) -> str:
+    """The same request from the same tenant: retries of one attempt share this."""
+    h = blake2b(f"{tenant.name}|{p.model}|{p.max_tokens}|".encode(), digest_size=12)
+    h.update(array("I", p.tokens).tobytes())
+    return h.hexdigest()
+
+
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
@@ -59,6 +69,7 @@ class RouterService:
         policy: Policy,
         admission: AdmissionSettings | None = None,
         store: ReservationStore | None = None,
+        storm_store: StormStore | None = None,
     ) -> None:
         self.settings = settings
         self.replica = replica
@@ -73,6 +84,7 @@ class RouterService:
             self.router_id,
             lambda ev: bus.publish(LEDGER, ev.pool, ev),
             store,
+            storm_store,
         )
         self._last_sweep = 0.0
         self.metrics = RouterMetrics()
@@ -193,16 +205,23 @@ class RouterService:
         pool = nodes[0].pool if nodes else "default"
         verdict = None
         if self.gate.settings.enabled:
-            verdict = await self.gate.admit(
-                request_id,
-                tenant,
-                len(p.tokens),
-                p.max_tokens,
-                block_size,
-                pool,
-                [n.kv_blocks_total for n in nodes],
-                now,
-            )
+            attempt = request.headers.get("Idempotency-Key") or attempt_fingerprint(tenant, p)
+            early = await self.gate.early_retry(tenant, attempt, now)
+            if early is not None:
+                verdict = Verdict(False, 0, 0.0, early)
+            else:
+                verdict = await self.gate.admit(
+                    request_id,
+                    tenant,
+                    len(p.tokens),
+                    p.max_tokens,
+                    block_size,
+                    pool,
+                    [n.kv_blocks_total for n in nodes],
+                    now,
+                )
+                if verdict.rejection is not None:
+                    await self.gate.refused(attempt, verdict.rejection, now)
         try:
             return await self._admitted(
                 request, request_id, p, tenant, nodes, block_size, verdict, started, t0, now

@@ -79,3 +79,39 @@ async def test_admission_rejects_typed_and_releases_everything(
         return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0 and s["inflight"] == 0
 
     await wait_until(released, 5, "every reservation released")
+
+
+async def test_a_client_retrying_without_backing_off_is_refused_harder(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    supervisor.env.update({"KVGATE_ADMISSION__BACKEND": "redis", "KVGATE_REDIS__URL": REDIS})
+    c = Cluster(supervisor)
+    c.add_engine("n1", num_gpu_blocks=64)
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 1)
+    body = {
+        "model": MODEL,
+        "prompt": "tell me a long story " * 40,
+        "max_tokens": 300,
+        "stream": True,
+    }
+    async with aiohttp.ClientSession() as http:
+        holder = asyncio.create_task(http.post(router + "/v1/completions", json=body))
+        await asyncio.sleep(0.3)
+        storm_body = {**body, "prompt": "another long story " * 45}
+        waits = []
+        reasons = []
+        for _ in range(4):  # immediately, ignoring Retry-After
+            async with http.post(router + "/v1/completions", json=storm_body) as r:
+                assert r.status == 429
+                waits.append(int(r.headers["Retry-After"]))
+                reasons.append((await r.json())["error"]["type"])
+        resp = await holder
+        async with resp:
+            async for _ in resp.content:
+                pass
+    assert reasons[0] == "red_watermark"
+    assert reasons[1:] == ["retry_storm"] * 3
+    assert waits[1] <= waits[2] <= waits[3] and waits[3] > waits[0]

@@ -100,3 +100,22 @@ async def test_gate_tenants_and_ledger_events() -> None:
     await gate.release("r1", now=2)
     assert await gate.store.held("default") == (0, 0)
     assert [e.kind for e in events] == ["reserve", "release"]
+
+
+async def test_storm_guard_refuses_early_retries_with_growing_retry_after() -> None:
+    from admission.core import Rejection
+    from admission.storm import InProcessStormStore, StormGuard
+
+    guard = StormGuard(InProcessStormStore(), window_s=60, max_retry_after_s=300)
+    rej = Rejection(RejectReason.RED_WATERMARK, True, 2.0, "full")
+    assert await guard.check("t", "a1", now=100.0) is None  # never refused: fine
+    await guard.refused("a1", rej, now=100.0)
+    first = await guard.check("t", "a1", now=100.5)  # 1.5 s early
+    assert first is not None and first.reason == RejectReason.RETRY_STORM
+    second = await guard.check("t", "a1", now=100.6)
+    assert second is not None and second.retry_after_s > first.retry_after_s  # type: ignore[operator]
+    assert await guard.check("t", "other", now=100.6) is None  # other attempts unaffected
+    assert await guard.check("t", "a1", now=10_000.0) is None  # a client that waited is welcome
+    not_retriable = Rejection(RejectReason.TOO_LARGE, False, None, "too big")
+    await guard.refused("a2", not_retriable, now=100.0)
+    assert await guard.check("t", "a2", now=100.1) is None

@@ -1,0 +1,116 @@
+"""Retry-storm guard: a client that retries a refused request before its Retry-After is refused
+again without touching the budget, and each early retry doubles its next Retry-After.
+
+An attempt is identified by the ``Idempotency-Key`` header or, without one, by a fingerprint of
+the tenant, the model and the prompt. After a refusal the guard remembers, per attempt, when a
+retry is welcome; early retries count as strikes against the client (its tenant) within a
+window. State lives in a :class:`StormStore`: in process for one router, in Redis for several.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from admission.core import Rejection, RejectReason
+from admission.exceptions import AdmissionError
+
+__all__ = ["InProcessStormStore", "RedisStormStore", "StormGuard", "StormStore"]
+
+
+class StormStore(Protocol):
+    async def not_before(self, attempt: str) -> float | None: ...
+    async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None: ...
+    async def strike(self, client: str, window_s: float) -> int: ...
+
+
+@dataclass(slots=True)
+class InProcessStormStore:
+    _attempts: dict[str, tuple[float, float]] = field(default_factory=dict)  # at, expires
+    _strikes: dict[str, list[float]] = field(default_factory=dict)
+
+    async def not_before(self, attempt: str) -> float | None:
+        v = self._attempts.get(attempt)
+        if v is None or v[1] < time.time():
+            self._attempts.pop(attempt, None)
+            return None
+        return v[0]
+
+    async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None:
+        if len(self._attempts) > 100_000:  # bounded: drop the expired ones
+            now = time.time()
+            self._attempts = {k: v for k, v in self._attempts.items() if v[1] >= now}
+        self._attempts[attempt] = (at, time.time() + ttl_s)
+
+    async def strike(self, client: str, window_s: float) -> int:
+        now = time.time()
+        hits = [t for t in self._strikes.get(client, []) if now - t <= window_s]
+        hits.append(now)
+        self._strikes[client] = hits
+        return len(hits)
+
+
+class RedisStormStore:
+    def __init__(self, client: Redis, prefix: str) -> None:
+        self.r = client
+        self.prefix = prefix
+
+    async def not_before(self, attempt: str) -> float | None:
+        try:
+            v = await self.r.get(f"{self.prefix}:retry:{attempt}")
+        except RedisError as exc:
+            raise AdmissionError(f"storm store unavailable: {exc}") from exc
+        return None if v is None else float(v)
+
+    async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None:
+        try:
+            await self.r.set(
+                f"{self.prefix}:retry:{attempt}", repr(at), px=max(1, int(ttl_s * 1000))
+            )
+        except RedisError as exc:
+            raise AdmissionError(f"storm store unavailable: {exc}") from exc
+
+    async def strike(self, client: str, window_s: float) -> int:
+        key = f"{self.prefix}:strikes:{client}"
+        try:
+            async with self.r.pipeline(transaction=True) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, max(1, int(window_s)), nx=True)
+                count, _ = await pipe.execute()
+        except RedisError as exc:
+            raise AdmissionError(f"storm store unavailable: {exc}") from exc
+        return int(count)
+
+
+@dataclass(slots=True)
+class StormGuard:
+    store: StormStore
+    window_s: float = 60.0
+    max_retry_after_s: float = 300.0
+
+    async def check(self, client: str, attempt: str, now: float) -> Rejection | None:
+        """A refusal if this attempt comes back before it was told to."""
+        at = await self.store.not_before(attempt)
+        if at is None or now >= at:
+            return None
+        strikes = await self.store.strike(client, self.window_s)
+        wait = min(self.max_retry_after_s, (at - now) * 2 ** min(strikes, 8))
+        await self.store.set_not_before(attempt, now + wait, wait * 2)
+        return Rejection(
+            RejectReason.RETRY_STORM,
+            True,
+            wait,
+            f"retried {at - now:.1f} s before Retry-After ({strikes} early retries "
+            f"in {self.window_s:.0f} s): back off",
+        )
+
+    async def refused(self, attempt: str, rejection: Rejection, now: float) -> None:
+        """Remember when a retry of a refused attempt is welcome."""
+        if rejection.retriable and rejection.retry_after_s:
+            await self.store.set_not_before(
+                attempt, now + rejection.retry_after_s, 2 * rejection.retry_after_s + self.window_s
+            )
