@@ -74,6 +74,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         TTL toDateTime(ts) + INTERVAL 30 DAY""",
         ],
     ),
+    (
+        2,
+        "admission budget on decisions",
+        [
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS budget_usage Nullable(Float64)",
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS "
+            "kv_blocks_estimate Nullable(UInt32)",
+        ],
+    ),
 ]
 
 

@@ -24,7 +24,7 @@ def test_server_backend_migrates_inserts_and_summarizes(tmp_path: Path) -> None:
     with ChdbFront(str(tmp_path / "ch")) as front:
         ch = ServerBackend(ClickHouseSettings(backend="server", port=front.port, compress=False))
         try:
-            assert migrate(ch, "kvgate") == [1]
+            assert migrate(ch, "kvgate") == [1, 2]
             assert migrate(ch, "kvgate") == []  # applied once
             now = time.time()
             decisions = [
@@ -88,6 +88,9 @@ def test_server_backend_migrates_inserts_and_summarizes(tmp_path: Path) -> None:
             assert summary["per_node"]["n1"]["requests"] == 5
             hashes = ch.query("SELECT block_hashes FROM kvgate.decisions FINAL LIMIT 1")
             assert hashes[0]["block_hashes"] == [1, 2, 3, 4]
+            assert ch.query(
+                "SELECT count() AS n FROM kvgate.decisions WHERE kv_blocks_estimate IS NULL"
+            )[0]["n"] in (5, "5")
             with pytest.raises(ClickHouseError):
                 ch.query("SELECT * FROM kvgate.no_such_table")
         finally:

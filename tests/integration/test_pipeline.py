@@ -112,6 +112,11 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
         assert int(ok["cached"]) > 0  # shared prompts were served from the prefix cache
         chosen = ch.query("SELECT DISTINCT chosen_node AS n FROM kvgate.decisions FINAL")
         assert {r["n"] for r in chosen} <= {"n1", "n2"}
+        admitted = ch.query(
+            "SELECT countIf(admission = 'admitted' AND kv_blocks_estimate > 0 "
+            "AND budget_usage > 0 AND tenant = 'anonymous') AS n FROM kvgate.decisions FINAL"
+        )[0]
+        assert int(admitted["n"]) == len(ids)  # every decision carries its admission inputs
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
