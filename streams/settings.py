@@ -52,7 +52,11 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     app_id: str | None = Field(default=None, description="default: <namespace>-streams")
-    exactly_once: bool = True
+    # Off by default: faust-streaming 0.15.3 commits a transaction without first flushing the
+    # table changelog records it buffered (Consumer._commit_offsets flushes only outside
+    # transactions), so a kill -9 can commit input offsets whose changelog writes are then aborted.
+    # At-least-once flushes before every commit, and the idempotent folds make it exact.
+    exactly_once: bool = False
     commit_interval_s: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, gt=0)
     rebalance_timeout_s: float = Field(default=10.0, gt=0)
