@@ -16,7 +16,7 @@ from agents.kvcache import CacheEvent, KvCache
 from agents.profile import EngineProfile
 from streams.blocks import approx_tokenize, chain_hashes
 
-__all__ = ["VOCAB", "EngineCore", "Sequence", "StepResult"]
+__all__ = ["VOCAB", "DecodeRun", "EngineCore", "Sequence", "StepResult"]
 
 # Output tokens are 4-byte words so that generated text re-tokenizes to the same ids.
 VOCAB: tuple[int, ...] = tuple(
@@ -45,13 +45,18 @@ VOCAB: tuple[int, ...] = tuple(
     )
 )
 
+# per salt, one period of the output token sequence (next_token's formula)
+_CYCLES: tuple[list[int], ...] = tuple(
+    [VOCAB[(salt + 7 * i) % len(VOCAB)] for i in range(len(VOCAB))] for salt in range(len(VOCAB))
+)
+
 
 @dataclass(slots=True, eq=False)  # identity: two requests are never "equal"
 class Sequence:
     """One request inside the engine."""
 
     request_id: str
-    prompt: list[int]
+    prompt: list[int] | bytes  # token ids (bytes: a placeholder prompt of zeros)
     max_tokens: int
     arrival_s: float
     rng: random.Random
@@ -78,6 +83,14 @@ class Sequence:
     def next_token(self) -> int:
         """The simulated model's next output token (deterministic per request)."""
         return VOCAB[(self.salt + 7 * len(self.output)) % len(VOCAB)]
+
+    def next_tokens(self, n: int) -> list[int]:
+        """The next ``n`` output tokens (what ``n`` calls of :meth:`next_token` would give)."""
+        period = len(VOCAB)
+        cycle = _CYCLES[self.salt]
+        start = len(self.output) % period
+        reps = (start + n) // period + 1
+        return (cycle * reps)[start : start + n]
 
     def tokens_between(self, start: int, end: int) -> list[int]:
         """Token ids in ``[start, end)`` of prompt + output, without copying the whole prompt."""
@@ -112,6 +125,31 @@ class StepResult:
     decode_seqs: int
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """``steps`` consecutive pure-decode steps: step ``i`` (from 0) lasts ``first_s + i·grow_s``
+    (the batch is fixed and every sequence's context grows by one token per step)."""
+
+    steps: int
+    first_s: float
+    grow_s: float
+
+    def elapsed(self, i: int) -> float:
+        """Time from the start of the run to the end of its ``i``-th step."""
+        return i * self.first_s + self.grow_s * i * (i - 1) / 2
+
+    def steps_done(self, dt: float) -> int:
+        """Steps finished ``dt`` seconds after the start."""
+        lo, hi = 0, self.steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.elapsed(mid) <= dt:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
 @dataclass
 class EngineCore:
     profile: EngineProfile
@@ -130,7 +168,8 @@ class EngineCore:
 
     # --- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        if not seq.prompt_hashes:  # a replayed trace brings its own block hashes
+        if not seq.prompt_hashes and len(seq.prompt) >= self.profile.block_size:
+            # a replayed trace brings its own block hashes
             seq.prompt_hashes = chain_hashes(seq.prompt, self.profile.block_size)
         self.waiting.append(seq)
 
@@ -218,6 +257,62 @@ class EngineCore:
 
     def drain_events(self) -> list[CacheEvent]:
         return self.cache.drain_events()
+
+    # --- fast-forward of steady decoding (the virtual-time simulator) ---------------------
+    def plan_decode_run(self) -> DecodeRun | None:
+        """The coming steps as one :class:`DecodeRun` when they are certain to be pure decode:
+        nothing waits, nothing is prefilling, and the cache has room for every sequence's growth
+        (so nothing can be preempted). The run ends with the first sequence to finish.
+
+        Applying the run with :meth:`advance_decode` step by step or at once gives exactly what
+        :meth:`step` would; callers must stop the run (finish the step in progress) before adding
+        a request.
+        """
+        p = self.profile
+        running = self.running
+        if self.waiting or not running or len(running) > p.max_num_batched_tokens:
+            return None
+        steps = 1 << 30
+        context = 0
+        for seq in running:
+            if seq.prefilling:
+                return None
+            context += seq.tokens
+            steps = min(steps, seq.max_tokens - len(seq.output))
+        if steps < 2:
+            return None
+        grow = 0
+        for seq in running:
+            grow += max(0, p.blocks_for_tokens(seq.tokens + steps - 1) - len(seq.held) - seq.anon)
+        if grow > self.cache.free_blocks:
+            return None
+        batch = len(running)
+        first = p.step_time_s(batch, context, 0)
+        return DecodeRun(steps, first, p.step_per_context_token_s * batch)
+
+    def advance_decode(self, steps: int) -> list[Sequence]:
+        """Apply ``steps`` pure-decode steps of a planned run; returns the finished sequences."""
+        if steps <= 0:
+            return []
+        p = self.profile
+        finished: list[Sequence] = []
+        for seq in self.running:
+            need = p.blocks_for_tokens(seq.tokens + steps - 1) - len(seq.held) - seq.anon
+            if need > 0:
+                self.cache.allocate(need)
+                seq.anon += need
+            seq.output.extend(seq.next_tokens(steps))
+            seq.computed += steps
+            self._commit_full_blocks(seq)
+            if len(seq.output) >= seq.max_tokens:
+                finished.append(seq)
+        self.generation_tokens_total += steps * len(self.running)
+        if finished:
+            for seq in finished:
+                seq.finished = True
+                self._free(seq)
+            self.running = [s for s in self.running if not s.finished]
+        return finished
 
     # --- internals -----------------------------------------------------------------------
     def _admit(self, seq: Sequence) -> bool:

@@ -52,6 +52,29 @@ class NodeView:
     def alive(self, now: float) -> bool:
         return now - self.heartbeat_ts <= self.lease_s
 
+    def with_router_state(self, pending: int, prefill_backlog_tokens: int) -> NodeView:
+        """This view plus the router's own in-flight work on the node."""
+        if pending == self.pending and prefill_backlog_tokens == self.prefill_backlog_tokens:
+            return self
+        return NodeView(
+            self.node_id,
+            self.endpoint,
+            self.model,
+            self.pool,
+            self.block_size,
+            self.kv_blocks_total,
+            self.kv_blocks_used,
+            self.running,
+            self.waiting,
+            self.healthy,
+            self.draining,
+            self.heartbeat_ts,
+            self.lease_s,
+            self.slo_attainment,
+            pending,
+            prefill_backlog_tokens,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:

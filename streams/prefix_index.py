@@ -1,7 +1,11 @@
-"""The in-memory form of the prefix index: block hash → nodes, node → blocks.
+"""The in-memory form of the prefix index: block hash → holder nodes, node → blocks.
 
 Routers hold one, fed from the ``prefix_index`` changelog; the simulator holds one fed directly.
 ``match`` returns, per node, the length of the longest run of leading blocks it holds.
+
+Holders are a bit mask over node slots (one Python int per block), so that matching a prompt is
+a chain of integer ANDs whatever the number of nodes, and a block costs one dict entry plus one
+set entry (its node's block set, which snapshot resyncs and retirement need).
 """
 
 from __future__ import annotations
@@ -12,17 +16,21 @@ __all__ = ["PrefixIndex"]
 
 
 class PrefixIndex:
-    __slots__ = ("_by_block", "_by_node")
+    __slots__ = ("_by_block", "_by_node", "_free_slots", "_names", "_slot")
 
     def __init__(self) -> None:
-        self._by_block: dict[int, set[str]] = {}
+        self._by_block: dict[int, int] = {}  # block hash -> bit mask of holder slots
         self._by_node: dict[str, set[int]] = {}
+        self._slot: dict[str, int] = {}
+        self._names: list[str | None] = []
+        self._free_slots: list[int] = []
 
     def __len__(self) -> int:
         return len(self._by_block)
 
     @property
     def entries(self) -> int:
+        """(node, block) pairs indexed."""
         return sum(len(b) for b in self._by_node.values())
 
     def nodes(self) -> list[str]:
@@ -35,45 +43,90 @@ class PrefixIndex:
         """The node's blocks without a copy: read it before changing the index."""
         return self._by_node.get(node) or frozenset()
 
+    def _bit(self, node: str) -> int:
+        slot = self._slot.get(node)
+        if slot is None:
+            if self._free_slots:
+                slot = self._free_slots.pop()
+                self._names[slot] = node
+            else:
+                slot = len(self._names)
+                self._names.append(node)
+            self._slot[node] = slot
+        return 1 << slot
+
     def add(self, node: str, block: int) -> None:
-        self._by_block.setdefault(block, set()).add(node)
-        self._by_node.setdefault(node, set()).add(block)
+        self.add_many(node, (block,))
 
     def add_many(self, node: str, blocks: Iterable[int]) -> None:
+        bit = self._bit(node)
+        mine = self._by_node.get(node)
+        if mine is None:
+            mine = self._by_node[node] = set()
+        by_block = self._by_block
         for b in blocks:
-            self.add(node, b)
+            by_block[b] = by_block.get(b, 0) | bit
+            mine.add(b)
 
     def remove(self, node: str, block: int) -> None:
-        holders = self._by_block.get(block)
-        if holders is not None:
-            holders.discard(node)
-            if not holders:
-                del self._by_block[block]
+        self.remove_many(node, (block,))
+
+    def remove_many(self, node: str, blocks: Iterable[int]) -> None:
+        slot = self._slot.get(node)
+        if slot is None:
+            return
+        keep = ~(1 << slot)
+        by_block = self._by_block
         mine = self._by_node.get(node)
-        if mine is not None:
-            mine.discard(block)
-            if not mine:
-                del self._by_node[node]
+        for b in blocks:
+            mask = by_block.get(b)
+            if mask is not None:
+                mask &= keep
+                if mask:
+                    by_block[b] = mask
+                else:
+                    del by_block[b]
+            if mine is not None:
+                mine.discard(b)
+        if not mine:
+            self._release(node)
 
     def drop_node(self, node: str) -> None:
-        for block in self._by_node.pop(node, set()):
-            holders = self._by_block.get(block)
-            if holders is not None:
-                holders.discard(node)
-                if not holders:
-                    del self._by_block[block]
+        mine = self._by_node.get(node)
+        if mine is not None:
+            self.remove_many(node, list(mine))
+        self._release(node)
+
+    def _release(self, node: str) -> None:
+        self._by_node.pop(node, None)
+        slot = self._slot.pop(node, None)
+        if slot is not None:
+            self._names[slot] = None
+            self._free_slots.append(slot)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Per node, how many leading blocks of ``hashes`` it holds (nodes with 0 omitted)."""
         out: dict[str, int] = {}
-        alive: set[str] | None = None
-        for i, h in enumerate(hashes):
-            holders = self._by_block.get(h)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for n in alive:
-                out[n] = i + 1
+        by_block = self._by_block
+        alive = -1  # every slot
+        depth = 0
+        for h in hashes:
+            mask = by_block.get(h, 0) & alive
+            if mask != alive and depth:
+                self._credit(alive & ~mask, depth, out)
+            if not mask:
+                return out
+            alive = mask
+            depth += 1
+        if depth:
+            self._credit(alive, depth, out)
         return out
+
+    def _credit(self, mask: int, depth: int, out: dict[str, int]) -> None:
+        names = self._names
+        while mask:
+            low = mask & -mask
+            name = names[low.bit_length() - 1]
+            if name is not None:
+                out[name] = depth
+            mask ^= low

@@ -13,15 +13,16 @@ import heapq
 import itertools
 import random
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import cast
 
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored
 from agents.profile import EngineProfile
-from agents.scheduler import EngineCore, Sequence, StepResult
+from agents.scheduler import DecodeRun, EngineCore, Sequence, StepResult
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
 from router.ledger import InflightLedger
+from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
 
 __all__ = ["Done", "SimConfig", "simulate"]
@@ -36,6 +37,7 @@ class SimConfig:
     heartbeat_interval_s: float = 0.5
     index_lag_s: float = 0.15  # agent flush (100 ms) + Kafka + fold
     seed: int = 0
+    fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,11 @@ class _Node:
     stepping: list[Sequence] = field(default_factory=list)
     view: NodeView | None = None  # the last heartbeat the router has
     served: int = 0
+    run: DecodeRun | None = None  # a fast-forwarded decode run in progress
+    run_start: float = 0.0
+    run_applied: int = 0
+    gen: int = 0  # bumps when a scheduled run end is replaced
+    finishing: list[Sequence] = field(default_factory=list)  # finished, delivered at run end
 
 
 def _view(n: _Node, now: float, lease_s: float) -> NodeView:
@@ -78,6 +85,16 @@ def _view(n: _Node, now: float, lease_s: float) -> NodeView:
         heartbeat_ts=now,
         lease_s=lease_s,
     )
+
+
+def _all_hashes(r: TraceRequest, idx: int, block_size: int) -> list[int]:
+    """The prompt's block hashes, then the blocks its answer fills: the trace's, or hashes of
+    the request's own (cheap, distinct from every other request's)."""
+    hashes = list(r.block_hashes) + list(r.output_block_hashes)
+    total = (r.prompt_tokens + r.output_tokens) // block_size
+    base = (idx + 1) << 24
+    hashes += [((base + i) * 0x9E3779B97F4A7C15) & HASH_MASK for i in range(len(hashes), total)]
+    return hashes
 
 
 def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
@@ -116,14 +133,68 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
     for i, r in enumerate(trace.requests):
         push(r.arrival_s, "arrive", i)
 
-    def start_step(n: _Node, now: float) -> None:
-        res = n.core.step(now)
-        n.busy = True
+    remaining = len(trace.requests)
+
+    def drain(n: _Node, now: float) -> None:
         for ev in n.core.drain_events():
             lagged.append((now + cfg.index_lag_s, n.node_id, ev))
+
+    def start_step(n: _Node, now: float) -> None:
+        n.busy = True
+        run = n.core.plan_decode_run() if cfg.fast_forward else None
+        if run is not None:
+            n.run, n.run_start, n.run_applied = run, now, 0
+            push(now + run.elapsed(run.steps), "run", (n.node_id, n.gen))
+            return
+        res = n.core.step(now)
+        drain(n, now)
         push(now + res.duration_s, "step", (n.node_id, res))
 
-    remaining = len(trace.requests)
+    def catch_up(n: _Node, now: float) -> None:
+        """Apply ``n``'s decode run up to and including the step in progress at ``now`` — an
+        engine applies a step when it starts it, and delivers its tokens when it ends."""
+        run = n.run
+        if run is None:
+            return
+        upto = min(run.steps, run.steps_done(now - n.run_start) + 1)
+        if upto > n.run_applied:
+            n.finishing += n.core.advance_decode(upto - n.run_applied)
+            n.run_applied = upto
+            drain(n, now)
+
+    def cut_run(n: _Node, now: float) -> None:
+        """A request arrives: the run stops after the step in progress."""
+        run = n.run
+        if run is None:
+            return
+        catch_up(n, now)
+        if n.run_applied < run.steps:
+            n.run = DecodeRun(n.run_applied, run.first_s, run.grow_s)
+            n.gen += 1
+            push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
+
+    def step_done(n: _Node, now: float, finished: list[Sequence]) -> None:
+        nonlocal remaining
+        n.busy = False
+        for seq in finished:
+            r, node, reason, seen = meta.pop(seq.request_id)
+            ledger.finish(seq.request_id)
+            n.served += 1
+            done.append(
+                Done(
+                    r,
+                    node,
+                    reason,
+                    seen,
+                    seq.cached_tokens,
+                    seq.first_token_s if seq.first_token_s is not None else now,
+                    now,
+                )
+            )
+            remaining -= 1
+        if not n.core.idle:
+            start_step(n, now)
+
     while events and (remaining > 0):
         now, _, kind, data = heapq.heappop(events)
         while lagged and lagged[0][0] <= now:
@@ -137,6 +208,7 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
                 index.drop_node(node_id)
         if kind == "heartbeat":
             for n in nodes:
+                catch_up(n, now)
                 n.view = _view(n, now, lease)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive":
@@ -145,10 +217,9 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
             r = trace.requests[idx]
             rid = f"r{idx}"
             views = [
-                replace(
-                    n.view,
-                    pending=ledger.unreflected(n.node_id, n.view.heartbeat_ts),
-                    prefill_backlog_tokens=ledger.prefill_backlog(n.node_id),
+                n.view.with_router_state(
+                    ledger.unreflected(n.node_id, n.view.heartbeat_ts),
+                    ledger.prefill_backlog(n.node_id),
                 )
                 for n in nodes
                 if n.view is not None
@@ -165,39 +236,30 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
             )
             seq = Sequence(
                 rid,
-                [0] * r.prompt_tokens,
+                bytes(r.prompt_tokens),  # the simulator needs lengths and hashes only
                 r.output_tokens,
                 now,
                 random.Random(idx),
-                prompt_hashes=list(r.block_hashes),
+                prompt_hashes=_all_hashes(r, idx, trace.block_size),
             )
             meta[rid] = (r, target.node_id, d.reason, matches.get(target.node_id, 0))
+            cut_run(target, now)
             target.core.add(seq)
             if not target.busy:
                 start_step(target, now)
+        elif kind == "run":  # a decode run ends
+            node_id, gen = cast(tuple[str, int], data)
+            n = by_id[node_id]
+            if gen != n.gen or n.run is None:
+                continue  # replaced by a shorter run
+            catch_up(n, now)
+            n.run, finished, n.finishing = None, n.finishing, []
+            step_done(n, now, finished)
         else:  # a step finished
             node_id, res = cast(tuple[str, StepResult], data)
             n = by_id[node_id]
-            n.busy = False
             for seq, _ in res.tokens:
                 if len(seq.output) == 1:
                     ledger.first_token(seq.request_id)
-            for seq in res.finished:
-                r, node, reason, seen = meta.pop(seq.request_id)
-                ledger.finish(seq.request_id)
-                n.served += 1
-                done.append(
-                    Done(
-                        r,
-                        node,
-                        reason,
-                        seen,
-                        seq.cached_tokens,
-                        seq.first_token_s if seq.first_token_s is not None else now,
-                        now,
-                    )
-                )
-                remaining -= 1
-            if not n.core.idle:
-                start_step(n, now)
+            step_done(n, now, res.finished)
     return done

@@ -11,7 +11,7 @@ import csv
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -29,6 +29,10 @@ class TraceRequest:
     output_tokens: int
     block_hashes: tuple[int, ...]  # full blocks of ``block_size`` tokens
     session_id: str | None = None
+    # blocks the answer completes (prompt + output), when a later request can reuse them
+    # (multi-turn chat); otherwise the simulator gives them hashes of their own
+    output_block_hashes: tuple[int, ...] = ()
+    priority: str = "normal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +51,7 @@ class Trace:
         return Trace(
             self.name,
             self.block_size,
-            tuple(
-                TraceRequest(
-                    t0 + (r.arrival_s - t0) * factor,
-                    r.prompt_tokens,
-                    r.output_tokens,
-                    r.block_hashes,
-                    r.session_id,
-                )
-                for r in self.requests
-            ),
+            tuple(replace(r, arrival_s=t0 + (r.arrival_s - t0) * factor) for r in self.requests),
         )
 
     def head(self, n: int) -> Trace:
@@ -126,4 +121,5 @@ def hit_bound(requests: Sequence[TraceRequest], block_size: int) -> float:
                 hit += block_size
             else:
                 seen.add(h)
+        seen.update(r.output_block_hashes)
     return hit / total if total else 0.0

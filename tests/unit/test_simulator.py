@@ -81,3 +81,47 @@ def test_trace_formats(tmp_path: Path) -> None:
     assert not set(a.requests[0].block_hashes) & set(a.requests[1].block_hashes)
     with pytest.raises(ValueError, match="expected"):
         load_trace(tmp_path / "x.txt")
+
+
+def test_fast_forwarded_decoding_gives_the_same_run_as_stepping() -> None:
+    import random as _random
+
+    rng = _random.Random(3)
+    reqs = []
+    t = 0.0
+    for _ in range(300):
+        t += rng.expovariate(40.0)
+        start = rng.choice((0, 0, 100, 200))  # some shared prefixes
+        reqs.append(req(t, range(start, start + rng.randint(1, 30)), out=rng.randint(1, 120)))
+    trace = Trace("t", 16, tuple(reqs))
+    runs = []
+    for ff in (False, True):
+        done = simulate(trace, seed_policy(), SimConfig(nodes=3, profile=PROFILE, fast_forward=ff))
+        runs.append(
+            sorted(
+                (d.request.arrival_s, d.node, d.cached_tokens, d.first_token_s, d.finish_s)
+                for d in done
+            )
+        )
+    stepped, forwarded = runs
+    assert len(stepped) == len(forwarded) == 300
+    for a, b in zip(stepped, forwarded, strict=True):
+        assert a[:3] == b[:3]
+        assert a[3] == pytest.approx(b[3], abs=1e-9) and a[4] == pytest.approx(b[4], abs=1e-9)
+
+
+def test_next_tokens_continue_next_token() -> None:
+    import random as _random
+
+    from agents.scheduler import Sequence
+
+    seq = Sequence("r", [1] * 20, 100, 0.0, _random.Random(5))
+    expected = []
+    probe = Sequence("r", [1] * 20, 100, 0.0, _random.Random(5))
+    for _ in range(47):
+        tok = probe.next_token()
+        probe.output.append(tok)
+        expected.append(tok)
+    seq.output.extend(seq.next_tokens(13))
+    seq.output.extend(seq.next_tokens(34))
+    assert seq.output == expected
