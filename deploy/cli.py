@@ -236,29 +236,103 @@ def infra(
 
 @app.command()
 def replay(
-    trace: Annotated[Path, typer.Option(help="Mooncake .jsonl or Azure .csv trace")],
+    trace: Annotated[
+        str,
+        typer.Option(
+            help="Mooncake .jsonl or Azure .csv trace, or a generated workload: shared_prompt, "
+            "multi_turn, zipf_hot, long_tail"
+        ),
+    ],
     nodes: Annotated[int, typer.Option(help="simulated engines")] = 16,
-    policy: Annotated[str, typer.Option(help="routing policy")] = "seed_score",
+    policy: Annotated[
+        str | None, typer.Option(help="routing policy (default: the config's)")
+    ] = None,
     load: Annotated[float | None, typer.Option(help="offered load / capacity (e.g. 0.8)")] = None,
     limit: Annotated[int | None, typer.Option(help="first N requests only")] = None,
+    capacity: Annotated[
+        float | None, typer.Option(help="capacity in req/s (default: measured)")
+    ] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    config: ConfigOpt = None,
 ) -> None:
-    """Replay a trace through simulated engines in virtual time with a routing policy."""
+    """Replay a trace through simulated engines in virtual time with a routing policy; the
+    router settings (policy and weights) come from --config, so a candidate configuration can
+    be judged before it goes live."""
     from analytics.sim.replay import replay as run_replay
     from router.policies import POLICIES
 
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    if not trace.exists():
-        raise typer.BadParameter(f"{trace} does not exist")
-    result = run_replay(trace, nodes=nodes, policy=policy, load=load, limit=limit, seed=seed)
+    router = _settings(config).router
+    if policy is not None:
+        if policy not in POLICIES:
+            raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        router = router.model_copy(update={"policy": policy})
+    try:
+        result = run_replay(
+            trace,
+            nodes=nodes,
+            policy=router,
+            load=load,
+            limit=limit,
+            seed=seed,
+            capacity=capacity,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
     if json_output:
         typer.echo(json.dumps(result))
         return
     for key, value in result.items():
         shown = f"{value:.4g}" if isinstance(value, float) else value
         typer.echo(f"{key:>22}  {shown}")
+
+
+@app.command()
+def weights(
+    version: Annotated[int, typer.Option(help="new weights version (must be newer)")],
+    policy: Annotated[str | None, typer.Option(help="policy (default: the config's)")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="NAME=VALUE over the config's weights")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Publish new policy weights on kvgate.control: every router applies them at runtime and
+    records the version with each decision."""
+    from router.control import weights_message
+    from streams.kafka import KafkaBus, ensure_topics
+    from streams.topics import CONTROL
+
+    s = _settings(config)
+    name = policy or s.router.policy
+    model = {"kvgate": s.router.cost, "seed_score": s.router.weights}.get(name)
+    if model is None:
+        raise typer.BadParameter(f"policy {name!r} has no runtime weights (kvgate, seed_score)")
+    values: dict[str, object] = model.model_dump()
+    for item in set_ or []:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in values:
+            raise typer.BadParameter(
+                f"--set {item!r}: expected NAME=VALUE, NAME one of {sorted(values)}"
+            )
+        values[key] = raw
+    values["version"] = version
+    try:
+        checked = type(model).model_validate(values).model_dump()
+    except Exception as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    async def publish() -> None:
+        await ensure_topics(s.kafka)
+        bus = KafkaBus(s.kafka, "kvgate-cli")
+        await bus.start()
+        try:
+            msg = weights_message(name, checked)
+            await bus.send(CONTROL, msg.subject, msg)
+        finally:
+            await bus.stop()
+
+    asyncio.run(publish())
+    typer.echo(json.dumps({"policy": name, "weights": checked}))
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write docs/benchmarks/.")

@@ -40,6 +40,8 @@ class NodeView:
     slo_attainment: float = 1.0
     pending: int = 0  # this router's dispatches not yet visible in the heartbeat
     prefill_backlog_tokens: int = 0  # this router's uncached prompt tokens awaiting prefill
+    kv_index_gap: int = 0  # KV batches the node announced that the index has not applied
+    kv_index_age_s: float = 0.0  # since the index last applied a KV batch of this node
 
     @property
     def kv_used_ratio(self) -> float:
@@ -73,6 +75,8 @@ class NodeView:
             self.slo_attainment,
             pending,
             prefill_backlog_tokens,
+            self.kv_index_gap,
+            self.kv_index_age_s,
         )
 
 

@@ -1,22 +1,60 @@
 """kvgate's default policy: route on the expected completion cost of the request, in seconds.
 
-For every eligible node: the time queued work needs before this request's prefill starts, the
-prefill of the part of the prompt the node does not hold (the cache hit is a discount on prefill,
-not a bonus), the request's decode at the node's current batch, and the stall its prefill imposes
-on the decodes already running there (chunked prefill shares the step with them: long prompts
-show up in everyone's TPOT). The cheapest node wins; a node over its KV or queue limit is only
-chosen when every node is.
+For every eligible node the policy estimates, from that node's performance model (the weights
+below, calibrated to the engine's observed prefill and decode rates):
+
+* ``queue_s`` — prefill already queued there: this router's own dispatches awaiting their first
+  token (exact), or the node's waiting requests × the average uncached prompt (other routers);
+* ``prefill_s`` — the prefill of the part of the prompt the node does not hold. The cache hit is
+  a discount on prefill, not a bonus; a hit counts only as much as the index can be trusted
+  (``confidence``: 1 when the index has every KV batch the node's heartbeat announced, decaying
+  with the time the index has been behind);
+* ``decode_s`` — the request's decode at the node's current step time (batch size and context
+  held), over a bounded horizon (the batch changes; far-future TPOT is not predictable);
+* ``stall_s`` — the stall its prefill imposes on the decodes already running there (chunked
+  prefill shares the step with them), weighted by ``interference``;
+* ``kv_s`` — KV pressure: the request's blocks beyond the node's soft limit (an engine out of
+  blocks queues or preempts);
+* ``affinity_s`` — a request with a session key gets a small bonus on the session's home node
+  (consistent hashing with bounded loads, :mod:`router.affinity`): a soft preference that load
+  outweighs. After the first turn the prefix hit on the node holding the conversation is the
+  stronger pull, and it works across router replicas because it comes from the shared index.
+
+Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
+noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
+The cheapest node wins. A node over its KV or queue limit is only chosen when every node is; when
+the node holding the longest prefix is not chosen, the reason says why (``overload_fallback``
+when it is over its limits, ``spread`` when load made another node cheaper).
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+from router.affinity import HashRing, point
 from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.settings import CostWeights
 
-__all__ = ["CompletionCostPolicy"]
+__all__ = ["CompletionCostPolicy", "index_confidence"]
+
+
+def index_confidence(n: NodeView, stale_tau_s: float) -> float:
+    """How far a prefix hit on ``n`` can be trusted: 1 when the index holds every KV batch the
+    node announced; otherwise decaying with how long the index has been behind."""
+    if n.kv_index_gap <= 0:
+        return 1.0
+    return math.exp(-n.kv_index_age_s / stale_tau_s)
+
+
+@dataclass(slots=True)
+class _Smoothed:
+    heartbeat_ts: float
+    running: float
+    waiting: float
+    kv_used: float
 
 
 class CompletionCostPolicy(PolicyBase):
@@ -27,7 +65,57 @@ class CompletionCostPolicy(PolicyBase):
         self.weights_version = w.version
         self.max_kv_used_ratio = max_kv_used_ratio
         self.max_queue = max_queue
-        self._avg_prefill_s = 0.05  # EWMA of the prefill this router sends per request
+        self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
+        self._smooth: dict[str, _Smoothed] = {}
+        self._ring = HashRing(c=w.affinity_load_bound)
+
+    def set_weights_from(self, raw: Mapping[str, object]) -> None:
+        """Replace the weights at runtime (validated as a whole, or not at all)."""
+        w = CostWeights.model_validate(raw)
+        self.w = w
+        self.weights_version = w.version
+        self._ring = HashRing(c=w.affinity_load_bound)
+
+    def _smoothed(self, n: NodeView) -> _Smoothed:
+        s = self._smooth.get(n.node_id)
+        if s is None:
+            s = _Smoothed(n.heartbeat_ts, n.running, n.waiting, n.kv_blocks_used)
+            self._smooth[n.node_id] = s
+        elif n.heartbeat_ts > s.heartbeat_ts:
+            a = self.w.load_ewma
+            s.heartbeat_ts = n.heartbeat_ts
+            s.running += a * (n.running - s.running)
+            s.waiting += a * (n.waiting - s.waiting)
+            s.kv_used += a * (n.kv_blocks_used - s.kv_used)
+        return s
+
+    def cost(self, request: RouteRequest, n: NodeView, hit: int) -> dict[str, float]:
+        """The components of the expected completion cost of ``request`` on ``n`` (seconds)."""
+        w = self.w
+        s = self._smoothed(n)
+        bs = n.block_size
+        conf = index_confidence(n, w.stale_tau_s)
+        hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
+        uncached = request.prompt_tokens - hit_tokens
+        prefill_s = uncached / w.prefill_tokens_per_s
+        queued = max(float(n.prefill_backlog_tokens), (s.waiting + n.pending) * self._avg_uncached)
+        queue_s = queued / w.prefill_tokens_per_s
+        batch = s.running + n.pending + 1
+        context = s.kv_used * bs + request.prompt_tokens
+        tpot_s = w.step_base_s + w.step_per_seq_s * batch + w.step_per_context_token_s * context
+        decode_s = min(request.max_tokens, w.decode_horizon_tokens) * tpot_s
+        stall_s = prefill_s * s.running * w.interference
+        need = math.ceil((request.prompt_tokens + request.max_tokens) / bs) - hit_tokens / bs
+        after = (s.kv_used + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
+        kv_s = w.kv_pressure_s * max(0.0, after - w.kv_soft_limit)
+        return {
+            "queue_s": queue_s,
+            "prefill_s": prefill_s * w.prefill_weight,
+            "decode_s": decode_s,
+            "stall_s": stall_s,
+            "kv_s": kv_s,
+            "confidence": conf,
+        }
 
     def choose(
         self,
@@ -36,34 +124,30 @@ class CompletionCostPolicy(PolicyBase):
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        w = self.w
         total = max(1, len(request.block_hashes))
+        home = None
+        if request.session_id is not None and self.w.session_affinity_s > 0:
+            home = self._ring.home(
+                point(request.session_id),
+                {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
+            )
         cands: list[Candidate] = []
-        prefill_of: dict[str, float] = {}
         for n in nodes:
             hit = matches.get(n.node_id, 0)
-            uncached = max(0, request.prompt_tokens - hit * n.block_size)
-            prefill_s = uncached / w.prefill_tokens_per_s
-            # this router's own queued prompts are known exactly; other routers' only by count
-            backlog_s = n.prefill_backlog_tokens / w.prefill_tokens_per_s
-            queue_s = max(backlog_s, (n.waiting + n.pending) * self._avg_prefill_s)
-            batch = n.running + n.pending + 1
-            tpot_s = w.step_base_s + w.step_per_seq_s * batch
-            decode_s = request.max_tokens * tpot_s
-            stall_s = prefill_s * n.running * w.interference
-            kv_s = w.kv_pressure_s * max(0.0, n.kv_used_ratio - w.kv_soft_limit)
-            parts = {
-                "queue_s": queue_s,
-                "prefill_s": prefill_s,
-                "decode_s": decode_s,
-                "stall_s": stall_s,
-                "kv_s": kv_s,
-            }
-            prefill_of[n.node_id] = prefill_s
+            parts = self.cost(request, n, hit)
+            parts["affinity_s"] = -self.w.session_affinity_s if n.node_id == home else 0.0
+            score = -(
+                parts["queue_s"]
+                + parts["prefill_s"]
+                + parts["decode_s"]
+                + parts["stall_s"]
+                + parts["kv_s"]
+                + parts["affinity_s"]
+            )
             cands.append(
                 Candidate(
                     n.node_id,
-                    -sum(parts.values()),
+                    score,
                     hit,
                     hit / total,
                     n.kv_used_ratio,
@@ -81,15 +165,19 @@ class CompletionCostPolicy(PolicyBase):
         salt = zlib.crc32(request.request_id.encode())
         ordered = sorted(cands, key=lambda c: (-c.score, zlib.crc32(c.node_id.encode()) ^ salt))
         within = [c for c in ordered if not over(c)]
-        if within:
-            best = within[0]
-            reason = (
-                ("prefix_hit" if best.hit_blocks else "least_cost")
-                if best is ordered[0]
-                else "overload_fallback"
-            )
+        best = within[0] if within else ordered[0]
+        longest = max(cands, key=lambda c: c.hit_blocks)
+        if not within:
+            reason = "all_overloaded"
+        elif longest.hit_blocks == 0:
+            reason = "session_home" if best.node_id == home else "least_cost"
+        elif best.hit_blocks >= longest.hit_blocks:
+            reason = "prefix_hit"
+        elif over(longest):
+            reason = "overload_fallback"
         else:
-            best, reason = ordered[0], "all_overloaded"
-        a = w.prefill_ewma
-        self._avg_prefill_s = (1 - a) * self._avg_prefill_s + a * prefill_of[best.node_id]
+            reason = "spread"
+        n = by_node[best.node_id]
+        uncached = max(0, request.prompt_tokens - best.hit_blocks * n.block_size)
+        self._avg_uncached += self.w.prefill_ewma * (uncached - self._avg_uncached)
         return RouteDecision(best.node_id, reason, tuple(cands))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import bisect
 import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 
+from router.affinity import HashRing, point
 from router.baselines import DynamoCostPolicy, LlmdWeightedPolicy, SglangCacheAwarePolicy
 from router.core import Candidate, NodeView, Policy, PolicyBase, RouteDecision, RouteRequest
 from router.costpolicy import CompletionCostPolicy
@@ -42,6 +42,11 @@ class SeedScorePolicy(PolicyBase):
         self.weights_version = weights.version
         self.max_kv_used_ratio = max_kv_used_ratio
         self.max_queue = max_queue
+
+    def set_weights_from(self, raw: Mapping[str, object]) -> None:
+        """Replace the weights at runtime (validated as a whole, or not at all)."""
+        self.weights = SeedWeights.model_validate(raw)
+        self.weights_version = self.weights.version
 
     def _over(self, n: NodeView) -> bool:
         return n.kv_used_ratio >= self.max_kv_used_ratio or n.queue_len > self.max_queue
@@ -218,22 +223,7 @@ class ConsistentHashPolicy(PolicyBase):
     weights_version = 0
 
     def __init__(self, vnodes: int = 64) -> None:
-        self.vnodes = vnodes
-        self._rings: dict[frozenset[str], tuple[list[int], list[str]]] = {}
-
-    def _ring(self, ids: frozenset[str]) -> tuple[list[int], list[str]]:
-        ring = self._rings.get(ids)
-        if ring is None:
-            points = sorted(
-                (zlib.crc32(f"{node}#{v}".encode()), node)
-                for node in ids
-                for v in range(self.vnodes)
-            )
-            ring = ([p for p, _ in points], [n for _, n in points])
-            if len(self._rings) > 64:  # node sets change rarely; keep a few
-                self._rings.clear()
-            self._rings[ids] = ring
-        return ring
+        self._ring = HashRing(vnodes)
 
     def choose(
         self,
@@ -243,13 +233,13 @@ class ConsistentHashPolicy(PolicyBase):
         now: float,
     ) -> RouteDecision:
         if request.session_id is not None:
-            key = zlib.crc32(request.session_id.encode())
+            key = point(request.session_id)
         elif request.block_hashes:
             key = request.block_hashes[0] & 0xFFFFFFFF
         else:
-            key = zlib.crc32(request.request_id.encode())
-        points, owners = self._ring(frozenset(n.node_id for n in nodes))
-        chosen = owners[bisect.bisect(points, key) % len(points)]
+            key = point(request.request_id)
+        chosen = self._ring.owner(key, (n.node_id for n in nodes))
+        assert chosen is not None  # nodes is not empty
         return RouteDecision(chosen, "consistent_hash", _candidates(nodes, matches, request))
 
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from router.control import ControlFollower
 from router.policies import make_policy
 from router.service import RouterService
 from streams.kafka import KafkaBus, ensure_topics
@@ -38,14 +39,18 @@ def build_router_app(s: Settings) -> web.Application:
     service = RouterService(
         s.router, replica, bus, make_policy(s.router), s.admission, store, storm_store
     )
+    control = ControlFollower(s.kafka, bus, service.policy, f"{service.router_id}-control")
+    service.control = control
     app = service.app()
 
     async def start(_: web.Application) -> None:
         await ensure_topics(s.kafka)
         await bus.start()
         await replica.start()
+        await control.start()
 
     async def stop(_: web.Application) -> None:
+        await control.stop()
         await replica.stop()
         await bus.stop()
         if redis_client is not None:

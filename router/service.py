@@ -28,6 +28,7 @@ from admission.gate import AdmissionGate
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import StormStore
+from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
 from router.ledger import InflightLedger
@@ -90,6 +91,7 @@ class RouterService:
         self.metrics = RouterMetrics()
         self._http: aiohttp.ClientSession | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.control: ControlFollower | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -347,6 +349,9 @@ class RouterService:
         return _json(
             {
                 "router_id": self.router_id,
+                "policy": self.policy.name,
+                "weights_version": self.policy.weights_version,
+                "weights_refused": self.control.refused if self.control else 0,
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
                 "reservations": await self.gate.store.count(),
@@ -363,7 +368,7 @@ class RouterService:
                         "pending": n.pending,
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,
-                        "indexed_blocks": len(self.replica.index.blocks_of(n.node_id)),
+                        "indexed_blocks": len(self.replica.index.blocks_view(n.node_id)),
                     }
                     for n in self.nodes(now)
                 },

@@ -24,7 +24,7 @@ class SeedWeights(BaseModel):
 
 class CostWeights(BaseModel):
     """The completion-cost model of the ``kvgate`` policy (defaults: the documented engine
-    profile, docs/engine-model.md)."""
+    profile, docs/engine-model.md). ``version`` is recorded with every decision."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -32,10 +32,23 @@ class CostWeights(BaseModel):
     prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)
     step_base_s: float = Field(default=0.006, ge=0)
     step_per_seq_s: float = Field(default=0.00003, ge=0)
-    interference: float = Field(default=1.0, ge=0, description="weight of the stall on others")
+    step_per_context_token_s: float = Field(default=4.9e-8, ge=0)
+    prefill_weight: float = Field(
+        default=3.0, ge=0, description="weight of the uncached prefill (>1 values cache hits more)"
+    )
+    interference: float = Field(default=0.0, ge=0, description="weight of the stall on others")
+    decode_horizon_tokens: int = Field(default=32, ge=0)
     kv_soft_limit: float = Field(default=0.85, ge=0, le=1)
     kv_pressure_s: float = Field(default=5.0, ge=0, description="cost per unit of KV over limit")
     prefill_ewma: float = Field(default=0.1, gt=0, le=1)
+    load_ewma: float = Field(default=0.5, gt=0, le=1, description="smoothing of heartbeats")
+    stale_tau_s: float = Field(default=1.0, gt=0, description="trust decay of a lagging index")
+    session_affinity_s: float = Field(
+        default=0.05, ge=0, description="bonus of a session's home node (0: no affinity)"
+    )
+    affinity_load_bound: float = Field(
+        default=1.25, ge=1, description="home nodes above this × mean load are skipped"
+    )
 
 
 class RouterSettings(BaseModel):
@@ -55,7 +68,7 @@ class RouterSettings(BaseModel):
         "dynamo_cost",
         "llmd_weighted",
         "kvgate",
-    ] = "seed_score"
+    ] = "kvgate"
     weights: SeedWeights = SeedWeights()
     cost: CostWeights = CostWeights()
     default_max_tokens: int = Field(default=256, ge=1)

@@ -25,7 +25,7 @@ from router.ledger import InflightLedger
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
 
-__all__ = ["Done", "SimConfig", "simulate"]
+__all__ = ["Done", "SimConfig", "node_profile", "simulate"]
 
 MODEL = "sim"
 
@@ -97,22 +97,27 @@ def _all_hashes(r: TraceRequest, idx: int, block_size: int) -> list[int]:
     return hashes
 
 
-def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
-    """Replay ``trace`` through ``policy`` on ``cfg.nodes`` engines; returns finished requests."""
+def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:
+    """The engine profile at the trace's block size, keeping the profile's KV memory."""
     profile = (
-        cfg.profile.model_copy(update={"block_size": trace.block_size})
-        if trace.block_size != cfg.profile.block_size
+        cfg.profile.model_copy(update={"block_size": block_size})
+        if block_size != cfg.profile.block_size
         else cfg.profile
     )
-    # keep the KV memory of the profile whatever the block size
-    if trace.block_size != cfg.profile.block_size and cfg.profile.num_gpu_blocks_override is None:
+    if block_size != cfg.profile.block_size and cfg.profile.num_gpu_blocks_override is None:
         profile = profile.model_copy(
             update={
                 "num_gpu_blocks_override": max(
-                    1, cfg.profile.num_gpu_blocks * cfg.profile.block_size // trace.block_size
+                    1, cfg.profile.num_gpu_blocks * cfg.profile.block_size // block_size
                 )
             }
         )
+    return profile
+
+
+def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
+    """Replay ``trace`` through ``policy`` on ``cfg.nodes`` engines; returns finished requests."""
+    profile = node_profile(cfg, trace.block_size)
     nodes = [_Node(f"node-{i:02d}", EngineCore(profile)) for i in range(cfg.nodes)]
     by_id = {n.node_id: n for n in nodes}
     index = PrefixIndex()

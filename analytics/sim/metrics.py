@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from analytics.sim.cluster import Done
-from analytics.sim.traces import hit_bound
+from analytics.sim.traces import hit_bound, pooled_lru_bound
 
 __all__ = ["run_metrics"]
 
@@ -27,6 +27,7 @@ def run_metrics(
     *,
     ttft_slo_s: float = 2.0,
     tpot_slo_s: float = 0.1,
+    cache_blocks_per_node: int | None = None,
 ) -> dict[str, Any]:
     if not done:
         return {"requests": 0}
@@ -48,6 +49,7 @@ def run_metrics(
             or (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1) <= tpot_slo_s
         )
     ]
+    arrivals = sorted((d.request for d in done), key=lambda r: r.arrival_s)
     per_node = Counter(d.node for d in done)
     loads = [per_node.get(f"node-{i:02d}", 0) for i in range(nodes)]
     mean = statistics.fmean(loads)
@@ -63,8 +65,11 @@ def run_metrics(
         "e2e_p50_s": _pct(e2e, 0.5),
         "e2e_p99_s": _pct(e2e, 0.99),
         "hit_rate": cached / prompt if prompt else 0.0,
-        "hit_bound": hit_bound(
-            sorted((d.request for d in done), key=lambda r: r.arrival_s), block_size
+        "hit_bound": hit_bound(arrivals, block_size),
+        "hit_bound_pooled_lru": (
+            pooled_lru_bound(arrivals, block_size, cache_blocks_per_node * nodes)
+            if cache_blocks_per_node
+            else None
         ),
         "slo_attainment": len(ok) / len(done),
         "ttft_slo_s": ttft_slo_s,

@@ -7,56 +7,79 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.cluster import SimConfig, node_profile, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace, load_trace
+from analytics.sim.workloads import WORKLOADS, make_workload
 from router.policies import make_policy
 from router.settings import RouterSettings
 
-__all__ = ["capacity_rps", "replay"]
+__all__ = ["capacity_rps", "open_trace", "replay", "replay_trace"]
 
 
-def capacity_rps(trace: Trace, cfg: SimConfig, probe_requests: int = 1500) -> float:
-    """Completed requests per second when the cluster is saturated (arrivals 50× compressed,
-    least-requests routing): the reference for ``load``."""
+def capacity_rps(trace: Trace, cfg: SimConfig, probe_requests: int = 12_000) -> float:
+    """The cluster's capacity on this trace: its saturated throughput. The first
+    ``probe_requests`` arrive at once (a queue that never runs dry), routed by least-requests;
+    the completion rate between the 25th and the 75th percentile of finish times — full batches,
+    after the ramp and before the drain — is the capacity (requests per second)."""
     head = trace.head(probe_requests)
-    offered = len(head.requests) / max(1e-9, head.span_s)
-    done = simulate(head.scaled(1 / 50), make_policy(RouterSettings(policy="least_requests")), cfg)
-    span = max(d.finish_s for d in done) - min(d.request.arrival_s for d in done)
-    return min(len(done) / span, offered * 50)
+    burst = head.scaled(1e-6 / max(1e-9, head.span_s))
+    done = simulate(burst, make_policy(RouterSettings(policy="least_requests")), cfg)
+    finish = sorted(d.finish_s for d in done)
+    a, b = finish[len(finish) // 4], finish[(3 * len(finish)) // 4]
+    if b <= a:
+        return len(finish) / max(1e-9, finish[-1] - burst.requests[0].arrival_s)
+    return (len(finish) // 2) / (b - a)
 
 
-def replay(
-    path: Path,
+def open_trace(source: str | Path, *, limit: int | None = None, seed: int = 0) -> Trace:
+    """A trace file (Mooncake .jsonl, Azure .csv) or the name of a generated workload."""
+    if isinstance(source, str) and source in WORKLOADS:
+        return make_workload(source, requests=limit or 12_000, seed=seed)
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such trace (workloads: {', '.join(WORKLOADS)})")
+    trace = load_trace(path, seed=seed)
+    return trace.head(limit) if limit is not None else trace
+
+
+def replay_trace(
+    trace: Trace,
     *,
     nodes: int,
-    policy: str,
+    policy: str | RouterSettings,
     load: float | None,
-    limit: int | None = None,
     seed: int = 0,
     capacity: float | None = None,
     cfg: SimConfig | None = None,
 ) -> dict[str, Any]:
-    """Replay ``path``; ``load`` (e.g. 0.8) rescales arrivals to that fraction of the measured
-    capacity, ``None`` keeps the trace's own timing."""
-    trace = load_trace(path, seed=seed)
-    if limit is not None:
-        trace = trace.head(limit)
+    """Replay ``trace``; ``load`` (e.g. 0.8) rescales arrivals to that fraction of the measured
+    capacity, ``None`` keeps the trace's own timing. ``policy`` is a policy name or the whole
+    router configuration (policy and weights) to evaluate."""
     cfg = replace(cfg or SimConfig(), nodes=nodes, seed=seed)
     cap = None
     if load is not None:
         cap = capacity if capacity is not None else capacity_rps(trace, cfg)
         rate = len(trace.requests) / max(1e-9, trace.span_s)
         trace = trace.scaled(rate / (load * cap))
-    settings = RouterSettings.model_validate({"policy": policy})
+    settings = (
+        policy
+        if isinstance(policy, RouterSettings)
+        else RouterSettings.model_validate({"policy": policy})
+    )
     started = time.perf_counter()
     done = simulate(trace, make_policy(settings), cfg)
     wall = time.perf_counter() - started
-    out = run_metrics(done, nodes, trace.block_size)
+    out = run_metrics(
+        done,
+        nodes,
+        trace.block_size,
+        cache_blocks_per_node=node_profile(cfg, trace.block_size).num_gpu_blocks,
+    )
     out.update(
         {
             "trace": trace.name,
-            "policy": policy,
+            "policy": settings.policy,
             "nodes": nodes,
             "load": load,
             "capacity_rps": cap,
@@ -66,3 +89,21 @@ def replay(
         }
     )
     return out
+
+
+def replay(
+    source: str | Path,
+    *,
+    nodes: int,
+    policy: str | RouterSettings,
+    load: float | None,
+    limit: int | None = None,
+    seed: int = 0,
+    capacity: float | None = None,
+    cfg: SimConfig | None = None,
+) -> dict[str, Any]:
+    """:func:`replay_trace` on a trace file or a named workload."""
+    trace = open_trace(source, limit=limit, seed=seed)
+    return replay_trace(
+        trace, nodes=nodes, policy=policy, load=load, seed=seed, capacity=capacity, cfg=cfg
+    )

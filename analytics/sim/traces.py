@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from streams.blocks import HASH_MASK
 
-__all__ = ["Trace", "TraceRequest", "hit_bound", "load_trace"]
+__all__ = ["Trace", "TraceRequest", "hit_bound", "load_trace", "pooled_lru_bound"]
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -122,4 +123,27 @@ def hit_bound(requests: Sequence[TraceRequest], block_size: int) -> float:
             else:
                 seen.add(h)
         seen.update(r.output_block_hashes)
+    return hit / total if total else 0.0
+
+
+def pooled_lru_bound(
+    requests: Sequence[TraceRequest], block_size: int, capacity_blocks: int
+) -> float:
+    """The hit rate of one LRU cache holding the whole cluster's KV memory
+    (``capacity_blocks``): what perfect routing could reach without a bigger cache. Each
+    request looks up its prompt's leading blocks, then its prompt and answer blocks become the
+    most recently used."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hit = total = 0
+    for r in requests:
+        total += r.prompt_tokens
+        for h in r.block_hashes:
+            if h not in cache:
+                break
+            hit += block_size
+        for h in (*r.block_hashes, *r.output_block_hashes):
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > capacity_blocks:
+            cache.popitem(last=False)
     return hit / total if total else 0.0

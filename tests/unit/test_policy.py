@@ -184,21 +184,3 @@ def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
     assert parts["a"] == {"prefix": 3.0, "queue": 0.0, "kv": 1.0}
     assert parts["b"] == {"prefix": 0.0, "queue": 2.0, "kv": 0.5}
     assert d.chosen == "a"
-
-
-def test_completion_cost_discounts_cached_prefill_and_avoids_a_backlog() -> None:
-    from router.costpolicy import CompletionCostPolicy
-    from router.settings import CostWeights
-
-    p = CompletionCostPolicy(CostWeights(), max_kv_used_ratio=0.9, max_queue=8)
-    long_req = RouteRequest("r1", "m", list(range(1000)), prompt_tokens=16_000, max_tokens=16)
-    d = p.decide(long_req, [node("a"), node("b")], {"b": 1000}, NOW)
-    assert d.chosen == "b" and d.reason == "prefix_hit"
-    parts = {c.node_id: c.components for c in d.candidates}
-    assert parts["a"]["prefill_s"] == 16_000 / 25_000 and parts["b"]["prefill_s"] == 0.0
-    # an uncached long prompt avoids the node where this router's prompts await prefill
-    other = RouteRequest("r2", "m", list(range(5000, 6000)), prompt_tokens=16_000, max_tokens=16)
-    busy = [node("a", prefill_backlog_tokens=32_000), node("b")]
-    d2 = p.decide(other, busy, {}, NOW)
-    assert d2.chosen == "b"
-    assert {c.node_id: c.components["queue_s"] for c in d2.candidates}["a"] == 32_000 / 25_000

@@ -1,0 +1,168 @@
+"""Synthetic workloads for the simulator, as :class:`~analytics.sim.traces.Trace` objects.
+
+Each generator is a pure function of its seed. Prompts are described by who owns each stretch of
+tokens (a system prompt, a session, one request): a block's hash is the hash of the owner of its
+last token and its position, which is what a prefix-chained hash gives when every owner's content
+is fixed (two requests share block ``i`` exactly when they share the tokens up to its end).
+
+* ``shared_prompt`` — support bots: a few long system prompts, short unique questions.
+* ``multi_turn`` — chat sessions whose context grows turn by turn (the answer becomes part of the
+  next prompt, so the answer's blocks are listed for reuse).
+* ``zipf_hot`` — many prefixes with skewed popularity; one prefix carries ≥ 40 % of the traffic.
+* ``long_tail`` — no sharing, heavy-tailed lengths (a control case).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Callable, Sequence
+
+from analytics.sim.traces import Trace, TraceRequest
+from streams.blocks import HASH_MASK
+
+__all__ = ["WORKLOADS", "make_workload"]
+
+BLOCK = 16  # vLLM's default block size on CUDA
+
+
+def _owner_key(owner: str) -> int:
+    return zlib.crc32(owner.encode()) << 20
+
+
+def _hashes(segments: Sequence[tuple[str, int]], start_block: int, end_block: int) -> list[int]:
+    """Hashes of blocks ``[start_block, end_block)`` of a prompt made of (owner, tokens)."""
+    out = []
+    bounds = []
+    pos = 0
+    for owner, tokens in segments:
+        pos += tokens
+        bounds.append((pos, _owner_key(owner)))
+    j = 0
+    for i in range(start_block, end_block):
+        last = (i + 1) * BLOCK - 1
+        while j < len(bounds) - 1 and bounds[j][0] <= last:
+            j += 1
+        key = bounds[j][1]
+        out.append(((key + i + 1) * 0x9E3779B97F4A7C15) & HASH_MASK)
+    return out
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    return max(lo, min(hi, round(median * math.exp(rng.gauss(0.0, sigma)))))
+
+
+def _request(
+    t: float,
+    segments: list[tuple[str, int]],
+    output: int,
+    *,
+    session: str | None = None,
+    reuse_answer: bool = False,
+) -> TraceRequest:
+    prompt = sum(n for _, n in segments)
+    full = prompt // BLOCK
+    answer: list[int] = []
+    if reuse_answer:
+        owner = segments[-1][0]
+        answer = _hashes([*segments, (owner, output)], full, (prompt + output) // BLOCK)
+    return TraceRequest(
+        t,
+        prompt,
+        output,
+        tuple(_hashes(segments, 0, full)),
+        session,
+        tuple(answer),
+    )
+
+
+def shared_prompt(requests: int, rate: float, seed: int) -> Trace:
+    """A few support bots, each with a long system prompt (instructions, policies, few-shot
+    examples: 1.5–3k tokens); users ask short questions and get medium answers."""
+    rng = random.Random(seed)
+    bots = [(f"bot{i}", rng.randint(1500, 3000)) for i in range(6)]
+    weights = [1.0 / (i + 1) for i in range(len(bots))]
+    t = 0.0
+    out = []
+    for i in range(requests):
+        t += rng.expovariate(rate)
+        name, sys_len = rng.choices(bots, weights)[0]
+        q = _lognormal(rng, 80, 0.8, 8, 1500)
+        a = _lognormal(rng, 180, 0.6, 8, 1024)
+        out.append(_request(t, [(name, sys_len), (f"q{i}", q)], a))
+    return Trace("shared_prompt", BLOCK, tuple(out))
+
+
+def multi_turn(requests: int, rate: float, seed: int) -> Trace:
+    """Chat sessions: a short shared system prompt, then turns whose prompt is the whole
+    conversation so far; users think ~20 s between an answer and the next message."""
+    rng = random.Random(seed)
+    sessions_rate = rate / 5.0  # mean turns per session ~5
+    out: list[TraceRequest] = []
+    t = 0.0
+    s = 0
+    while len(out) < requests:
+        t += rng.expovariate(sessions_rate)
+        sid = f"s{s}"
+        s += 1
+        turns = min(16, 1 + int(rng.expovariate(1 / 4.0)))
+        segments: list[tuple[str, int]] = [("chat-system", 350)]
+        at = t
+        for _ in range(turns):
+            segments.append((sid, _lognormal(rng, 120, 0.9, 4, 2000)))
+            answer = _lognormal(rng, 220, 0.6, 8, 1200)
+            out.append(_request(at, list(segments), answer, session=sid, reuse_answer=True))
+            segments.append((sid, answer))
+            at += 2.0 + rng.expovariate(1 / 20.0)
+            if sum(n for _, n in segments) > 24_000:
+                break
+    out.sort(key=lambda r: r.arrival_s)
+    return Trace("multi_turn", BLOCK, tuple(out[:requests]))
+
+
+def zipf_hot(requests: int, rate: float, seed: int) -> Trace:
+    """200 document/agent prefixes (1–4k tokens): the hottest carries 45 % of the requests, the
+    rest follow Zipf(1.1)."""
+    rng = random.Random(seed)
+    prefixes = [(f"doc{i}", rng.randint(1000, 4000)) for i in range(200)]
+    tail = [1.0 / (i + 1) ** 1.1 for i in range(len(prefixes) - 1)]
+    scale = 0.55 / sum(tail)
+    weights = [0.45] + [w * scale for w in tail]
+    t = 0.0
+    out = []
+    for i in range(requests):
+        t += rng.expovariate(rate)
+        name, plen = rng.choices(prefixes, weights)[0]
+        q = _lognormal(rng, 100, 0.8, 8, 2000)
+        a = _lognormal(rng, 150, 0.7, 8, 1024)
+        out.append(_request(t, [(name, plen), (f"q{i}", q)], a))
+    return Trace("zipf_hot", BLOCK, tuple(out))
+
+
+def long_tail(requests: int, rate: float, seed: int) -> Trace:
+    """No sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 up to 2k."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(requests):
+        t += rng.expovariate(rate)
+        p = _lognormal(rng, 800, 1.1, 16, 32_000)
+        a = _lognormal(rng, 150, 0.9, 4, 2048)
+        out.append(_request(t, [(f"r{i}", p)], a))
+    return Trace("long_tail", BLOCK, tuple(out))
+
+
+WORKLOADS: dict[str, Callable[[int, float, int], Trace]] = {
+    "shared_prompt": shared_prompt,
+    "multi_turn": multi_turn,
+    "zipf_hot": zipf_hot,
+    "long_tail": long_tail,
+}
+
+
+def make_workload(name: str, requests: int = 3000, rate: float = 10.0, seed: int = 0) -> Trace:
+    gen = WORKLOADS.get(name)
+    if gen is None:
+        raise ValueError(f"unknown workload {name!r}; known: {sorted(WORKLOADS)}")
+    return gen(requests, rate, seed)

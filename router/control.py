@@ -1,0 +1,155 @@
+"""Runtime control of a router from ``kvgate.control``.
+
+Every router replica follows the whole (compacted) control topic from the beginning, without a
+consumer group, so that all replicas converge on the same weights and a restarted router picks up
+the latest ones before it serves. ``weights`` messages (subject ``weights/<policy>``) carry the
+full weight set of one policy with a ``version``; a router applies them when the policy is the one
+it runs and the version is newer than its own. Invalid weights are refused (logged and counted),
+never half-applied; malformed messages go to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from router.core import Policy
+from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
+from streams.schemas import ControlMessage
+from streams.settings import KafkaSettings
+from streams.topics import CONTROL
+
+__all__ = ["ControlFollower", "apply_weights", "weights_message"]
+
+log = logging.getLogger(__name__)
+
+
+def weights_message(
+    policy: str, weights: dict[str, Any], now: float | None = None
+) -> ControlMessage:
+    """The control message that sets ``policy``'s weights on every router."""
+    return ControlMessage(
+        subject=f"weights/{policy}",
+        kind="weights",
+        ts=now or time.time(),
+        payload={"policy": policy, "weights": weights},
+    )
+
+
+def apply_weights(policy: Policy, msg: ControlMessage) -> str:
+    """Apply a ``weights`` message to ``policy``; returns what happened (for logs and tests):
+    ``applied``, ``other_policy``, ``not_newer``, ``invalid: ...`` or ``fixed_policy``."""
+    if msg.payload.get("policy") != policy.name:
+        return "other_policy"
+    setter: Callable[[dict[str, Any]], None] | None = getattr(policy, "set_weights_from", None)
+    if setter is None:
+        return "fixed_policy"
+    raw = msg.payload.get("weights")
+    if not isinstance(raw, dict):
+        return "invalid: payload.weights must be an object"
+    version = raw.get("version")
+    if not isinstance(version, int) or version <= policy.weights_version:
+        return "not_newer"
+    try:
+        setter(raw)
+    except (ValidationError, ValueError, TypeError) as exc:
+        return f"invalid: {exc}".splitlines()[0]
+    return "applied"
+
+
+class ControlFollower:
+    """Follows ``kvgate.control`` and applies what concerns this router."""
+
+    def __init__(self, kafka: KafkaSettings, bus: KafkaBus, policy: Policy, client_id: str) -> None:
+        self.kafka = kafka
+        self.bus = bus
+        self.policy = policy
+        self.client_id = client_id
+        self.topic = CONTROL.name(kafka.namespace)
+        self.applied = 0
+        self.refused = 0
+        self.caught_up = asyncio.Event()
+        self.on_message: list[Callable[[ControlMessage], None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def handle(self, msg: ControlMessage) -> str:
+        outcome = "ignored"
+        if msg.kind == "weights":
+            outcome = apply_weights(self.policy, msg)
+            if outcome == "applied":
+                self.applied += 1
+                log.info(
+                    "weights of %s now version %d", self.policy.name, self.policy.weights_version
+                )
+            elif outcome.startswith("invalid"):
+                self.refused += 1
+                log.warning("refused weights for %s: %s", self.policy.name, outcome)
+        for hook in self.on_message:
+            hook(msg)
+        return outcome
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._follow()
+            except Exception as exc:  # the router keeps serving on its current weights
+                log.warning("control follower restarting after %s", exc)
+                await asyncio.sleep(1.0)
+
+    async def _follow(self) -> None:
+        from aiokafka import TopicPartition
+
+        consumer = make_consumer(
+            self.kafka, group_id=None, client_id=self.client_id, fetch_max_wait_ms=100
+        )
+        await consumer.start()
+        try:
+            parts = None
+            for _ in range(300):
+                parts = consumer.partitions_for_topic(self.topic)
+                if parts:
+                    break
+                await consumer._client.force_metadata_update()
+                await asyncio.sleep(0.1)
+            if not parts:
+                raise RuntimeError(f"topic {self.topic} does not exist")
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            while True:
+                batches = await consumer.getmany(timeout_ms=200)
+                for records in batches.values():
+                    for record in records:
+                        if record.value is None:
+                            continue
+                        msg = await decode_or_dead_letter(
+                            self.bus, CONTROL, record, f"router:{self.client_id}"
+                        )
+                        if isinstance(msg, ControlMessage):
+                            self.handle(msg)
+                if not self.caught_up.is_set() and all(
+                    await asyncio.gather(*(self._at(consumer, tp, end[tp]) for tp in tps))
+                ):
+                    self.caught_up.set()
+        finally:
+            await consumer.stop()
+
+    @staticmethod
+    async def _at(consumer: Any, tp: Any, end: int) -> bool:
+        return bool(await consumer.position(tp) >= end)

@@ -1,0 +1,101 @@
+"""Hand-checked scenarios for kvgate's completion-cost policy."""
+
+import math
+
+import pytest
+
+from router.control import apply_weights, weights_message
+from router.core import RouteRequest
+from router.costpolicy import CompletionCostPolicy
+from router.settings import CostWeights
+from tests.unit.test_policy import NOW, node
+
+W = CostWeights()
+
+
+def policy(**over: object) -> CompletionCostPolicy:
+    return CompletionCostPolicy(W.model_copy(update=over), max_kv_used_ratio=0.9, max_queue=8)
+
+
+LONG = RouteRequest("r1", "m", list(range(100)), prompt_tokens=1_600, max_tokens=16)
+
+
+def test_a_cached_prefix_is_a_discount_on_prefill() -> None:
+    d = policy().decide(LONG, [node("a"), node("b")], {"b": 60}, NOW)
+    assert d.chosen == "b" and d.reason == "prefix_hit"
+    parts = {c.node_id: c.components for c in d.candidates}
+    rate, weight = W.prefill_tokens_per_s, W.prefill_weight
+    assert parts["a"]["prefill_s"] == pytest.approx(weight * 1_600 / rate)
+    assert parts["b"]["prefill_s"] == pytest.approx(weight * (1_600 - 60 * 16) / rate)
+    # queueing and decode do not depend on the hit (KV need does: held blocks are reused)
+    for key in ("queue_s", "decode_s"):
+        assert parts["a"][key] == parts["b"][key]
+
+
+def test_the_holder_over_its_kv_limit_is_not_chosen() -> None:
+    d = policy().decide(LONG, [node("a"), node("b", used=95)], {"b": 100}, NOW)
+    assert d.chosen == "a" and d.reason == "overload_fallback"
+
+
+def test_a_hot_prefix_spreads_when_its_holder_is_backed_up() -> None:
+    busy_holder = node("b", prefill_backlog_tokens=200_000)
+    d = policy().decide(LONG, [node("a"), busy_holder], {"b": 60}, NOW)
+    assert d.chosen == "a" and d.reason == "spread"
+
+
+def test_a_lagging_index_cannot_attract_traffic() -> None:
+    fresh, stale = policy(), policy()
+    holder = node("b", kv_index_gap=3, kv_index_age_s=0.0)
+    assert fresh.decide(LONG, [node("a"), holder], {"b": 100}, NOW).chosen == "b"
+    lagging = node("b", kv_index_gap=3, kv_index_age_s=10.0, running=2)
+    d = stale.decide(LONG, [node("a"), lagging], {"b": 100}, NOW)
+    conf = {c.node_id: c.components["confidence"] for c in d.candidates}
+    assert conf["b"] == pytest.approx(math.exp(-10.0 / W.stale_tau_s)) and conf["a"] == 1.0
+    assert d.chosen == "a"
+
+
+def test_session_affinity_is_shared_by_replicas_and_yields_to_load() -> None:
+    nodes = [node(f"n{i}") for i in range(8)]
+    homes = set()
+    for replica in range(3):  # three independent router replicas
+        p = policy()
+        for turn in range(3):
+            req = RouteRequest(
+                f"r{replica}{turn}", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-42"
+            )
+            d = p.decide(req, nodes, {}, NOW)
+            homes.add(d.chosen)
+            assert d.reason == "session_home"
+    assert len(homes) == 1
+    home = homes.pop()
+    loaded = [node(n.node_id, running=40, waiting=6) if n.node_id == home else n for n in nodes]
+    req = RouteRequest("r9", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-42")
+    assert policy().decide(req, loaded, {}, NOW).chosen != home
+
+
+def test_heartbeat_load_is_smoothed() -> None:
+    p = policy()
+    a = node("a", running=0, heartbeat_ts=NOW - 1)
+    p.decide(LONG, [a], {}, NOW)
+    spike = node("a", running=100, heartbeat_ts=NOW - 0.5)
+    p.decide(LONG, [spike], {}, NOW)
+    assert p._smooth["a"].running == pytest.approx(100 * W.load_ewma)
+    p.decide(LONG, [spike], {}, NOW)  # the same heartbeat again: no second update
+    assert p._smooth["a"].running == pytest.approx(100 * W.load_ewma)
+
+
+def test_weights_change_at_runtime_only_forward_and_only_when_valid() -> None:
+    p = policy()
+    assert p.weights_version == 1
+    newer = W.model_copy(update={"version": 2, "prefill_weight": 1.5}).model_dump()
+    assert apply_weights(p, weights_message("kvgate", newer)) == "applied"
+    assert p.weights_version == 2 and p.w.prefill_weight == 1.5
+    assert apply_weights(p, weights_message("kvgate", {**newer, "prefill_weight": 9})) == (
+        "not_newer"
+    )
+    bad = {**newer, "version": 3, "prefill_weight": -1}
+    assert apply_weights(p, weights_message("kvgate", bad)).startswith("invalid")
+    assert p.weights_version == 2 and p.w.prefill_weight == 1.5
+    assert apply_weights(p, weights_message("seed_score", {"version": 9})) == "other_policy"
+    d = p.decide(LONG, [node("a")], {}, NOW)
+    assert d.chosen == "a" and p.weights_version == 2
