@@ -23,9 +23,11 @@ from agents.enginemetrics import EngineStats, parse_metrics
 from agents.kvtranslate import KvTranslator
 from agents.settings import AgentSettings
 from agents.vllm_events import decode_batch
-from streams.kafka import KafkaBus
-from streams.schemas import Heartbeat, KvEventBatch
-from streams.topics import HEARTBEATS, KV_EVENTS
+from streams.codec import decode
+from streams.exceptions import SchemaError
+from streams.kafka import KafkaBus, make_consumer
+from streams.schemas import ControlMessage, Heartbeat, KvEventBatch
+from streams.topics import CONTROL, HEARTBEATS, KV_EVENTS
 
 __all__ = ["NodeAgent", "new_epoch"]
 
@@ -52,6 +54,7 @@ class NodeAgent:
         self._flush_now = asyncio.Event()
         self._kv_lock = asyncio.Lock()
         self.engine_gaps = 0
+        self.prewarmed = 0
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -67,6 +70,8 @@ class NodeAgent:
             ]
             if self.settings.kv_events_endpoint:
                 tasks.append(asyncio.create_task(self._subscribe(self.settings.kv_events_endpoint)))
+            if self.settings.prewarm:
+                tasks.append(asyncio.create_task(self._prewarm(http)))
             await self._publish_kv(snapshot=True)
             try:
                 await asyncio.gather(*tasks)
@@ -126,10 +131,57 @@ class NodeAgent:
                     ),
                     healthy=stats is not None,
                     lease_s=s.lease_s,
+                    kv_seq=self._kv_seq - 1 if self._kv_seq else None,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)
             await asyncio.sleep(max(0.0, s.heartbeat_interval_s - (time.monotonic() - started)))
+
+    # --- pre-warm advice -----------------------------------------------------------------
+    async def _prewarm(self, http: aiohttp.ClientSession) -> None:
+        """Follow kvgate.control from its end; advice naming this node makes the engine compute
+        the hot prefix (a one-token completion on its token ids), so the next request hits."""
+        topic = CONTROL.name(self.bus.settings.namespace)
+        while True:
+            consumer = make_consumer(
+                self.bus.settings,
+                topic,
+                group_id=None,
+                client_id=f"agent-{self.settings.node_id}-control",
+                auto_offset_reset="latest",
+            )
+            try:
+                await consumer.start()
+                async for record in consumer:
+                    try:
+                        msg = decode(ControlMessage, record.value or b"")
+                    except SchemaError:
+                        continue  # the routers dead-letter malformed control messages
+                    if msg.kind == "prewarm" and self.settings.node_id in msg.payload.get(
+                        "nodes", ()
+                    ):
+                        await self._warm(http, msg)
+            except Exception as exc:  # keep heartbeats going whatever happens here
+                log.warning("pre-warm follower restarting after %s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                await consumer.stop()
+
+    async def _warm(self, http: aiohttp.ClientSession, msg: ControlMessage) -> None:
+        body = {
+            "model": msg.payload.get("model"),
+            "prompt": msg.payload.get("prompt_token_ids", []),
+            "max_tokens": 1,
+        }
+        try:
+            async with http.post(f"{self.settings.engine_url}/v1/completions", json=body) as r:
+                await r.read()
+                if r.status == 200:
+                    self.prewarmed += 1
+                else:
+                    log.warning("pre-warm refused by the engine: HTTP %d", r.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("pre-warm failed: %s", exc)
 
     # --- KV events -----------------------------------------------------------------------
     async def _subscribe(self, endpoint: str) -> None:

@@ -40,3 +40,4 @@ class AgentSettings(BaseModel):
     snapshot_interval_s: float = Field(default=30.0, gt=0)
     lease_s: float = Field(default=2.0, gt=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
+    prewarm: bool = Field(default=True, description="act on pre-warm advice from kvgate.control")

@@ -41,12 +41,13 @@ from router.settings import CostWeights
 __all__ = ["CompletionCostPolicy", "index_confidence"]
 
 
-def index_confidence(n: NodeView, stale_tau_s: float) -> float:
+def index_confidence(n: NodeView, grace_s: float, tau_s: float) -> float:
     """How far a prefix hit on ``n`` can be trusted: 1 when the index holds every KV batch the
-    node announced; otherwise decaying with how long the index has been behind."""
-    if n.kv_index_gap <= 0:
+    node announced, or has been behind for less than ``grace_s`` (normal pipeline lag);
+    otherwise decaying with how long the index has been behind."""
+    if n.kv_index_gap <= 0 or n.kv_index_age_s <= grace_s:
         return 1.0
-    return math.exp(-n.kv_index_age_s / stale_tau_s)
+    return math.exp(-(n.kv_index_age_s - grace_s) / tau_s)
 
 
 @dataclass(slots=True)
@@ -94,7 +95,7 @@ class CompletionCostPolicy(PolicyBase):
         w = self.w
         s = self._smoothed(n)
         bs = n.block_size
-        conf = index_confidence(n, w.stale_tau_s)
+        conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s)
         hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
         uncached = request.prompt_tokens - hit_tokens
         prefill_s = uncached / w.prefill_tokens_per_s

@@ -35,6 +35,12 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        self.prewarm_advice = Counter(
+            "kvgate_router_prewarm_advice",
+            "Pre-warm advice published for hot prefixes",
+            registry=self.registry,
+        )
+
     def decided(self, reason: str, decision_us: float) -> None:
         self._decisions.labels(reason).inc()
         self._latency.observe(decision_us / 1e6)

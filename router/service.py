@@ -31,6 +31,7 @@ from admission.storm import StormStore
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
+from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
@@ -41,7 +42,8 @@ from streams.blocks import chain_hashes
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
-from streams.topics import DECISIONS, LEDGER, OUTCOMES
+from streams.schemas import ControlMessage, Heartbeat
+from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
 
 __all__ = ["RouterService"]
 
@@ -92,6 +94,9 @@ class RouterService:
         self._http: aiohttp.ClientSession | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.control: ControlFollower | None = None
+        self.hot = HotPrefixes() if settings.prewarm else None
+        self._background: set[asyncio.Future[None]] = set()
+        self._behind_since: dict[str, float] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -142,6 +147,7 @@ class RouterService:
             self._last_sweep = now
         out = []
         for hb in self.replica.load.values():
+            gap, age = self._index_lag(hb, now)
             out.append(
                 NodeView(
                     node_id=hb.node_id,
@@ -159,9 +165,27 @@ class RouterService:
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
                     pending=self.ledger.unreflected(hb.node_id, hb.ts),
                     prefill_backlog_tokens=self.ledger.prefill_backlog(hb.node_id),
+                    kv_index_gap=gap,
+                    kv_index_age_s=age,
                 )
             )
         return out
+
+    def _index_lag(self, hb: Heartbeat, now: float) -> tuple[int, float]:
+        """KV batches the node announced (heartbeat ``kv_seq``) that the index lacks, and since
+        when the index has been behind (0 when it is not)."""
+        gap = 0
+        if hb.kv_seq is not None:
+            cursor = self.replica.cursors.get(hb.node_id)
+            if cursor is None or cursor.epoch != hb.epoch:
+                gap = hb.kv_seq + 1
+            else:
+                gap = max(0, hb.kv_seq - cursor.seq)
+        if gap <= 0:
+            self._behind_since.pop(hb.node_id, None)
+            return 0, 0.0
+        since = self._behind_since.setdefault(hb.node_id, hb.ts)
+        return gap, max(0.0, now - since)
 
     # --- endpoints -----------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -298,7 +322,36 @@ class RouterService:
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
-        return rreq, self.policy.decide(rreq, nodes, self.replica.index.match(hashes), now)
+        matches = self.replica.index.match(hashes)
+        decision = self.policy.decide(rreq, nodes, matches, now)
+        if self.hot is not None and decision.chosen is not None:
+            advice = self.hot.observe(now, hashes, matches, nodes)
+            if advice is not None:
+                self._advise(advice, p, block_size, now)
+        return rreq, decision
+
+    def _advise(self, advice: PrewarmAdvice, p: ParsedRequest, block_size: int, now: float) -> None:
+        """Publish pre-warm advice: the named nodes' agents load the prefix into their engine."""
+        self.metrics.prewarm_advice.inc()
+        msg = ControlMessage(
+            subject=f"prewarm/{advice.prefix_hash:016x}",
+            kind="prewarm",
+            ts=now,
+            payload={
+                "model": p.model,
+                "prefix_hash": advice.prefix_hash,
+                "blocks": advice.blocks,
+                "block_size": block_size,
+                "share": round(advice.share, 4),
+                "holders": list(advice.holders),
+                "nodes": list(advice.targets),
+                "prompt_token_ids": p.tokens[: advice.blocks * block_size],
+                "router_id": self.router_id,
+            },
+        )
+        task = asyncio.ensure_future(self.bus.publish(CONTROL, msg.subject, msg))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _decide(self, request: web.Request) -> web.Response:
         """Dry run: what would the router do with this body (completion or chat)? No events."""
@@ -330,6 +383,7 @@ class RouterService:
                 "block_size": block_size,
                 "decision_us": decision_us,
                 "policy": self.policy.name,
+                "weights_version": self.policy.weights_version,
                 "candidates": [
                     {
                         "node_id": c.node_id,

@@ -42,6 +42,7 @@ class CostWeights(BaseModel):
     kv_pressure_s: float = Field(default=5.0, ge=0, description="cost per unit of KV over limit")
     prefill_ewma: float = Field(default=0.1, gt=0, le=1)
     load_ewma: float = Field(default=0.5, gt=0, le=1, description="smoothing of heartbeats")
+    stale_grace_s: float = Field(default=0.5, ge=0, description="index lag that is normal")
     stale_tau_s: float = Field(default=1.0, gt=0, description="trust decay of a lagging index")
     session_affinity_s: float = Field(
         default=0.05, ge=0, description="bonus of a session's home node (0: no affinity)"
@@ -71,6 +72,9 @@ class RouterSettings(BaseModel):
     ] = "kvgate"
     weights: SeedWeights = SeedWeights()
     cost: CostWeights = CostWeights()
+    prewarm: bool = Field(
+        default=True, description="publish pre-warm advice for hot prefixes on kvgate.control"
+    )
     default_max_tokens: int = Field(default=256, ge=1)
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)

@@ -58,6 +58,12 @@ class Heartbeat(Message):
     healthy: bool = True
     draining: bool = False
     lease_s: float = Field(default=2.0, gt=0, description="node drops out if no beat for this long")
+    kv_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description="seq of the last KV batch the agent published in this epoch (routers compare "
+        "it with their index to know how far behind the index is)",
+    )
 
 
 class KvEventBatch(Message):

@@ -21,6 +21,7 @@ from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun, EngineCore, Sequence, StepResult
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
+from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
@@ -38,6 +39,8 @@ class SimConfig:
     index_lag_s: float = 0.15  # agent flush (100 ms) + Kafka + fold
     seed: int = 0
     fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
+    prewarm: bool = False  # act on hot-prefix advice (router.hotprefix) like the live agents
+    prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
 
 
 @dataclass(slots=True)
@@ -115,8 +118,15 @@ def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:
     return profile
 
 
-def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
-    """Replay ``trace`` through ``policy`` on ``cfg.nodes`` engines; returns finished requests."""
+def simulate(
+    trace: Trace, policy: Policy, cfg: SimConfig, stats: dict[str, int] | None = None
+) -> list[Done]:
+    """Replay ``trace`` through ``policy`` on ``cfg.nodes`` engines; returns finished requests.
+    ``stats`` (if given) receives counters: pre-warm advice and warm-up requests."""
+    stats = stats if stats is not None else {}
+    stats.setdefault("prewarm_advice", 0)
+    stats.setdefault("prewarm_requests", 0)
+    hot = HotPrefixes() if cfg.prewarm else None
     profile = node_profile(cfg, trace.block_size)
     nodes = [_Node(f"node-{i:02d}", EngineCore(profile)) for i in range(cfg.nodes)]
     by_id = {n.node_id: n for n in nodes}
@@ -178,10 +188,18 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
             n.gen += 1
             push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
 
+    def add(n: _Node, seq: Sequence, now: float) -> None:
+        cut_run(n, now)
+        n.core.add(seq)
+        if not n.busy:
+            start_step(n, now)
+
     def step_done(n: _Node, now: float, finished: list[Sequence]) -> None:
         nonlocal remaining
         n.busy = False
         for seq in finished:
+            if seq.request_id not in meta:  # a warm-up request
+                continue
             r, node, reason, seen = meta.pop(seq.request_id)
             ledger.finish(seq.request_id)
             n.served += 1
@@ -248,10 +266,25 @@ def simulate(trace: Trace, policy: Policy, cfg: SimConfig) -> list[Done]:
                 prompt_hashes=_all_hashes(r, idx, trace.block_size),
             )
             meta[rid] = (r, target.node_id, d.reason, matches.get(target.node_id, 0))
-            cut_run(target, now)
-            target.core.add(seq)
-            if not target.busy:
-                start_step(target, now)
+            add(target, seq, now)
+            if hot is not None:
+                advice = hot.observe(now, r.block_hashes, matches, views)
+                if advice is not None:
+                    stats["prewarm_advice"] += 1
+                    push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+        elif kind == "warm":  # an agent loads a hot prefix into its engine
+            advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
+            for node_id in advice.targets:
+                stats["prewarm_requests"] += 1
+                warm = Sequence(
+                    f"warm{stats['prewarm_requests']}",
+                    bytes(advice.blocks * trace.block_size),
+                    1,
+                    now,
+                    random.Random(0),
+                    prompt_hashes=list(hashes[: advice.blocks]),
+                )
+                add(by_id[node_id], warm, now)
         elif kind == "run":  # a decode run ends
             node_id, gen = cast(tuple[str, int], data)
             n = by_id[node_id]

@@ -67,8 +67,11 @@ def replay_trace(
         if isinstance(policy, RouterSettings)
         else RouterSettings.model_validate({"policy": policy})
     )
+    if settings.policy == "kvgate":  # the kvgate system acts on its pre-warm advice
+        cfg = replace(cfg, prewarm=settings.prewarm)
+    stats: dict[str, int] = {}
     started = time.perf_counter()
-    done = simulate(trace, make_policy(settings), cfg)
+    done = simulate(trace, make_policy(settings), cfg, stats)
     wall = time.perf_counter() - started
     out = run_metrics(
         done,
@@ -84,6 +87,7 @@ def replay_trace(
             "load": load,
             "capacity_rps": cap,
             "offered_rps": len(trace.requests) / max(1e-9, trace.span_s),
+            **stats,
             "sim_wall_s": round(wall, 2),
             "sim_requests_per_min": round(len(done) / wall * 60) if wall else None,
         }

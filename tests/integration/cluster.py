@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
+from pydantic import BaseModel
 
 from deploy.procs import Supervisor, free_port
+from streams.codec import decode
+from streams.kafka import make_consumer
+from streams.settings import KafkaSettings
+from streams.topics import TopicSpec
 from tests.conftest import wait_until
+
+M = TypeVar("M", bound=BaseModel)
 
 MODEL = "llama-3.1-8b"
 
@@ -75,3 +84,26 @@ async def get(url: str, path: str) -> Any:
 
 def long_prompt(tag: str, words: int = 200) -> str:
     return f"[{tag}] " + " ".join(f"word{i % 37}" for i in range(words))
+
+
+async def read_topic(
+    kafka: KafkaSettings,
+    spec: TopicSpec,
+    model: type[M],
+    done: Callable[[list[M]], bool],
+    timeout_s: float = 30.0,
+) -> list[M]:
+    """Read ``spec``'s topic from the beginning until ``done`` holds for what was read."""
+    consumer = make_consumer(
+        kafka, spec.name(kafka.namespace), group_id=None, client_id=f"t-{spec.name('t')}"
+    )
+    await consumer.start()
+    out: list[M] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not done(out) and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                out += [decode(model, r.value) for r in records if r.value is not None]
+    finally:
+        await consumer.stop()
+    return out

@@ -15,31 +15,20 @@ from analytics.schema import migrate
 from analytics.settings import ClickHouseSettings, SinkSettings
 from analytics.sink import Sink
 from deploy.procs import Supervisor
-from streams.codec import decode
-from streams.kafka import KafkaBus, ensure_topics, make_consumer
+from streams.kafka import KafkaBus, ensure_topics
 from streams.replica import TableReplica
 from streams.schemas import DeadLetter, Outcome
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import DECISIONS, DLQ, HEARTBEATS, KV_EVENTS, OUTCOMES
 from tests.conftest import wait_until
 from tests.factories import heartbeat
-from tests.integration.cluster import MODEL, Cluster
+from tests.integration.cluster import MODEL, Cluster, read_topic
 
 pytestmark = pytest.mark.integration
 
 
 async def read_dlq(kafka: KafkaSettings, want: int, timeout_s: float = 30) -> list[DeadLetter]:
-    consumer = make_consumer(kafka, DLQ.name(kafka.namespace), group_id=None, client_id="t-dlq")
-    await consumer.start()
-    out: list[DeadLetter] = []
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(out) < want and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                out += [decode(DeadLetter, r.value) for r in records]
-    finally:
-        await consumer.stop()
-    return out
+    return await read_topic(kafka, DLQ, DeadLetter, lambda got: len(got) >= want, timeout_s)
 
 
 async def test_malformed_input_messages_are_dead_lettered_and_worker_continues(

@@ -50,7 +50,8 @@ def test_a_lagging_index_cannot_attract_traffic() -> None:
     lagging = node("b", kv_index_gap=3, kv_index_age_s=10.0, running=2)
     d = stale.decide(LONG, [node("a"), lagging], {"b": 100}, NOW)
     conf = {c.node_id: c.components["confidence"] for c in d.candidates}
-    assert conf["b"] == pytest.approx(math.exp(-10.0 / W.stale_tau_s)) and conf["a"] == 1.0
+    expected = math.exp(-(10.0 - W.stale_grace_s) / W.stale_tau_s)
+    assert conf["b"] == pytest.approx(expected) and conf["a"] == 1.0
     assert d.chosen == "a"
 
 
