@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.affinity import HashRing, point
@@ -61,7 +61,9 @@ class _Smoothed:
 class CompletionCostPolicy(PolicyBase):
     name = "kvgate"
 
-    def __init__(self, w: CostWeights, max_kv_used_ratio: float, max_queue: int) -> None:
+    def __init__(
+        self, w: CostWeights, max_kv_used_ratio: float, max_queue: int, record_candidates: int = 8
+    ) -> None:
         self.w = w
         self.weights_version = w.version
         self.max_kv_used_ratio = max_kv_used_ratio
@@ -69,6 +71,8 @@ class CompletionCostPolicy(PolicyBase):
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
         self._smooth: dict[str, _Smoothed] = {}
         self._ring = HashRing(c=w.affinity_load_bound)
+        self._crc: dict[str, int] = {}
+        self.record_candidates = record_candidates
 
     def set_weights_from(self, raw: Mapping[str, object]) -> None:
         """Replace the weights at runtime (validated as a whole, or not at all)."""
@@ -100,23 +104,89 @@ class CompletionCostPolicy(PolicyBase):
         uncached = request.prompt_tokens - hit_tokens
         prefill_s = uncached / w.prefill_tokens_per_s
         queued = max(float(n.prefill_backlog_tokens), (s.waiting + n.pending) * self._avg_uncached)
-        queue_s = queued / w.prefill_tokens_per_s
         batch = s.running + n.pending + 1
         context = s.kv_used * bs + request.prompt_tokens
         tpot_s = w.step_base_s + w.step_per_seq_s * batch + w.step_per_context_token_s * context
-        decode_s = min(request.max_tokens, w.decode_horizon_tokens) * tpot_s
-        stall_s = prefill_s * s.running * w.interference
         need = math.ceil((request.prompt_tokens + request.max_tokens) / bs) - hit_tokens / bs
         after = (s.kv_used + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
-        kv_s = w.kv_pressure_s * max(0.0, after - w.kv_soft_limit)
         return {
-            "queue_s": queue_s,
+            "queue_s": queued / w.prefill_tokens_per_s,
             "prefill_s": prefill_s * w.prefill_weight,
-            "decode_s": decode_s,
-            "stall_s": stall_s,
-            "kv_s": kv_s,
+            "decode_s": min(request.max_tokens, w.decode_horizon_tokens) * tpot_s,
+            "stall_s": prefill_s * s.running * w.interference,
+            "kv_s": w.kv_pressure_s * max(0.0, after - w.kv_soft_limit),
             "confidence": conf,
         }
+
+    def _total(self, request: RouteRequest, n: NodeView, hit: int, home: str | None) -> float:
+        return self._scorer(request, home)(n, hit)
+
+    def _scorer(self, request: RouteRequest, home: str | None) -> Callable[[NodeView, int], float]:
+        """The sum of :meth:`cost`'s components for one request, without building them: the
+        per-node hot loop, with everything that does not depend on the node hoisted."""
+        w = self.w
+        smooth = self._smooth
+        smoothed = self._smoothed
+        prompt = request.prompt_tokens
+        inv_rate = 1.0 / w.prefill_tokens_per_s
+        prefill_weight, interference = w.prefill_weight, w.interference
+        grace, tau = w.stale_grace_s, w.stale_tau_s
+        horizon = min(request.max_tokens, w.decode_horizon_tokens)
+        step_base, per_seq, per_ctx = w.step_base_s, w.step_per_seq_s, w.step_per_context_token_s
+        kv_pressure, kv_soft = w.kv_pressure_s, w.kv_soft_limit
+        demand = prompt + request.max_tokens
+        avg_uncached = self._avg_uncached
+        affinity = w.session_affinity_s
+
+        def total(n: NodeView, hit: int) -> float:
+            s = smooth.get(n.node_id)
+            if s is None or n.heartbeat_ts > s.heartbeat_ts:
+                s = smoothed(n)
+            bs = n.block_size
+            hit_tokens = 0.0
+            if hit:
+                hit_tokens = min(max(0, prompt - 1), hit * bs) * (
+                    index_confidence(n, grace, tau) if n.kv_index_gap > 0 else 1.0
+                )
+            prefill_s = (prompt - hit_tokens) * inv_rate
+            running = s.running
+            backlog = n.prefill_backlog_tokens
+            waiting_tokens = (s.waiting + n.pending) * avg_uncached
+            out = (
+                (backlog if backlog > waiting_tokens else waiting_tokens) * inv_rate
+                + prefill_s * (prefill_weight + running * interference)
+                + horizon
+                * (
+                    step_base
+                    + per_seq * (running + n.pending + 1)
+                    + per_ctx * (s.kv_used * bs + prompt)
+                )
+            )
+            total_blocks = n.kv_blocks_total
+            if total_blocks:
+                over = (s.kv_used + (-(-demand // bs)) - hit_tokens / bs) / total_blocks - kv_soft
+                if over > 0:
+                    out += kv_pressure * over
+            elif kv_soft < 1.0:
+                out += kv_pressure * (1.0 - kv_soft)
+            if n.node_id == home:
+                out -= affinity
+            return out
+
+        return total
+
+    def _over(self, n: NodeView) -> bool:
+        return n.kv_used_ratio >= self.max_kv_used_ratio or n.queue_len > self.max_queue
+
+    def _candidate(
+        self, request: RouteRequest, n: NodeView, hit: int, home: str | None, total: int
+    ) -> Candidate:
+        parts = self.cost(request, n, hit)
+        parts["affinity_s"] = -self.w.session_affinity_s if n.node_id == home else 0.0
+        score = -sum(v for k, v in parts.items() if k != "confidence")
+        return Candidate(
+            n.node_id, score, hit, hit / total, n.kv_used_ratio, n.queue_len, n.healthy, parts
+        )
 
     def choose(
         self,
@@ -125,60 +195,49 @@ class CompletionCostPolicy(PolicyBase):
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        total = max(1, len(request.block_hashes))
+        total_blocks = max(1, len(request.block_hashes))
         home = None
         if request.session_id is not None and self.w.session_affinity_s > 0:
             home = self._ring.home(
                 point(request.session_id),
                 {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
             )
-        cands: list[Candidate] = []
-        for n in nodes:
-            hit = matches.get(n.node_id, 0)
-            parts = self.cost(request, n, hit)
-            parts["affinity_s"] = -self.w.session_affinity_s if n.node_id == home else 0.0
-            score = -(
-                parts["queue_s"]
-                + parts["prefill_s"]
-                + parts["decode_s"]
-                + parts["stall_s"]
-                + parts["kv_s"]
-                + parts["affinity_s"]
-            )
-            cands.append(
-                Candidate(
-                    n.node_id,
-                    score,
-                    hit,
-                    hit / total,
-                    n.kv_used_ratio,
-                    n.queue_len,
-                    n.healthy,
-                    parts,
-                )
-            )
-        by_node = {n.node_id: n for n in nodes}
-
-        def over(c: Candidate) -> bool:
-            n = by_node[c.node_id]
-            return n.kv_used_ratio >= self.max_kv_used_ratio or n.queue_len > self.max_queue
-
         salt = zlib.crc32(request.request_id.encode())
-        ordered = sorted(cands, key=lambda c: (-c.score, zlib.crc32(c.node_id.encode()) ^ salt))
-        within = [c for c in ordered if not over(c)]
-        best = within[0] if within else ordered[0]
-        longest = max(cands, key=lambda c: c.hit_blocks)
-        if not within:
-            reason = "all_overloaded"
-        elif longest.hit_blocks == 0:
-            reason = "session_home" if best.node_id == home else "least_cost"
-        elif best.hit_blocks >= longest.hit_blocks:
-            reason = "prefix_hit"
-        elif over(longest):
-            reason = "overload_fallback"
+        crc = self._crc
+        scored = []
+        score = self._scorer(request, home)
+        for i, n in enumerate(nodes):
+            tie = crc.get(n.node_id)
+            if tie is None:
+                tie = crc[n.node_id] = zlib.crc32(n.node_id.encode())
+            scored.append((score(n, matches.get(n.node_id, 0)), tie ^ salt, i))
+        scored.sort()
+        best_i = next((i for _, _, i in scored if not self._over(nodes[i])), None)
+        longest_node = max(matches, key=lambda k: matches[k], default=None)
+        longest = matches.get(longest_node, 0) if longest_node is not None else 0
+        if best_i is None:
+            best_i, reason = scored[0][2], "all_overloaded"
         else:
-            reason = "spread"
-        n = by_node[best.node_id]
-        uncached = max(0, request.prompt_tokens - best.hit_blocks * n.block_size)
+            best_hit = matches.get(nodes[best_i].node_id, 0)
+            if longest == 0:
+                reason = "session_home" if nodes[best_i].node_id == home else "least_cost"
+            elif best_hit >= longest:
+                reason = "prefix_hit"
+            elif longest_node is not None and any(
+                n.node_id == longest_node and self._over(n) for n in nodes
+            ):
+                reason = "overload_fallback"
+            else:
+                reason = "spread"
+        best = nodes[best_i]
+        # the decision record keeps the best few candidates with their components
+        keep = [i for _, _, i in scored[: self.record_candidates]]
+        if best_i not in keep:
+            keep.append(best_i)
+        cands = tuple(
+            self._candidate(request, nodes[i], matches.get(nodes[i].node_id, 0), home, total_blocks)
+            for i in keep
+        )
+        uncached = max(0, request.prompt_tokens - matches.get(best.node_id, 0) * best.block_size)
         self._avg_uncached += self.w.prefill_ewma * (uncached - self._avg_uncached)
-        return RouteDecision(best.node_id, reason, tuple(cands))
+        return RouteDecision(best.node_id, reason, cands)

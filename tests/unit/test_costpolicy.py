@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from router.affinity import point
 from router.control import apply_weights, weights_message
 from router.core import RouteRequest
 from router.costpolicy import CompletionCostPolicy
@@ -100,3 +101,22 @@ def test_weights_change_at_runtime_only_forward_and_only_when_valid() -> None:
     assert apply_weights(p, weights_message("seed_score", {"version": 9})) == "other_policy"
     d = p.decide(LONG, [node("a")], {}, NOW)
     assert d.chosen == "a" and p.weights_version == 2
+
+
+def test_the_fast_total_equals_the_recorded_components() -> None:
+    p = policy(interference=0.2)
+    nodes = [
+        node("a", used=50, running=3, waiting=1, pending=2, prefill_backlog_tokens=900),
+        node("b", used=95, running=9, kv_index_gap=2, kv_index_age_s=3.0),
+        node("c", kv_blocks_total=0),
+    ]
+    req = RouteRequest(
+        "r", "m", list(range(40)), prompt_tokens=700, max_tokens=300, session_id="s1"
+    )
+    matches = {"a": 10, "b": 40}
+    p.decide(req, nodes, matches, NOW)  # smoothing state settles on these heartbeats
+    loads = {x.node_id: float(x.running + x.waiting + x.pending) for x in nodes}
+    home = p._ring.home(point("s1"), loads)
+    expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home) for n in nodes}
+    d = p.decide(req, nodes, matches, NOW)
+    assert {c.node_id: c.score for c in d.candidates} == pytest.approx(expected)
