@@ -345,29 +345,47 @@ def bench_routing(
         "../shared/traces"
     ),
     nodes: Annotated[int, typer.Option(help="simulated engines")] = 16,
-    loads: Annotated[str, typer.Option(help="comma-separated loads")] = "0.8",
-    mooncake_limit: Annotated[int, typer.Option(help="Mooncake requests")] = 1500,
-    azure_limit: Annotated[int, typer.Option(help="Azure conv requests")] = 3000,
+    loads: Annotated[str, typer.Option(help="comma-separated loads")] = "0.5,0.8,1.0,1.2",
+    requests: Annotated[int, typer.Option(help="requests per workload (trace head)")] = 6000,
+    workloads: Annotated[
+        str,
+        typer.Option(help="comma-separated: trace file names in traces_dir and generated names"),
+    ] = (
+        "mooncake_fast25_synthetic_trace.jsonl,azure_llm_inference_2023_conv.csv,"
+        "shared_prompt,multi_turn,zipf_hot,long_tail"
+    ),
+    policies: Annotated[str, typer.Option(help="comma-separated policies (default: all)")] = "",
+    jobs: Annotated[int, typer.Option(help="parallel simulations")] = 2,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
 ) -> None:
-    """Every routing policy on the Mooncake and Azure traces in the simulator."""
+    """Every routing policy on public traces and generated workloads at several loads."""
     import sys
 
     from analytics.sim.bench import bench_routing as run
+    from analytics.sim.workloads import WORKLOADS
+    from router.policies import POLICIES
 
-    traces = [
-        (traces_dir / "mooncake_fast25_synthetic_trace.jsonl", mooncake_limit),
-        (traces_dir / "azure_llm_inference_2023_conv.csv", azure_limit),
-    ]
-    for path, _ in traces:
-        if not path.exists():
-            raise typer.BadParameter(f"{path} does not exist")
+    sources: list[tuple[str, int | None]] = []
+    for name in workloads.split(","):
+        if name in WORKLOADS:
+            sources.append((name, requests))
+        else:
+            path = traces_dir / name
+            if not path.exists():
+                raise typer.BadParameter(f"{path} does not exist")
+            sources.append((str(path), requests))
+    chosen = [p for p in policies.split(",") if p] or list(POLICIES)
+    for p in chosen:
+        if p not in POLICIES:
+            raise typer.BadParameter(f"unknown policy {p!r}")
     run(
-        traces,
+        sources,
         nodes=nodes,
         loads=[float(x) for x in loads.split(",")],
         out_dir=out,
         command="kvgate bench " + " ".join(sys.argv[2:]),
+        policies=chosen,
+        jobs=jobs,
     )
     typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
 

@@ -71,7 +71,6 @@ class CompletionCostPolicy(PolicyBase):
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
         self._smooth: dict[str, _Smoothed] = {}
         self._ring = HashRing(c=w.affinity_load_bound)
-        self._crc: dict[str, int] = {}
         self.record_candidates = record_candidates
 
     def set_weights_from(self, raw: Mapping[str, object]) -> None:
@@ -202,30 +201,27 @@ class CompletionCostPolicy(PolicyBase):
                 point(request.session_id),
                 {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
             )
-        salt = zlib.crc32(request.request_id.encode())
-        crc = self._crc
-        scored = []
+        # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
+        # several routers do not pile onto the same node
+        rot = zlib.crc32(request.request_id.encode())
+        count = len(nodes)
         score = self._scorer(request, home)
-        for i, n in enumerate(nodes):
-            tie = crc.get(n.node_id)
-            if tie is None:
-                tie = crc[n.node_id] = zlib.crc32(n.node_id.encode())
-            scored.append((score(n, matches.get(n.node_id, 0)), tie ^ salt, i))
+        mget = matches.get
+        scored = [(score(n, mget(n.node_id, 0)), (i + rot) % count, i) for i, n in enumerate(nodes)]
         scored.sort()
-        best_i = next((i for _, _, i in scored if not self._over(nodes[i])), None)
-        longest_node = max(matches, key=lambda k: matches[k], default=None)
-        longest = matches.get(longest_node, 0) if longest_node is not None else 0
+        over = self._over
+        best_i = next((i for _, _, i in scored if not over(nodes[i])), None)
+        longest_node = max(matches, key=mget, default=None)  # type: ignore[arg-type]
+        longest = mget(longest_node, 0) if longest_node is not None else 0
         if best_i is None:
             best_i, reason = scored[0][2], "all_overloaded"
         else:
-            best_hit = matches.get(nodes[best_i].node_id, 0)
+            best_hit = mget(nodes[best_i].node_id, 0)
             if longest == 0:
                 reason = "session_home" if nodes[best_i].node_id == home else "least_cost"
             elif best_hit >= longest:
                 reason = "prefix_hit"
-            elif longest_node is not None and any(
-                n.node_id == longest_node and self._over(n) for n in nodes
-            ):
+            elif any(n.node_id == longest_node and over(n) for n in nodes):
                 reason = "overload_fallback"
             else:
                 reason = "spread"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -43,11 +45,18 @@ def build_router_app(s: Settings) -> web.Application:
     service.control = control
     app = service.app()
 
-    async def start(_: web.Application) -> None:
+    async def freeze_when_caught_up() -> None:
+        # the index is a few large containers; keeping them out of the cyclic GC's scans
+        # removes millisecond pauses from the decision path (docs/benchmarks/decision.md)
+        await replica.caught_up.wait()
+        gc.freeze()
+
+    async def start(app: web.Application) -> None:
         await ensure_topics(s.kafka)
         await bus.start()
         await replica.start()
         await control.start()
+        app["freeze"] = asyncio.create_task(freeze_when_caught_up())
 
     async def stop(_: web.Application) -> None:
         await control.stop()

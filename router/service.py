@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from array import array
+from dataclasses import replace
 from hashlib import blake2b
 from typing import Any
 
@@ -97,6 +98,7 @@ class RouterService:
         self.hot = HotPrefixes() if settings.prewarm else None
         self._background: set[asyncio.Future[None]] = set()
         self._behind_since: dict[str, float] = {}
+        self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -146,10 +148,12 @@ class RouterService:
             self.ledger.sweep(now)
             self._last_sweep = now
         out = []
+        cache = self._views
         for hb in self.replica.load.values():
             gap, age = self._index_lag(hb, now)
-            out.append(
-                NodeView(
+            cached = cache.get(hb.node_id)
+            if cached is None or cached[0] is not hb:
+                view = NodeView(
                     node_id=hb.node_id,
                     endpoint=hb.endpoint,
                     model=hb.model,
@@ -163,12 +167,21 @@ class RouterService:
                     draining=hb.draining,
                     heartbeat_ts=hb.ts,
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
-                    pending=self.ledger.unreflected(hb.node_id, hb.ts),
-                    prefill_backlog_tokens=self.ledger.prefill_backlog(hb.node_id),
-                    kv_index_gap=gap,
-                    kv_index_age_s=age,
+                )
+                cache[hb.node_id] = (hb, view)
+            else:
+                view = cached[1]
+            if gap:
+                view = replace(view, kv_index_gap=gap, kv_index_age_s=age)
+            out.append(
+                view.with_router_state(
+                    self.ledger.unreflected(hb.node_id, hb.ts),
+                    self.ledger.prefill_backlog(hb.node_id),
                 )
             )
+        if len(cache) > 2 * len(self.replica.load) + 16:  # retired nodes
+            for node in set(cache) - set(self.replica.load):
+                del cache[node]
         return out
 
     def _index_lag(self, hb: Heartbeat, now: float) -> tuple[int, float]:

@@ -13,6 +13,7 @@ and ``decision.md``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -86,6 +87,7 @@ def run(n_nodes: int, entries: int, decisions: int, policies: list[str]) -> dict
     t0 = time.perf_counter()
     index, chains, index_bytes = build_index(nodes, entries, rng)
     build_s = time.perf_counter() - t0
+    gc.freeze()  # as the router does once its replica has caught up (router/runtime.py)
     now = time.time()
     base = views(nodes, rng, now)
     results: dict[str, Any] = {}
