@@ -58,6 +58,10 @@ class SimEngine:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset)
+        # what SGLang's model gateway asks a worker when it registers it (it falls back from
+        # the first name to the older one); answering lets the gateway label the model
+        for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+            app.router.add_get(path, self._server_info)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -254,6 +258,20 @@ class SimEngine:
                         * self.settings.profile.block_size,
                     }
                 ],
+            }
+        )
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        p = self.settings.profile
+        return _json(
+            {
+                "model_path": self.settings.served_model_name,
+                "served_model_name": self.settings.served_model_name,
+                "is_generation": True,
+                "max_total_num_tokens": p.num_gpu_blocks * p.block_size,
+                "page_size": p.block_size,
+                "max_running_requests": p.max_num_seqs,
+                "chunked_prefill_size": p.max_num_batched_tokens,
             }
         )
 

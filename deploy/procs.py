@@ -51,12 +51,17 @@ class Supervisor:
     procs: dict[str, Proc] = field(default_factory=dict)
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        """``kvgate <args>`` (``python -m deploy``) as a child named ``name``."""
+        return self.spawn_argv(name, [sys.executable, "-m", "deploy", *args], env=env)
+
+    def spawn_argv(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Any command as a child (e.g. a peer router to compare with)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
         with log.open("ab") as fh:
-            popen = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                [sys.executable, "-m", "deploy", *args],
+            popen = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+                argv,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=full_env,

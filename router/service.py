@@ -37,6 +37,7 @@ from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
 from router.proxy import Relay, forward
+from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record
 from router.settings import RouterSettings
 from streams.blocks import chain_hashes
@@ -96,6 +97,11 @@ class RouterService:
         self._sweeper: asyncio.Task[None] | None = None
         self.control: ControlFollower | None = None
         self.hot = HotPrefixes() if settings.prewarm else None
+        self.recent = (
+            RecentPrefills(settings.recent_prefill_ttl_s)
+            if settings.recent_prefill_ttl_s > 0
+            else None
+        )
         self._background: set[asyncio.Future[None]] = set()
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
@@ -314,7 +320,7 @@ class RouterService:
                 node,
                 p,
                 started,
-                on_first_token=lambda: self.ledger.first_token(request_id),
+                on_first_token=lambda: self._first_token(request_id, node.node_id, rreq),
             )
             return resp
         finally:
@@ -336,12 +342,19 @@ class RouterService:
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
         matches = self.replica.index.match(hashes)
+        if self.recent is not None:
+            matches = merge_matches(matches, self.recent.match(hashes, now))
         decision = self.policy.decide(rreq, nodes, matches, now)
         if self.hot is not None and decision.chosen is not None:
             advice = self.hot.observe(now, hashes, matches, nodes)
             if advice is not None:
                 self._advise(advice, p, block_size, now)
         return rreq, decision
+
+    def _first_token(self, request_id: str, node: str, rreq: RouteRequest) -> None:
+        self.ledger.first_token(request_id)
+        if self.recent is not None:  # its prompt is in the node's cache now
+            self.recent.add(node, rreq.block_hashes, time.time())
 
     def _advise(self, advice: PrewarmAdvice, p: ParsedRequest, block_size: int, now: float) -> None:
         """Publish pre-warm advice: the named nodes' agents load the prefix into their engine."""

@@ -75,6 +75,11 @@ class RouterSettings(BaseModel):
     prewarm: bool = Field(
         default=True, description="publish pre-warm advice for hot prefixes on kvgate.control"
     )
+    recent_prefill_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="remember prefixes this router had prefilled until indexed (0: off)",
+    )
     default_max_tokens: int = Field(default=256, ge=1)
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)

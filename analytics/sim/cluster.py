@@ -23,6 +23,7 @@ from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
+from router.recent import RecentPrefills, merge_matches
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
 
@@ -41,6 +42,7 @@ class SimConfig:
     fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
     prewarm: bool = False  # act on hot-prefix advice (router.hotprefix) like the live agents
     prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
+    recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router.recent)
 
 
 @dataclass(slots=True)
@@ -127,6 +129,7 @@ def simulate(
     stats.setdefault("prewarm_advice", 0)
     stats.setdefault("prewarm_requests", 0)
     hot = HotPrefixes() if cfg.prewarm else None
+    recent = RecentPrefills(cfg.recent_prefill_ttl_s) if cfg.recent_prefill_ttl_s > 0 else None
     profile = node_profile(cfg, trace.block_size)
     nodes = [_Node(f"node-{i:02d}", EngineCore(profile)) for i in range(cfg.nodes)]
     by_id = {n.node_id: n for n in nodes}
@@ -251,6 +254,8 @@ def simulate(
                 rid, MODEL, r.block_hashes, r.prompt_tokens, r.output_tokens, r.session_id
             )
             matches = index.match(r.block_hashes)
+            if recent is not None:
+                matches = merge_matches(matches, recent.match(r.block_hashes, now))
             d = policy.decide(req, eligible(views, MODEL, now), matches, now)
             target = by_id[d.chosen] if d.chosen is not None else rng.choice(nodes)
             seen = matches.get(target.node_id, 0)
@@ -299,5 +304,8 @@ def simulate(
             for seq, _ in res.tokens:
                 if len(seq.output) == 1:
                     ledger.first_token(seq.request_id)
+                    if recent is not None and seq.request_id in meta:
+                        # the prompt's blocks are in the node's cache from now on
+                        recent.add(node_id, meta[seq.request_id][0].block_hashes, now)
             step_done(n, now, res.finished)
     return done

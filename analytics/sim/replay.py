@@ -68,7 +68,9 @@ def replay_trace(
         else RouterSettings.model_validate({"policy": policy})
     )
     if settings.policy == "kvgate":  # the kvgate system acts on its pre-warm advice
-        cfg = replace(cfg, prewarm=settings.prewarm)
+        cfg = replace(
+            cfg, prewarm=settings.prewarm, recent_prefill_ttl_s=settings.recent_prefill_ttl_s
+        )
     stats: dict[str, int] = {}
     started = time.perf_counter()
     done = simulate(trace, make_policy(settings), cfg, stats)

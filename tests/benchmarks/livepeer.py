@@ -1,0 +1,255 @@
+"""kvgate's live router next to SGLang's model gateway, in front of the same simulated engines.
+
+    pip install -e '.[peer]'    # sglang-router (the Rust gateway, from PyPI)
+    python -m tests.benchmarks.livepeer [--engines 4] [--rps 20] [--duration 40] [--bots 40]
+
+Both routers get the same support-bot workload (``analytics.workloads.shared_prompt_chat``:
+many long system prompts shared by short user turns, streamed answers), one after the other, with
+the engines' prefix caches reset in between. Engines are small (``--num-gpu-blocks``) so that
+the system prompts do not all fit on every engine: where a request goes decides whether its
+prefix is cached. Measured at the client: TTFT p50/p99, end-to-end p99, throughput, errors;
+measured at the engines (vLLM's prefix-cache counters): the hit rate. Needs the Kafka that
+``kvgate infra start`` runs. Writes ``docs/benchmarks/livepeer.json`` and ``livepeer.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agents.enginemetrics import parse_metrics
+from analytics.workloads import shared_prompt_chat
+from deploy.procs import Supervisor, free_port
+
+OUT = Path("docs/benchmarks")
+MODEL = "llama-3.1-8b"
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def wait_http(url: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.25)
+    raise TimeoutError(f"{url} not ready after {timeout_s} s")
+
+
+async def engine_counters(http: aiohttp.ClientSession, engines: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for url in engines:
+        async with http.get(url + "/metrics") as r:
+            stats = parse_metrics(await r.text())
+        hits += stats.prefix_hits_total
+        queries += stats.prefix_queries_total
+    return hits, queries
+
+
+async def reset_caches(http: aiohttp.ClientSession, engines: list[str]) -> None:
+    """Empty every engine's prefix cache (refused while requests run: retry until idle)."""
+    for url in engines:
+        for _ in range(200):
+            async with http.post(url + "/reset_prefix_cache") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+
+
+async def one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    ttft = None
+    try:
+        async with http.post(
+            url + "/v1/chat/completions", json=body, headers={"X-Request-Id": uuid.uuid4().hex}
+        ) as r:
+            if r.status != 200:
+                await r.read()
+                return {"ok": False, "status": r.status}
+            async for line in r.content:
+                if ttft is None and line.startswith(b"data: {"):
+                    ttft = time.perf_counter() - started
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return {"ok": False, "status": type(exc).__name__}
+    return {"ok": ttft is not None, "ttft_s": ttft, "e2e_s": time.perf_counter() - started}
+
+
+async def drive(url: str, engines: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    specs = list(
+        shared_prompt_chat(
+            MODEL,
+            args.rps,
+            args.duration,
+            bots=args.bots,
+            system_words=args.system_words,
+            seed=args.seed,
+        )
+    )
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await reset_caches(http, engines)
+        hits0, queries0 = await engine_counters(http, engines)
+        start = time.perf_counter()
+        tasks = []
+        for spec in specs:
+            delay = spec.arrival_s - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(http, url, spec.body)))
+        results = await asyncio.gather(*tasks)
+        span = time.perf_counter() - start
+        hits1, queries1 = await engine_counters(http, engines)
+    ok = [r for r in results if r["ok"]]
+    ttft = [r["ttft_s"] for r in ok]
+    e2e = [r["e2e_s"] for r in ok]
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "error_statuses": sorted({str(r["status"]) for r in results if not r["ok"]}),
+        "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p99_s": pct(ttft, 0.99),
+        "e2e_p99_s": pct(e2e, 0.99),
+        "throughput_rps": len(ok) / span,
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        sys.exit("sglang-router is not installed: pip install -e '.[peer]'")
+    namespace = f"peer{uuid.uuid4().hex[:8]}"
+    sup = Supervisor(
+        Path(tempfile.mkdtemp(prefix="kvgate-peer-")),
+        {
+            "KVGATE_KAFKA__NAMESPACE": namespace,
+            "KVGATE_WORKER__DATA_DIR": tempfile.mkdtemp(prefix="kvgate-peer-worker-"),
+            "KVGATE_WORKER__WEB_PORT": str(free_port()),
+            "KVGATE_ADMISSION__ENABLED": "false",
+        },
+    )
+    try:
+        engines = [
+            sup.spawn_node(f"node-{i}", num_gpu_blocks=args.num_gpu_blocks)
+            for i in range(args.engines)
+        ]
+        for url in engines:
+            await wait_http(url + "/health")
+        sup.spawn("worker", "worker")
+        kv_port, sgl_port = free_port(), free_port()
+        sup.spawn("router", "router", "--port", str(kv_port))
+        kvgate = f"http://127.0.0.1:{kv_port}"
+        sup.spawn_argv(
+            "sglang-router",
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(sgl_port),
+                "--policy",
+                "cache_aware",
+                "--worker-urls",
+                *engines,
+            ],
+        )
+        sglang = f"http://127.0.0.1:{sgl_port}"
+        await wait_http(kvgate + "/ready")
+        await wait_http(sglang + "/v1/models")
+        await asyncio.sleep(2.0)  # every agent has sent a few heartbeats
+        runs: dict[str, Any] = {}
+        for name, url in (("sglang_router_cache_aware", sglang), ("kvgate", kvgate)):
+            runs[name] = await drive(url, engines, args)
+            print(name, json.dumps(runs[name]), flush=True)
+        return runs
+    finally:
+        sup.stop_all()
+
+
+def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
+    import importlib.metadata
+
+    report = {
+        "command": "python -m tests.benchmarks.livepeer " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "sglang_router_version": importlib.metadata.version("sglang-router"),
+        "engines": args.engines,
+        "num_gpu_blocks": args.num_gpu_blocks,
+        "rps": args.rps,
+        "duration_s": args.duration,
+        "bots": args.bots,
+        "runs": runs,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "livepeer.json").write_text(json.dumps(report, indent=2) + "\n")
+    keys = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "throughput_rps", "errors")
+    rows = "\n".join(
+        f"| {name} | " + " | ".join(_fmt(r.get(k)) for k in keys) + " |" for name, r in runs.items()
+    )
+    (OUT / "livepeer.md").write_text(
+        f"""# Live: kvgate's router next to SGLang's model gateway
+
+Command: `{report["command"]}`
+
+Machine: {report["machine"]}; date {report["date"]}; sglang-router
+{report["sglang_router_version"]} (`--policy cache_aware`, its defaults). {args.engines}
+simulated engines with {args.num_gpu_blocks} KV blocks of 16 tokens each, the same engines
+for both routers (prefix caches reset in between); {args.rps} req/s for {args.duration} s of
+support-bot chat ({args.bots} system prompts of ~{args.system_words} words, streamed answers).
+Everything — engines, agents, Kafka, the Faust worker, both routers and the client — shares the
+machine's cores, so absolute latencies carry that noise; compare the two rows.
+
+| router | {" | ".join(keys)} |
+|---|{"---:|" * len(keys)}
+{rows}
+"""
+    )
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def cli() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--num-gpu-blocks", type=int, default=1200)
+    ap.add_argument("--rps", type=float, default=20.0)
+    ap.add_argument("--duration", type=float, default=40.0)
+    ap.add_argument("--bots", type=int, default=40)
+    ap.add_argument("--system-words", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    runs = asyncio.run(main(args))
+    write(args, runs)
+
+
+if __name__ == "__main__":
+    cli()
