@@ -3,7 +3,9 @@
 Given the cluster budget (KV blocks and slots of healthy, non-draining nodes), what is already
 reserved, and a request's cost, decide: admit, or reject with a typed reason and a Retry-After
 computed from how fast reservations drain. Below the yellow watermark everything is admitted;
-between yellow and red low priority is rejected; above red only high priority is admitted.
+between yellow and red low priority is rejected; above red high priority is still admitted (up
+to the whole budget) and normal priority waits in a bounded queue (:mod:`admission.queue`) —
+the verdict says ``queue`` and carries the rejection to use when the queue cannot take it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from enum import StrEnum
 
 from admission.settings import AdmissionSettings, Priority
 
-__all__ = ["Budget", "RejectReason", "Rejection", "Verdict", "admit", "kv_blocks_for"]
+__all__ = [
+    "Budget",
+    "RejectReason",
+    "Rejection",
+    "Verdict",
+    "admit",
+    "kv_blocks_for",
+    "priority_limit",
+    "retry_after",
+]
 
 
 class RejectReason(StrEnum):
@@ -24,6 +35,9 @@ class RejectReason(StrEnum):
     RED_WATERMARK = "red_watermark"
     NO_CAPACITY = "no_capacity"  # no healthy node at all
     RETRY_STORM = "retry_storm"  # retried before Retry-After
+    QUEUE_FULL = "queue_full"  # the priority's queue holds as much as it may
+    QUEUE_TIMEOUT = "queue_timeout"  # cannot start before its deadline (early) or waited it out
+    NODES_UNHEALTHY = "nodes_unhealthy"  # too little of the cluster is healthy: 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,20 +73,39 @@ class Verdict:
     kv_blocks: int
     usage_after: float
     rejection: Rejection | None = None
+    queue: bool = False  # over the watermark: wait in the priority queue (rejection if it can't)
+    queue_wait_s: float | None = None  # set once a queued request was admitted or refused
+    output_estimate: int | None = None  # expected output tokens used for ``kv_blocks``
 
 
 def kv_blocks_for(
-    prompt_tokens: int, max_tokens: int, block_size: int, s: AdmissionSettings
+    prompt_tokens: int,
+    max_tokens: int,
+    block_size: int,
+    s: AdmissionSettings,
+    expected_output: int | None = None,
 ) -> int:
-    """KV blocks a request will hold: (prompt + expected output) / block size × safety factor."""
-    expected_out = min(max_tokens, s.expected_output_cap)
+    """KV blocks a request will hold: (prompt + expected output) / block size × safety factor.
+    The expected output is ``max_tokens`` capped by the learned estimate for the tenant and
+    model (:mod:`admission.estimate`) or, before anything is learned, by the configured cap."""
+    cap = expected_output if expected_output is not None else s.expected_output_cap
+    expected_out = min(max_tokens, cap)
     return math.ceil(math.ceil((prompt_tokens + expected_out) / block_size) * s.safety_factor)
+
+
+def priority_limit(priority: Priority, s: AdmissionSettings) -> float:
+    """The share of the KV budget reservations may reach with this priority's request in."""
+    return {"low": s.yellow_watermark, "normal": s.red_watermark, "high": 1.0}[priority]
+
+
+def retry_after(seconds: float, s: AdmissionSettings) -> float:
+    return min(s.max_retry_after_s, max(s.min_retry_after_s, seconds))
 
 
 def _retry_after(b: Budget, kv_blocks: int, limit: float, s: AdmissionSettings) -> float:
     excess = b.kv_blocks_reserved + kv_blocks - limit * b.kv_blocks_total
     seconds = excess / b.drain_blocks_per_s if b.drain_blocks_per_s > 0 else s.max_retry_after_s
-    return min(s.max_retry_after_s, max(s.min_retry_after_s, seconds))
+    return retry_after(seconds, s)
 
 
 def admit(
@@ -82,8 +115,9 @@ def admit(
     priority: Priority,
     b: Budget,
     s: AdmissionSettings,
+    expected_output: int | None = None,
 ) -> Verdict:
-    blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s)
+    blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s, expected_output)
     if b.kv_blocks_total <= 0:
         return Verdict(
             False,
@@ -135,4 +169,5 @@ def admit(
             _retry_after(b, blocks, limit, s),
             f"cluster KV budget at {usage:.0%} (red {s.red_watermark:.0%})",
         ),
+        queue=s.queue_enabled and priority != "low",
     )

@@ -1,13 +1,19 @@
 """The admission edge inside a router: tenants by API key, budget from the load table,
-reservations, and ledger events. Decisions come from the pure :mod:`admission.core`."""
+reservations, the priority queue, the learned output estimate and ledger events. Decisions come
+from the pure :mod:`admission.core` and :mod:`admission.queue`."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
-from admission.core import Budget, Rejection, RejectReason, Verdict, admit
+from admission.core import Budget, Rejection, RejectReason, Verdict, admit, priority_limit
+from admission.estimate import OutputEstimator
+from admission.queue import AdmissionQueues, Waiting
 from admission.reservations import InProcessReservations, ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
@@ -38,6 +44,13 @@ class AdmissionGate:
         )
         self._publish = publish
         self._pools: dict[str, str] = {}  # reservation id -> pool
+        self.queues = AdmissionQueues(settings)
+        self._waiters: dict[Waiting, asyncio.Future[Verdict]] = {}
+        self._node_blocks: dict[str, list[int]] = {}  # pool -> KV blocks per node, last seen
+        self.estimator = OutputEstimator(
+            quantile=settings.output_quantile, min_samples=settings.output_min_samples
+        )
+        self._pump_lock = asyncio.Lock()
 
     def tenant(self, authorization: str | None) -> Tenant | Rejection:
         """The tenant of an ``Authorization: Bearer <key>`` header (keys compared in constant
@@ -67,12 +80,12 @@ class AdmissionGate:
 
     def limit(self, tenant: Tenant, total_blocks: int) -> int:
         """The most KV blocks reservations may hold once this tenant's request is in."""
-        share = {
-            "low": self.settings.yellow_watermark,
-            "normal": self.settings.red_watermark,
-            "high": 1.0,
-        }[tenant.priority]
-        return int(share * total_blocks)
+        return int(priority_limit(tenant.priority, self.settings) * total_blocks)
+
+    def observe_output(self, tenant: Tenant, model: str, output_tokens: int) -> None:
+        """A finished request's actual output length (feeds the learned estimate)."""
+        if self.settings.learn_output:
+            self.estimator.observe(tenant.name, model, output_tokens)
 
     async def admit(
         self,
@@ -84,9 +97,24 @@ class AdmissionGate:
         pool: str,
         node_blocks: Sequence[int],
         now: float,
+        model: str = "",
     ) -> Verdict:
+        """Admit (reserving), queue until admitted or refused, or refuse now."""
+        self._node_blocks[pool] = list(node_blocks)
+        expected = (
+            self.estimator.expected(
+                tenant.name, model, max_tokens, self.settings.expected_output_cap
+            )
+            if self.settings.learn_output
+            else None
+        )
         b = await self.budget(pool, node_blocks, now)
-        verdict = admit(prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings)
+        verdict = admit(
+            prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings, expected
+        )
+        verdict = replace(verdict, output_estimate=expected)
+        if verdict.queue:
+            return await self._wait(request_id, tenant, pool, verdict, b, now)
         if not verdict.admitted:
             return verdict
         # the snapshot may be stale (other routers): the store checks the limit atomically
@@ -115,6 +143,84 @@ class AdmissionGate:
         await self._event("reserve", request_id, pool, r.kv_blocks, now, r.expires_at)
         return verdict
 
+    async def _wait(
+        self, request_id: str, tenant: Tenant, pool: str, verdict: Verdict, b: Budget, now: float
+    ) -> Verdict:
+        timeout = self.settings.queue_timeout_s.get(tenant.priority, 0.0)
+        w = Waiting(request_id, pool, tenant.priority, verdict.kv_blocks, now, now + timeout)
+        refused = self.queues.offer(w, b, now)
+        if refused is not None:
+            return replace(verdict, queue=False, rejection=refused)
+        fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._waiters[w] = fut
+        try:
+            await self.pump(now)
+            return await fut
+        finally:
+            if not fut.done():  # the client went away while queued
+                self.queues.remove(w)
+            self._waiters.pop(w, None)
+
+    async def pump(self, now: float) -> int:
+        """Admit what the queues may let in now; refuse what waited past its deadline."""
+        admitted = 0
+        async with self._pump_lock:
+            for gone in self.queues.expired(now):
+                fut = self._waiters.get(gone)
+                if fut is not None and not fut.done():
+                    fut.set_result(
+                        Verdict(
+                            False,
+                            gone.kv_blocks,
+                            1.0,
+                            Rejection(
+                                RejectReason.QUEUE_TIMEOUT,
+                                True,
+                                self.settings.min_retry_after_s,
+                                f"waited {now - gone.enqueued_at:.1f} s "
+                                f"in the {gone.priority} queue",
+                            ),
+                            queue_wait_s=now - gone.enqueued_at,
+                        )
+                    )
+            for pool in self.queues.pools():
+                b = await self.budget(pool, self._node_blocks.get(pool, []), now)
+                while (head := self.queues.admissible(pool, b)) is not None:
+                    limit = int(priority_limit(head.priority, self.settings) * b.kv_blocks_total)
+                    r = await self.store.try_reserve(
+                        head.request_id, pool, head.kv_blocks, limit, now, self.settings.lease_s
+                    )
+                    if r is None:  # another router took the room first
+                        break
+                    self.queues.remove(head)
+                    self._pools[head.request_id] = pool
+                    await self._event(
+                        "reserve", head.request_id, pool, r.kv_blocks, now, r.expires_at
+                    )
+                    admitted += 1
+                    b = replace(b, kv_blocks_reserved=b.kv_blocks_reserved + r.kv_blocks)
+                    fut = self._waiters.get(head)
+                    if fut is not None and not fut.done():
+                        fut.set_result(
+                            Verdict(
+                                True,
+                                head.kv_blocks,
+                                b.usage_after(0),
+                                queue_wait_s=now - head.enqueued_at,
+                            )
+                        )
+                    elif fut is None or fut.cancelled():  # nobody waits for it any more
+                        await self.release(head.request_id, now)
+        return admitted
+
+    async def run_pump(self, clock: Callable[[], float]) -> None:
+        """Re-check the queues every ``queue_poll_s`` (other routers release room too)."""
+        while True:
+            await asyncio.sleep(self.settings.queue_poll_s)
+            if len(self.queues):
+                with contextlib.suppress(Exception):
+                    await self.pump(clock())
+
     async def early_retry(self, tenant: Tenant, attempt: str, now: float) -> Rejection | None:
         """A refusal when this attempt was refused before and came back too early."""
         if not self.settings.retry_guard:
@@ -130,6 +236,8 @@ class AdmissionGate:
         self._pools.pop(request_id, None)
         if r is not None:
             await self._event("release", request_id, r.pool, r.kv_blocks, now, None)
+            if len(self.queues) and not self._pump_lock.locked():
+                await self.pump(now)
 
     async def sweep(self, now: float) -> int:
         """Expire reservations whose lease ran out, with a compensation event each."""

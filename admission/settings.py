@@ -28,6 +28,9 @@ class Tenant(BaseModel):
     priority: Priority = "normal"
 
 
+_QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 15.0, "low": 0.0}
+
+
 class AdmissionSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -40,6 +43,24 @@ class AdmissionSettings(BaseModel):
     safety_factor: float = Field(default=1.1, ge=1)
     expected_output_cap: int = Field(
         default=512, ge=1, description="max_tokens above this count as this much (until learned)"
+    )
+    learn_output: bool = Field(
+        default=True, description="learn expected output per tenant and model from outcomes"
+    )
+    output_quantile: float = Field(default=0.9, gt=0, le=1, description="of learned outputs")
+    output_min_samples: int = Field(default=20, ge=1, description="before the estimate is used")
+    queue_enabled: bool = Field(default=True, description="above red, normal priority waits")
+    queue_timeout_s: dict[Priority, float] = Field(
+        default_factory=lambda: dict(_QUEUE_TIMEOUTS),
+        description="longest wait in the queue per priority (0: never queues)",
+    )
+    queue_max_entries: int = Field(default=1000, ge=0, description="per priority, per router")
+    queue_poll_s: float = Field(default=0.05, gt=0, description="queue re-check interval")
+    min_healthy_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="below this share of the known KV capacity healthy, refuse with 503",
     )
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")

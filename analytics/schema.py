@@ -83,6 +83,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "kv_blocks_estimate Nullable(UInt32)",
         ],
     ),
+    (
+        3,
+        "admission queue wait and learned output estimate on decisions",
+        [
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS "
+            "output_tokens_estimate Nullable(UInt32)",
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS queue_wait_s Nullable(Float64)",
+        ],
+    ),
 ]
 
 

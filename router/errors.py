@@ -19,6 +19,9 @@ _STATUS = {
     RejectReason.YELLOW_LOW_PRIORITY: 429,
     RejectReason.RED_WATERMARK: 429,
     RejectReason.RETRY_STORM: 429,
+    RejectReason.QUEUE_FULL: 429,
+    RejectReason.QUEUE_TIMEOUT: 429,
+    RejectReason.NODES_UNHEALTHY: 503,
 }
 
 

@@ -28,6 +28,8 @@ def decision_record(
     admission_reason: str = "ok",
     budget_usage: float | None = None,
     kv_blocks_estimate: int | None = None,
+    output_tokens_estimate: int | None = None,
+    queue_wait_s: float | None = None,
 ) -> Decision:
     return Decision(
         request_id=rreq.request_id,
@@ -66,6 +68,8 @@ def decision_record(
         admission_reason=admission_reason,
         budget_usage=budget_usage,
         kv_blocks_estimate=kv_blocks_estimate,
+        output_tokens_estimate=output_tokens_estimate,
+        queue_wait_s=queue_wait_s,
     )
 
 

@@ -95,6 +95,7 @@ class RouterService:
         self.metrics = RouterMetrics()
         self._http: aiohttp.ClientSession | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._pumper: asyncio.Task[None] | None = None
         self.control: ControlFollower | None = None
         self.hot = HotPrefixes() if settings.prewarm else None
         self.recent = (
@@ -132,6 +133,7 @@ class RouterService:
             auto_decompress=False,
         )
         self._sweeper = asyncio.create_task(self._sweep_reservations())
+        self._pumper = asyncio.create_task(self.gate.run_pump(time.time))
 
     async def _sweep_reservations(self) -> None:
         """Leases that ran out (a release lost to a crash path) expire with an event."""
@@ -143,8 +145,9 @@ class RouterService:
                 log.warning("reservation sweep failed: %s", exc)
 
     async def _stop(self, _: web.Application) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._pumper):
+            if task is not None:
+                task.cancel()
         if self._http is not None:
             await self._http.close()
 
@@ -189,6 +192,25 @@ class RouterService:
             for node in set(cache) - set(self.replica.load):
                 del cache[node]
         return out
+
+    def _candidates(
+        self, all_nodes: list[NodeView], model: str, now: float
+    ) -> list[NodeView] | Rejection:
+        """Eligible nodes without the ones whose queue is over the cap; when what is left is
+        less than ``min_healthy_share`` of the model's known KV capacity, a 503 instead of
+        piling requests onto the few nodes that are left."""
+        nodes = eligible(all_nodes, model, now)
+        open_nodes = [n for n in nodes if n.waiting <= self.settings.max_queue]
+        known = sum(n.kv_blocks_total for n in all_nodes if n.model == model)
+        share = sum(n.kv_blocks_total for n in open_nodes) / known if known else 0.0
+        if nodes and share < self.gate.settings.min_healthy_share:
+            return Rejection(
+                RejectReason.NODES_UNHEALTHY,
+                True,
+                self.gate.settings.min_retry_after_s,
+                f"only {share:.0%} of the cluster's KV capacity is healthy and not backed up",
+            )
+        return open_nodes or nodes
 
     def _index_lag(self, hb: Heartbeat, now: float) -> tuple[int, float]:
         """KV batches the node announced (heartbeat ``kv_seq``) that the index lacks, and since
@@ -245,7 +267,10 @@ class RouterService:
             return _json(
                 error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
             )
-        nodes = eligible(all_nodes, p.model, now)
+        nodes = self._candidates(all_nodes, p.model, now)
+        if isinstance(nodes, Rejection):
+            self.metrics.rejected(nodes.reason)
+            return rejection_response(nodes)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
         pool = nodes[0].pool if nodes else "default"
         verdict = None
@@ -264,9 +289,14 @@ class RouterService:
                     pool,
                     [n.kv_blocks_total for n in nodes],
                     now,
+                    p.model,
                 )
                 if verdict.rejection is not None:
                     await self.gate.refused(attempt, verdict.rejection, now)
+        if verdict is not None and verdict.admitted and verdict.queue_wait_s:
+            now = time.time()  # it waited: route on the cluster as it is now
+            fresh = self._candidates(self.nodes(now), p.model, now)
+            nodes = fresh if isinstance(fresh, list) and fresh else nodes
         try:
             return await self._admitted(
                 request, request_id, p, tenant, nodes, block_size, verdict, started, t0, now
@@ -325,6 +355,8 @@ class RouterService:
             return resp
         finally:
             self.ledger.finish(request_id)
+            if relay.status == "ok":
+                self.gate.observe_output(tenant, p.model, relay.output_tokens)
             await self._publish_outcome(request_id, node.node_id, relay, p, started)
 
     def _route(
@@ -494,6 +526,8 @@ class RouterService:
                 else (verdict.rejection.reason if verdict.rejection else "ok"),
                 budget_usage=None if verdict is None else verdict.usage_after,
                 kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
+                output_tokens_estimate=None if verdict is None else verdict.output_estimate,
+                queue_wait_s=None if verdict is None else verdict.queue_wait_s,
             ),
         )
 

@@ -136,6 +136,12 @@ class Decision(Message):
         default=None, description="cluster KV budget use if this request is admitted"
     )
     kv_blocks_estimate: int | None = Field(default=None, ge=0)
+    output_tokens_estimate: int | None = Field(
+        default=None, ge=0, description="output the KV reservation was sized for (learned)"
+    )
+    queue_wait_s: float | None = Field(
+        default=None, ge=0, description="time spent in the admission queue (None: not queued)"
+    )
     policy: str
     weights_version: int = 0
     chosen_node: NodeId | None
