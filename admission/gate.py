@@ -113,6 +113,8 @@ class AdmissionGate:
             prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings, expected
         )
         verdict = replace(verdict, output_estimate=expected)
+        if self.queues.waiting_at_or_above(pool, tenant.priority):
+            verdict = self.queues.hold(verdict, tenant.priority, self.settings)
         if verdict.queue:
             return await self._wait(request_id, tenant, pool, verdict, b, now)
         if not verdict.admitted:

@@ -7,15 +7,24 @@ ahead of it (its class and the classes above) plus its own, beyond its priority'
 by the rate at which reservations drain. When that wait would pass the request's deadline the
 request is refused now, with that wait as its Retry-After, instead of timing out in the queue.
 (With no drain observed yet the wait is unknown: the request may wait up to its deadline.)
+A newcomer never overtakes waiting requests of its priority or higher, even when the budget
+has room at that instant: the room is theirs (the pump admits them in order).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from admission.core import Budget, Rejection, RejectReason, priority_limit, retry_after
+from admission.core import (
+    Budget,
+    Rejection,
+    RejectReason,
+    Verdict,
+    priority_limit,
+    retry_after,
+)
 from admission.settings import AdmissionSettings, Priority
 
 __all__ = ["AdmissionQueues", "Waiting"]
@@ -53,14 +62,56 @@ class AdmissionQueues:
     def pools(self) -> list[str]:
         return [p for p, q in self._queues.items() if any(q.values())]
 
-    def expected_wait_s(self, pool: str, priority: Priority, kv_blocks: int, b: Budget) -> float:
+    def waiting_at_or_above(self, pool: str, priority: Priority) -> bool:
+        """Whether requests of this priority or higher wait: a newcomer must not overtake them."""
         q = self._pool(pool)
-        ahead = sum(w.kv_blocks for p in ORDER[: ORDER.index(priority) + 1] for w in q[p])
-        limit = priority_limit(priority, self.settings) * b.kv_blocks_total
-        excess = b.kv_blocks_reserved + ahead + kv_blocks - limit
-        if excess <= 0:
+        return any(q[p] for p in ORDER[: ORDER.index(priority) + 1])
+
+    def hold(self, verdict: Verdict, priority: Priority, s: AdmissionSettings) -> Verdict:
+        """``verdict`` for a newcomer while others of its priority or higher wait: an admission
+        becomes a place in the queue (or, for a class that does not queue, a refusal)."""
+        if not verdict.admitted:
+            return verdict
+        if s.queue_enabled and s.queue_timeout_s.get(priority, 0.0) > 0:
+            rej = Rejection(
+                RejectReason.RED_WATERMARK, True, s.min_retry_after_s, "requests are queued"
+            )
+            return replace(verdict, admitted=False, queue=True, rejection=rej)
+        return replace(
+            verdict,
+            admitted=False,
+            rejection=Rejection(
+                RejectReason.RED_WATERMARK,
+                True,
+                s.min_retry_after_s,
+                f"requests of higher priority are queued; {priority} priority does not queue",
+            ),
+        )
+
+    def expected_wait_s(self, pool: str, priority: Priority, kv_blocks: int, b: Budget) -> float:
+        """Seconds until this request could enter: the work ahead of it in the queues (its
+        class and above) plus its own, beyond its priority's limit, at the drain rate — in KV
+        blocks and in slots (releases per second ≈ block drain / blocks per reservation),
+        whichever binds."""
+        q = self._pool(pool)
+        ahead = [w for p in ORDER[: ORDER.index(priority) + 1] for w in q[p]]
+        share = priority_limit(priority, self.settings)
+        excess_blocks = (
+            b.kv_blocks_reserved
+            + sum(w.kv_blocks for w in ahead)
+            + kv_blocks
+            - share * b.kv_blocks_total
+        )
+        excess_slots = b.slots_reserved + len(ahead) + 1 - share * b.slots_total
+        if excess_blocks <= 0 and excess_slots <= 0:
             return 0.0
-        return excess / b.drain_blocks_per_s if b.drain_blocks_per_s > 0 else math.inf
+        if b.drain_blocks_per_s <= 0:
+            return math.inf
+        wait = max(0.0, excess_blocks) / b.drain_blocks_per_s
+        if excess_slots > 0 and b.slots_reserved and b.kv_blocks_reserved:
+            releases_per_s = b.drain_blocks_per_s * b.slots_reserved / b.kv_blocks_reserved
+            wait = max(wait, excess_slots / releases_per_s)
+        return wait
 
     def offer(self, w: Waiting, b: Budget, now: float) -> Rejection | None:
         """Queue ``w``, or the reason it cannot wait (None: queued)."""
@@ -98,8 +149,7 @@ class AdmissionQueues:
             d = self._pool(pool)[p]
             if d:
                 head = d[0]
-                limit = priority_limit(p, self.settings) * b.kv_blocks_total
-                if b.kv_blocks_reserved + head.kv_blocks <= limit:
+                if b.usage_after(head.kv_blocks) <= priority_limit(p, self.settings):
                     return head
                 return None  # a lower class never overtakes a blocked higher one
         return None

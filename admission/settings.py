@@ -28,7 +28,7 @@ class Tenant(BaseModel):
     priority: Priority = "normal"
 
 
-_QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 15.0, "low": 0.0}
+_QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 10.0, "low": 0.0}
 
 
 class AdmissionSettings(BaseModel):

@@ -16,9 +16,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
+from admission.settings import AdmissionSettings
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored
 from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun, EngineCore, Sequence, StepResult
+from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
 from router.hotprefix import HotPrefixes, PrewarmAdvice
@@ -42,6 +44,7 @@ class SimConfig:
     fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
     prewarm: bool = False  # act on hot-prefix advice (router.hotprefix) like the live agents
     prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
+    admission: AdmissionSettings | None = None  # admission control in front of routing
     recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router.recent)
 
 
@@ -56,6 +59,7 @@ class Done:
     cached_tokens: int  # what the engine actually reused
     first_token_s: float
     finish_s: float
+    queue_wait_s: float = 0.0  # time in the admission queue (included in TTFT)
 
 
 @dataclass(slots=True)
@@ -121,10 +125,16 @@ def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:
 
 
 def simulate(
-    trace: Trace, policy: Policy, cfg: SimConfig, stats: dict[str, int] | None = None
+    trace: Trace,
+    policy: Policy,
+    cfg: SimConfig,
+    stats: dict[str, int] | None = None,
+    refused_out: list[Refused] | None = None,
 ) -> list[Done]:
     """Replay ``trace`` through ``policy`` on ``cfg.nodes`` engines; returns finished requests.
-    ``stats`` (if given) receives counters: pre-warm advice and warm-up requests."""
+    ``stats`` (if given) receives counters: pre-warm advice and warm-up requests. With
+    ``cfg.admission``, requests pass admission control first; ``refused_out`` receives the
+    refusals."""
     stats = stats if stats is not None else {}
     stats.setdefault("prewarm_advice", 0)
     stats.setdefault("prewarm_requests", 0)
@@ -142,6 +152,19 @@ def simulate(
     lagged: deque[tuple[float, str, object]] = deque()  # (visible at, node, cache event)
     meta: dict[str, tuple[TraceRequest, str, str, int]] = {}
     done: list[Done] = []
+    refused = refused_out if refused_out is not None else []
+    waited: dict[str, float] = {}
+    adm = (
+        SimAdmission(
+            cfg.admission,
+            kv_blocks_total=profile.num_gpu_blocks * cfg.nodes,
+            node_blocks=profile.num_gpu_blocks,
+            slots_total=cfg.admission.slots_per_node * cfg.nodes,
+            block_size=trace.block_size,
+        )
+        if cfg.admission is not None
+        else None
+    )
 
     def push(t: float, kind: str, data: object) -> None:
         heapq.heappush(events, (t, next(tie), kind, data))
@@ -191,6 +214,59 @@ def simulate(
             n.gen += 1
             push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
 
+    def dispatch(idx: int, now: float, queue_wait_s: float | None) -> None:
+        r = trace.requests[idx]
+        rid = f"r{idx}"
+        views = [
+            n.view.with_router_state(
+                ledger.unreflected(n.node_id, n.view.heartbeat_ts),
+                ledger.prefill_backlog(n.node_id),
+            )
+            for n in nodes
+            if n.view is not None
+        ]
+        req = RouteRequest(
+            rid, MODEL, r.block_hashes, r.prompt_tokens, r.output_tokens, r.session_id
+        )
+        matches = index.match(r.block_hashes)
+        if recent is not None:
+            matches = merge_matches(matches, recent.match(r.block_hashes, now))
+        d = policy.decide(req, eligible(views, MODEL, now), matches, now)
+        target = by_id[d.chosen] if d.chosen is not None else rng.choice(nodes)
+        seen = matches.get(target.node_id, 0)
+        ledger.dispatch(rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size))
+        seq = Sequence(
+            rid,
+            bytes(r.prompt_tokens),  # the simulator needs lengths and hashes only
+            r.output_tokens,
+            now,
+            random.Random(idx),
+            prompt_hashes=_all_hashes(r, idx, trace.block_size),
+        )
+        meta[rid] = (r, target.node_id, d.reason, matches.get(target.node_id, 0))
+        if queue_wait_s is not None:
+            waited[rid] = queue_wait_s
+        add(target, seq, now)
+        if hot is not None:
+            advice = hot.observe(now, r.block_hashes, matches, views)
+            if advice is not None:
+                stats["prewarm_advice"] += 1
+                push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+
+    def refuse(got: Refused) -> None:
+        nonlocal remaining
+        refused.append(got)
+        remaining -= 1
+
+    def pump(now: float) -> None:
+        if adm is None:
+            return
+        admitted, gone = adm.pump(now)
+        for g in gone:
+            refuse(g)
+        for idx, wait in admitted:
+            dispatch(idx, now, wait)
+
     def add(n: _Node, seq: Sequence, now: float) -> None:
         cut_run(n, now)
         n.core.add(seq)
@@ -200,11 +276,15 @@ def simulate(
     def step_done(n: _Node, now: float, finished: list[Sequence]) -> None:
         nonlocal remaining
         n.busy = False
+        released = False
         for seq in finished:
             if seq.request_id not in meta:  # a warm-up request
                 continue
             r, node, reason, seen = meta.pop(seq.request_id)
             ledger.finish(seq.request_id)
+            if adm is not None:
+                adm.release(seq.request_id, now)
+                released = True
             n.served += 1
             done.append(
                 Done(
@@ -215,9 +295,12 @@ def simulate(
                     seq.cached_tokens,
                     seq.first_token_s if seq.first_token_s is not None else now,
                     now,
+                    waited.pop(seq.request_id, 0.0),
                 )
             )
             remaining -= 1
+        if released:
+            pump(now)
         if not n.core.idle:
             start_step(n, now)
 
@@ -236,47 +319,20 @@ def simulate(
             for n in nodes:
                 catch_up(n, now)
                 n.view = _view(n, now, lease)
+            pump(now)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive":
             idx = data
             assert isinstance(idx, int)
-            r = trace.requests[idx]
-            rid = f"r{idx}"
-            views = [
-                n.view.with_router_state(
-                    ledger.unreflected(n.node_id, n.view.heartbeat_ts),
-                    ledger.prefill_backlog(n.node_id),
-                )
-                for n in nodes
-                if n.view is not None
-            ]
-            req = RouteRequest(
-                rid, MODEL, r.block_hashes, r.prompt_tokens, r.output_tokens, r.session_id
-            )
-            matches = index.match(r.block_hashes)
-            if recent is not None:
-                matches = merge_matches(matches, recent.match(r.block_hashes, now))
-            d = policy.decide(req, eligible(views, MODEL, now), matches, now)
-            target = by_id[d.chosen] if d.chosen is not None else rng.choice(nodes)
-            seen = matches.get(target.node_id, 0)
-            ledger.dispatch(
-                rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size)
-            )
-            seq = Sequence(
-                rid,
-                bytes(r.prompt_tokens),  # the simulator needs lengths and hashes only
-                r.output_tokens,
-                now,
-                random.Random(idx),
-                prompt_hashes=_all_hashes(r, idx, trace.block_size),
-            )
-            meta[rid] = (r, target.node_id, d.reason, matches.get(target.node_id, 0))
-            add(target, seq, now)
-            if hot is not None:
-                advice = hot.observe(now, r.block_hashes, matches, views)
-                if advice is not None:
-                    stats["prewarm_advice"] += 1
-                    push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+            if adm is None:
+                dispatch(idx, now, None)
+            else:
+                r = trace.requests[idx]
+                got = adm.arrive(idx, f"r{idx}", r.priority, r.prompt_tokens, r.output_tokens, now)
+                if got is True:
+                    dispatch(idx, now, None)
+                elif isinstance(got, Refused):
+                    refuse(got)
         elif kind == "warm":  # an agent loads a hot prefix into its engine
             advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
             for node_id in advice.targets:

@@ -10,10 +10,10 @@ from typing import Any
 from analytics.sim.cluster import Done
 from analytics.sim.traces import hit_bound, pooled_lru_bound
 
-__all__ = ["run_metrics"]
+__all__ = ["pct", "run_metrics"]
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
+def pct(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -58,12 +58,12 @@ def run_metrics(
     span = max(1e-9, last - first)
     return {
         "requests": len(done),
-        "ttft_p50_s": _pct(ttft, 0.5),
-        "ttft_p99_s": _pct(ttft, 0.99),
-        "tpot_p50_s": _pct(tpot, 0.5),
-        "tpot_p99_s": _pct(tpot, 0.99),
-        "e2e_p50_s": _pct(e2e, 0.5),
-        "e2e_p99_s": _pct(e2e, 0.99),
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p99_s": pct(ttft, 0.99),
+        "tpot_p50_s": pct(tpot, 0.5),
+        "tpot_p99_s": pct(tpot, 0.99),
+        "e2e_p50_s": pct(e2e, 0.5),
+        "e2e_p99_s": pct(e2e, 0.99),
         "hit_rate": cached / prompt if prompt else 0.0,
         "hit_bound": hit_bound(arrivals, block_size),
         "hit_bound_pooled_lru": (

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from admission.settings import Priority
 from streams.blocks import HASH_MASK
 
 __all__ = ["Trace", "TraceRequest", "hit_bound", "load_trace", "pooled_lru_bound"]
@@ -33,7 +34,7 @@ class TraceRequest:
     # blocks the answer completes (prompt + output), when a later request can reuse them
     # (multi-turn chat); otherwise the simulator gives them hashes of their own
     output_block_hashes: tuple[int, ...] = ()
-    priority: str = "normal"
+    priority: Priority = "normal"
 
 
 @dataclass(frozen=True, slots=True)

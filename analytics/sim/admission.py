@@ -1,0 +1,119 @@
+"""Admission control in virtual time: the same pure core and queues as the live gate.
+
+The live gate keeps reservations in a store behind an async interface; here one synchronous
+ledger plays that part (one router, like the in-process store). Decisions — cost, watermarks,
+priorities, queueing, Retry-After — come from :mod:`admission.core` and :mod:`admission.queue`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from admission.core import Budget, Rejection, RejectReason, admit
+from admission.queue import AdmissionQueues, Waiting
+from admission.settings import AdmissionSettings, Priority
+
+__all__ = ["Refused", "SimAdmission"]
+
+POOL = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    index: int  # the request's position in the trace
+    priority: str
+    reason: RejectReason
+    retry_after_s: float | None
+    at_s: float
+
+
+@dataclass(slots=True)
+class SimAdmission:
+    settings: AdmissionSettings
+    kv_blocks_total: int
+    node_blocks: int
+    slots_total: int
+    block_size: int
+    drain_window_s: float = 30.0
+    queues: AdmissionQueues = field(init=False)
+    _held: dict[str, int] = field(default_factory=dict)
+    _held_sum: int = 0
+    _released: deque[tuple[float, int]] = field(default_factory=deque)
+    _released_sum: int = 0
+    _waiting: dict[str, tuple[Waiting, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.queues = AdmissionQueues(self.settings)
+
+    def budget(self, now: float) -> Budget:
+        while self._released and now - self._released[0][0] > self.drain_window_s:
+            self._released_sum -= self._released.popleft()[1]
+        return Budget(
+            self.kv_blocks_total,
+            self.slots_total,
+            self._held_sum,
+            len(self._held),
+            self.node_blocks,
+            self._released_sum / self.drain_window_s,
+        )
+
+    def arrive(
+        self,
+        index: int,
+        rid: str,
+        priority: Priority,
+        prompt_tokens: int,
+        max_tokens: int,
+        now: float,
+    ) -> bool | Refused:
+        """True: admitted now; False: queued; or the refusal."""
+        b = self.budget(now)
+        v = admit(prompt_tokens, max_tokens, self.block_size, priority, b, self.settings)
+        if self.queues.waiting_at_or_above(POOL, priority):
+            v = self.queues.hold(v, priority, self.settings)
+        if v.admitted:
+            self._reserve(rid, v.kv_blocks)
+            return True
+        if v.queue:
+            deadline = now + self.settings.queue_timeout_s.get(priority, 0.0)
+            w = Waiting(rid, POOL, priority, v.kv_blocks, now, deadline)
+            refused = self.queues.offer(w, b, now)
+            if refused is None:
+                self._waiting[rid] = (w, index)
+                return False
+            return self._refused(index, priority, refused, now)
+        assert v.rejection is not None
+        return self._refused(index, priority, v.rejection, now)
+
+    def release(self, rid: str, now: float) -> None:
+        blocks = self._held.pop(rid, None)
+        if blocks is not None:
+            self._held_sum -= blocks
+            self._released.append((now, blocks))
+            self._released_sum += blocks
+
+    def pump(self, now: float) -> tuple[list[tuple[int, float]], list[Refused]]:
+        """Queued requests admitted now (index, wait) and the ones that ran out of time."""
+        refused = []
+        for w in self.queues.expired(now):
+            _, index = self._waiting.pop(w.request_id)
+            rej = Rejection(RejectReason.QUEUE_TIMEOUT, True, self.settings.min_retry_after_s, "")
+            refused.append(self._refused(index, w.priority, rej, now))
+        admitted = []
+        b = self.budget(now)
+        while (head := self.queues.admissible(POOL, b)) is not None:
+            self.queues.remove(head)
+            _, index = self._waiting.pop(head.request_id)
+            self._reserve(head.request_id, head.kv_blocks)
+            admitted.append((index, now - head.enqueued_at))
+            b = self.budget(now)
+        return admitted, refused
+
+    def _reserve(self, rid: str, blocks: int) -> None:
+        self._held[rid] = blocks
+        self._held_sum += blocks
+
+    @staticmethod
+    def _refused(index: int, priority: str, rej: Rejection, now: float) -> Refused:
+        return Refused(index, priority, rej.reason, rej.retry_after_s, now)
