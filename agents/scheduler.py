@@ -202,14 +202,21 @@ class EngineCore:
         context = 0
         self._preempted = set()
         # 1. decode: one token for every running request past its prefill
+        bs = p.block_size
+        preempted = self._preempted
         for seq in list(self.running):
-            if budget <= 0 or id(seq) in self._preempted or seq.prefilling:
+            tokens = seq.n_prompt + len(seq.output)
+            # prefilling: fewer tokens computed than all but the last output token
+            if budget <= 0 or seq.computed < tokens - (1 if seq.output else 0):
                 continue
-            if not self._grow(seq, seq.tokens):
+            if preempted and id(seq) in preempted:
+                continue
+            # a new block only at a block boundary (the grow check is the slow path)
+            if tokens > (len(seq.held) + seq.anon) * bs and not self._grow(seq, tokens):
                 continue
             budget -= 1
             decode_seqs += 1
-            context += seq.tokens
+            context += tokens
             scheduled.append((seq, 1))
         # 2. chunked prefill of running requests, then admission of waiting ones
         prefill = 0
@@ -235,11 +242,12 @@ class EngineCore:
         # 3. apply: computed KV is committed to the cache; completed prefills and decodes emit
         finished: list[Sequence] = []
         for seq, n in scheduled:
-            if id(seq) in self._preempted:  # preempted later in this step
+            if preempted and id(seq) in preempted:  # preempted later in this step
                 continue
             seq.computed += n
-            self._commit_full_blocks(seq)
-            if seq.computed >= seq.tokens:
+            if seq.computed // bs > len(seq.held):
+                self._commit_full_blocks(seq)
+            if seq.computed >= seq.n_prompt + len(seq.output):
                 tok = seq.next_token()
                 seq.output.append(tok)
                 produced.append((seq, tok))

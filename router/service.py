@@ -468,6 +468,7 @@ class RouterService:
                 "indexed_blocks": len(self.replica.index),
                 "reservations": await self.gate.store.count(),
                 "reserved_kv_blocks": (await self.gate.store.held("default"))[0],
+                "queued": self.gate.queues.depth("default"),
                 "inflight": len(self.ledger),
                 "nodes": {
                     n.node_id: {

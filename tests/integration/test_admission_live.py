@@ -10,9 +10,11 @@ import pytest
 
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
+from streams.schemas import Decision
 from streams.settings import KafkaSettings
+from streams.topics import DECISIONS
 from tests.conftest import REDIS, wait_until
-from tests.integration.cluster import MODEL, Cluster, get
+from tests.integration.cluster import MODEL, Cluster, get, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +67,27 @@ async def test_admission_rejects_typed_and_releases_everything(
         await asyncio.sleep(0.3)
         state = await get(router, "/v1/kvgate/state")
         assert state["reservations"] == 1 and state["reserved_kv_blocks"] > 0
-        for key in ("k-low", "k-high"):
-            status, headers, body = await call(http, key, prompt, 300)
-            assert status == 429, body
-            assert int(headers["Retry-After"]) >= 1
-            err = json.loads(body)["error"]
-            assert err["retriable"] is True and err["type"] == "red_watermark"
+        # low priority does not queue: refused at once, with a Retry-After
+        status, headers, body = await call(http, "k-low", prompt, 300)
+        assert status == 429, body
+        assert int(headers["Retry-After"]) >= 1
+        err = json.loads(body)["error"]
+        assert err["retriable"] is True and err["type"] == "red_watermark"
+        # high priority waits in the queue until the first request releases its blocks
+        second = asyncio.create_task(call(http, "k-high", prompt, 300))
+        await wait_until(lambda: _queued(router), 5, "the high-priority request queued")
         status, _, _ = await first
         assert status == 200
+        status, _, body = await second
+        assert status == 200, body
+    decisions = await read_topic(
+        kafka_settings,
+        DECISIONS,
+        Decision,
+        lambda got: sum(d.chosen_node is not None for d in got) >= 2,
+    )
+    waits = [d.queue_wait_s for d in decisions if d.chosen_node is not None]
+    assert waits[0] is None and waits[1] is not None and waits[1] > 0.1
 
     async def released() -> bool:
         s = await get(router, "/v1/kvgate/state")
@@ -81,11 +96,21 @@ async def test_admission_rejects_typed_and_releases_everything(
     await wait_until(released, 5, "every reservation released")
 
 
+async def _queued(router: str) -> bool:
+    return bool((await get(router, "/v1/kvgate/state"))["queued"]["high"] == 1)
+
+
 async def test_a_client_retrying_without_backing_off_is_refused_harder(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    supervisor.env.update({"KVGATE_ADMISSION__BACKEND": "redis", "KVGATE_REDIS__URL": REDIS})
+    supervisor.env.update(
+        {
+            "KVGATE_ADMISSION__BACKEND": "redis",
+            "KVGATE_REDIS__URL": REDIS,
+            "KVGATE_ADMISSION__QUEUE_ENABLED": "false",  # the guard alone, no waiting
+        }
+    )
     c = Cluster(supervisor)
     c.add_engine("n1", num_gpu_blocks=64)
     c.add_worker()
