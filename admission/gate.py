@@ -158,8 +158,13 @@ class AdmissionGate:
         try:
             await self.pump(now)
             return await fut
+        except asyncio.CancelledError:
+            # admitted in the instant the client left: nobody will release it but us
+            if fut.done() and not fut.cancelled() and fut.result().admitted:
+                await self.release(request_id, now)
+            raise
         finally:
-            if not fut.done():  # the client went away while queued
+            if fut.cancelled() or not fut.done():  # the client went away while queued
                 self.queues.remove(w)
             self._waiters.pop(w, None)
 

@@ -127,8 +127,12 @@ class RedisReservations:
                 (blocks, slots), drained = await pipe.execute()
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
-        total = sum(int(x) for x in drained if x is not None)
-        return int(blocks or 0), int(slots or 0), total / (n * self.bucket_s)
+        seen = [i for i, x in enumerate(drained) if x is not None]
+        total = sum(int(drained[i]) for i in seen)
+        # over the part of the window with releases seen (right after a start the window is
+        # mostly empty, and averaging over all of it would make the drain look near zero)
+        span = (n - seen[0]) * self.bucket_s if seen else n * self.bucket_s
+        return int(blocks or 0), int(slots or 0), total / span
 
     async def drain_rate(self, pool: str, now: float) -> float:
         return (await self.snapshot(pool, now))[2]

@@ -13,7 +13,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["InProcessReservations", "Reservation", "ReservationStore"]
+__all__ = ["InProcessReservations", "Reservation", "ReservationStore", "drain_rate"]
+
+
+def drain_rate(released: int, oldest_s: float | None, now: float, floor_s: float = 1.0) -> float:
+    """Blocks released per second over the span since the oldest release still in the window
+    (not over the whole window: right after a start that would read as near zero)."""
+    if oldest_s is None:
+        return 0.0
+    return released / max(floor_s, now - oldest_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +97,8 @@ class InProcessReservations:
         return blocks, slots, await self.drain_rate(pool, now)
 
     async def drain_rate(self, pool: str, now: float) -> float:
-        self._trim(pool, now)
-        return self._released_sum.get(pool, 0) / self.drain_window_s
+        q = self._trim(pool, now)
+        return drain_rate(self._released_sum.get(pool, 0), q[0][0] if q else None, now)
 
     async def count(self) -> int:
         return len(self._by_id)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from admission.core import Budget, Rejection, RejectReason, admit
 from admission.queue import AdmissionQueues, Waiting
+from admission.reservations import drain_rate
 from admission.settings import AdmissionSettings, Priority
 
 __all__ = ["Refused", "SimAdmission"]
@@ -55,7 +56,7 @@ class SimAdmission:
             self._held_sum,
             len(self._held),
             self.node_blocks,
-            self._released_sum / self.drain_window_s,
+            drain_rate(self._released_sum, self._released[0][0] if self._released else None, now),
         )
 
     def arrive(

@@ -67,7 +67,7 @@ async def measure(store: ReservationStore, n: int) -> dict[str, float]:
     }
 
 
-def overload(requests: int, slots: list[int], loads: list[float]) -> dict[str, Any]:
+def overload(requests: int, slots: list[int], loads: list[float], nodes: int) -> dict[str, Any]:
     """Every combination of workload, load and admission (off, or on with a slot budget)."""
     from dataclasses import replace as dc_replace
 
@@ -80,23 +80,33 @@ def overload(requests: int, slots: list[int], loads: list[float]) -> dict[str, A
     caps = {}
     for source in sources:
         trace = with_priorities(open_trace(source, limit=requests))
-        cap = capacity_rps(trace, dc_replace(SimConfig(), nodes=16))
+        cap = capacity_rps(trace, dc_replace(SimConfig(), nodes=nodes))
         caps[trace.name] = cap
         for load in loads:
             for slot in [None, *slots]:
                 adm = None if slot is None else AdmissionSettings(slots_per_node=slot)
-                r = overload_run(trace, capacity_rps=cap, load=load, nodes=16, admission=adm)
+                r = overload_run(trace, capacity_rps=cap, load=load, nodes=nodes, admission=adm)
                 r["slots_per_node"] = slot
                 runs.append(r)
                 print(trace.name, load, slot, round(r["goodput_rps"], 1), flush=True)
-    return {"capacity_rps": caps, "priority_mix": dict(PRIORITY_MIX), "runs": runs}
+    return {
+        "capacity_rps": caps,
+        "priority_mix": dict(PRIORITY_MIX),
+        "nodes": nodes,
+        "requests": requests,
+        "runs": runs,
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from admission.reservations import InProcessReservations
 
     if args.overload_only:
-        return {"overload": overload(args.overload_requests, args.slots, args.loads)}
+        return {
+            "overload": overload(
+                args.overload_requests, args.slots, args.loads, args.overload_nodes
+            )
+        }
 
     inproc = await measure(InProcessReservations(), args.decisions)
     client = Redis.from_url(args.redis)
@@ -116,7 +126,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "redis_p99_ms": redis["admit_p99_ms"],
         "inproc": inproc,
         "redis": redis,
-        "overload": overload(args.overload_requests, args.slots, args.loads),
+        "overload": overload(args.overload_requests, args.slots, args.loads, args.overload_nodes),
     }
 
 
@@ -169,7 +179,8 @@ def _overload_md(r: dict[str, Any]) -> list[str]:
         "",
         f"Command: `{r.get('overload_command', r['command'])}`",
         "",
-        "16 simulated engines, kvgate routing; arrivals compressed to 2× and 3× the cluster's "
+        f"{o['nodes']} simulated engines, kvgate routing, {o['requests']} requests per run; "
+        "arrivals compressed to 2× and 3× the cluster's "
         f"capacity (saturated throughput: {caps}); priorities {mix} (fixed per request). "
         "SLO: TTFT ≤ 2 s (including time in the admission queue) and TPOT ≤ 0.1 s. "
         "`attained/completed` counts the requests that ran; `attained/offered` counts a "
@@ -205,7 +216,8 @@ def cli() -> None:
     p.add_argument("--decisions", type=int, default=20_000)
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--overload-only", action="store_true", help="skip the latency part")
-    p.add_argument("--overload-requests", type=int, default=6000)
+    p.add_argument("--overload-requests", type=int, default=8000)
+    p.add_argument("--overload-nodes", type=int, default=4)
     p.add_argument("--slots", type=lambda v: [int(x) for x in v.split(",")], default=[48, 64, 96])
     p.add_argument("--loads", type=lambda v: [float(x) for x in v.split(",")], default=[2.0, 3.0])
     args = p.parse_args()

@@ -75,7 +75,8 @@ async def test_reservations_check_limit_release_expire_and_drain_rate() -> None:
     assert await r.try_reserve("c", "p", 1, limit_blocks=30, now=0, lease_s=50) is None
     assert await r.held("p") == (30, 2)
     assert await r.release("a", now=1) is not None and await r.release("a", now=1) is None
-    assert await r.drain_rate("p", now=1) == 1.0
+    assert await r.drain_rate("p", now=1) == 10.0  # over the span seen, at least 1 s
+    assert await r.drain_rate("p", now=6) == 2.0
     assert [x.reservation_id for x in await r.expire(now=60)] == ["b"]
     assert await r.held("p") == (0, 0) and await r.count() == 0
 
