@@ -28,7 +28,7 @@ TENANTS = [
 
 async def test_four_routers_racing_never_exceed_the_watermarks() -> None:
     prefix = f"test:{uuid.uuid4().hex[:8]}"
-    settings = AdmissionSettings()
+    settings = AdmissionSettings(queue_enabled=False)  # the store under races; no waiting
     events: list[LedgerEvent] = []
 
     async def publish(ev: LedgerEvent) -> None:
@@ -99,7 +99,9 @@ async def test_low_priority_stops_at_yellow_normal_at_red() -> None:
     async def publish(ev: LedgerEvent) -> None:
         return None
 
-    gate = AdmissionGate(AdmissionSettings(), "r", publish, RedisReservations(client, prefix))
+    gate = AdmissionGate(
+        AdmissionSettings(queue_enabled=False), "r", publish, RedisReservations(client, prefix)
+    )
     try:
         n = 0
         while (

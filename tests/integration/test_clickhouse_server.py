@@ -11,7 +11,7 @@ import pytest
 from analytics.clickhouse import ServerBackend
 from analytics.exceptions import ClickHouseError
 from analytics.rows import decision_row, outcome_row
-from analytics.schema import migrate
+from analytics.schema import MIGRATIONS, migrate
 from analytics.settings import ClickHouseSettings
 from analytics.summary import run_summary
 from streams.schemas import CandidateScore, Decision, Outcome
@@ -24,7 +24,7 @@ def test_server_backend_migrates_inserts_and_summarizes(tmp_path: Path) -> None:
     with ChdbFront(str(tmp_path / "ch")) as front:
         ch = ServerBackend(ClickHouseSettings(backend="server", port=front.port, compress=False))
         try:
-            assert migrate(ch, "kvgate") == [1, 2]
+            assert migrate(ch, "kvgate") == [m[0] for m in MIGRATIONS]
             assert migrate(ch, "kvgate") == []  # applied once
             now = time.time()
             decisions = [
