@@ -11,7 +11,6 @@ never half-applied; malformed messages go to the dead-letter topic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from router.core import Policy
+from streams.background import Background
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import ControlMessage
 from streams.settings import KafkaSettings
@@ -63,7 +63,7 @@ def apply_weights(policy: Policy, msg: ControlMessage) -> str:
     return "applied"
 
 
-class ControlFollower:
+class ControlFollower(Background):
     """Follows ``kvgate.control`` and applies what concerns this router."""
 
     def __init__(self, kafka: KafkaSettings, bus: KafkaBus, policy: Policy, client_id: str) -> None:
@@ -76,16 +76,6 @@ class ControlFollower:
         self.refused = 0
         self.caught_up = asyncio.Event()
         self.on_message: list[Callable[[ControlMessage], None]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def handle(self, msg: ControlMessage) -> str:
         outcome = "ignored"

@@ -29,6 +29,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from streams.background import Background
 from streams.exceptions import SchemaError
 from streams.folds import KvCursor, heartbeat_is_newer, parse_index_key, plan_kv
 from streams.kafka import make_consumer
@@ -43,7 +44,7 @@ __all__ = ["TableReplica"]
 log = logging.getLogger(__name__)
 
 
-class TableReplica:
+class TableReplica(Background):
     def __init__(
         self,
         kafka: KafkaSettings,
@@ -72,16 +73,6 @@ class TableReplica:
         self.gaps = 0
         self.on_load: Callable[[Heartbeat, float], None] | None = None
         self.on_block: Callable[[str, int, float], None] | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     # --- I/O -----------------------------------------------------------------------------
     async def _run(self) -> None:

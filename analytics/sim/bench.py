@@ -38,16 +38,7 @@ KEYS = (
     "throughput_rps",
     "goodput_rps",
 )
-BASELINES = (
-    "random",
-    "round_robin",
-    "least_requests",
-    "power_of_two",
-    "consistent_hash",
-    "sglang_cache_aware",
-    "dynamo_cost",
-    "llmd_weighted",
-)
+BASELINES = tuple(p for p in POLICIES if p not in ("kvgate", "seed_score"))  # other systems'
 # workloads with prefix sharing (the 80 % targets) and without (the no-regression target)
 SHARING = ("shared_prompt", "multi_turn", "mooncake_fast25_synthetic_trace")
 NO_SHARING = ("long_tail", "azure_llm_inference_2023_conv", "azure_llm_inference_2023_code")

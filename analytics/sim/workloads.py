@@ -77,21 +77,38 @@ def _request(
     )
 
 
+def _shared_prefix(
+    name: str,
+    requests: int,
+    rate: float,
+    rng: random.Random,
+    prefixes: list[tuple[str, int]],
+    weights: list[float],
+    question: tuple[float, float, int, int],
+    answer: tuple[float, float, int, int],
+) -> Trace:
+    """Poisson arrivals; each request is a prefix drawn by ``weights`` plus a question of its
+    own (lognormal: median, sigma, min, max) and an answer of lognormal length."""
+    t = 0.0
+    out = []
+    for i in range(requests):
+        t += rng.expovariate(rate)
+        owner, length = rng.choices(prefixes, weights)[0]
+        q = _lognormal(rng, *question)
+        a = _lognormal(rng, *answer)
+        out.append(_request(t, [(owner, length), (f"q{i}", q)], a))
+    return Trace(name, BLOCK, tuple(out))
+
+
 def shared_prompt(requests: int, rate: float, seed: int) -> Trace:
     """A few support bots, each with a long system prompt (instructions, policies, few-shot
     examples: 1.5–3k tokens); users ask short questions and get medium answers."""
     rng = random.Random(seed)
     bots = [(f"bot{i}", rng.randint(1500, 3000)) for i in range(6)]
     weights = [1.0 / (i + 1) for i in range(len(bots))]
-    t = 0.0
-    out = []
-    for i in range(requests):
-        t += rng.expovariate(rate)
-        name, sys_len = rng.choices(bots, weights)[0]
-        q = _lognormal(rng, 80, 0.8, 8, 1500)
-        a = _lognormal(rng, 180, 0.6, 8, 1024)
-        out.append(_request(t, [(name, sys_len), (f"q{i}", q)], a))
-    return Trace("shared_prompt", BLOCK, tuple(out))
+    return _shared_prefix(
+        "shared_prompt", requests, rate, rng, bots, weights, (80, 0.8, 8, 1500), (180, 0.6, 8, 1024)
+    )
 
 
 def multi_turn(requests: int, rate: float, seed: int) -> Trace:
@@ -129,15 +146,9 @@ def zipf_hot(requests: int, rate: float, seed: int) -> Trace:
     tail = [1.0 / (i + 1) ** 1.1 for i in range(len(prefixes) - 1)]
     scale = 0.55 / sum(tail)
     weights = [0.45] + [w * scale for w in tail]
-    t = 0.0
-    out = []
-    for i in range(requests):
-        t += rng.expovariate(rate)
-        name, plen = rng.choices(prefixes, weights)[0]
-        q = _lognormal(rng, 100, 0.8, 8, 2000)
-        a = _lognormal(rng, 150, 0.7, 8, 1024)
-        out.append(_request(t, [(name, plen), (f"q{i}", q)], a))
-    return Trace("zipf_hot", BLOCK, tuple(out))
+    return _shared_prefix(
+        "zipf_hot", requests, rate, rng, prefixes, weights, (100, 0.8, 8, 2000), (150, 0.7, 8, 1024)
+    )
 
 
 def long_tail(requests: int, rate: float, seed: int) -> Trace:
