@@ -15,7 +15,7 @@ from admission.core import Budget, Rejection, RejectReason, Verdict, admit, prio
 from admission.estimate import OutputEstimator
 from admission.queue import AdmissionQueues, Waiting
 from admission.reservations import InProcessReservations, ReservationStore
-from admission.settings import AdmissionSettings, Tenant
+from admission.settings import AdmissionSettings, Priority, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
 from streams.schemas import LedgerEvent
 
@@ -82,6 +82,10 @@ class AdmissionGate:
         """The most KV blocks reservations may hold once this tenant's request is in."""
         return int(priority_limit(tenant.priority, self.settings) * total_blocks)
 
+    def slot_limit(self, priority: Priority, total_slots: int) -> int:
+        """The most concurrent requests reservations may hold once this request is in."""
+        return max(1, int(priority_limit(priority, self.settings) * total_slots))
+
     def observe_output(self, tenant: Tenant, model: str, output_tokens: int) -> None:
         """A finished request's actual output length (feeds the learned estimate)."""
         if self.settings.learn_output:
@@ -127,6 +131,7 @@ class AdmissionGate:
             self.limit(tenant, b.kv_blocks_total),
             now,
             self.settings.lease_s,
+            self.slot_limit(tenant.priority, b.slots_total),
         )
         if r is None:
             retry = max(self.settings.min_retry_after_s, 1.0)
@@ -195,7 +200,13 @@ class AdmissionGate:
                 while (head := self.queues.admissible(pool, b)) is not None:
                     limit = int(priority_limit(head.priority, self.settings) * b.kv_blocks_total)
                     r = await self.store.try_reserve(
-                        head.request_id, pool, head.kv_blocks, limit, now, self.settings.lease_s
+                        head.request_id,
+                        pool,
+                        head.kv_blocks,
+                        limit,
+                        now,
+                        self.settings.lease_s,
+                        self.slot_limit(head.priority, b.slots_total),
                     )
                     if r is None:  # another router took the room first
                         break

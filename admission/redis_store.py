@@ -20,11 +20,14 @@ __all__ = ["RedisReservations"]
 _RESERVE = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
 local rid = ARGV[1]; local pool = ARGV[2]; local blocks = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4]); local expires = ARGV[5]
+local limit = tonumber(ARGV[4]); local expires = ARGV[5]; local slot_limit = tonumber(ARGV[6])
 local existing = redis.call('HGET', resv, rid)
 if existing then return existing end
 local cur = tonumber(redis.call('HGET', held, 'blocks') or '0')
 if cur + blocks > limit then return false end
+if slot_limit >= 0 and tonumber(redis.call('HGET', held, 'slots') or '0') + 1 > slot_limit then
+  return false
+end
 redis.call('HINCRBY', held, 'blocks', blocks)
 redis.call('HINCRBY', held, 'slots', 1)
 local value = pool .. '|' .. blocks .. '|1|' .. expires
@@ -68,13 +71,21 @@ class RedisReservations:
         self._release = client.register_script(_RELEASE)
 
     async def try_reserve(
-        self, rid: str, pool: str, kv_blocks: int, limit_blocks: int, now: float, lease_s: float
+        self,
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None = None,
     ) -> Reservation | None:
         p = self.prefix
+        slots = -1 if limit_slots is None else limit_slots
         try:
             value = await self._reserve(
                 keys=[f"{p}:held:{pool}", f"{p}:resv", f"{p}:exp"],
-                args=[rid, pool, kv_blocks, limit_blocks, repr(now + lease_s)],
+                args=[rid, pool, kv_blocks, limit_blocks, repr(now + lease_s), slots],
             )
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc

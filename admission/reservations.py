@@ -2,7 +2,8 @@
 
 Every admitted request holds a reservation until it completes, fails or its client leaves; each
 carries a lease, so a reservation whose release was lost expires on its own. ``try_reserve`` is
-an atomic check-and-reserve against a limit (the watermark the caller's priority may reach):
+an atomic check-and-reserve against limits in KV blocks and in slots (the watermark the
+caller's priority may reach):
 in-process because the event loop does not yield inside it, in Redis by a Lua script, so several
 routers sharing one Redis can never together pass the limit.
 """
@@ -35,7 +36,14 @@ class Reservation:
 
 class ReservationStore(Protocol):
     async def try_reserve(
-        self, rid: str, pool: str, kv_blocks: int, limit_blocks: int, now: float, lease_s: float
+        self,
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None = None,
     ) -> Reservation | None: ...
     async def release(self, rid: str, now: float) -> Reservation | None: ...
     async def expire(self, now: float) -> list[Reservation]: ...
@@ -61,11 +69,20 @@ class InProcessReservations:
         return q
 
     async def try_reserve(
-        self, rid: str, pool: str, kv_blocks: int, limit_blocks: int, now: float, lease_s: float
+        self,
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None = None,
     ) -> Reservation | None:
         if rid in self._by_id:
             return self._by_id[rid]
         if self._blocks.get(pool, 0) + kv_blocks > limit_blocks:
+            return None
+        if limit_slots is not None and self._slots.get(pool, 0) + 1 > limit_slots:
             return None
         r = Reservation(rid, pool, kv_blocks, 1, now + lease_s)
         self._by_id[rid] = r

@@ -118,3 +118,16 @@ async def test_low_priority_stops_at_yellow_normal_at_red() -> None:
         assert 800 < held <= 900 and m > 0
     finally:
         await client.aclose()
+
+
+async def test_redis_store_refuses_past_the_slot_limit() -> None:
+    prefix = f"test:{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(REDIS)
+    try:
+        store = RedisReservations(client, prefix)
+        assert await store.try_reserve("a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+        assert await store.try_reserve("b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+        assert await store.try_reserve("c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
+        assert await store.held("p") == (2, 2)
+    finally:
+        await client.aclose()

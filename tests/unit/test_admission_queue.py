@@ -114,3 +114,13 @@ async def test_gate_queues_above_red_and_admits_on_release() -> None:
     assert not refused.admitted and refused.rejection
     assert refused.rejection.reason == RejectReason.QUEUE_TIMEOUT
     assert refused.rejection.retry_after_s is not None
+
+
+async def test_stores_refuse_past_the_slot_limit_atomically() -> None:
+    from admission.reservations import InProcessReservations
+
+    r = InProcessReservations()
+    assert await r.try_reserve("a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+    assert await r.try_reserve("b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+    assert await r.try_reserve("c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
+    assert await r.try_reserve("c", "p", 1, 100, 0.0, 10.0) is not None  # no slot limit given
