@@ -10,6 +10,7 @@ window. State lives in a :class:`StormStore`: in process for one router, in Redi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,24 +31,25 @@ class StormStore(Protocol):
 
 @dataclass(slots=True)
 class InProcessStormStore:
+    clock: Callable[[], float] = time.time  # the simulator passes its virtual clock
     _attempts: dict[str, tuple[float, float]] = field(default_factory=dict)  # at, expires
     _strikes: dict[str, list[float]] = field(default_factory=dict)
 
     async def not_before(self, attempt: str) -> float | None:
         v = self._attempts.get(attempt)
-        if v is None or v[1] < time.time():
+        if v is None or v[1] < self.clock():
             self._attempts.pop(attempt, None)
             return None
         return v[0]
 
     async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None:
         if len(self._attempts) > 100_000:  # bounded: drop the expired ones
-            now = time.time()
+            now = self.clock()
             self._attempts = {k: v for k, v in self._attempts.items() if v[1] >= now}
-        self._attempts[attempt] = (at, time.time() + ttl_s)
+        self._attempts[attempt] = (at, self.clock() + ttl_s)
 
     async def strike(self, client: str, window_s: float) -> int:
-        now = time.time()
+        now = self.clock()
         hits = [t for t in self._strikes.get(client, []) if now - t <= window_s]
         hits.append(now)
         self._strikes[client] = hits

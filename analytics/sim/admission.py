@@ -8,16 +8,20 @@ priorities, queueing, Retry-After — come from :mod:`admission.core` and :mod:`
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from admission.core import Budget, Rejection, RejectReason, admit
 from admission.queue import AdmissionQueues, Waiting
 from admission.reservations import drain_rate
 from admission.settings import AdmissionSettings, Priority
+from admission.storm import InProcessStormStore, StormGuard
 
 __all__ = ["Refused", "SimAdmission"]
 
 POOL = "default"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,18 @@ class Refused:
     reason: RejectReason
     retry_after_s: float | None
     at_s: float
+    attempt: int = 1
+    final: bool = True  # the client gave up (no retry follows)
+
+
+def _now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the in-process storm store) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coro.close()
+    raise RuntimeError("the coroutine suspended; only in-process stores can run here")
 
 
 @dataclass(slots=True)
@@ -43,9 +59,34 @@ class SimAdmission:
     _released: deque[tuple[float, int]] = field(default_factory=deque)
     _released_sum: int = 0
     _waiting: dict[str, tuple[Waiting, int]] = field(default_factory=dict)
+    storm_guard: bool = False
+    _clock: float = 0.0
+    _guard: StormGuard | None = None
 
     def __post_init__(self) -> None:
         self.queues = AdmissionQueues(self.settings)
+        if self.storm_guard:
+            self._guard = StormGuard(
+                InProcessStormStore(clock=lambda: self._clock),
+                self.settings.retry_guard_window_s,
+                self.settings.retry_guard_max_s,
+            )
+
+    def early_retry(
+        self, client: str, attempt: str, index: int, priority: str, now: float
+    ) -> Refused | None:
+        """The storm guard's refusal of an attempt retried before its Retry-After."""
+        if self._guard is None:
+            return None
+        self._clock = now
+        rej = _now(self._guard.check(client, attempt, now))
+        return None if rej is None else self._refused(index, priority, rej, now)
+
+    def remember(self, attempt: str, refused: Refused, now: float) -> None:
+        if self._guard is not None:
+            self._clock = now
+            rej = Rejection(refused.reason, True, refused.retry_after_s, "")
+            _now(self._guard.refused(attempt, rej, now))
 
     def budget(self, now: float) -> Budget:
         while self._released and now - self._released[0][0] > self.drain_window_s:

@@ -13,7 +13,7 @@ import heapq
 import itertools
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from admission.settings import AdmissionSettings
@@ -45,7 +45,20 @@ class SimConfig:
     prewarm: bool = False  # act on hot-prefix advice (router.hotprefix) like the live agents
     prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
     admission: AdmissionSettings | None = None  # admission control in front of routing
+    retries: RetryModel | None = None  # refused clients retry (None: a refusal is final)
+    storm_guard: bool = False  # the retry-storm guard in front of admission
     recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router.recent)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryModel:
+    """How refused clients come back: after Retry-After, up to ``max_attempts``; the clients in
+    ``storm_clients`` ignore it and retry after ``storm_delay_s``, up to ``storm_max_attempts``."""
+
+    max_attempts: int = 4
+    storm_clients: frozenset[str] = frozenset()
+    storm_delay_s: float = 0.05
+    storm_max_attempts: int = 40
 
 
 @dataclass(slots=True)
@@ -161,6 +174,7 @@ def simulate(
             node_blocks=profile.num_gpu_blocks,
             slots_total=cfg.admission.slots_per_node * cfg.nodes,
             block_size=trace.block_size,
+            storm_guard=cfg.storm_guard,
         )
         if cfg.admission is not None
         else None
@@ -258,6 +272,18 @@ def simulate(
         refused.append(got)
         remaining -= 1
 
+    def retry(r: TraceRequest, idx: int, attempt: int, got: Refused, now: float) -> None:
+        """A refused client comes back (or gives up): the retry model decides when."""
+        rm = cfg.retries
+        storm = rm is not None and r.client in rm.storm_clients
+        limit = 1 if rm is None else (rm.storm_max_attempts if storm else rm.max_attempts)
+        if rm is None or attempt >= limit or not got.retry_after_s:
+            refuse(replace(got, attempt=attempt))
+            return
+        refused.append(replace(got, attempt=attempt, final=False))
+        delay = rm.storm_delay_s if storm else got.retry_after_s
+        push(now + delay, "retry", (idx, attempt + 1))
+
     def pump(now: float) -> None:
         if adm is None:
             return
@@ -321,18 +347,25 @@ def simulate(
                 n.view = _view(n, now, lease)
             pump(now)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
-        elif kind == "arrive":
-            idx = data
+        elif kind == "arrive" or kind == "retry":
+            idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
             assert isinstance(idx, int)
             if adm is None:
                 dispatch(idx, now, None)
             else:
                 r = trace.requests[idx]
-                got = adm.arrive(idx, f"r{idx}", r.priority, r.prompt_tokens, r.output_tokens, now)
+                key = f"a{idx}"  # the attempt's identity (an Idempotency-Key)
+                got: bool | Refused | None = adm.early_retry(r.client, key, idx, r.priority, now)
+                if got is None:
+                    got = adm.arrive(
+                        idx, f"r{idx}", r.priority, r.prompt_tokens, r.output_tokens, now
+                    )
+                    if isinstance(got, Refused):
+                        adm.remember(key, got, now)
                 if got is True:
                     dispatch(idx, now, None)
                 elif isinstance(got, Refused):
-                    refuse(got)
+                    retry(r, idx, attempt, got, now)
         elif kind == "warm":  # an agent loads a hot prefix into its engine
             advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
             for node_id in advice.targets:

@@ -78,7 +78,7 @@ def overload_run(
     per: dict[str, Any] = {}
     for prio, _ in PRIORITY_MIX:
         mine = [d for d in done if d.request.priority == prio]
-        gone = [r for r in refused if r.priority == prio]
+        gone = [r for r in refused if r.priority == prio and r.final]
         offered = sum(1 for r in scaled.requests if r.priority == prio)
         ok = sum(1 for d in mine if _slo_ok(d, ttft_slo_s, tpot_slo_s))
         ttft = [d.first_token_s - d.request.arrival_s for d in mine]

@@ -35,6 +35,7 @@ class TraceRequest:
     # (multi-turn chat); otherwise the simulator gives them hashes of their own
     output_block_hashes: tuple[int, ...] = ()
     priority: Priority = "normal"
+    client: str = "default"  # who sends it (retry behaviour, retry-storm guard)
 
 
 @dataclass(frozen=True, slots=True)
