@@ -82,6 +82,7 @@ def outcome_record(
     router_id: str,
     started: float,
     now: float,
+    reroutes: int = 0,
 ) -> Outcome:
     e2e = now - started
     ttft, n = relay.ttft_s, relay.output_tokens
@@ -99,5 +100,6 @@ def outcome_record(
         prompt_tokens=len(p.tokens),
         output_tokens=n,
         cached_tokens=relay.cached_tokens,
+        reroutes=reroutes,
         error=relay.error,
     )

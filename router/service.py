@@ -8,6 +8,7 @@ outcome. Kafka publishing never waits on the broker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -63,6 +64,17 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(
         body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
     )
+
+
+def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
+    """A failure the client has not seen yet, of a kind another node may not have: the engine
+    had no room for the request's KV (vLLM-style 400 naming the KV cache), was overloaded (503)
+    or unreachable (502)."""
+    if relay.status == "ok" or resp.prepared:
+        return False
+    if relay.http_status in (502, 503):
+        return True
+    return relay.http_status == 400 and "kv cache" in (relay.error or "").lower()
 
 
 class RouterService:
@@ -342,22 +354,51 @@ class RouterService:
         )
         assert self._http is not None
         relay = Relay()
+        reroutes = 0
         try:
-            resp, relay = await forward(
-                self._http,
-                request,
-                request_id,
-                node,
-                p,
-                started,
-                on_first_token=lambda: self._first_token(request_id, node.node_id, rreq),
-            )
-            return resp
+            while True:
+                target = node
+                resp, relay = await forward(
+                    self._http,
+                    request,
+                    request_id,
+                    target,
+                    p,
+                    started,
+                    on_first_token=functools.partial(
+                        self._first_token, request_id, target.node_id, rreq
+                    ),
+                )
+                if reroutes or not _reroutable(resp, relay):
+                    return resp
+                # the node could not take it (no room for its KV, or gone) before anything
+                # reached the client: once, to the best other node; the reservation is for the
+                # cluster's budget, so it stays with the request
+                others = [n for n in nodes if n.node_id != node.node_id]
+                if not others:
+                    return resp
+                again = self.policy.decide(
+                    rreq, others, self.replica.index.match(rreq.block_hashes), time.time()
+                )
+                if again.chosen is None:
+                    return resp
+                log.warning(
+                    "%s: %s failed before any byte (%s); re-routing to %s",
+                    request_id,
+                    node.node_id,
+                    relay.http_status,
+                    again.chosen,
+                )
+                self.metrics.decided("reroute", 0.0)
+                self.ledger.finish(request_id)
+                node = next(n for n in others if n.node_id == again.chosen)
+                self.ledger.dispatch(request_id, node.node_id, time.time(), rreq.prompt_tokens)
+                reroutes += 1
         finally:
             self.ledger.finish(request_id)
             if relay.status == "ok":
                 self.gate.observe_output(tenant, p.model, relay.output_tokens)
-            await self._publish_outcome(request_id, node.node_id, relay, p, started)
+            await self._publish_outcome(request_id, node.node_id, relay, p, started, reroutes)
 
     def _route(
         self,
@@ -533,7 +574,13 @@ class RouterService:
         )
 
     async def _publish_outcome(
-        self, request_id: str, node: str | None, relay: Relay, p: ParsedRequest, started: float
+        self,
+        request_id: str,
+        node: str | None,
+        relay: Relay,
+        p: ParsedRequest,
+        started: float,
+        reroutes: int = 0,
     ) -> None:
         self.metrics.outcome(relay.status)
         await self.bus.publish(
@@ -547,6 +594,7 @@ class RouterService:
                 router_id=self.router_id,
                 started=started,
                 now=time.time(),
+                reroutes=reroutes,
             ),
         )
 
