@@ -183,8 +183,10 @@ async def test_router_killed_mid_run_a_new_router_rebuilds_and_routes(
     for p in prompts:
         _, d = await post(second, "/v1/kvgate/decide", {"model": MODEL, "prompt": p})
         hits = {x["node_id"]: x["hit_blocks"] for x in d["candidates"]}
-        assert d["chosen_node"] == holders[p], (d, holders[p])
-        assert hits[holders[p]] > 0
+        # the rebuilt index knows the prefix: the new router sends it to a node holding it (the
+        # in-flight copies may have put it on the other node too, so either holder is right)
+        assert hits[holders[p]] > 0, (d, holders[p])
+        assert hits[d["chosen_node"]] > 0 and d["reason"] == "prefix_hit", d
         status, _ = await post(
             second, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 2}
         )
