@@ -75,7 +75,6 @@ class ControlFollower(Background):
         self.applied = 0
         self.refused = 0
         self.caught_up = asyncio.Event()
-        self.on_message: list[Callable[[ControlMessage], None]] = []
 
     def handle(self, msg: ControlMessage) -> str:
         outcome = "ignored"
@@ -89,8 +88,6 @@ class ControlFollower(Background):
             elif outcome.startswith("invalid"):
                 self.refused += 1
                 log.warning("refused weights for %s: %s", self.policy.name, outcome)
-        for hook in self.on_message:
-            hook(msg)
         return outcome
 
     async def _run(self) -> None:

@@ -35,6 +35,11 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        self.reroutes = Counter(
+            "kvgate_router_reroutes",
+            "Requests re-routed once after their node refused them before any byte",
+            registry=self.registry,
+        )
         self.prewarm_advice = Counter(
             "kvgate_router_prewarm_advice",
             "Pre-warm advice published for hot prefixes",

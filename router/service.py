@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from array import array
+from collections.abc import Sequence
 from dataclasses import replace
 from hashlib import blake2b
 from typing import Any
@@ -377,9 +378,8 @@ class RouterService:
                 others = [n for n in nodes if n.node_id != node.node_id]
                 if not others:
                     return resp
-                again = self.policy.decide(
-                    rreq, others, self.replica.index.match(rreq.block_hashes), time.time()
-                )
+                now = time.time()
+                again = self.policy.decide(rreq, others, self._matches(rreq.block_hashes, now), now)
                 if again.chosen is None:
                     return resp
                 log.warning(
@@ -389,7 +389,7 @@ class RouterService:
                     relay.http_status,
                     again.chosen,
                 )
-                self.metrics.decided("reroute", 0.0)
+                self.metrics.reroutes.inc()
                 self.ledger.finish(request_id)
                 node = next(n for n in others if n.node_id == again.chosen)
                 self.ledger.dispatch(request_id, node.node_id, time.time(), rreq.prompt_tokens)
@@ -414,15 +414,20 @@ class RouterService:
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
-        matches = self.replica.index.match(hashes)
-        if self.recent is not None:
-            matches = merge_matches(matches, self.recent.match(hashes, now))
+        matches = self._matches(hashes, now)
         decision = self.policy.decide(rreq, nodes, matches, now)
         if self.hot is not None and decision.chosen is not None:
             advice = self.hot.observe(now, hashes, matches, nodes)
             if advice is not None:
                 self._advise(advice, p, block_size, now)
         return rreq, decision
+
+    def _matches(self, hashes: Sequence[int], now: float) -> dict[str, int]:
+        """Per node, the prefix it holds: the index, plus what this router just had prefilled."""
+        matches = self.replica.index.match(hashes)
+        if self.recent is not None:
+            matches = merge_matches(matches, self.recent.match(hashes, now))
+        return matches
 
     def _first_token(self, request_id: str, node: str, rreq: RouteRequest) -> None:
         self.ledger.first_token(request_id)

@@ -1,20 +1,21 @@
 """Admission control in virtual time: the same pure core and queues as the live gate.
 
-The live gate keeps reservations in a store behind an async interface; here one synchronous
-ledger plays that part (one router, like the in-process store). Decisions — cost, watermarks,
-priorities, queueing, Retry-After — come from :mod:`admission.core` and :mod:`admission.queue`.
+The live gate keeps reservations in a store behind an async interface; here the in-process
+store itself (one router) is driven synchronously — its coroutines never suspend. Decisions —
+cost, watermarks, priorities, queueing, Retry-After — come from :mod:`admission.core` and
+:mod:`admission.queue`.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from admission.core import Budget, Rejection, RejectReason, admit
 from admission.queue import AdmissionQueues, Waiting
-from admission.reservations import drain_rate
+from admission.reservations import InProcessReservations
 from admission.settings import AdmissionSettings, Priority
 from admission.storm import InProcessStormStore, StormGuard
 
@@ -36,7 +37,7 @@ class Refused:
 
 
 def _now(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never suspends (the in-process storm store) to its result."""
+    """Run a coroutine that never suspends (the in-process stores) to its result."""
     try:
         coro.send(None)
     except StopIteration as done:
@@ -52,12 +53,8 @@ class SimAdmission:
     node_blocks: int
     slots_total: int
     block_size: int
-    drain_window_s: float = 30.0
     queues: AdmissionQueues = field(init=False)
-    _held: dict[str, int] = field(default_factory=dict)
-    _held_sum: int = 0
-    _released: deque[tuple[float, int]] = field(default_factory=deque)
-    _released_sum: int = 0
+    store: InProcessReservations = field(default_factory=InProcessReservations)
     _waiting: dict[str, tuple[Waiting, int]] = field(default_factory=dict)
     storm_guard: bool = False
     _clock: float = 0.0
@@ -89,15 +86,14 @@ class SimAdmission:
             _now(self._guard.refused(attempt, rej, now))
 
     def budget(self, now: float) -> Budget:
-        while self._released and now - self._released[0][0] > self.drain_window_s:
-            self._released_sum -= self._released.popleft()[1]
+        held_blocks, held_slots, drain = _now(self.store.snapshot(POOL, now))
         return Budget(
             self.kv_blocks_total,
             self.slots_total,
-            self._held_sum,
-            len(self._held),
+            held_blocks,
+            held_slots,
             self.node_blocks,
-            drain_rate(self._released_sum, self._released[0][0] if self._released else None, now),
+            drain,
         )
 
     def arrive(
@@ -129,11 +125,7 @@ class SimAdmission:
         return self._refused(index, priority, v.rejection, now)
 
     def release(self, rid: str, now: float) -> None:
-        blocks = self._held.pop(rid, None)
-        if blocks is not None:
-            self._held_sum -= blocks
-            self._released.append((now, blocks))
-            self._released_sum += blocks
+        _now(self.store.release(rid, now))
 
     def pump(self, now: float) -> tuple[list[tuple[int, float]], list[Refused]]:
         """Queued requests admitted now (index, wait) and the ones that ran out of time."""
@@ -153,8 +145,8 @@ class SimAdmission:
         return admitted, refused
 
     def _reserve(self, rid: str, blocks: int) -> None:
-        self._held[rid] = blocks
-        self._held_sum += blocks
+        # the verdict already checked the limits on this same snapshot (one router)
+        _now(self.store.try_reserve(rid, POOL, blocks, self.kv_blocks_total, 0.0, math.inf))
 
     @staticmethod
     def _refused(index: int, priority: str, rej: Rejection, now: float) -> Refused:
