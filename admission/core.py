@@ -38,6 +38,7 @@ class RejectReason(StrEnum):
     QUEUE_FULL = "queue_full"  # the priority's queue holds as much as it may
     QUEUE_TIMEOUT = "queue_timeout"  # cannot start before its deadline (early) or waited it out
     NODES_UNHEALTHY = "nodes_unhealthy"  # too little of the cluster is healthy: 503
+    STORE_UNAVAILABLE = "store_unavailable"  # the reservation store is down or being rebuilt
 
 
 @dataclass(frozen=True, slots=True)

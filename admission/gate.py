@@ -10,11 +10,13 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Literal
 
 from admission.core import Budget, Rejection, RejectReason, Verdict, admit, priority_limit
 from admission.estimate import OutputEstimator
+from admission.exceptions import AdmissionError
 from admission.queue import AdmissionQueues, Waiting
-from admission.reservations import InProcessReservations, ReservationStore
+from admission.reservations import InProcessReservations, Reservation, ReservationStore
 from admission.settings import AdmissionSettings, Priority, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
 from streams.schemas import LedgerEvent
@@ -43,7 +45,7 @@ class AdmissionGate:
             settings.retry_guard_max_s,
         )
         self._publish = publish
-        self._pools: dict[str, str] = {}  # reservation id -> pool
+        self.held: dict[str, Reservation] = {}  # what this router reserved and still holds
         self.queues = AdmissionQueues(settings)
         self._waiters: dict[Waiting, asyncio.Future[Verdict]] = {}
         self._node_blocks: dict[str, list[int]] = {}  # pool -> KV blocks per node, last seen
@@ -103,7 +105,41 @@ class AdmissionGate:
         now: float,
         model: str = "",
     ) -> Verdict:
-        """Admit (reserving), queue until admitted or refused, or refuse now."""
+        """Admit (reserving), queue until admitted or refused, or refuse now (503 when the
+        reservation store cannot answer: nothing is admitted that the budget cannot see)."""
+        try:
+            return await self._admit(
+                request_id,
+                tenant,
+                prompt_tokens,
+                max_tokens,
+                block_size,
+                pool,
+                node_blocks,
+                now,
+                model,
+            )
+        except AdmissionError as exc:
+            log.warning("admission refused %s: %s", request_id, exc)
+            return Verdict(
+                False,
+                0,
+                0.0,
+                Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, str(exc)),
+            )
+
+    async def _admit(
+        self,
+        request_id: str,
+        tenant: Tenant,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_size: int,
+        pool: str,
+        node_blocks: Sequence[int],
+        now: float,
+        model: str,
+    ) -> Verdict:
         self._node_blocks[pool] = list(node_blocks)
         expected = (
             self.estimator.expected(
@@ -146,8 +182,8 @@ class AdmissionGate:
                     "the cluster KV budget filled up concurrently",
                 ),
             )
-        self._pools[request_id] = pool
-        await self._event("reserve", request_id, pool, r.kv_blocks, now, r.expires_at)
+        self.held[request_id] = r
+        await self._event("reserve", r, now)
         return verdict
 
     async def _wait(
@@ -211,10 +247,8 @@ class AdmissionGate:
                     if r is None:  # another router took the room first
                         break
                     self.queues.remove(head)
-                    self._pools[head.request_id] = pool
-                    await self._event(
-                        "reserve", head.request_id, pool, r.kv_blocks, now, r.expires_at
-                    )
+                    self.held[head.request_id] = r
+                    await self._event("reserve", r, now)
                     admitted += 1
                     b = replace(b, kv_blocks_reserved=b.kv_blocks_reserved + r.kv_blocks)
                     fut = self._waiters.get(head)
@@ -250,33 +284,60 @@ class AdmissionGate:
             await self.storm.refused(attempt, rejection, now)
 
     async def release(self, request_id: str, now: float) -> None:
-        r = await self.store.release(request_id, now)
-        self._pools.pop(request_id, None)
+        """Give the reservation back. Never raises: when the store cannot answer, the release
+        is still recorded on the ledger (the reconciler then drops it from the store)."""
+        mine = self.held.pop(request_id, None)
+        try:
+            r = await self.store.release(request_id, now)
+        except AdmissionError as exc:
+            log.warning("release of %s not applied to the store: %s", request_id, exc)
+            if mine is not None:
+                await self._event("release", mine, now, "the store was unreachable")
+            return
+        if r is None and mine is not None:  # the store lost it (expired, or reset)
+            r = mine
         if r is not None:
-            await self._event("release", request_id, r.pool, r.kv_blocks, now, None)
+            await self._event("release", r, now)
             if len(self.queues) and not self._pump_lock.locked():
-                await self.pump(now)
+                with contextlib.suppress(AdmissionError):
+                    await self.pump(now)
 
     async def sweep(self, now: float) -> int:
         """Expire reservations whose lease ran out, with a compensation event each."""
         dead = await self.store.expire(now)
         for r in dead:
-            self._pools.pop(r.reservation_id, None)
+            self.held.pop(r.reservation_id, None)
             log.warning("reservation %s expired (lease ran out)", r.reservation_id)
-            await self._event("expire", r.reservation_id, r.pool, r.kv_blocks, now, None)
+            await self._event("expire", r, now, "lease ran out")
         return len(dead)
 
+    async def record(
+        self,
+        kind: Literal["reserve", "release", "expire"],
+        r: Reservation,
+        now: float,
+        cause: str | None = None,
+    ) -> None:
+        """A ledger event written on someone else's behalf (the reconciler)."""
+        await self._event(kind, r, now, cause)
+
     async def _event(
-        self, kind: str, rid: str, pool: str, blocks: int, now: float, expires: float | None
+        self,
+        kind: Literal["reserve", "release", "expire"],
+        r: Reservation,
+        now: float,
+        cause: str | None = None,
     ) -> None:
         await self._publish(
             LedgerEvent(
-                reservation_id=rid,
-                pool=pool,
+                reservation_id=r.reservation_id,
+                pool=r.pool,
                 kind=kind,
-                kv_blocks=blocks,
+                kv_blocks=r.kv_blocks,
+                slots=r.slots,
                 router_id=self.router_id,
                 ts=now,
-                lease_expires_at=expires,
+                lease_expires_at=r.expires_at if kind == "reserve" else None,
+                cause=cause,
             )
         )

@@ -2,7 +2,10 @@
 
 Keys (``<prefix>`` is per namespace): ``<prefix>:held:<pool>`` hash {blocks, slots};
 ``<prefix>:resv`` hash id → "pool|blocks|slots|expires"; ``<prefix>:exp`` sorted set of ids by
-lease expiry; ``<prefix>:drain:<pool>:<bucket>`` blocks released per ``bucket_s`` interval.
+lease expiry; ``<prefix>:drain:<pool>:<bucket>`` blocks released per ``bucket_s`` interval;
+``<prefix>:generation`` set by the reconciler once the store matches the ledger (missing: Redis
+lost its data, and nothing is admitted until the reconciler has restored the reservations);
+``<prefix>:reconciler`` which router reconciles (a short lease).
 Check-and-reserve and release are Lua scripts, so they are atomic across routers. Redis errors
 surface as :class:`AdmissionError`.
 """
@@ -12,13 +15,14 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from admission.exceptions import AdmissionError
+from admission.exceptions import AdmissionError, StoreReset
 from admission.reservations import Reservation
 
 __all__ = ["RedisReservations"]
 
 _RESERVE = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
+if redis.call('EXISTS', KEYS[4]) == 0 then return {err = 'KVGATE_STORE_RESET'} end
 local rid = ARGV[1]; local pool = ARGV[2]; local blocks = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4]); local expires = ARGV[5]; local slot_limit = tonumber(ARGV[6])
 local existing = redis.call('HGET', resv, rid)
@@ -34,6 +38,27 @@ local value = pool .. '|' .. blocks .. '|1|' .. expires
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
 return value
+"""
+
+_RESTORE = """
+local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
+local rid = ARGV[1]; local value = ARGV[2]; local blocks = tonumber(ARGV[3])
+local slots = tonumber(ARGV[4]); local expires = ARGV[5]
+if redis.call('HEXISTS', resv, rid) == 1 then return 0 end
+redis.call('HINCRBY', held, 'blocks', blocks)
+redis.call('HINCRBY', held, 'slots', slots)
+redis.call('HSET', resv, rid, value)
+redis.call('ZADD', exp, expires, rid)
+return 1
+"""
+
+_LEAD = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] or (not cur and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
 """
 
 _RELEASE = """
@@ -69,6 +94,8 @@ class RedisReservations:
         self.bucket_s = bucket_s
         self._reserve = client.register_script(_RESERVE)
         self._release = client.register_script(_RELEASE)
+        self._restore = client.register_script(_RESTORE)
+        self._lead = client.register_script(_LEAD)
 
     async def try_reserve(
         self,
@@ -84,10 +111,14 @@ class RedisReservations:
         slots = -1 if limit_slots is None else limit_slots
         try:
             value = await self._reserve(
-                keys=[f"{p}:held:{pool}", f"{p}:resv", f"{p}:exp"],
+                keys=[f"{p}:held:{pool}", f"{p}:resv", f"{p}:exp", f"{p}:generation"],
                 args=[rid, pool, kv_blocks, limit_blocks, repr(now + lease_s), slots],
             )
         except RedisError as exc:
+            if "KVGATE_STORE_RESET" in str(exc):
+                raise StoreReset(
+                    "the reservation store lost its data; waiting for the reconciler to rebuild it"
+                ) from exc
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return None if value is None else _parse(rid, value)
 
@@ -151,5 +182,51 @@ class RedisReservations:
     async def count(self) -> int:
         try:
             return int(await self.r.hlen(f"{self.prefix}:resv"))
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+
+    async def entries(self) -> dict[str, Reservation]:
+        try:
+            raw = await self.r.hgetall(f"{self.prefix}:resv")
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        out = {}
+        for k, v in raw.items():
+            rid = k.decode() if isinstance(k, bytes) else str(k)
+            out[rid] = _parse(rid, v)
+        return out
+
+    async def restore(self, r: Reservation) -> bool:
+        p = self.prefix
+        value = f"{r.pool}|{r.kv_blocks}|{r.slots}|{r.expires_at!r}"
+        try:
+            done = await self._restore(
+                keys=[f"{p}:held:{r.pool}", f"{p}:resv", f"{p}:exp"],
+                args=[r.reservation_id, value, r.kv_blocks, r.slots, repr(r.expires_at)],
+            )
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        return bool(done)
+
+    async def generation(self) -> str | None:
+        try:
+            value = await self.r.get(f"{self.prefix}:generation")
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    async def mark_generation(self, generation: str) -> None:
+        try:
+            await self.r.set(f"{self.prefix}:generation", generation)
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+
+    async def lead(self, who: str, ttl_s: float) -> bool:
+        try:
+            return bool(
+                await self._lead(keys=[f"{self.prefix}:reconciler"], args=[who, int(ttl_s * 1000)])
+            )
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc

@@ -10,6 +10,7 @@ routers sharing one Redis can never together pass the limit.
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -51,6 +52,11 @@ class ReservationStore(Protocol):
     async def snapshot(self, pool: str, now: float) -> tuple[int, int, float]: ...
     async def drain_rate(self, pool: str, now: float) -> float: ...
     async def count(self) -> int: ...
+    async def entries(self) -> dict[str, Reservation]: ...
+    async def restore(self, r: Reservation) -> bool: ...
+    async def generation(self) -> str | None: ...
+    async def mark_generation(self, generation: str) -> None: ...
+    async def lead(self, who: str, ttl_s: float) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -61,6 +67,7 @@ class InProcessReservations:
     _slots: dict[str, int] = field(default_factory=dict)
     _released: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
     _released_sum: dict[str, int] = field(default_factory=dict)
+    _generation: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def _trim(self, pool: str, now: float) -> deque[tuple[float, int]]:
         q = self._released.setdefault(pool, deque())
@@ -119,3 +126,26 @@ class InProcessReservations:
 
     async def count(self) -> int:
         return len(self._by_id)
+
+    async def entries(self) -> dict[str, Reservation]:
+        return dict(self._by_id)
+
+    async def restore(self, r: Reservation) -> bool:
+        """Put back a reservation the store lost (no limit check: it was admitted before)."""
+        if r.reservation_id in self._by_id:
+            return False
+        self._by_id[r.reservation_id] = r
+        self._blocks[r.pool] = self._blocks.get(r.pool, 0) + r.kv_blocks
+        self._slots[r.pool] = self._slots.get(r.pool, 0) + r.slots
+        return True
+
+    async def generation(self) -> str | None:
+        """Changes (or is None) when the store lost its data; never, in process."""
+        return self._generation
+
+    async def mark_generation(self, generation: str) -> None:
+        self._generation = generation
+
+    async def lead(self, who: str, ttl_s: float) -> bool:
+        """Whether ``who`` is the one reconciler for this store (always, in process)."""
+        return True

@@ -65,6 +65,14 @@ class AdmissionSettings(BaseModel):
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")
     sweep_interval_s: float = Field(default=5.0, gt=0, description="how often leases are checked")
+    reconcile_interval_s: float = Field(
+        default=1.0, gt=0, description="how often the ledger, the store and the nodes are compared"
+    )
+    reconcile_grace_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="how long a difference between ledger and store may last before it is fixed",
+    )
     min_retry_after_s: float = Field(default=1.0, gt=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)
     retry_guard: bool = True

@@ -22,6 +22,7 @@ _STATUS = {
     RejectReason.QUEUE_FULL: 429,
     RejectReason.QUEUE_TIMEOUT: 429,
     RejectReason.NODES_UNHEALTHY: 503,
+    RejectReason.STORE_UNAVAILABLE: 503,
 }
 
 

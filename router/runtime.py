@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from admission.reconciler import Reconciler
 from router.control import ControlFollower
 from router.policies import make_policy
 from router.service import RouterService
 from streams.kafka import KafkaBus, ensure_topics
+from streams.ledger import LedgerReplica
 from streams.replica import TableReplica
 
 if TYPE_CHECKING:
@@ -43,6 +45,16 @@ def build_router_app(s: Settings) -> web.Application:
     )
     control = ControlFollower(s.kafka, bus, service.policy, f"{service.router_id}-control")
     service.control = control
+    ledger = LedgerReplica(s.kafka, s.worker, f"{service.router_id}-ledger")
+    reconciler = Reconciler(
+        service.gate,
+        ledger,
+        lambda: replica.load.values(),
+        s.admission.reconcile_interval_s,
+        s.admission.reconcile_grace_s,
+        sole_owner=s.admission.backend == "inproc",
+    )
+    service.reconciler = reconciler
     app = service.app()
 
     async def freeze_when_caught_up() -> None:
@@ -56,9 +68,14 @@ def build_router_app(s: Settings) -> web.Application:
         await bus.start()
         await replica.start()
         await control.start()
+        if s.admission.enabled:
+            await ledger.start()
+            await reconciler.start()
         app["freeze"] = asyncio.create_task(freeze_when_caught_up())
 
     async def stop(_: web.Application) -> None:
+        await reconciler.stop()
+        await ledger.stop()
         await control.stop()
         await replica.stop()
         await bus.stop()

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from admission.core import Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
+from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import StormStore
@@ -110,6 +111,7 @@ class RouterService:
         self._sweeper: asyncio.Task[None] | None = None
         self._pumper: asyncio.Task[None] | None = None
         self.control: ControlFollower | None = None
+        self.reconciler: Reconciler | None = None
         self.hot = HotPrefixes() if settings.prewarm else None
         self.recent = (
             RecentPrefills(settings.recent_prefill_ttl_s)
@@ -504,6 +506,11 @@ class RouterService:
     async def _state(self, _: web.Request) -> web.Response:
         """The replica as this router sees it: nodes, their load and indexed blocks."""
         now = time.time()
+        try:
+            reservations: int | None = await self.gate.store.count()
+            reserved: int | None = (await self.gate.store.held("default"))[0]
+        except AdmissionError:
+            reservations = reserved = None  # the store is unreachable
         return _json(
             {
                 "router_id": self.router_id,
@@ -512,10 +519,15 @@ class RouterService:
                 "weights_refused": self.control.refused if self.control else 0,
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
-                "reservations": await self.gate.store.count(),
-                "reserved_kv_blocks": (await self.gate.store.held("default"))[0],
+                "reservations": reservations,
+                "reserved_kv_blocks": reserved,
                 "queued": self.gate.queues.depth("default"),
                 "inflight": len(self.ledger),
+                "reconciler": (
+                    self.reconciler.report("default", self.replica.load.values(), now)
+                    if self.reconciler is not None
+                    else None
+                ),
                 "nodes": {
                     n.node_id: {
                         "model": n.model,
@@ -620,11 +632,18 @@ class RouterService:
     async def _ready(self, _: web.Request) -> web.Response:
         now = time.time()
         healthy = [n.node_id for n in self.nodes(now) if n.healthy and n.alive(now)]
-        ready = self.replica.caught_up.is_set() and bool(healthy)
+        store_ready = True
+        if self.gate.settings.enabled:
+            try:  # an empty Redis admits nothing until the reconciler rebuilt it
+                store_ready = await self.gate.store.generation() is not None
+            except AdmissionError:
+                store_ready = False
+        ready = self.replica.caught_up.is_set() and bool(healthy) and store_ready
         return _json(
             {
                 "ready": ready,
                 "replica_caught_up": self.replica.caught_up.is_set(),
+                "admission_store_ready": store_ready,
                 "healthy_nodes": len(healthy),
                 "indexed_blocks": len(self.replica.index),
             },

@@ -19,10 +19,11 @@ from streams.exceptions import SchemaError
 from streams.folds import KvCursor, index_key, is_newer, parse_index_key, plan_kv
 from streams.kafka import KafkaBus
 from streams.kafka import dead_letter as kafka_dead_letter
-from streams.schemas import Heartbeat, KvEventBatch, Message
+from streams.ledger import ledger_change
+from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
 from streams.settings import KafkaSettings, WorkerSettings
-from streams.tables import KV_CURSOR, LOAD, PREFIX_INDEX, app_id
-from streams.topics import DLQ, HEARTBEATS, KV_EVENTS
+from streams.tables import KV_CURSOR, KV_LEDGER, LOAD, PREFIX_INDEX, app_id
+from streams.topics import DLQ, HEARTBEATS, KV_EVENTS, LEDGER
 
 __all__ = ["build_app"]
 
@@ -60,10 +61,12 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     )
     heartbeats = app.topic(HEARTBEATS.name(ns), **RAW_TOPIC)
     kv_events = app.topic(KV_EVENTS.name(ns), **RAW_TOPIC)
+    ledger_topic = app.topic(LEDGER.name(ns), **RAW_TOPIC)
     dlq = app.topic(DLQ.name(ns), **RAW_TOPIC)
     load = app.Table(LOAD.name, default=None, partitions=kafka.partitions, **RAW)
     index = app.Table(PREFIX_INDEX.name, default=None, partitions=kafka.partitions, **RAW)
     cursors = app.Table(KV_CURSOR.name, default=None, partitions=kafka.partitions, **RAW)
+    ledger = app.Table(KV_LEDGER.name, default=None, partitions=kafka.partitions, **RAW)
 
     # In-memory mirrors of the tables for the partitions this worker owns (node -> blocks, node ->
     # last heartbeat (epoch, seq)), rebuilt from the restored tables after every rebalance.
@@ -158,6 +161,22 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 index[index_key(node, block)] = PRESENT
                 current.add(block)
             cursors[node.encode()] = plan.cursor.encode()
+
+    @app.agent(ledger_topic)
+    async def fold_ledger(stream: faust.StreamT[bytes]) -> None:
+        """One entry per open reservation: set on reserve, deleted on release or expire (both
+        idempotent, so a replay folds to the same table)."""
+        async for event in stream.events():
+            try:
+                ev = decode(LedgerEvent, event.value)
+            except SchemaError as exc:
+                await dead_letter(event, str(exc), "worker.kv_ledger")
+                continue
+            key = ev.reservation_id.encode()
+            if ledger_change(ev):
+                ledger[key] = event.value
+            elif ledger.get(key) is not None:
+                del ledger[key]
 
     reaper: KafkaBus | None = None
 

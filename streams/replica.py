@@ -39,40 +39,51 @@ from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import KV_CURSOR, LOAD, PREFIX_INDEX, app_id
 from streams.topics import HEARTBEATS, KV_EVENTS
 
-__all__ = ["TableReplica"]
+__all__ = ["TableReplica", "TablesThenInput"]
 
 log = logging.getLogger(__name__)
 
 
-class TableReplica(Background):
+class TablesThenInput(Background):
+    """Bootstrap from a worker's table changelogs, then follow its input topics (the three
+    phases in this module's docstring). Subclasses name the topics and fold the records."""
+
     def __init__(
         self,
         kafka: KafkaSettings,
         worker: WorkerSettings,
         client_id: str,
+        changelogs: tuple[str, ...],
+        inputs: tuple[str, ...],
         *,
         follow_input: bool = True,
-        node_ttl_s: float = 60.0,
     ) -> None:
         self.kafka = kafka
         self.group = app_id(kafka, worker)
-        self.load_topic = LOAD.changelog(self.group)
-        self.index_topic = PREFIX_INDEX.changelog(self.group)
-        self.cursor_topic = KV_CURSOR.changelog(self.group)
-        self.hb_topic = HEARTBEATS.name(kafka.namespace)
-        self.kv_topic = KV_EVENTS.name(kafka.namespace)
+        self.changelog_topics = changelogs
+        self.input_topics = inputs
         self.client_id = client_id
         self.follow_input = follow_input
-        self.node_ttl_s = node_ttl_s
-        self.index = PrefixIndex()
-        self.load: dict[str, Heartbeat] = {}
-        self.cursors: dict[str, KvCursor] = {}
-        self.index_updated_s: dict[str, float] = {}  # node -> when its entries last changed here
         self.caught_up = asyncio.Event()
         self.records = 0
-        self.gaps = 0
-        self.on_load: Callable[[Heartbeat, float], None] | None = None
-        self.on_block: Callable[[str, int, float], None] | None = None
+
+    # --- to override -----------------------------------------------------------------------
+    def _reset(self) -> None:
+        """Forget everything (a rebuild follows)."""
+
+    def _apply_changelog(
+        self, topic: str, key: bytes | None, value: bytes | None, now: float
+    ) -> None:
+        raise NotImplementedError
+
+    def _apply_input(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
+        raise NotImplementedError
+
+    def _tick(self, now: float) -> None:
+        """Called every few seconds while following the input."""
+
+    def _describe(self) -> str:
+        return f"{self.records} records"
 
     # --- I/O -----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -80,7 +91,7 @@ class TableReplica(Background):
             try:
                 await self._follow()
             except KafkaError as exc:
-                log.warning("replica lost Kafka (%s); rebuilding", exc)
+                log.warning("%s lost Kafka (%s); rebuilding", self.client_id, exc)
                 await asyncio.sleep(1.0)
 
     async def _partitions(self, consumer: Any, topic: str) -> list[TopicPartition]:
@@ -102,11 +113,11 @@ class TableReplica(Background):
         return {
             tp: meta.offset
             for tp, meta in offsets.items()
-            if tp.topic in (self.hb_topic, self.kv_topic) and meta.offset >= 0
+            if tp.topic in self.input_topics and meta.offset >= 0
         }
 
     async def _follow(self) -> None:
-        self.index, self.load, self.cursors = PrefixIndex(), {}, {}
+        self._reset()
         committed = await self._committed() if self.follow_input else {}
         # phase 1: the tables, as committed by the worker
         tables = make_consumer(
@@ -119,7 +130,7 @@ class TableReplica(Background):
         await tables.start()
         try:
             tps: list[TopicPartition] = []
-            for topic in (self.load_topic, self.index_topic, self.cursor_topic):
+            for topic in self.changelog_topics:
                 tps += await self._partitions(tables, topic)
             tables.assign(tps)
             await tables.seek_to_beginning(*tps)
@@ -136,19 +147,16 @@ class TableReplica(Background):
         )
         await source.start()
         try:
-            tps = await self._partitions(source, self.hb_topic)
-            tps += await self._partitions(source, self.kv_topic)
+            tps = []
+            for topic in self.input_topics:
+                tps += await self._partitions(source, topic)
             source.assign(tps)
             for tp in tps:
                 if tp in committed:
                     source.seek(tp, committed[tp])
                 else:
                     await source.seek_to_beginning(tp)
-            log.info(
-                "replica bootstrapped from tables: %d nodes, %d blocks; following input",
-                len(self.load),
-                len(self.index),
-            )
+            log.info("%s bootstrapped from tables: %s", self.client_id, self._describe())
             await self._drain(source, tps, self._apply_input, forever=True)
         finally:
             await source.stop()
@@ -165,7 +173,7 @@ class TableReplica(Background):
         pending = {tp for tp in tps if ends[tp] > await consumer.position(tp)}
         if not pending and forever:
             self._mark_caught_up()
-        last_sweep = time.monotonic()
+        last_tick = time.monotonic()
         while True:
             batches = await consumer.getmany(timeout_ms=100, max_records=5000)
             now = time.time()
@@ -181,14 +189,57 @@ class TableReplica(Background):
                 if not forever:
                     return
                 self._mark_caught_up()
-            if self.follow_input and time.monotonic() - last_sweep > 5.0:
-                self.expire(now)
-                last_sweep = time.monotonic()
+            if self.follow_input and time.monotonic() - last_tick > 5.0:
+                self._tick(now)
+                last_tick = time.monotonic()
 
     def _mark_caught_up(self) -> None:
         if not self.caught_up.is_set():
-            log.info("replica caught up: %d nodes, %d blocks", len(self.load), len(self.index))
+            log.info("%s caught up: %s", self.client_id, self._describe())
             self.caught_up.set()
+
+
+class TableReplica(TablesThenInput):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        worker: WorkerSettings,
+        client_id: str,
+        *,
+        follow_input: bool = True,
+        node_ttl_s: float = 60.0,
+    ) -> None:
+        group = app_id(kafka, worker)
+        self.load_topic = LOAD.changelog(group)
+        self.index_topic = PREFIX_INDEX.changelog(group)
+        self.cursor_topic = KV_CURSOR.changelog(group)
+        self.hb_topic = HEARTBEATS.name(kafka.namespace)
+        self.kv_topic = KV_EVENTS.name(kafka.namespace)
+        super().__init__(
+            kafka,
+            worker,
+            client_id,
+            (self.load_topic, self.index_topic, self.cursor_topic),
+            (self.hb_topic, self.kv_topic),
+            follow_input=follow_input,
+        )
+        self.node_ttl_s = node_ttl_s
+        self.index = PrefixIndex()
+        self.load: dict[str, Heartbeat] = {}
+        self.cursors: dict[str, KvCursor] = {}
+        self.index_updated_s: dict[str, float] = {}  # node -> when its entries last changed here
+        self.gaps = 0
+        self.on_load: Callable[[Heartbeat, float], None] | None = None
+        self.on_block: Callable[[str, int, float], None] | None = None
+
+    def _reset(self) -> None:
+        self.index, self.load, self.cursors = PrefixIndex(), {}, {}
+
+    def _describe(self) -> str:
+        return f"{len(self.load)} nodes, {len(self.index)} blocks"
+
+    def _tick(self, now: float) -> None:
+        self.expire(now)
 
     # --- folds (the worker's, applied here) ------------------------------------------------
     def _apply_changelog(

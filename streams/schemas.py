@@ -97,6 +97,12 @@ class LedgerEvent(Message):
     router_id: str = Field(min_length=1)
     ts: float = Field(gt=0)
     lease_expires_at: float | None = None
+    cause: str | None = Field(
+        default=None,
+        max_length=200,
+        description="why a reservation was closed or restored by someone other than its router "
+        "(lease ran out, reconciler)",
+    )
 
 
 class CandidateScore(Message):

@@ -5,7 +5,7 @@
 | ``load`` | node id | the node's latest :class:`Heartbeat` (JSON) |
 | ``prefix_index`` | ``<node id>|<block hash hex>`` | ``b"1"`` (present) / tombstone (evicted) |
 | ``kv_cursor`` | node id | ``<epoch>/<seq>`` of the last KV batch applied |
-| ``kv_ledger`` | reservation id | reserved blocks and slots (comes with admission control) |
+| ``kv_ledger`` | reservation id | its ``reserve`` LedgerEvent (JSON) while open; tombstone |
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from streams.settings import KafkaSettings, WorkerSettings
 
-__all__ = ["KV_CURSOR", "LOAD", "PREFIX_INDEX", "TableSpec", "app_id"]
+__all__ = ["KV_CURSOR", "KV_LEDGER", "LOAD", "PREFIX_INDEX", "TableSpec", "app_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,7 @@ class TableSpec:
 LOAD = TableSpec("load", "node id", "Heartbeat JSON")
 PREFIX_INDEX = TableSpec("prefix_index", "node|block hash", "b'1' or tombstone")
 KV_CURSOR = TableSpec("kv_cursor", "node id", "epoch/seq")
+KV_LEDGER = TableSpec("kv_ledger", "reservation id", "reserve LedgerEvent JSON or tombstone")
 
 
 def app_id(kafka: KafkaSettings, worker: WorkerSettings) -> str:

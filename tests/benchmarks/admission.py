@@ -132,9 +132,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     inproc = await measure(InProcessReservations(), args.decisions)
     client = Redis.from_url(args.redis)
     try:
-        redis = await measure(
-            RedisReservations(client, f"bench:{uuid.uuid4().hex[:8]}"), args.decisions
-        )
+        store = RedisReservations(client, f"bench:{uuid.uuid4().hex[:8]}")
+        await store.mark_generation("bench")  # what a router's reconciler does on a fresh Redis
+        redis = await measure(store, args.decisions)
     finally:
         await client.aclose()
     return {

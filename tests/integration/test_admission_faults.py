@@ -1,28 +1,37 @@
-"""Kill -9 a router holding reservations (Redis store): the leases expire, another router writes
-the compensation events, and the ledger returns to zero."""
+"""Faults around reservations (Redis store, real Kafka):
+
+* kill -9 a router holding reservations: the leases expire, another router writes the
+  compensation events, and the ledger (the topic and the worker's ``kv_ledger`` table) returns to
+  zero;
+* restart Redis empty: nothing is admitted until the reconciler has restored the in-flight
+  reservations from the ledger, and they are released normally afterwards."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from typing import Any, cast
 
 import aiohttp
 import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
-from deploy.procs import Supervisor
+from deploy.procs import Supervisor, free_port
 from streams.codec import decode
 from streams.kafka import ensure_topics, make_consumer
+from streams.ledger import LedgerReplica
 from streams.schemas import LedgerEvent
-from streams.settings import KafkaSettings
+from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import LEDGER
 from tests.conftest import REDIS, wait_until
-from tests.integration.cluster import MODEL, Cluster, get
+from tests.integration.cluster import MODEL, Cluster, get, post, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 
 async def test_killed_router_leases_expire_with_compensation_events(
-    supervisor: Supervisor, kafka_settings: KafkaSettings
+    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings
 ) -> None:
     await ensure_topics(kafka_settings)
     supervisor.env.update(
@@ -92,3 +101,141 @@ async def test_killed_router_leases_expire_with_compensation_events(
     assert sum(e.kind == "expire" for e in events) == 5
     assert {e.router_id for e in events if e.kind == "expire"} == {"router-b"}
     assert reserved == undone  # the ledger is back to zero
+
+    # the worker's KV ledger table folded the same events: nothing is open
+    table = LedgerReplica(kafka_settings, worker_settings, "t-ledger-table", follow_input=False)
+    await table.start()
+    try:
+        await wait_until(
+            lambda: _true(table.caught_up.is_set() and not table.book.open),
+            20,
+            "the worker's kv_ledger table to hold no open reservation",
+        )
+    finally:
+        await table.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _stream(url: str, words: int, max_tokens: int) -> int:
+    """One streamed completion read to its end (or until cancelled); its HTTP status."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            url + "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "tell me everything " * words,
+                "max_tokens": max_tokens,
+                "stream": True,
+            },
+        ) as r,
+    ):
+        async for _ in r.content:
+            pass
+        return r.status
+
+
+async def test_redis_restarted_empty_reconciler_restores_inflight_reservations(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    port = free_port()
+    redis_argv = [
+        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly",
+        "no",
+    ]  # fmt: skip
+    supervisor.spawn_argv("redis", redis_argv)
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    client = Redis.from_url(redis_url)
+    await wait_until(lambda: _ping(client), 10, "redis to answer")
+    supervisor.env.update(
+        {
+            "KVGATE_ADMISSION__BACKEND": "redis",
+            "KVGATE_REDIS__URL": redis_url,
+            "KVGATE_ADMISSION__RECONCILE_INTERVAL_S": "0.5",
+            "KVGATE_ADMISSION__RECONCILE_GRACE_S": "3",
+        }
+    )
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_worker()
+    front = c.add_router("router-a")
+    other = c.add_router("router-b")
+    await c.wait_ready("router-a", 1)
+    await c.wait_ready("router-b", 1)
+
+    async def state() -> dict[str, Any]:
+        return cast(dict[str, Any], await get(other, "/v1/kvgate/state"))
+
+    # a fresh Redis is marked by the reconciler before the first admission
+    await wait_until(lambda: _generation(client), 15, "the reconciler to mark the fresh store")
+    calls = [asyncio.create_task(_stream(front, 30 + i, 4000)) for i in range(4)]
+    try:
+
+        async def four_held() -> bool:
+            return (await state())["reservations"] == 4
+
+        await wait_until(four_held, 15, "four reservations in Redis")
+        blocks = (await state())["reserved_kv_blocks"]
+        assert blocks > 0
+
+        rebuilt_before = await rebuilds(front, other)
+        supervisor.kill("redis", signal.SIGKILL)
+        supervisor.spawn_argv("redis", redis_argv)  # the same port, empty
+        await wait_until(lambda: _ping(client), 10, "redis to answer again")
+
+        async def restored() -> bool:
+            s = await state()
+            return s["reservations"] == 4 and s["reserved_kv_blocks"] == blocks
+
+        await wait_until(restored, 20, "the reconciler to restore the four reservations", 0.25)
+        assert all(not t.done() for t in calls)  # they were in flight all along
+        assert await rebuilds(front, other) > rebuilt_before
+
+        # the rebuilt store admits again, and counts the new request on top of the restored
+        status, _ = await post(
+            other, "/v1/completions", {"model": MODEL, "prompt": "hello", "max_tokens": 4}
+        )
+        assert status == 200
+    finally:
+        for t in calls:
+            t.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    async def released() -> bool:
+        s = await state()
+        rec = s["reconciler"]
+        return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0 and rec["ledger_open"] == 0
+
+    await wait_until(released, 15, "the restored reservations to be released", 0.25)
+    # nothing was fixed by compensation: the restored reservations were released by their router
+    events = await read_topic(kafka_settings, LEDGER, LedgerEvent, lambda evs: len(evs) >= 10)
+    assert sum(e.kind == "reserve" for e in events) == 5
+    assert sum(e.kind == "release" for e in events) == 5
+    assert not [e for e in events if e.kind == "expire"]
+    await client.aclose()
+
+
+async def rebuilds(*routers: str) -> int:
+    """How many times the routers' reconcilers rebuilt an empty store."""
+    total = 0
+    for url in routers:
+        total += (await get(url, "/v1/kvgate/state"))["reconciler"]["rebuilds"]
+    return total
+
+
+async def _ping(client: Redis) -> bool:
+    try:
+        return bool(await client.ping())
+    except RedisError:
+        return False
+
+
+async def _generation(client: Redis) -> bool:
+    try:
+        return bool(await client.keys("kvgate:*:generation"))
+    except RedisError:
+        return False

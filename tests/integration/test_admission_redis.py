@@ -10,6 +10,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
+from admission.exceptions import StoreReset
 from admission.gate import AdmissionGate
 from admission.redis_store import RedisReservations
 from admission.settings import AdmissionSettings, Tenant
@@ -35,6 +36,7 @@ async def test_four_routers_racing_never_exceed_the_watermarks() -> None:
         events.append(ev)
 
     clients = [Redis.from_url(REDIS) for _ in range(4)]
+    await RedisReservations(clients[0], prefix).mark_generation("test")
     gates = [
         AdmissionGate(settings, f"router-{i}", publish, RedisReservations(c, prefix))
         for i, c in enumerate(clients)
@@ -99,9 +101,9 @@ async def test_low_priority_stops_at_yellow_normal_at_red() -> None:
     async def publish(ev: LedgerEvent) -> None:
         return None
 
-    gate = AdmissionGate(
-        AdmissionSettings(queue_enabled=False), "r", publish, RedisReservations(client, prefix)
-    )
+    store = RedisReservations(client, prefix)
+    await store.mark_generation("test")
+    gate = AdmissionGate(AdmissionSettings(queue_enabled=False), "r", publish, store)
     try:
         n = 0
         while (
@@ -125,6 +127,9 @@ async def test_redis_store_refuses_past_the_slot_limit() -> None:
     client = Redis.from_url(REDIS)
     try:
         store = RedisReservations(client, prefix)
+        with pytest.raises(StoreReset):  # an empty Redis admits nothing until rebuilt
+            await store.try_reserve("a", "p", 1, 100, 0.0, 10.0)
+        await store.mark_generation("test")
         assert await store.try_reserve("a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
         assert await store.try_reserve("b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
         assert await store.try_reserve("c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
