@@ -108,17 +108,50 @@ class AdmissionGate:
         """Admit (reserving), queue until admitted or refused, or refuse now (503 when the
         reservation store cannot answer: nothing is admitted that the budget cannot see)."""
         try:
-            return await self._admit(
-                request_id,
-                tenant,
-                prompt_tokens,
-                max_tokens,
-                block_size,
-                pool,
-                node_blocks,
-                now,
-                model,
+            self._node_blocks[pool] = list(node_blocks)
+            expected = (
+                self.estimator.expected(
+                    tenant.name, model, max_tokens, self.settings.expected_output_cap
+                )
+                if self.settings.learn_output
+                else None
             )
+            b = await self.budget(pool, node_blocks, now)
+            verdict = admit(
+                prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings, expected
+            )
+            verdict = replace(verdict, output_estimate=expected)
+            if self.queues.waiting_at_or_above(pool, tenant.priority):
+                verdict = self.queues.hold(verdict, tenant.priority, self.settings)
+            if verdict.queue:
+                return await self._wait(request_id, tenant, pool, verdict, b, now)
+            if not verdict.admitted:
+                return verdict
+            # the snapshot may be stale (other routers): the store checks the limit atomically
+            r = await self.store.try_reserve(
+                request_id,
+                pool,
+                verdict.kv_blocks,
+                self.limit(tenant, b.kv_blocks_total),
+                now,
+                self.settings.lease_s,
+                self.slot_limit(tenant.priority, b.slots_total),
+            )
+            if r is None:
+                retry = max(self.settings.min_retry_after_s, 1.0)
+                return Verdict(
+                    False,
+                    verdict.kv_blocks,
+                    verdict.usage_after,
+                    Rejection(
+                        RejectReason.RED_WATERMARK,
+                        True,
+                        retry,
+                        "the cluster KV budget filled up concurrently",
+                    ),
+                )
+            self.held[request_id] = r
+            await self._event("reserve", r, now)
         except AdmissionError as exc:
             log.warning("admission refused %s: %s", request_id, exc)
             return Verdict(
@@ -127,63 +160,6 @@ class AdmissionGate:
                 0.0,
                 Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, str(exc)),
             )
-
-    async def _admit(
-        self,
-        request_id: str,
-        tenant: Tenant,
-        prompt_tokens: int,
-        max_tokens: int,
-        block_size: int,
-        pool: str,
-        node_blocks: Sequence[int],
-        now: float,
-        model: str,
-    ) -> Verdict:
-        self._node_blocks[pool] = list(node_blocks)
-        expected = (
-            self.estimator.expected(
-                tenant.name, model, max_tokens, self.settings.expected_output_cap
-            )
-            if self.settings.learn_output
-            else None
-        )
-        b = await self.budget(pool, node_blocks, now)
-        verdict = admit(
-            prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings, expected
-        )
-        verdict = replace(verdict, output_estimate=expected)
-        if self.queues.waiting_at_or_above(pool, tenant.priority):
-            verdict = self.queues.hold(verdict, tenant.priority, self.settings)
-        if verdict.queue:
-            return await self._wait(request_id, tenant, pool, verdict, b, now)
-        if not verdict.admitted:
-            return verdict
-        # the snapshot may be stale (other routers): the store checks the limit atomically
-        r = await self.store.try_reserve(
-            request_id,
-            pool,
-            verdict.kv_blocks,
-            self.limit(tenant, b.kv_blocks_total),
-            now,
-            self.settings.lease_s,
-            self.slot_limit(tenant.priority, b.slots_total),
-        )
-        if r is None:
-            retry = max(self.settings.min_retry_after_s, 1.0)
-            return Verdict(
-                False,
-                verdict.kv_blocks,
-                verdict.usage_after,
-                Rejection(
-                    RejectReason.RED_WATERMARK,
-                    True,
-                    retry,
-                    "the cluster KV budget filled up concurrently",
-                ),
-            )
-        self.held[request_id] = r
-        await self._event("reserve", r, now)
         return verdict
 
     async def _wait(

@@ -2,8 +2,9 @@ import pytest
 from pydantic import ValidationError
 
 from admission.core import Budget, RejectReason, admit, kv_blocks_for
+from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
-from admission.reservations import InProcessReservations
+from admission.reservations import InProcessReservations, Reservation
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
 
@@ -120,3 +121,41 @@ async def test_storm_guard_refuses_early_retries_with_growing_retry_after() -> N
     not_retriable = Rejection(RejectReason.TOO_LARGE, False, None, "too big")
     await guard.refused("a2", not_retriable, now=100.0)
     assert await guard.check("t", "a2", now=100.1) is None
+
+
+class _Unreachable(InProcessReservations):
+    """A store that answers until ``down`` is set (as Redis does until it goes away)."""
+
+    down = False
+
+    async def snapshot(self, pool: str, now: float) -> tuple[int, int, float]:
+        if self.down:
+            raise AdmissionError("reservation store unavailable: connection refused")
+        return await InProcessReservations.snapshot(self, pool, now)
+
+    async def release(self, rid: str, now: float) -> Reservation | None:
+        if self.down:
+            raise AdmissionError("reservation store unavailable: connection refused")
+        return await InProcessReservations.release(self, rid, now)
+
+
+async def test_store_outage_refuses_with_503_reason_and_still_records_releases() -> None:
+    events: list[LedgerEvent] = []
+
+    async def publish(ev: LedgerEvent) -> None:
+        events.append(ev)
+
+    store = _Unreachable()
+    gate = AdmissionGate(S, "r1", publish, store)
+    t = Tenant(name="t")
+    assert (await gate.admit("a", t, 160, 16, 16, "default", [1000], 1.0)).admitted
+    store.down = True
+    v = await gate.admit("b", t, 160, 16, 16, "default", [1000], 2.0)
+    assert not v.admitted and v.rejection is not None
+    assert v.rejection.reason == RejectReason.STORE_UNAVAILABLE and v.rejection.retry_after_s
+    await gate.release("a", 3.0)  # never raises; the ledger still learns the release
+    assert [(e.kind, e.reservation_id, e.cause) for e in events] == [
+        ("reserve", "a", None),
+        ("release", "a", "the store was unreachable"),
+    ]
+    assert not gate.held
