@@ -92,6 +92,94 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS queue_wait_s Nullable(Float64)",
         ],
     ),
+    (
+        4,
+        "node snapshots, ledger events and the views the panels and reports read",
+        [
+            # one row per node per snapshot interval (the sink downsamples heartbeats)
+            """CREATE TABLE IF NOT EXISTS {db}.node_snapshots (
+            bucket DateTime,
+            ts DateTime64(3),
+            node_id LowCardinality(String),
+            pool LowCardinality(String),
+            model LowCardinality(String),
+            kv_blocks_total UInt32,
+            kv_blocks_used UInt32,
+            running UInt32,
+            waiting UInt32,
+            prompt_tokens_per_s Float64,
+            generation_tokens_per_s Float64,
+            prefix_cache_hit_rate Float64,
+            healthy Bool,
+            draining Bool,
+            kafka_partition UInt16,
+            kafka_offset UInt64
+        ) ENGINE = ReplacingMergeTree(kafka_offset)
+        PARTITION BY toYYYYMMDD(bucket)
+        ORDER BY (node_id, bucket)
+        TTL bucket + INTERVAL 30 DAY""",
+            """CREATE TABLE IF NOT EXISTS {db}.ledger_events (
+            ts DateTime64(6),
+            reservation_id String,
+            pool LowCardinality(String),
+            kind LowCardinality(String),
+            kv_blocks UInt32,
+            slots UInt16,
+            router_id LowCardinality(String),
+            lease_expires_at Nullable(Float64),
+            cause Nullable(String),
+            kafka_partition UInt16,
+            kafka_offset UInt64
+        ) ENGINE = ReplacingMergeTree(kafka_offset)
+        PARTITION BY toYYYYMMDD(ts)
+        ORDER BY (toStartOfHour(ts), kafka_partition, kafka_offset)
+        TTL toDateTime(ts) + INTERVAL 30 DAY""",
+            # a request's prefix is its first block (a shared system prompt starts there)
+            """CREATE OR REPLACE VIEW {db}.v_requests AS
+            SELECT d.request_id AS request_id, d.ts AS ts, d.tenant AS tenant,
+                   d.priority AS priority, d.model AS model, d.pool AS pool,
+                   d.session_id AS session_id, d.prompt_tokens AS prompt_tokens,
+                   d.max_tokens AS max_tokens, d.block_size AS block_size,
+                   if(length(d.block_hashes) > 0, d.block_hashes[1], 0) AS prefix,
+                   d.admission AS admission, d.admission_reason AS admission_reason,
+                   d.kv_blocks_estimate AS kv_blocks_estimate, d.chosen_node AS chosen_node,
+                   d.reason AS reason, d.weights_version AS weights_version,
+                   o.status AS status, o.ttft_s AS ttft_s, o.tpot_s AS tpot_s, o.e2e_s AS e2e_s,
+                   o.output_tokens AS output_tokens, o.cached_tokens AS cached_tokens,
+                   o.reroutes AS reroutes
+            FROM {db}.decisions AS d FINAL
+            LEFT JOIN (SELECT * FROM {db}.outcomes FINAL) AS o ON o.request_id = d.request_id""",
+            """CREATE OR REPLACE VIEW {db}.v_prefix_hit_rate AS
+            SELECT prefix, count() AS requests, sum(prompt_tokens) AS prompt_sum,
+                   sum(ifNull(cached_tokens, 0)) AS cached_sum,
+                   cached_sum / greatest(1, prompt_sum) AS hit_rate,
+                   uniqExact(chosen_node) AS nodes, min(ts) AS first_ts, max(ts) AS last_ts
+            FROM {db}.v_requests WHERE admission = 'admitted' AND prefix != 0
+            GROUP BY prefix""",
+            """CREATE OR REPLACE VIEW {db}.v_node_load_spread AS
+            SELECT bucket, count() AS nodes, avg(running + waiting) AS mean_requests,
+                   max(running + waiting) AS max_requests,
+                   if(avg(running + waiting) = 0, 0,
+                      stddevPop(running + waiting) / avg(running + waiting)) AS requests_cov,
+                   if(avg(running + waiting) = 0, 1,
+                      max(running + waiting) / avg(running + waiting)) AS max_over_mean,
+                   avg(kv_blocks_used / greatest(1, kv_blocks_total)) AS mean_kv_used,
+                   max(kv_blocks_used / greatest(1, kv_blocks_total)) AS max_kv_used
+            FROM {db}.node_snapshots FINAL GROUP BY bucket""",
+            """CREATE OR REPLACE VIEW {db}.v_rejections AS
+            SELECT toStartOfMinute(ts) AS minute, admission_reason AS reason, priority, tenant,
+                   count() AS rejections
+            FROM {db}.decisions FINAL WHERE admission = 'rejected'
+            GROUP BY minute, reason, priority, tenant""",
+            # what the reservation was sized for vs. what the request turned out to need
+            """CREATE OR REPLACE VIEW {db}.v_kv_estimate AS
+            SELECT request_id, ts, tenant, model, kv_blocks_estimate,
+                   toUInt32(ceil((prompt_tokens + output_tokens) / block_size)) AS kv_blocks_actual,
+                   kv_blocks_estimate / greatest(1, kv_blocks_actual) AS estimate_over_actual
+            FROM {db}.v_requests
+            WHERE admission = 'admitted' AND status = 'ok' AND kv_blocks_estimate IS NOT NULL""",
+        ],
+    ),
 ]
 
 

@@ -31,3 +31,12 @@ class SinkSettings(BaseModel):
     group_id: str = "kvgate-sink"
     batch_rows: int = Field(default=5000, gt=0)
     batch_interval_s: float = Field(default=1.0, gt=0)
+    commit_every: int = Field(
+        default=1,
+        ge=1,
+        description="commit Kafka offsets after this many inserted batches (fewer commits; a "
+        "crash re-inserts up to this many batches, which the tables collapse)",
+    )
+    snapshot_interval_s: float = Field(
+        default=10.0, gt=0, description="node snapshots: one heartbeat per node per interval"
+    )

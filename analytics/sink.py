@@ -1,4 +1,5 @@
-"""The Kafka → ClickHouse sink: decisions and outcomes, in batches, idempotent across restarts.
+"""The Kafka → ClickHouse sink: decisions, outcomes, node snapshots (heartbeats, one per node per
+``snapshot_interval_s``) and ledger events, in batches, idempotent across restarts.
 
 Offsets are committed only after a batch is inserted. A crash between the insert and the commit
 re-delivers the batch; the rows carry their (partition, offset) identity and land in
@@ -15,12 +16,12 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from analytics.clickhouse import ClickHouse
-from analytics.rows import decision_row, outcome_row
+from analytics.rows import decision_row, ledger_row, node_row, outcome_row, snapshot_bucket
 from analytics.settings import SinkSettings
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
-from streams.schemas import Decision, Outcome
+from streams.schemas import Decision, Heartbeat, LedgerEvent, Outcome
 from streams.settings import KafkaSettings
-from streams.topics import DECISIONS, OUTCOMES
+from streams.topics import DECISIONS, HEARTBEATS, LEDGER, OUTCOMES, TopicSpec
 
 __all__ = ["Sink"]
 
@@ -41,24 +42,29 @@ class Sink:
         self.ch = ch
         self.db = database
         self.bus = bus
-        self.decisions_topic = DECISIONS.name(kafka.namespace)
-        self.outcomes_topic = OUTCOMES.name(kafka.namespace)
-        self.inserted = {"decisions": 0, "outcomes": 0}
+        self.specs: dict[str, tuple[TopicSpec, str]] = {
+            DECISIONS.name(kafka.namespace): (DECISIONS, "decisions"),
+            OUTCOMES.name(kafka.namespace): (OUTCOMES, "outcomes"),
+            HEARTBEATS.name(kafka.namespace): (HEARTBEATS, "node_snapshots"),
+            LEDGER.name(kafka.namespace): (LEDGER, "ledger_events"),
+        }
+        self.inserted = {table: 0 for _, table in self.specs.values()}
         self.dead_lettered = 0
         self._consumer: Any = None
+        self._snapshot_at: dict[str, int] = {}  # node -> bucket of its last snapshot row
+        self._uncommitted = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         consumer = make_consumer(
             self.kafka,
-            self.decisions_topic,
-            self.outcomes_topic,
+            *self.specs,
             group_id=self.settings.group_id,
             client_id="kvgate-sink",
             isolation_level="read_committed",
         )
         self._consumer = consumer
         await consumer.start()
-        rows: dict[str, list[dict[str, Any]]] = {"decisions": [], "outcomes": []}
+        rows: dict[str, list[dict[str, Any]]] = {table: [] for _, table in self.specs.values()}
         first_at: float | None = None
         try:
             while stop is None or not stop.is_set():
@@ -68,7 +74,7 @@ class Sink:
                 for tp, records in batches.items():
                     for r in records:
                         await self._convert(r, tp.topic, rows)
-                n = len(rows["decisions"]) + len(rows["outcomes"])
+                n = sum(len(batch) for batch in rows.values())
                 if n and first_at is None:
                     first_at = time.monotonic()
                 due = first_at is not None and (
@@ -78,35 +84,51 @@ class Sink:
                 if due or (batches and n == 0):
                     await self._flush(consumer, rows)
                     first_at = None
-            await self._flush(consumer, rows)
+            await self._flush(consumer, rows, final=True)
         finally:
             self._consumer = None
             await consumer.stop()
 
     async def _convert(self, r: Any, topic: str, rows: dict[str, list[dict[str, Any]]]) -> None:
-        spec = DECISIONS if topic == self.decisions_topic else OUTCOMES
+        spec, table = self.specs[topic]
+        if r.value is None and spec is HEARTBEATS:  # a retired node's tombstone
+            return
         msg = await decode_or_dead_letter(self.bus, spec, r, "sink")
         if isinstance(msg, Decision):
-            rows["decisions"].append(decision_row(msg, r.partition, r.offset))
+            rows[table].append(decision_row(msg, r.partition, r.offset))
         elif isinstance(msg, Outcome):
-            rows["outcomes"].append(outcome_row(msg, r.partition, r.offset))
+            rows[table].append(outcome_row(msg, r.partition, r.offset))
+        elif isinstance(msg, LedgerEvent):
+            rows[table].append(ledger_row(msg, r.partition, r.offset))
+        elif isinstance(msg, Heartbeat):
+            interval = self.settings.snapshot_interval_s
+            bucket = snapshot_bucket(msg.ts, interval)
+            if self._snapshot_at.get(msg.node_id) != bucket:  # the node's first in this bucket
+                self._snapshot_at[msg.node_id] = bucket
+                rows[table].append(node_row(msg, interval, r.partition, r.offset))
         else:
             self.dead_lettered += 1
 
-    async def _flush(self, consumer: Any, rows: dict[str, list[dict[str, Any]]]) -> None:
+    async def _flush(
+        self, consumer: Any, rows: dict[str, list[dict[str, Any]]], final: bool = False
+    ) -> None:
         for table, batch in rows.items():
             if batch:
                 self.ch.insert_json(f"{self.db}.{table}", batch)
                 self.inserted[table] += len(batch)
                 batch.clear()
         await self.bus.flush()  # dead letters are durable before their offsets are committed
+        self._uncommitted += 1
+        if self._uncommitted < self.settings.commit_every and not final:
+            return
         try:
             await consumer.commit()
+            self._uncommitted = 0
         except KafkaError as exc:
             log.warning("offset commit failed (rows will be re-inserted idempotently): %s", exc)
 
     async def lag(self) -> int:
-        """Messages on the two topics not yet committed by this sink (0 when drained)."""
+        """Messages on its topics not yet committed by this sink (0 when drained)."""
         consumer = self._consumer
         if consumer is None:
             return -1

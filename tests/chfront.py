@@ -32,6 +32,7 @@ class ChdbFront:
         self._session: Any = session.Session(path)
         self._lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="chfront-"))
+        self.inserted_rows: dict[str, int] = {}  # table -> rows received by INSERTs
         front = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,16 +78,23 @@ class ChdbFront:
                 sql, data = params["query"], body
             else:
                 sql, data = body.decode(), b""
+            if not data and sql.lstrip()[:6].upper() == "INSERT" and "\n" in sql:
+                sql, _, rest = sql.partition("\n")  # the query's first line, then the rows
+                data = rest.encode()
             insert = _INSERT.match(sql)
             if insert and data:
                 table, fmt = insert.group(1), insert.group(2)
                 if fmt.lower() == "native":
                     f = self._tmp / f"{uuid.uuid4().hex}.native"
                     f.write_bytes(data)
+                    n = int(self._run(f"SELECT count() FROM file('{f}', 'Native')", "CSV"))
                     self._run(f"INSERT INTO {table} SELECT * FROM file('{f}', 'Native')", "CSV")
                     f.unlink()
                 else:
+                    n = len([line for line in data.splitlines() if line.strip()])
                     self._run(sql + "\n" + data.decode(), "CSV")
+                with self._lock:
+                    self.inserted_rows[table] = self.inserted_rows.get(table, 0) + n
                 self._reply(req, 200, b"", "text/plain")
                 return
             m = _FORMAT.search(sql)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from streams.schemas import Heartbeat
+from streams.schemas import CandidateScore, Decision, Heartbeat, LedgerEvent, Outcome
 
 
 def heartbeat(
@@ -23,4 +23,58 @@ def heartbeat(
     values.update(fields)
     return Heartbeat(
         node_id=node, epoch=epoch, seq=seq, ts=time.time() if ts is None else ts, **values
+    )
+
+
+def decision(request_id: str, ts: float | None = None, **fields: Any) -> Decision:
+    values: dict[str, Any] = {
+        "router_id": "router",
+        "model": "m",
+        "prompt_tokens": 64,
+        "max_tokens": 8,
+        "block_size": 16,
+        "block_hashes": [11, 12, 13, 14],
+        "policy": "kvgate",
+        "chosen_node": "n1",
+        "reason": "prefix_hit",
+        "decision_us": 120.0,
+        "kv_blocks_estimate": 6,
+        "candidates": [
+            CandidateScore(
+                node_id="n1",
+                score=0.1,
+                hit_blocks=4,
+                hit_fraction=1.0,
+                kv_used_ratio=0.2,
+                queue_len=0,
+                healthy=True,
+            )
+        ],
+    }
+    values.update(fields)
+    return Decision(request_id=request_id, ts=time.time() if ts is None else ts, **values)
+
+
+def outcome(request_id: str, ts: float | None = None, **fields: Any) -> Outcome:
+    values: dict[str, Any] = {
+        "router_id": "router",
+        "node_id": "n1",
+        "status": "ok",
+        "http_status": 200,
+        "ttft_s": 0.05,
+        "tpot_s": 0.01,
+        "e2e_s": 0.2,
+        "prompt_tokens": 64,
+        "output_tokens": 8,
+        "cached_tokens": 48,
+    }
+    values.update(fields)
+    return Outcome(request_id=request_id, ts=time.time() if ts is None else ts, **values)
+
+
+def ledger_event(rid: str, kind: str, ts: float | None = None, **fields: Any) -> LedgerEvent:
+    values: dict[str, Any] = {"kv_blocks": 6, "router_id": "router"}
+    values.update(fields)
+    return LedgerEvent(
+        reservation_id=rid, kind=kind, ts=time.time() if ts is None else ts, **values
     )
