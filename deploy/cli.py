@@ -390,5 +390,96 @@ def bench_routing(
     typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
 
 
+grafana_app = typer.Typer(
+    no_args_is_help=True, help="Grafana dashboards on the ClickHouse decision log (as code)."
+)
+app.add_typer(grafana_app, name="grafana")
+
+
+@grafana_app.command("build")
+def grafana_build(
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("deploy/grafana/dashboards"),
+    config: ConfigOpt = None,
+) -> None:
+    """Write the dashboards' JSON (for provisioning, or to import by hand)."""
+    from deploy.grafana import write_dashboards
+
+    for path in write_dashboards(out, _settings(config).clickhouse.database):
+        typer.echo(path)
+
+
+@grafana_app.command("check")
+def grafana_check(
+    hours: Annotated[float, typer.Option(help="time range: the last N hours")] = 24.0,
+    config: ConfigOpt = None,
+) -> None:
+    """Run every panel's query against ClickHouse (macros expanded as the plugin does) and
+    print how many rows each returns."""
+    import time
+
+    from analytics.clickhouse import open_clickhouse
+    from analytics.exceptions import ClickHouseError
+    from deploy.grafana import panel_queries
+
+    s = _settings(config)
+    ch = open_clickhouse(s.clickhouse)
+    now = time.time()
+    failed = 0
+    try:
+        for where, sql in panel_queries(s.clickhouse.database, now - hours * 3600, now):
+            try:
+                n = len(ch.query(sql))
+            except ClickHouseError as exc:
+                failed += 1
+                typer.echo(f"FAIL  {where}: {exc}")
+                continue
+            typer.echo(f"{n:>6} rows  {where}")
+    finally:
+        ch.close()
+    if failed:
+        raise typer.Exit(1)
+
+
+@grafana_app.command("push")
+def grafana_push(
+    url: Annotated[
+        str, typer.Option(help="Grafana URL, http://user:password@host:3000 for basic auth")
+    ] = "http://admin:admin@127.0.0.1:3000",
+    token: Annotated[
+        str | None, typer.Option(help="service-account token", envvar="KVGATE_GRAFANA_TOKEN")
+    ] = None,
+    datasource: Annotated[
+        bool, typer.Option(help="also create or update the ClickHouse data source")
+    ] = True,
+    ch_protocol: Annotated[str, typer.Option(help="native or http")] = "http",
+    config: ConfigOpt = None,
+) -> None:
+    """Publish kvgate's dashboards (and the ClickHouse data source) to a running Grafana."""
+    from grafana_client.client import GrafanaException
+
+    from deploy.grafana import datasource_model, push
+
+    s = _settings(config).clickhouse
+    ds = (
+        datasource_model(s.host, s.port, s.database, s.username, ch_protocol, s.secure)
+        if datasource
+        else None
+    )
+    try:
+        report = push(url, token, ds, s.password.get_secret_value() or None, db=s.database)
+    except GrafanaException as exc:
+        typer.echo(f"Grafana refused: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except OSError as exc:
+        typer.echo(f"cannot reach Grafana at {url}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"Grafana {report.grafana_version} at {url.split('@')[-1]}")
+    if report.datasource:
+        typer.echo(f"data source: {report.datasource}")
+    typer.echo(f"folder: {report.folder}")
+    for d in report.dashboards:
+        typer.echo(f"dashboard: {d}")
+
+
 def main() -> None:
     app()

@@ -1,0 +1,561 @@
+"""Grafana dashboards as code: kvgate's panels over the ClickHouse decision log.
+
+The panels are data (:data:`DASHBOARDS`); :func:`build` turns them into Grafana dashboard JSON for
+the ClickHouse data source plugin (``grafana-clickhouse-datasource``, v4), written under
+``deploy/grafana/dashboards/`` by ``kvgate grafana build`` and published by ``kvgate grafana push``
+(with ``grafana-client``, the maintained fork of ``grafana-api``, which has had no release since
+2020). :func:`expand` applies the plugin's macros the way the plugin does, so every panel's query
+can be run against ClickHouse without Grafana (``kvgate grafana check`` and the tests do).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "DASHBOARDS",
+    "DATASOURCE_TYPE",
+    "Dashboard",
+    "Panel",
+    "build",
+    "datasource_model",
+    "expand",
+    "panel_queries",
+    "push",
+    "write_dashboards",
+]
+
+DATASOURCE_TYPE = "grafana-clickhouse-datasource"
+DATASOURCE_UID = "kvgate-clickhouse"
+DATASOURCE = {"type": DATASOURCE_TYPE, "uid": "${datasource}"}
+HERE = Path(__file__).parent / "grafana"
+PanelType = Literal["timeseries", "table", "stat", "barchart", "piechart"]
+
+# the plugin's query formats (its `Format` enum)
+_FORMAT = {"timeseries": 0, "table": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    sql: str
+    kind: Literal["timeseries", "table"] = "timeseries"
+
+
+@dataclass(frozen=True, slots=True)
+class Panel:
+    title: str
+    type: PanelType
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    description: str = ""
+    w: int = 12
+    h: int = 8
+    stack: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    panels: tuple[Panel, ...]
+    tags: tuple[str, ...] = ("kvgate",)
+    variables: tuple[str, ...] = ("tenant",)
+
+
+def _ts(sql: str) -> Query:
+    return Query(sql.strip())
+
+
+def _table(sql: str) -> Query:
+    return Query(sql.strip(), "table")
+
+
+TENANT = "match(tenant, '${tenant}')"
+
+ROUTING = Dashboard(
+    "kvgate-routing",
+    "kvgate — routing",
+    "Where requests went and why, prefix-cache hits, latency and load spread.",
+    (
+        Panel(
+            "Routing decisions by node",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time, ifNull(chosen_node, '(none)') AS node, count() AS decisions
+FROM {db}.decisions FINAL
+WHERE $__timeFilter(ts) AND admission = 'admitted' AND {tenant}
+GROUP BY time, node ORDER BY time"""),
+            ),
+            "short",
+            "Admitted requests per node.",
+            stack=True,
+        ),
+        Panel(
+            "Routing decisions by reason",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time, reason, count() AS decisions
+FROM {db}.decisions FINAL
+WHERE $__timeFilter(ts) AND admission = 'admitted' AND {tenant}
+GROUP BY time, reason ORDER BY time"""),
+            ),
+            "short",
+            "prefix_hit, least_cost, spread, overload_fallback, all_overloaded, session_home.",
+            stack=True,
+        ),
+        Panel(
+            "Prefix-cache hit rate",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time,
+       sum(ifNull(cached_tokens, 0)) / greatest(1, sum(prompt_tokens)) AS hit_rate
+FROM {db}.outcomes FINAL
+WHERE $__timeFilter(ts) AND status = 'ok'
+GROUP BY time ORDER BY time"""),
+            ),
+            "percentunit",
+            "Prompt tokens the engines reused from their KV cache / all prompt tokens.",
+        ),
+        Panel(
+            "Top prefixes",
+            "table",
+            (
+                _table("""
+SELECT lower(hex(prefix)) AS prefix_hash, count() AS requests,
+       sum(ifNull(cached_tokens, 0)) / greatest(1, sum(prompt_tokens)) AS hit_rate,
+       uniqExact(chosen_node) AS nodes
+FROM {db}.v_requests
+WHERE $__timeFilter(ts) AND admission = 'admitted' AND prefix != 0 AND {tenant}
+GROUP BY prefix_hash ORDER BY requests DESC LIMIT 10"""),
+            ),
+            "short",
+            "The most requested prefixes (first block), their hit rate and the nodes serving them.",
+        ),
+        Panel(
+            "TTFT p50 / p99",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time,
+       quantile(0.5)(ttft_s) AS p50, quantile(0.99)(ttft_s) AS p99
+FROM {db}.outcomes FINAL
+WHERE $__timeFilter(ts) AND status = 'ok' AND ttft_s IS NOT NULL
+GROUP BY time ORDER BY time"""),
+            ),
+            "s",
+        ),
+        Panel(
+            "TPOT p50 / p99",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time,
+       quantile(0.5)(tpot_s) AS p50, quantile(0.99)(tpot_s) AS p99
+FROM {db}.outcomes FINAL
+WHERE $__timeFilter(ts) AND status = 'ok' AND tpot_s IS NOT NULL
+GROUP BY time ORDER BY time"""),
+            ),
+            "s",
+        ),
+        Panel(
+            "Node load spread",
+            "timeseries",
+            (
+                _ts("""
+SELECT bucket AS time, requests_cov AS cov, max_over_mean
+FROM {db}.v_node_load_spread
+WHERE $__timeFilter(bucket)
+ORDER BY time"""),
+            ),
+            "short",
+            "Across nodes, from heartbeats: coefficient of variation and max / mean of requests "
+            "running + waiting. 0 and 1 are perfectly even.",
+        ),
+        Panel(
+            "KV cache used per node",
+            "timeseries",
+            (
+                _ts("""
+SELECT bucket AS time, node_id AS node, kv_blocks_used / greatest(1, kv_blocks_total) AS used
+FROM {db}.node_snapshots FINAL
+WHERE $__timeFilter(bucket)
+ORDER BY time"""),
+            ),
+            "percentunit",
+        ),
+        Panel(
+            "SLO attainment",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time,
+       countIf(status = 'ok' AND ifNull(ttft_s, 0) <= ${ttft_slo_s}
+               AND ifNull(tpot_s, 0) <= ${tpot_slo_s}) / count() AS attainment
+FROM {db}.outcomes FINAL
+WHERE $__timeFilter(ts)
+GROUP BY time ORDER BY time"""),
+            ),
+            "percentunit",
+            "Requests that finished within the TTFT and TPOT targets (dashboard variables) / all "
+            "requests, refused ones included.",
+            w=24,
+        ),
+    ),
+    variables=("tenant", "ttft_slo_s", "tpot_slo_s"),
+)
+
+ADMISSION = Dashboard(
+    "kvgate-admission",
+    "kvgate — admission",
+    "Who was refused and why, queues, reservations against what the engines use, estimates.",
+    (
+        Panel(
+            "Rejections by reason",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time, admission_reason AS reason, count() AS rejections
+FROM {db}.decisions FINAL
+WHERE $__timeFilter(ts) AND admission = 'rejected' AND {tenant}
+GROUP BY time, reason ORDER BY time"""),
+            ),
+            "short",
+            stack=True,
+        ),
+        Panel(
+            "Rejections by priority and tenant",
+            "table",
+            (
+                _table("""
+SELECT priority, tenant, admission_reason AS reason, count() AS rejections
+FROM {db}.decisions FINAL
+WHERE $__timeFilter(ts) AND admission = 'rejected' AND {tenant}
+GROUP BY priority, tenant, reason ORDER BY rejections DESC"""),
+            ),
+        ),
+        Panel(
+            "Queue depth (mean, by priority)",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time, priority,
+       sum(ifNull(queue_wait_s, 0)) / $__interval_s AS depth
+FROM {db}.decisions FINAL
+WHERE $__timeFilter(ts) AND queue_wait_s IS NOT NULL
+GROUP BY time, priority ORDER BY time"""),
+            ),
+            "short",
+            "Requests waiting in the admission queues on average over each interval (Little's "
+            "law: the time they waited / the interval).",
+        ),
+        Panel(
+            "Reserved vs. used KV blocks",
+            "timeseries",
+            (
+                _ts("""
+SELECT time, reserved FROM (
+  SELECT $__timeInterval(ts) AS time,
+         sum(sum(if(kind = 'reserve', toInt64(kv_blocks), -toInt64(kv_blocks))))
+           OVER (ORDER BY time) AS reserved
+  FROM {db}.ledger_events FINAL
+  WHERE ts <= $__toTime
+  GROUP BY time
+) WHERE time >= $__fromTime ORDER BY time"""),
+                _ts("""
+SELECT bucket AS time, sum(kv_blocks_used) AS used
+FROM {db}.node_snapshots FINAL
+WHERE $__timeFilter(bucket)
+GROUP BY time ORDER BY time"""),
+            ),
+            "short",
+            "KV blocks the reservations hold (from the ledger) and the blocks the engines report "
+            "in use. Reservations above use: estimates too high; below: traffic bypassing kvgate.",
+        ),
+        Panel(
+            "Admitted, queued and refused",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time, admission, count() AS requests
+FROM {db}.decisions FINAL
+WHERE $__timeFilter(ts) AND {tenant}
+GROUP BY time, admission ORDER BY time"""),
+            ),
+            stack=True,
+        ),
+        Panel(
+            "Estimated / actual KV blocks",
+            "timeseries",
+            (
+                _ts("""
+SELECT $__timeInterval(ts) AS time, tenant, avg(estimate_over_actual) AS ratio
+FROM {db}.v_kv_estimate
+WHERE $__timeFilter(ts) AND {tenant}
+GROUP BY time, tenant ORDER BY time"""),
+            ),
+            "short",
+            "What reservations were sized for / what requests needed (prompt + actual output). "
+            "1 is exact; above 1 the budget is conservative.",
+        ),
+    ),
+)
+
+DASHBOARDS: tuple[Dashboard, ...] = (ROUTING, ADMISSION)
+
+_VARIABLES: dict[str, dict[str, Any]] = {
+    "tenant": {
+        "type": "query",
+        "name": "tenant",
+        "label": "tenant",
+        "datasource": DATASOURCE,
+        "query": "SELECT DISTINCT tenant FROM {db}.decisions ORDER BY tenant",
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": False,
+        "refresh": 2,
+        "current": {"text": "All", "value": "$__all"},
+    },
+    "ttft_slo_s": {
+        "type": "textbox",
+        "name": "ttft_slo_s",
+        "label": "TTFT target (s)",
+        "query": "2",
+        "current": {"text": "2", "value": "2"},
+    },
+    "tpot_slo_s": {
+        "type": "textbox",
+        "name": "tpot_slo_s",
+        "label": "TPOT target (s)",
+        "query": "0.1",
+        "current": {"text": "0.1", "value": "0.1"},
+    },
+}
+
+
+def _panel(p: Panel, pid: int, x: int, y: int, db: str) -> dict[str, Any]:
+    targets = [
+        {
+            "refId": chr(ord("A") + i),
+            "datasource": DATASOURCE,
+            "editorType": "sql",
+            "queryType": q.kind,
+            "format": _FORMAT[q.kind],
+            "rawSql": q.sql.replace("{db}", db).replace("{tenant}", TENANT),
+        }
+        for i, q in enumerate(p.queries)
+    ]
+    custom: dict[str, Any] = {}
+    if p.type == "timeseries":
+        custom = {"drawStyle": "line", "fillOpacity": 20 if p.stack else 0, "showPoints": "never"}
+        if p.stack:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+    return {
+        "id": pid,
+        "type": p.type,
+        "title": p.title,
+        "description": p.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"x": x, "y": y, "w": p.w, "h": p.h},
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": p.unit, "custom": custom}, "overrides": []},
+        "options": {"legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"}},
+    }
+
+
+def build(d: Dashboard, db: str = "kvgate") -> dict[str, Any]:
+    """Grafana's dashboard JSON for ``d`` (queries against database ``db``)."""
+    panels = []
+    x = y = row_h = 0
+    for i, p in enumerate(d.panels, start=1):
+        if x + p.w > 24:
+            x, y, row_h = 0, y + row_h, 0
+        panels.append(_panel(p, i, x, y, db))
+        x += p.w
+        row_h = max(row_h, p.h)
+    variables: list[dict[str, Any]] = [
+        {
+            "type": "datasource",
+            "name": "datasource",
+            "label": "ClickHouse",
+            "query": DATASOURCE_TYPE,
+            "current": {"text": "kvgate ClickHouse", "value": DATASOURCE_UID},
+        }
+    ]
+    for name in d.variables:
+        v = dict(_VARIABLES[name])
+        if isinstance(v.get("query"), str):
+            v["query"] = v["query"].replace("{db}", db)
+        variables.append(v)
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": list(d.tags),
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": variables},
+        "annotations": {"list": []},
+        "links": [],
+        "panels": panels,
+    }
+
+
+def write_dashboards(out: Path = HERE / "dashboards", db: str = "kvgate") -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for d in DASHBOARDS:
+        path = out / f"{d.uid}.json"
+        path.write_text(json.dumps(build(d, db), indent=2, ensure_ascii=False) + "\n")
+        paths.append(path)
+    return paths
+
+
+# --- the plugin's macros ------------------------------------------------------------------
+_MACRO = re.compile(r"\$__(timeFilter|timeInterval)\(([^)]+)\)")
+_VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+
+def expand(
+    sql: str,
+    from_s: float,
+    to_s: float,
+    interval_s: int,
+    variables: Mapping[str, str] | None = None,
+) -> str:
+    """``sql`` as the ClickHouse plugin sends it: ``$__timeFilter(col)``,
+    ``$__timeInterval(col)``, ``$__fromTime``, ``$__toTime``, ``$__interval_s`` and dashboard
+    variables (``${name}`` / ``$name``) replaced."""
+    start, end = f"toDateTime({int(from_s)})", f"toDateTime({int(to_s)})"
+
+    def macro(m: re.Match[str]) -> str:
+        col = m.group(2).strip()
+        if m.group(1) == "timeFilter":
+            return f"{col} >= {start} AND {col} <= {end}"
+        return f"toStartOfInterval(toDateTime({col}), INTERVAL {interval_s} second)"
+
+    sql = _MACRO.sub(macro, sql)
+    sql = sql.replace("$__fromTime", start).replace("$__toTime", end)
+    sql = sql.replace("$__interval_s", str(interval_s))
+    values = dict(variables or {})
+
+    def var(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in values:
+            raise KeyError(f"no value for dashboard variable {name!r}")
+        return values[name]
+
+    return _VAR.sub(var, sql)
+
+
+def panel_queries(db: str, from_s: float, to_s: float) -> list[tuple[str, str]]:
+    """Every panel query of every dashboard, expanded for the range with the default variables:
+    (``dashboard / panel [refId]``, SQL)."""
+    out = []
+    for d in DASHBOARDS:
+        for panel in build(d, db)["panels"]:
+            for t in panel["targets"]:
+                sql = expand(t["rawSql"], from_s, to_s, 60, default_variables())
+                out.append((f"{d.uid} / {panel['title']} [{t['refId']}]", sql))
+    return out
+
+
+def default_variables() -> dict[str, str]:
+    """The values a fresh dashboard starts with (All tenants, the default SLO targets)."""
+    return {"tenant": ".*", "ttft_slo_s": "2", "tpot_slo_s": "0.1", "datasource": DATASOURCE_UID}
+
+
+# --- publishing -----------------------------------------------------------------------------
+def datasource_model(
+    host: str, port: int, database: str, username: str, protocol: str, secure: bool
+) -> dict[str, Any]:
+    """The ClickHouse data source as Grafana's API and provisioning files take it."""
+    return {
+        "name": "kvgate ClickHouse",
+        "uid": DATASOURCE_UID,
+        "type": DATASOURCE_TYPE,
+        "access": "proxy",
+        "jsonData": {
+            "host": host,
+            "port": port,
+            "protocol": protocol,
+            "secure": secure,
+            "username": username,
+            "defaultDatabase": database,
+        },
+    }
+
+
+@dataclass(slots=True)
+class PushReport:
+    grafana_version: str = ""
+    datasource: str = ""
+    folder: str = ""
+    dashboards: list[str] = field(default_factory=list)
+
+
+def push(
+    url: str,
+    token: str | None,
+    datasource: dict[str, Any] | None,
+    password: str | None = None,
+    folder_title: str = "kvgate",
+    db: str = "kvgate",
+    timeout_s: float = 10.0,
+) -> PushReport:
+    """Publish the data source (when given), a folder and every dashboard to the Grafana at
+    ``url`` (``http://user:pass@host:3000`` or a service-account ``token``). Idempotent: an
+    existing data source is updated, dashboards are overwritten."""
+    from grafana_client.api import GrafanaApi
+    from grafana_client.client import GrafanaClientError
+
+    api = GrafanaApi.from_url(url, credential=token, timeout=timeout_s)
+    report = PushReport()
+    build_info = api.health.check() or {}
+    report.grafana_version = str(build_info.get("version", "?"))
+    if datasource is not None:
+        body = dict(datasource)
+        if password:
+            body["secureJsonData"] = {"password": password}
+        try:
+            api.datasource.get_datasource_by_uid(DATASOURCE_UID)
+            api.datasource.update_datasource_by_uid(DATASOURCE_UID, body)
+            report.datasource = "updated"
+        except GrafanaClientError as exc:
+            if exc.status_code != 404:
+                raise
+            api.datasource.create_datasource(body)
+            report.datasource = "created"
+    folder_uid = "kvgate"
+    try:
+        api.folder.get_folder(folder_uid)
+        report.folder = "exists"
+    except GrafanaClientError as exc:
+        if exc.status_code != 404:
+            raise
+        api.folder.create_folder(folder_title, uid=folder_uid)
+        report.folder = "created"
+    for d in DASHBOARDS:
+        res = api.dashboard.update_dashboard(
+            {
+                "dashboard": build(d, db),
+                "folderUid": folder_uid,
+                "overwrite": True,
+                "message": "kvgate grafana push",
+            }
+        )
+        report.dashboards.append(str(res.get("url") or d.uid))
+    return report
