@@ -237,12 +237,27 @@ def infra(
 @app.command()
 def replay(
     trace: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Mooncake .jsonl or Azure .csv trace, or a generated workload: shared_prompt, "
             "multi_turn, zipf_hot, long_tail"
         ),
-    ],
+    ] = None,
+    from_clickhouse: Annotated[
+        bool, typer.Option("--from-clickhouse", help="replay recorded traffic from ClickHouse")
+    ] = False,
+    since: Annotated[
+        str, typer.Option(help="recorded window start: -2h, epoch, or ISO 8601 (UTC)")
+    ] = "-1d",
+    until: Annotated[str, typer.Option(help="recorded window end")] = "now",
+    router_id: Annotated[
+        str | None, typer.Option(help="only this router's recorded traffic")
+    ] = None,
+    baseline_config: Annotated[
+        Path | None,
+        typer.Option(help="settings of the current system (default: the environment's)"),
+    ] = None,
+    html: Annotated[Path | None, typer.Option(help="also write the HTML report here")] = None,
     nodes: Annotated[int, typer.Option(help="simulated engines")] = 16,
     policy: Annotated[
         str | None, typer.Option(help="routing policy (default: the config's)")
@@ -252,13 +267,36 @@ def replay(
     capacity: Annotated[
         float | None, typer.Option(help="capacity in req/s (default: measured)")
     ] = None,
+    ttft_slo: Annotated[float, typer.Option(help="TTFT target (s)")] = 2.0,
+    tpot_slo: Annotated[float, typer.Option(help="TPOT target (s)")] = 0.1,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Replay a trace through simulated engines in virtual time with a routing policy; the
-    router settings (policy and weights) come from --config, so a candidate configuration can
-    be judged before it goes live."""
+    """Replay traffic through simulated engines in virtual time. With --from-clickhouse: the
+    recorded decisions and outcomes of a window, under the current settings and the candidate
+    settings of --config, side by side with what was recorded. With --trace: a trace file or
+    workload under --config's policy and weights (one run), or, with --html, current vs. candidate.
+    """
+    if from_clickhouse or html is not None:
+        _tuning_report(
+            trace,
+            from_clickhouse,
+            since,
+            until,
+            router_id,
+            baseline_config,
+            config,
+            html,
+            nodes,
+            limit,
+            ttft_slo,
+            tpot_slo,
+            json_output,
+        )
+        return
+    if trace is None:
+        raise typer.BadParameter("give --trace FILE|WORKLOAD or --from-clickhouse")
     from analytics.sim.replay import replay as run_replay
     from router.policies import POLICIES
 
@@ -285,6 +323,122 @@ def replay(
     for key, value in result.items():
         shown = f"{value:.4g}" if isinstance(value, float) else value
         typer.echo(f"{key:>22}  {shown}")
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="the HTML file to write")] = Path("kvgate-report.html"),
+    trace: Annotated[
+        str | None, typer.Option(help="a trace file or workload instead of ClickHouse")
+    ] = None,
+    since: Annotated[str, typer.Option(help="recorded window start")] = "-1d",
+    until: Annotated[str, typer.Option(help="recorded window end")] = "now",
+    router_id: Annotated[str | None, typer.Option(help="only this router's traffic")] = None,
+    baseline_config: Annotated[
+        Path | None, typer.Option(help="settings of the current system")
+    ] = None,
+    nodes: Annotated[int, typer.Option(help="simulated engines (trace files)")] = 16,
+    limit: Annotated[int | None, typer.Option(help="first N requests only")] = None,
+    ttft_slo: Annotated[float, typer.Option(help="TTFT target (s)")] = 2.0,
+    tpot_slo: Annotated[float, typer.Option(help="TPOT target (s)")] = 0.1,
+    config: ConfigOpt = None,
+) -> None:
+    """A self-contained HTML report (tables and plots) of recorded traffic replayed under the
+    current and the candidate (--config) settings; for readers without Grafana."""
+    _tuning_report(
+        trace,
+        trace is None,
+        since,
+        until,
+        router_id,
+        baseline_config,
+        config,
+        out,
+        nodes,
+        limit,
+        ttft_slo,
+        tpot_slo,
+        False,
+    )
+
+
+def _tuning_report(
+    trace: str | None,
+    from_clickhouse: bool,
+    since: str,
+    until: str,
+    router_id: str | None,
+    baseline_config: Path | None,
+    config: Path | None,
+    html: Path | None,
+    nodes: int,
+    limit: int | None,
+    ttft_slo: float,
+    tpot_slo: float,
+    json_output: bool,
+) -> None:
+    import time
+
+    from analytics.clickhouse import open_clickhouse
+    from analytics.exceptions import ClickHouseError
+    from analytics.recorded import load_recorded, to_trace
+    from analytics.sim.replay import open_trace
+    from analytics.tuning import Candidate, compare, parse_when, render_html, render_text
+
+    if config is None:
+        raise typer.BadParameter("--config names the candidate settings (a YAML file)")
+    current_s = load_settings(baseline_config)
+    candidate_s = _settings(config)
+
+    def as_candidate(s: Settings) -> Candidate:
+        return Candidate(s.router, s.admission, s.engine.profile)
+
+    rec = None
+    node_blocks: dict[str, int] | None = None
+    if from_clickhouse:
+        now = time.time()
+        try:
+            t0, t1 = parse_when(since, now), parse_when(until, now)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        try:
+            ch = open_clickhouse(current_s.clickhouse)
+        except ClickHouseError as exc:
+            raise typer.BadParameter(f"cannot open ClickHouse: {exc}") from exc
+        try:
+            rec = load_recorded(ch, current_s.clickhouse.database, t0, t1, router_id)
+        finally:
+            ch.close()
+        if not rec.requests:
+            raise typer.BadParameter("no recorded decisions in that window (see --since/--until)")
+        tr = to_trace(rec, f"ClickHouse {current_s.clickhouse.database}")
+        if limit is not None:
+            tr = tr.head(limit)
+    else:
+        if trace is None:
+            raise typer.BadParameter("give --trace FILE|WORKLOAD or --from-clickhouse")
+        try:
+            tr = open_trace(trace, limit=limit)
+        except (FileNotFoundError, ValueError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        node_blocks = {f"node-{i:02d}": 0 for i in range(nodes)}
+    result = compare(
+        rec,
+        tr,
+        as_candidate(current_s),
+        as_candidate(candidate_s),
+        node_blocks,
+        ttft_slo,
+        tpot_slo,
+    )
+    if html is not None:
+        html.write_text(render_html(result))
+    if json_output:
+        typer.echo(json.dumps({k: v for k, v in result.items() if not k.startswith("_")}))
+        return
+    typer.echo(render_text(result))
+    if html is not None:
+        typer.echo(f"\nreport: {html}")
 
 
 @app.command()

@@ -48,6 +48,11 @@ class SimConfig:
     retries: RetryModel | None = None  # refused clients retry (None: a refusal is final)
     storm_guard: bool = False  # the retry-storm guard in front of admission
     recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router.recent)
+    node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
+
+
+def node_names(cfg: SimConfig) -> list[str]:
+    return list(cfg.node_ids) if cfg.node_ids else [f"node-{i:02d}" for i in range(cfg.nodes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +159,7 @@ def simulate(
     hot = HotPrefixes() if cfg.prewarm else None
     recent = RecentPrefills(cfg.recent_prefill_ttl_s) if cfg.recent_prefill_ttl_s > 0 else None
     profile = node_profile(cfg, trace.block_size)
-    nodes = [_Node(f"node-{i:02d}", EngineCore(profile)) for i in range(cfg.nodes)]
+    nodes = [_Node(name, EngineCore(profile)) for name in node_names(cfg)]
     by_id = {n.node_id: n for n in nodes}
     index = PrefixIndex()
     ledger = InflightLedger()

@@ -28,6 +28,7 @@ def run_metrics(
     ttft_slo_s: float = 2.0,
     tpot_slo_s: float = 0.1,
     cache_blocks_per_node: int | None = None,
+    node_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     if not done:
         return {"requests": 0}
@@ -51,7 +52,8 @@ def run_metrics(
     ]
     arrivals = sorted((d.request for d in done), key=lambda r: r.arrival_s)
     per_node = Counter(d.node for d in done)
-    loads = [per_node.get(f"node-{i:02d}", 0) for i in range(nodes)]
+    names = list(node_ids) or [f"node-{i:02d}" for i in range(nodes)]
+    loads = [per_node.get(name, 0) for name in names]
     mean = statistics.fmean(loads)
     first = min(d.request.arrival_s for d in done)
     last = max(d.finish_s for d in done)

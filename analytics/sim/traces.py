@@ -36,6 +36,7 @@ class TraceRequest:
     output_block_hashes: tuple[int, ...] = ()
     priority: Priority = "normal"
     client: str = "default"  # who sends it (retry behaviour, retry-storm guard)
+    request_id: str | None = None  # a recorded request's id (replay from the decision log)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -55,3 +56,47 @@ def test_demo_runs_end_to_end_and_summarizes_from_clickhouse(kafka_up: str, tmp_
     assert summary["hit_rate"] > 0.3  # long shared system prompts are reused
     assert 0 < summary["ttft_p50_s"] <= summary["ttft_p99_s"]
     assert sum(n["requests"] for n in summary["per_node"].values()) == summary["requests"]
+
+    # replay the recorded run from ClickHouse: a candidate that changes nothing changes no
+    # decision; round-robin loses prefix hits; a tiny slot budget refuses requests
+    def replay(candidate: str) -> dict[str, Any]:
+        cfg = tmp_path / "candidate.yaml"
+        cfg.write_text(candidate)
+        html = tmp_path / "report.html"
+        argv = ["replay", "--from-clickhouse", "--since", "-1h", "--config", str(cfg)]
+        res = subprocess.run(
+            [sys.executable, "-m", "deploy", *argv, "--html", str(html), "--json"],
+            env=env,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        assert res.returncode == 0, res.stderr.decode()[-3000:]
+        assert "<img" in html.read_text()
+        return cast(dict[str, Any], json.loads(res.stdout))
+
+    same = replay("router:\n  policy: kvgate\n")
+    sides = same["sides"]
+    assert sides["recorded"]["metrics"]["offered"] == summary["requests"]
+    assert abs(sides["recorded"]["metrics"]["hit_rate"] - summary["hit_rate"]) < 1e-9
+    assert same["changes_vs_current"]["changed"] == 0
+    assert sides["replay: candidate"]["metrics"] == sides["replay: current"]["metrics"]
+
+    rr = replay("router:\n  policy: round_robin\n")
+    cur = rr["sides"]["replay: current"]["metrics"]
+    cand = rr["sides"]["replay: candidate"]["metrics"]
+    assert cand["hit_rate"] < cur["hit_rate"]
+    assert cand["load_cov"] < cur["load_cov"] + 1e-9  # round-robin spreads evenly
+    assert rr["changes_vs_current"]["changed"] > 0
+    assert all(k.endswith("→ round_robin") for k in rr["changes_vs_current"]["by_reason"])
+
+    tight = replay(  # one request at a time in the whole cluster
+        "admission:\n  slots_per_node: 1\n  queue_enabled: false\n  yellow_watermark: 0.2\n"
+        "  red_watermark: 0.25\n"
+    )
+    refused = tight["sides"]["replay: candidate"]["metrics"]
+    assert refused["refused"] > 0 and set(refused["rejections"]) <= {
+        "red_watermark",
+        "yellow_low_priority",
+    }
+    assert tight["changes_vs_current"]["now_refused"] == refused["refused"]
