@@ -90,6 +90,11 @@ def test_demo_runs_end_to_end_and_summarizes_from_clickhouse(kafka_up: str, tmp_
     assert rr["changes_vs_current"]["changed"] > 0
     assert all(k.endswith("→ round_robin") for k in rr["changes_vs_current"]["by_reason"])
 
+    # a weight: prefill worth nothing → cache hits stop pulling requests together
+    w = replay("router:\n  cost:\n    prefill_weight: 0.0\n")
+    assert w["sides"]["replay: candidate"]["settings"]["weight prefill_weight"] == 0.0
+    assert w["changes_vs_current"]["changed"] > 0
+
     tight = replay(  # one request at a time in the whole cluster
         "admission:\n  slots_per_node: 1\n  queue_enabled: false\n  yellow_watermark: 0.2\n"
         "  red_watermark: 0.25\n"
