@@ -151,7 +151,7 @@ class AdmissionGate:
                     ),
                 )
             self.held[request_id] = r
-            await self._event("reserve", r, now)
+            await self.record("reserve", r, now)
         except AdmissionError as exc:
             log.warning("admission refused %s: %s", request_id, exc)
             return Verdict(
@@ -224,7 +224,7 @@ class AdmissionGate:
                         break
                     self.queues.remove(head)
                     self.held[head.request_id] = r
-                    await self._event("reserve", r, now)
+                    await self.record("reserve", r, now)
                     admitted += 1
                     b = replace(b, kv_blocks_reserved=b.kv_blocks_reserved + r.kv_blocks)
                     fut = self._waiters.get(head)
@@ -268,12 +268,12 @@ class AdmissionGate:
         except AdmissionError as exc:
             log.warning("release of %s not applied to the store: %s", request_id, exc)
             if mine is not None:
-                await self._event("release", mine, now, "the store was unreachable")
+                await self.record("release", mine, now, "the store was unreachable")
             return
         if r is None and mine is not None:  # the store lost it (expired, or reset)
             r = mine
         if r is not None:
-            await self._event("release", r, now)
+            await self.record("release", r, now)
             if len(self.queues) and not self._pump_lock.locked():
                 with contextlib.suppress(AdmissionError):
                     await self.pump(now)
@@ -284,7 +284,7 @@ class AdmissionGate:
         for r in dead:
             self.held.pop(r.reservation_id, None)
             log.warning("reservation %s expired (lease ran out)", r.reservation_id)
-            await self._event("expire", r, now, "lease ran out")
+            await self.record("expire", r, now, "lease ran out")
         return len(dead)
 
     async def record(
@@ -294,16 +294,7 @@ class AdmissionGate:
         now: float,
         cause: str | None = None,
     ) -> None:
-        """A ledger event written on someone else's behalf (the reconciler)."""
-        await self._event(kind, r, now, cause)
-
-    async def _event(
-        self,
-        kind: Literal["reserve", "release", "expire"],
-        r: Reservation,
-        now: float,
-        cause: str | None = None,
-    ) -> None:
+        """A ledger event (also written by the reconciler, on a dead router's behalf)."""
         await self._publish(
             LedgerEvent(
                 reservation_id=r.reservation_id,

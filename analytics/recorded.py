@@ -8,13 +8,12 @@ measures what actually happened with the same definitions the simulator's metric
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from analytics.clickhouse import ClickHouse
-from analytics.sim.metrics import pct
+from analytics.sim.metrics import latency_and_spread
 from analytics.sim.traces import Trace, TraceRequest
 
 __all__ = ["Recorded", "RecordedRequest", "load_recorded", "recorded_metrics", "to_trace"]
@@ -189,7 +188,6 @@ def recorded_metrics(
     ]
     per_node = Counter(r.chosen_node for r in ok if r.chosen_node)
     loads = [per_node.get(n, 0) for n in rec.nodes] or [0]
-    mean = statistics.fmean(loads)
     offered = len(rec.requests)
     first = min((r.arrival_s for r in rec.requests), default=0.0)
     last = max((r.ts + (r.e2e_s or 0.0) for r in rec.requests), default=0.0)
@@ -197,16 +195,9 @@ def recorded_metrics(
     return {
         "requests": len(ok),
         "offered": offered,
-        "ttft_p50_s": pct(ttft, 0.5),
-        "ttft_p99_s": pct(ttft, 0.99),
-        "tpot_p50_s": pct(tpot, 0.5),
-        "tpot_p99_s": pct(tpot, 0.99),
-        "e2e_p50_s": pct(e2e, 0.5),
-        "e2e_p99_s": pct(e2e, 0.99),
+        **latency_and_spread(ttft, tpot, e2e, loads),
         "hit_rate": cached / prompt if prompt else 0.0,
         "slo_attainment": len(good) / offered if offered else 0.0,
-        "load_cov": statistics.pstdev(loads) / mean if mean else 0.0,
-        "max_over_mean_load": max(loads) / mean if mean else 0.0,
         "throughput_rps": len(ok) / span,
         "goodput_rps": len(good) / span,
         "reasons": dict(Counter(r.reason for r in ok)),

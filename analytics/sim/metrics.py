@@ -10,7 +10,7 @@ from typing import Any
 from analytics.sim.cluster import Done
 from analytics.sim.traces import hit_bound, pooled_lru_bound
 
-__all__ = ["pct", "run_metrics"]
+__all__ = ["latency_and_spread", "pct", "run_metrics"]
 
 
 def pct(values: Sequence[float], q: float) -> float | None:
@@ -18,6 +18,24 @@ def pct(values: Sequence[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def latency_and_spread(
+    ttft: Sequence[float], tpot: Sequence[float], e2e: Sequence[float], loads: Sequence[int]
+) -> dict[str, Any]:
+    """Percentiles of the latencies and the spread of requests over nodes (one definition for
+    simulated and recorded runs)."""
+    mean = statistics.fmean(loads) if loads else 0.0
+    return {
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p99_s": pct(ttft, 0.99),
+        "tpot_p50_s": pct(tpot, 0.5),
+        "tpot_p99_s": pct(tpot, 0.99),
+        "e2e_p50_s": pct(e2e, 0.5),
+        "e2e_p99_s": pct(e2e, 0.99),
+        "load_cov": statistics.pstdev(loads) / mean if mean else 0.0,
+        "max_over_mean_load": max(loads) / mean if mean else 0.0,
+    }
 
 
 def run_metrics(
@@ -54,18 +72,12 @@ def run_metrics(
     per_node = Counter(d.node for d in done)
     names = list(node_ids) or [f"node-{i:02d}" for i in range(nodes)]
     loads = [per_node.get(name, 0) for name in names]
-    mean = statistics.fmean(loads)
     first = min(d.request.arrival_s for d in done)
     last = max(d.finish_s for d in done)
     span = max(1e-9, last - first)
     return {
         "requests": len(done),
-        "ttft_p50_s": pct(ttft, 0.5),
-        "ttft_p99_s": pct(ttft, 0.99),
-        "tpot_p50_s": pct(tpot, 0.5),
-        "tpot_p99_s": pct(tpot, 0.99),
-        "e2e_p50_s": pct(e2e, 0.5),
-        "e2e_p99_s": pct(e2e, 0.99),
+        **latency_and_spread(ttft, tpot, e2e, loads),
         "hit_rate": cached / prompt if prompt else 0.0,
         "hit_bound": hit_bound(arrivals, block_size),
         "hit_bound_pooled_lru": (
@@ -76,8 +88,6 @@ def run_metrics(
         "slo_attainment": len(ok) / len(done),
         "ttft_slo_s": ttft_slo_s,
         "tpot_slo_s": tpot_slo_s,
-        "load_cov": statistics.pstdev(loads) / mean if mean else 0.0,
-        "max_over_mean_load": max(loads) / mean if mean else 0.0,
         "throughput_rps": len(done) / span,
         "goodput_rps": len(ok) / span,
         "reasons": dict(Counter(d.reason for d in done)),

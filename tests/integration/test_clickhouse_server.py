@@ -14,8 +14,8 @@ from analytics.rows import decision_row, outcome_row
 from analytics.schema import MIGRATIONS, migrate
 from analytics.settings import ClickHouseSettings
 from analytics.summary import run_summary
-from streams.schemas import CandidateScore, Decision, Outcome
 from tests.chfront import ChdbFront
+from tests.factories import decision, outcome
 
 pytestmark = pytest.mark.integration
 
@@ -28,55 +28,11 @@ def test_server_backend_migrates_inserts_and_summarizes(tmp_path: Path) -> None:
             assert migrate(ch, "kvgate") == []  # applied once
             now = time.time()
             decisions = [
-                decision_row(
-                    Decision(
-                        request_id=f"r{i}",
-                        ts=now,
-                        router_id="rt",
-                        model="m",
-                        prompt_tokens=64,
-                        max_tokens=8,
-                        block_size=16,
-                        block_hashes=[1, 2, 3, 4],
-                        policy="seed_score",
-                        chosen_node="n1",
-                        reason="prefix_hit",
-                        decision_us=120.0,
-                        candidates=[
-                            CandidateScore(
-                                node_id="n1",
-                                score=0.5,
-                                hit_blocks=3,
-                                hit_fraction=0.75,
-                                kv_used_ratio=0.1,
-                                queue_len=0,
-                                healthy=True,
-                            )
-                        ],
-                    ),
-                    0,
-                    i,
-                )
+                decision_row(decision(f"r{i}", now, router_id="rt", policy="seed_score"), 0, i)
                 for i in range(5)
             ]
             outcomes = [
-                outcome_row(
-                    Outcome(
-                        request_id=f"r{i}",
-                        ts=now,
-                        router_id="rt",
-                        node_id="n1",
-                        status="ok",
-                        http_status=200,
-                        ttft_s=0.02 * (i + 1),
-                        e2e_s=0.5,
-                        prompt_tokens=64,
-                        output_tokens=8,
-                        cached_tokens=48,
-                    ),
-                    0,
-                    i,
-                )
+                outcome_row(outcome(f"r{i}", now, router_id="rt", ttft_s=0.02 * (i + 1)), 0, i)
                 for i in range(5)
             ]
             assert ch.insert_json("kvgate.decisions", decisions) == 5
@@ -87,9 +43,9 @@ def test_server_backend_migrates_inserts_and_summarizes(tmp_path: Path) -> None:
             assert summary["hit_rate"] == pytest.approx(0.75)
             assert summary["per_node"]["n1"]["requests"] == 5
             hashes = ch.query("SELECT block_hashes FROM kvgate.decisions FINAL LIMIT 1")
-            assert hashes[0]["block_hashes"] == [1, 2, 3, 4]
+            assert hashes[0]["block_hashes"] == [11, 12, 13, 14]
             assert ch.query(
-                "SELECT count() AS n FROM kvgate.decisions WHERE kv_blocks_estimate IS NULL"
+                "SELECT count() AS n FROM kvgate.decisions WHERE kv_blocks_estimate = 6"
             )[0]["n"] in (5, "5")
             with pytest.raises(ClickHouseError):
                 ch.query("SELECT * FROM kvgate.no_such_table")
