@@ -161,6 +161,9 @@ class EngineCore:
     prefix_queries_tokens: int = 0
     prefix_hits_tokens: int = 0
     preemptions_total: int = 0
+    # BlockStored events carry their blocks' token ids (vLLM's format; agents translate hashes
+    # with them). The virtual-time simulator reads hashes only and turns this off.
+    token_ids_in_events: bool = True
 
     def __post_init__(self) -> None:
         self.cache = KvCache(self.profile.num_gpu_blocks, self.profile.block_size)
@@ -223,8 +226,10 @@ class EngineCore:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.prefilling:
-                n = min(budget, seq.tokens - seq.computed)
+            out = len(seq.output)
+            tokens = seq.n_prompt + out
+            if seq.computed < tokens - (1 if out else 0):  # still prefilling
+                n = min(budget, tokens - seq.computed)
                 budget -= n
                 prefill += n
                 scheduled.append((seq, n))
@@ -283,15 +288,23 @@ class EngineCore:
         steps = 1 << 30
         context = 0
         for seq in running:
-            if seq.prefilling:
+            out = len(seq.output)
+            tokens = seq.n_prompt + out
+            if seq.computed < tokens - (1 if out else 0):  # prefilling
                 return None
-            context += seq.tokens
-            steps = min(steps, seq.max_tokens - len(seq.output))
+            context += tokens
+            left = seq.max_tokens - out
+            if left < steps:
+                steps = left
         if steps < 2:
             return None
+        bs = p.block_size
         grow = 0
         for seq in running:
-            grow += max(0, p.blocks_for_tokens(seq.tokens + steps - 1) - len(seq.held) - seq.anon)
+            # blocks for tokens + steps - 1 tokens (ceil), less those held
+            need = (seq.n_prompt + len(seq.output) + steps - 2) // bs + 1 - len(seq.held) - seq.anon
+            if need > 0:
+                grow += need
         if grow > self.cache.free_blocks:
             return None
         batch = len(running)
@@ -302,16 +315,19 @@ class EngineCore:
         """Apply ``steps`` pure-decode steps of a planned run; returns the finished sequences."""
         if steps <= 0:
             return []
-        p = self.profile
+        bs = self.profile.block_size
+        cache = self.cache
         finished: list[Sequence] = []
         for seq in self.running:
-            need = p.blocks_for_tokens(seq.tokens + steps - 1) - len(seq.held) - seq.anon
+            tokens = seq.n_prompt + len(seq.output)
+            need = (tokens + steps - 2) // bs + 1 - len(seq.held) - seq.anon
             if need > 0:
-                self.cache.allocate(need)
+                cache.allocate(need)
                 seq.anon += need
             seq.output.extend(seq.next_tokens(steps))
             seq.computed += steps
-            self._commit_full_blocks(seq)
+            if min(seq.computed, tokens + steps) // bs > len(seq.held):
+                self._commit_full_blocks(seq)
             if len(seq.output) >= seq.max_tokens:
                 finished.append(seq)
         self.generation_tokens_total += steps * len(self.running)
@@ -373,7 +389,8 @@ class EngineCore:
             return
         hashes = seq.block_hashes(full, bs)[have:]
         parent = seq.held[-1] if seq.held else None
-        self.cache.commit(hashes, parent, seq.tokens_between(have * bs, full * bs))
+        tokens = seq.tokens_between(have * bs, full * bs) if self.token_ids_in_events else ()
+        self.cache.commit(hashes, parent, tokens)
         seq.held.extend(hashes)
         seq.anon -= len(hashes)
 

@@ -159,7 +159,9 @@ def simulate(
     hot = HotPrefixes() if cfg.prewarm else None
     recent = RecentPrefills(cfg.recent_prefill_ttl_s) if cfg.recent_prefill_ttl_s > 0 else None
     profile = node_profile(cfg, trace.block_size)
-    nodes = [_Node(name, EngineCore(profile)) for name in node_names(cfg)]
+    nodes = [
+        _Node(name, EngineCore(profile, token_ids_in_events=False)) for name in node_names(cfg)
+    ]
     by_id = {n.node_id: n for n in nodes}
     index = PrefixIndex()
     ledger = InflightLedger()
