@@ -1,0 +1,128 @@
+"""The proxy under real streaming traffic: clients that leave mid-stream leave nothing behind
+(no reservation held, no request running in an engine), and an engine killed mid-stream gives its
+clients a clean SSE error event while the router carries on."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import signal
+
+import aiohttp
+import pytest
+
+from deploy.procs import Supervisor
+from streams.kafka import ensure_topics
+from streams.settings import KafkaSettings
+from tests.conftest import wait_until
+from tests.integration.cluster import MODEL, Cluster, get, post
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+_GAUGE = re.compile(rb"^vllm:num_requests_(running|waiting)\{[^}]*\} ([0-9.]+)$", re.M)
+
+
+async def engine_requests(url: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
+        return sum(float(v) for _, v in _GAUGE.findall(await r.read()))
+
+
+async def test_clients_leaving_mid_stream_leave_no_reservation_and_no_engine_work(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_engine("n2")
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 2)
+    rng = random.Random(7)
+    outcomes = {"completed": 0, "left": 0}
+
+    async def client(http: aiohttp.ClientSession, i: int) -> None:
+        leave_after = rng.choice([None, 0, 1, 3, 10])  # chunks read before leaving
+        body = {
+            "model": MODEL,
+            "prompt": f"request {i}: " + "tell me a story " * rng.randint(5, 60),
+            "max_tokens": rng.randint(20, 200),
+            "stream": True,
+        }
+        async with http.post(router + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            n = 0
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    n += 1
+                if leave_after is not None and n > leave_after:
+                    r.close()  # the client goes away mid-stream
+                    outcomes["left"] += 1
+                    return
+            outcomes["completed"] += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(client(http, i) for i in range(200)))
+    assert outcomes["left"] > 50 and outcomes["completed"] > 20
+
+    async def drained() -> bool:
+        s = await get(router, "/v1/kvgate/state")
+        running = sum([await engine_requests(url) for url in c.engines.values()])
+        return s["reservations"] == 0 and s["inflight"] == 0 and running == 0
+
+    await wait_until(drained, 15, "no reservation held and no engine request running", 0.2)
+
+
+async def test_engine_killed_mid_stream_gives_clean_error_events(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_engine("n2")
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 2)
+    first_bytes = asyncio.Event()
+
+    async def client(http: aiohttp.ClientSession, i: int) -> tuple[str, bytes]:
+        body = {
+            "model": MODEL,
+            "prompt": f"client {i} " + "a long answer please " * 30,
+            "max_tokens": 3000,
+            "stream": True,
+        }
+        async with http.post(router + "/v1/completions", json=body) as r:
+            node = r.headers["X-Kvgate-Node"]
+            tail = b""
+            async for line in r.content:
+                first_bytes.set()
+                if line.strip():
+                    tail = line
+                if line.startswith(b"data: {") and b'"error"' in line:
+                    return node, line
+            return node, tail
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        calls = [asyncio.create_task(client(http, i)) for i in range(12)]
+        await asyncio.wait_for(first_bytes.wait(), 30)
+        await asyncio.sleep(0.5)
+        supervisor.kill("engine-n1", signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 120)
+
+    on_dead = [r for r in results if not isinstance(r, BaseException) and r[0] == "n1"]
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert on_dead, "no stream was on the killed engine"
+    for _, line in on_dead:  # a final error event, in the OpenAI error shape
+        assert line.startswith(b"data: {") and b'"error"' in line and b"n1" in line
+    # the router carries on: healthy, serving, and nothing is held for the dead streams
+    async with aiohttp.ClientSession() as http, http.get(router + "/health") as r:
+        assert r.status == 200
+    status, _ = await post(router, "/v1/completions", {"model": MODEL, "prompt": "hi"})
+    assert status == 200
+
+    async def released() -> bool:
+        s = await get(router, "/v1/kvgate/state")
+        return s["reservations"] == 0 and s["inflight"] == 0
+
+    await wait_until(released, 10, "the dead streams' reservations to be released", 0.2)
