@@ -18,12 +18,12 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import replace
 from hashlib import blake2b
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from admission.core import Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
@@ -79,6 +79,18 @@ def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
     return relay.http_status == 400 and "kv cache" in (relay.error or "").lower()
 
 
+class GatewayRelease(BaseModel):
+    """``POST /v1/kvgate/release``: a gateway is done with a request it had routed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reservation_id: str = Field(min_length=1)
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    output_tokens: int = Field(default=0, ge=0)
+    ttft_s: float | None = Field(default=None, ge=0)
+    cached_tokens: int | None = Field(default=None, ge=0)
+
+
 class RouterService:
     def __init__(
         self,
@@ -121,12 +133,16 @@ class RouterService:
         self._background: set[asyncio.Future[None]] = set()
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
+        # requests routed for a gateway: id -> (node, request, tenant, started)
+        self._gateway: dict[str, tuple[str, ParsedRequest, Tenant, float]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/kvgate/decide", self._decide)
+        app.router.add_post("/v1/kvgate/route", self._gateway_route)
+        app.router.add_post("/v1/kvgate/release", self._gateway_release)
         app.router.add_get("/v1/kvgate/state", self._state)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -154,6 +170,7 @@ class RouterService:
         """Leases that ran out (a release lost to a crash path) expire with an event."""
         while True:
             await asyncio.sleep(self.gate.settings.sweep_interval_s)
+            self._forget_gateway(time.time())
             try:
                 await self.gate.sweep(time.time())
             except AdmissionError as exc:
@@ -253,11 +270,9 @@ class RouterService:
     def _parse(self, raw: bytes, chat: bool) -> ParsedRequest:
         return parse_request(raw, chat, self.settings.default_max_tokens)
 
-    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        started = time.time()
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest | web.Response:
         try:
-            p = self._parse(await request.read(), chat)
+            return self._parse(raw, chat)
         except orjson.JSONDecodeError as exc:
             self.metrics.rejected("bad_json")
             return _json(error_body(f"invalid JSON: {exc}"), 400)
@@ -270,7 +285,30 @@ class RouterService:
             self.metrics.rejected("bad_request")
             return _json(error_body(str(exc)), 400)
 
+    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        started = time.time()
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        p = self._parse_or_400(await request.read(), chat)
+        if isinstance(p, web.Response):
+            return p
         t0 = time.perf_counter()
+        gate = await self._gate(request, request_id, p)
+        if isinstance(gate, web.Response):
+            return gate
+        tenant, nodes, block_size, verdict, now = gate
+        try:
+            return await self._admitted(
+                request, request_id, p, tenant, nodes, block_size, verdict, started, t0, now
+            )
+        finally:
+            if verdict is not None and verdict.admitted:
+                await self.gate.release(request_id, time.time())
+
+    async def _gate(
+        self, request: web.Request, request_id: str, p: ParsedRequest
+    ) -> web.Response | tuple[Tenant, list[NodeView], int, Verdict | None, float]:
+        """Tenant, model, node health and admission for a parsed request: a refusal as a
+        response, or what routing needs (admitted requests hold a reservation from here on)."""
         now = time.time()
         tenant = self.gate.tenant(request.headers.get("Authorization"))
         if isinstance(tenant, Rejection):
@@ -312,17 +350,10 @@ class RouterService:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
-        try:
-            return await self._admitted(
-                request, request_id, p, tenant, nodes, block_size, verdict, started, t0, now
-            )
-        finally:
-            if verdict is not None and verdict.admitted:
-                await self.gate.release(request_id, time.time())
+        return tenant, nodes, block_size, verdict, now
 
-    async def _admitted(
+    async def _decide_and_record(
         self,
-        request: web.Request,
         request_id: str,
         p: ParsedRequest,
         tenant: Tenant,
@@ -332,7 +363,9 @@ class RouterService:
         started: float,
         t0: float,
         now: float,
-    ) -> web.StreamResponse:
+    ) -> web.Response | tuple[RouteRequest, RouteDecision, NodeView]:
+        """Route, record the decision, and either refuse (a response) or name the node; the
+        request then counts in this router's in-flight ledger until ``ledger.finish``."""
         rreq, decision = self._route(request_id, p, nodes, block_size, now, verdict)
         decision_us = (time.perf_counter() - t0) * 1e6
         self.metrics.decided(decision.reason, decision_us)
@@ -355,6 +388,27 @@ class RouterService:
         self.ledger.dispatch(
             request_id, node.node_id, time.time(), max(0, rreq.prompt_tokens - hit * block_size)
         )
+        return rreq, decision, node
+
+    async def _admitted(
+        self,
+        request: web.Request,
+        request_id: str,
+        p: ParsedRequest,
+        tenant: Tenant,
+        nodes: list[NodeView],
+        block_size: int,
+        verdict: Verdict | None,
+        started: float,
+        t0: float,
+        now: float,
+    ) -> web.StreamResponse:
+        routed = await self._decide_and_record(
+            request_id, p, tenant, nodes, block_size, verdict, started, t0, now
+        )
+        if isinstance(routed, web.Response):
+            return routed
+        rreq, _, node = routed
         assert self._http is not None
         relay = Relay()
         reroutes = 0
@@ -458,6 +512,101 @@ class RouterService:
         task = asyncio.ensure_future(self.bus.publish(CONTROL, msg.subject, msg))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    # --- decision-only API for gateways ----------------------------------------------------
+    async def _gateway_route(self, request: web.Request) -> web.Response:
+        """Admit and route like ``/v1/completions`` but do not forward: the gateway (e.g. Envoy)
+        sends the request to the returned endpoint itself and calls ``/v1/kvgate/release``
+        with the reservation id when it is done (else the reservation expires with its lease).
+        The body is an OpenAI completion or chat request; the same refusals apply."""
+        started = time.time()
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        raw = await request.read()
+        try:
+            chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _json(error_body(f"invalid JSON: {exc}"), 400)
+        p = self._parse_or_400(raw, chat)
+        if isinstance(p, web.Response):
+            return p
+        t0 = time.perf_counter()
+        gate = await self._gate(request, request_id, p)
+        if isinstance(gate, web.Response):
+            return gate
+        tenant, nodes, block_size, verdict, now = gate
+        admitted = verdict is not None and verdict.admitted
+        try:
+            routed = await self._decide_and_record(
+                request_id, p, tenant, nodes, block_size, verdict, started, t0, now
+            )
+        except BaseException:
+            if admitted:
+                await self.gate.release(request_id, time.time())
+            raise
+        if isinstance(routed, web.Response):
+            if admitted:
+                await self.gate.release(request_id, time.time())
+            return routed
+        rreq, decision, node = routed
+        held = self.gate.held.get(request_id)
+        self._gateway[request_id] = (node.node_id, p, tenant, started)
+        return _json(
+            {
+                "request_id": request_id,
+                "reservation_id": request_id if held is not None else None,
+                "lease_expires_at": held.expires_at if held is not None else None,
+                "node_id": node.node_id,
+                "endpoint": node.endpoint,
+                "path": p.path,
+                "model": p.model,
+                "reason": decision.reason,
+                "prompt_blocks": len(rreq.block_hashes),
+                "kv_blocks_reserved": held.kv_blocks if held is not None else 0,
+            }
+        )
+
+    async def _gateway_release(self, request: web.Request) -> web.Response:
+        """The gateway finished a routed request: release its reservation and record the
+        outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
+        try:
+            body = GatewayRelease.model_validate_json(await request.read())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "body"
+            return _json(error_body(f"{where}: {first['msg']}"), 400)
+        rid, status, output_tokens = body.reservation_id, body.status, body.output_tokens
+        ttft, cached = body.ttft_s, body.cached_tokens
+        entry = self._gateway.pop(rid, None)
+        if entry is None:
+            gone = f"no routed request {rid!r} (released already, or its lease ran out)"
+            return _json(error_body(gone, "NotFoundError", 404), 404)
+        node, p, tenant, started = entry
+        now = time.time()
+        await self.gate.release(rid, now)
+        self.ledger.finish(rid)
+        usage: dict[str, Any] = {"completion_tokens": output_tokens}
+        if cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        relay = Relay(
+            status=status,
+            http_status=200 if status == "ok" else 502,
+            ttft_s=ttft,
+            output_tokens=output_tokens,
+            usage=usage,
+        )
+        if status == "ok":
+            self.gate.observe_output(tenant, p.model, output_tokens)
+        await self._publish_outcome(rid, node, relay, p, started)
+        return _json({"released": rid}, 200)
+
+    def _forget_gateway(self, now: float) -> int:
+        """Routed requests whose gateway never called release: their leases ran out."""
+        lease = self.gate.settings.lease_s
+        old = [rid for rid, (_, _, _, t) in self._gateway.items() if now - t > lease]
+        for rid in old:
+            del self._gateway[rid]
+            self.ledger.finish(rid)
+        return len(old)
 
     async def _decide(self, request: web.Request) -> web.Response:
         """Dry run: what would the router do with this body (completion or chat)? No events."""
