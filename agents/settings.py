@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.profile import EngineProfile
+from streams.tokenization import TokenizerSpec
 
 __all__ = ["AgentSettings", "EngineSettings"]
 
@@ -20,6 +21,9 @@ class EngineSettings(BaseModel):
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
     kv_events_replay_endpoint: str | None = None  # vLLM default: no replay socket
     default_max_tokens: int = Field(default=256, ge=1)
+    tokenizer: TokenizerSpec | None = Field(
+        default=None, description="tokenize like this model (default: 4-byte text chunks)"
+    )
     seed: int = 0
     profile: EngineProfile = EngineProfile()
 

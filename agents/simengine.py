@@ -25,8 +25,8 @@ from agents.enginemetrics import render_metrics
 from agents.scheduler import EngineCore, Sequence
 from agents.settings import EngineSettings
 from agents.vllm_events import KvEventPublisher, encode_batch
-from streams.blocks import approx_tokenize, detokenize_approx
-from streams.openai import ChatRequest, CompletionRequest, error_body, render_chat
+from streams.openai import ChatRequest, CompletionRequest, error_body
+from streams.tokenization import load_tokenization
 
 __all__ = ["SimEngine"]
 
@@ -42,6 +42,7 @@ class SimEngine:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.core = EngineCore(settings.profile)
+        self.tokenization = load_tokenization(settings.tokenizer)
         self.started_s = time.time()
         self._wake = asyncio.Event()
         self._queues: dict[str, asyncio.Queue[object]] = {}
@@ -115,14 +116,15 @@ class SimEngine:
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, CompletionRequest)
-        return await self._serve(request, body, body.prompt_tokens(approx_tokenize), chat=False)
+        tk = self.tokenization
+        return await self._serve(request, body, body.prompt_tokens(tk.encode_prompt), chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._parse(request, ChatRequest)
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, ChatRequest)
-        return await self._serve(request, body, approx_tokenize(render_chat(body.messages)), True)
+        return await self._serve(request, body, self.tokenization.encode_chat(body.messages), True)
 
     async def _parse(
         self, request: web.Request, model: type[CompletionRequest] | type[ChatRequest]
@@ -177,7 +179,7 @@ class SimEngine:
                     log.info("client left %s after %d tokens", rid, len(seq.output))
                     return web.Response(status=499)
             out: list[int] = [t async for t in _drain(queue)]
-            text = detokenize_approx(out)
+            text = self.tokenization.decode(out)
             choice: dict[str, Any] = (
                 {
                     "index": 0,
@@ -218,7 +220,7 @@ class SimEngine:
         base = {"id": seq.request_id, "object": obj, "created": int(seq.arrival_s), "model": model}
         first = True
         async for tok in _drain(queue):
-            piece = detokenize_approx([tok])
+            piece = self.tokenization.decode([tok])
             if chat:
                 delta: dict[str, Any] = {"content": piece}
                 if first:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from streams.blocks import approx_tokenize
-from streams.openai import ChatRequest, CompletionRequest, render_chat
+from streams.openai import ChatRequest, CompletionRequest
+from streams.tokenization import APPROXIMATE, Tokenization
 
 __all__ = ["ParsedRequest", "parse_request", "request_session"]
 
@@ -23,24 +24,35 @@ class ParsedRequest:
     max_tokens: int
     chat: bool
     session_id: str | None
+    exact_tokens: bool = False  # tokenized with the model's own tokenizer
 
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
 
-def parse_request(raw: bytes, chat: bool, default_max_tokens: int) -> ParsedRequest:
-    """Raises ``orjson.JSONDecodeError``, ``pydantic.ValidationError`` or ``ValueError`` (→ 400)."""
+def parse_request(
+    raw: bytes,
+    chat: bool,
+    default_max_tokens: int,
+    tokenization: Callable[[str], Tokenization] = lambda _: APPROXIMATE,
+) -> ParsedRequest:
+    """Raises ``orjson.JSONDecodeError``, ``pydantic.ValidationError`` or ``ValueError`` (→ 400).
+    ``tokenization`` gives the model's tokenization (by model name)."""
     body = orjson.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - a 400
     req: ChatRequest | CompletionRequest
+    given_ids = False
     if chat:
         req = ChatRequest.model_validate(body)
-        tokens = approx_tokenize(render_chat(req.messages))
+        tk = tokenization(req.model)
+        tokens = tk.encode_chat(req.messages)
     else:
         req = CompletionRequest.model_validate(body)
-        tokens = req.prompt_tokens(approx_tokenize)
+        tk = tokenization(req.model)
+        tokens = req.prompt_tokens(tk.encode_prompt)
+        given_ids = req.prompt_text() is None  # token ids: exact whatever the tokenizer
     return ParsedRequest(
         body=body,
         model=req.model,
@@ -50,6 +62,7 @@ def parse_request(raw: bytes, chat: bool, default_max_tokens: int) -> ParsedRequ
         max_tokens=req.output_limit(default_max_tokens),
         chat=chat,
         session_id=body.get("user") or request_session(body),
+        exact_tokens=tk.exact or (not chat and given_ids),
     )
 
 

@@ -42,7 +42,7 @@ def decision_record(
         max_tokens=p.max_tokens,
         block_size=block_size,
         block_hashes=list(rreq.block_hashes),
-        approximate_tokens=True,
+        approximate_tokens=not p.exact_tokens,
         policy=policy,
         weights_version=weights_version,
         chosen_node=d.chosen,

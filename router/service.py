@@ -48,6 +48,7 @@ from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
 from streams.schemas import ControlMessage, Heartbeat
+from streams.tokenization import Tokenization, load_tokenization
 from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
 
 __all__ = ["RouterService"]
@@ -268,7 +269,11 @@ class RouterService:
         return await self._handle(request, chat=True)
 
     def _parse(self, raw: bytes, chat: bool) -> ParsedRequest:
-        return parse_request(raw, chat, self.settings.default_max_tokens)
+        return parse_request(raw, chat, self.settings.default_max_tokens, self._tokenization)
+
+    def _tokenization(self, model: str) -> Tokenization:
+        """The model's tokenizer when configured (engine-exact hashes), else approximate."""
+        return load_tokenization(self.settings.tokenizers.get(model))
 
     def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest | web.Response:
         try:

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from streams.tokenization import TokenizerSpec
+
 __all__ = ["CostWeights", "RouterSettings", "SeedWeights"]
 
 
@@ -81,6 +83,11 @@ class RouterSettings(BaseModel):
         description="remember prefixes this router had prefilled until indexed (0: off)",
     )
     default_max_tokens: int = Field(default=256, ge=1)
+    tokenizers: dict[str, TokenizerSpec] = Field(
+        default_factory=dict,
+        description="model -> its tokenizer and chat template (engine-exact block hashes); "
+        "models without one are tokenized approximately",
+    )
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)
     max_queue: int = Field(

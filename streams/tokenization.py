@@ -1,0 +1,163 @@
+"""Turning a request into token ids the way the engine does.
+
+With a model's tokenizer configured (:class:`TokenizerSpec`: an HF ``tokenizer.json`` and the
+model's chat template), the router tokenizes exactly like vLLM does — chat requests: the chat
+template rendered with ``add_generation_prompt``, then encoded without special tokens (the
+template carries them); completion requests: the prompt encoded with special tokens — so its block
+hashes are the engine's block for block. Without one, both the router and the simulated engine
+fall back to 4-byte text chunks (:func:`streams.blocks.approx_tokenize`), which decisions mark as
+approximate.
+
+A tokenizer file is named ``file:/path/tokenizer.json`` or ``package:<package>/<resource>`` (a
+file shipped inside an installed Python package); nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from streams.blocks import approx_tokenize, detokenize_approx
+from streams.openai import ChatMessage, render_chat
+
+__all__ = ["APPROXIMATE", "Tokenization", "TokenizerSpec", "load_tokenization", "read_source"]
+
+
+class TokenizerSpec(BaseModel):
+    """One model's tokenizer and chat template."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokenizer: str = Field(
+        min_length=1, description="file:/path/tokenizer.json or package:<package>/<resource>"
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="the model's Jinja chat template (as in its tokenizer_config.json)",
+    )
+    chat_template_file: str | None = Field(
+        default=None,
+        description="file:/package: a .jinja template, or a tokenizer_config.json holding one",
+    )
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    """How one model's requests become token ids."""
+
+    encode_prompt: Callable[[str], list[int]]  # a completion prompt
+    encode_chat: Callable[[Sequence[ChatMessage]], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    exact: bool  # False: approximate (text chunks), marked so in decision records
+    vocab_size: int = 1 << 32
+
+
+APPROXIMATE = Tokenization(
+    encode_prompt=approx_tokenize,
+    encode_chat=lambda messages: approx_tokenize(render_chat(list(messages))),
+    decode=detokenize_approx,
+    exact=False,
+)
+
+
+def read_source(source: str) -> bytes:
+    """The bytes of ``file:PATH`` or ``package:PKG/RESOURCE`` (a plain path counts as a file)."""
+    kind, _, rest = source.partition(":")
+    if kind == "package" and rest:
+        package, _, resource = rest.partition("/")
+        if not resource:
+            raise ValueError(f"{source!r}: expected package:<package>/<resource>")
+        try:
+            return importlib.resources.files(package).joinpath(resource).read_bytes()
+        except (ModuleNotFoundError, FileNotFoundError) as exc:
+            raise ValueError(f"{source!r}: {exc}") from exc
+    path = Path(rest if kind == "file" and rest else source)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{source!r}: {exc}") from exc
+
+
+def _template(spec: TokenizerSpec) -> tuple[str | None, str, str]:
+    template, bos, eos = spec.chat_template, spec.bos_token, spec.eos_token
+    if template is None and spec.chat_template_file:
+        raw = read_source(spec.chat_template_file)
+        if spec.chat_template_file.endswith(".json"):  # a tokenizer_config.json
+            cfg = json.loads(raw)
+            template = cfg.get("chat_template")
+            if isinstance(template, list):  # several named templates: the default one
+                named = {t.get("name"): t.get("template") for t in template}
+                template = named.get("default") or next(iter(named.values()), None)
+            bos = bos or _token_text(cfg.get("bos_token"))
+            eos = eos or _token_text(cfg.get("eos_token"))
+        else:
+            template = raw.decode()
+    return template, bos, eos
+
+
+def _token_text(v: Any) -> str:
+    if isinstance(v, dict):
+        return str(v.get("content", ""))
+    return str(v or "")
+
+
+@functools.cache
+def load_tokenization(spec: TokenizerSpec | None) -> Tokenization:
+    """The tokenization of ``spec`` (cached per spec); :data:`APPROXIMATE` for None."""
+    if spec is None:
+        return APPROXIMATE
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_str(read_source(spec.tokenizer).decode())
+    except Exception as exc:
+        raise ValueError(f"cannot load tokenizer {spec.tokenizer!r}: {exc}") from exc
+    template_text, bos, eos = _template(spec)
+
+    def encode_prompt(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=True).ids)
+
+    if template_text is None:
+
+        def render(messages: Sequence[ChatMessage]) -> str:
+            return render_chat(list(messages))
+
+    else:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(f"chat template: {message}")
+
+        env.globals["raise_exception"] = raise_exception
+        compiled = env.from_string(template_text)
+
+        def render(messages: Sequence[ChatMessage]) -> str:
+            return compiled.render(
+                messages=[
+                    {**m.model_dump(exclude_none=True), "content": m.text()} for m in messages
+                ],
+                add_generation_prompt=True,
+                bos_token=bos,
+                eos_token=eos,
+            )
+
+    def encode_chat(messages: Sequence[ChatMessage]) -> list[int]:
+        return list(tok.encode(render(messages), add_special_tokens=False).ids)
+
+    vocab = tok.get_vocab_size()
+
+    def decode(ids: Sequence[int]) -> str:
+        # the simulated engine's output ids are its own: fold them into the vocabulary
+        return str(tok.decode([i % vocab for i in ids], skip_special_tokens=True))
+
+    return Tokenization(encode_prompt, encode_chat, decode, True, vocab)
