@@ -16,13 +16,11 @@ import time
 import uuid
 
 import aiohttp
-import zmq
-import zmq.asyncio
 
 from agents.enginemetrics import EngineStats, parse_metrics
 from agents.kvtranslate import KvTranslator
 from agents.settings import AgentSettings
-from agents.vllm_events import decode_batch
+from agents.vllm_events import KvEventSubscriber
 from streams.codec import decode
 from streams.exceptions import SchemaError
 from streams.kafka import KafkaBus, make_consumer
@@ -47,13 +45,13 @@ class NodeAgent:
         self.translator = KvTranslator(block_size)
         self._hb_seq = 0
         self._kv_seq = 0
-        self._engine_seq: int | None = None
+        self.subscriber: KvEventSubscriber | None = None
+        self.engine_restarts = 0
         self._last_stats: EngineStats | None = None
         self._last_scrape_s = 0.0
         self._rates = (0.0, 0.0)
         self._flush_now = asyncio.Event()
         self._kv_lock = asyncio.Lock()
-        self.engine_gaps = 0
         self.prewarmed = 0
 
     async def run(self) -> None:
@@ -99,6 +97,18 @@ class NodeAgent:
                 max(0.0, stats.prompt_tokens_total - prev.prompt_tokens_total) / dt,
                 max(0.0, stats.generation_tokens_total - prev.generation_tokens_total) / dt,
             )
+        if (
+            prev is not None
+            and stats.start_time_s is not None
+            and prev.start_time_s is not None
+            and stats.start_time_s != prev.start_time_s
+        ):
+            # the engine restarted (its KV cache is empty): drop its blocks from the index now,
+            # not when its first new event arrives
+            log.info("engine %s restarted: resetting its blocks", self.settings.engine_url)
+            self.engine_restarts += 1
+            self.translator.reset()
+            self._flush_now.set()
         self._last_stats, self._last_scrape_s = stats, now
         return stats
 
@@ -185,40 +195,21 @@ class NodeAgent:
 
     # --- KV events -----------------------------------------------------------------------
     async def _subscribe(self, endpoint: str) -> None:
-        ctx = zmq.asyncio.Context.instance()
-        sock = ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.connect(endpoint)
-        try:
-            while True:
-                frames = await sock.recv_multipart()
-                if len(frames) != 3:
-                    log.warning("ignoring a KV event message with %d frames", len(frames))
-                    continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
-                self._check_sequence(seq)
-                try:
-                    batch = decode_batch(frames[2])
-                except Exception as exc:
-                    log.warning("undecodable KV event batch %d: %s", seq, exc)
-                    continue
-                self.translator.apply(batch)
-                if self.translator.pending >= self.settings.kv_flush_max_blocks:
-                    self._flush_now.set()
-        finally:
-            sock.close(linger=0)
+        """Engine KV events in sequence order (gaps filled from the engine's replay socket when
+        it has one); an engine restart resets what the agent knows of its cache."""
+        sub = KvEventSubscriber(endpoint, self.settings.kv_events_replay_endpoint)
+        self.subscriber = sub
+        async for seq, batch, restarted in sub.batches():
+            if restarted:
+                log.info("engine event sequence restarted at %d: resetting", seq)
+                self.translator.reset()
+            self.translator.apply(batch)
+            if self.translator.pending >= self.settings.kv_flush_max_blocks:
+                self._flush_now.set()
 
-    def _check_sequence(self, seq: int) -> None:
-        last = self._engine_seq
-        self._engine_seq = seq
-        if last is None or seq == last + 1:
-            return
-        if seq <= last:  # the engine restarted: whatever we knew of its cache is gone
-            log.info("engine event sequence restarted (%d after %d): resetting", seq, last)
-            self.translator.reset()
-        else:
-            self.engine_gaps += 1
-            log.warning("engine KV events %d..%d were lost", last + 1, seq - 1)
+    @property
+    def engine_gaps(self) -> int:
+        return self.subscriber.lost if self.subscriber is not None else 0
 
     async def _flusher(self) -> None:
         s = self.settings

@@ -17,11 +17,15 @@ from agents.scheduler import EngineCore
 __all__ = ["EngineStats", "parse_metrics", "render_metrics"]
 
 
-def render_metrics(core: EngineCore, model_name: str) -> bytes:
+def render_metrics(core: EngineCore, model_name: str, started_s: float | None = None) -> bytes:
     p = core.profile
     lbl = f'engine="0",model_name="{model_name}"'
     usage = core.cache.usage()
     lines = [
+        # prometheus_client's process collector, which vLLM's /metrics includes
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+        "# TYPE process_start_time_seconds gauge",
+        f"process_start_time_seconds {started_s if started_s is not None else 0.0}",
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
         f"vllm:num_requests_running{{{lbl}}} {len(core.running)}",
@@ -72,6 +76,7 @@ class EngineStats:
     prefix_queries_total: float
     prefix_hits_total: float
     model_name: str | None
+    start_time_s: float | None = None  # the engine process's start (a change: it restarted)
 
 
 def parse_metrics(text: str) -> EngineStats:
@@ -99,4 +104,5 @@ def parse_metrics(text: str) -> EngineStats:
         prefix_queries_total=values.get("vllm:prefix_cache_queries_total", 0.0),
         prefix_hits_total=values.get("vllm:prefix_cache_hits_total", 0.0),
         model_name=model,
+        start_time_s=values.get("process_start_time_seconds") or None,
     )

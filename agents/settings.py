@@ -37,6 +37,11 @@ class AgentSettings(BaseModel):
     engine_url: str = "http://127.0.0.1:8100"
     engine_kind: str = Field(default="vllm", pattern="^(vllm)$")
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
+    kv_events_replay_endpoint: str | None = Field(
+        default=None,
+        description="the engine's KV-event replay socket (vLLM's `replay_endpoint`): lost "
+        "batches are fetched from it",
+    )
     pool: str = "default"
     heartbeat_interval_s: float = Field(default=0.5, gt=0)
     kv_flush_interval_s: float = Field(default=0.1, gt=0)

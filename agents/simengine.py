@@ -281,7 +281,7 @@ class SimEngine:
         return web.Response(status=200)
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = render_metrics(self.core, self.settings.served_model_name)
+        body = render_metrics(self.core, self.settings.served_model_name, self.started_s)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _reset(self, _: web.Request) -> web.Response:

@@ -11,9 +11,10 @@ against a real vLLM.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -22,6 +23,8 @@ import zmq.asyncio
 
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "AllBlocksClearedMsg",
     "BlockRemovedMsg",
@@ -29,6 +32,7 @@ __all__ = [
     "EngineHash",
     "KVEventBatchMsg",
     "KvEventPublisher",
+    "KvEventSubscriber",
     "decode_batch",
     "encode_batch",
 ]
@@ -143,3 +147,88 @@ class KvEventPublisher:
         if self._replay is not None:
             self._replay.close(linger=0)
         self._ctx.term()
+
+
+class KvEventSubscriber:
+    """The consumer side of vLLM's KV events: SUB to the batches and, when sequence numbers jump,
+    fetch the missing batches from the engine's replay socket (a DEALER to its ROUTER) before
+    handing on the one that revealed the gap, so batches come out in order.
+
+    :meth:`batches` yields ``(seq, batch, restarted)``; ``restarted`` is True when the sequence
+    went backwards (the engine restarted: whatever was known of its cache is gone).
+    """
+
+    def __init__(
+        self, endpoint: str, replay_endpoint: str | None = None, replay_timeout_s: float = 1.0
+    ) -> None:
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.replay_timeout_s = replay_timeout_s
+        self.last_seq: int | None = None
+        self.gaps = 0  # sequence gaps seen
+        self.recovered = 0  # batches fetched by replay
+        self.lost = 0  # batches neither received nor replayed
+        self.undecodable = 0
+
+    async def _replay(self, ctx: Any, start: int, end: int) -> list[tuple[int, bytes]]:
+        """Batches ``start .. end - 1`` from the replay socket (what it still buffers)."""
+        if self.replay_endpoint is None:
+            return []
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(self.replay_endpoint)
+        out: list[tuple[int, bytes]] = []
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+            while True:
+                if not await sock.poll(int(self.replay_timeout_s * 1000)):
+                    break  # the engine did not answer (in time)
+                frames = await sock.recv_multipart()
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq < 0:
+                    break
+                if start <= seq < end:
+                    out.append((seq, frames[-1]))
+        finally:
+            sock.close(linger=0)
+        return sorted(out)
+
+    async def batches(self) -> AsyncIterator[tuple[int, KVEventBatchMsg, bool]]:
+        ctx = zmq.asyncio.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.endpoint)
+        try:
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    log.warning("ignoring a KV event message with %d frames", len(frames))
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                last = self.last_seq
+                restarted = last is not None and seq <= last
+                pending = [(seq, frames[2])]
+                if last is not None and seq > last + 1:
+                    self.gaps += 1
+                    replayed = await self._replay(ctx, last + 1, seq)
+                    self.recovered += len(replayed)
+                    self.lost += (seq - last - 1) - len(replayed)
+                    if len(replayed) < seq - last - 1:
+                        log.warning(
+                            "KV events %d..%d: %d lost (replayed %d)",
+                            last + 1,
+                            seq - 1,
+                            seq - last - 1 - len(replayed),
+                            len(replayed),
+                        )
+                    pending = replayed + pending
+                self.last_seq = seq
+                for i, (s, payload) in enumerate(pending):
+                    try:
+                        batch = decode_batch(payload)
+                    except Exception as exc:
+                        self.undecodable += 1
+                        log.warning("undecodable KV event batch %d: %s", s, exc)
+                        continue
+                    yield s, batch, restarted and i == 0
+        finally:
+            sub.close(linger=0)

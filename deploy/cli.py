@@ -69,6 +69,9 @@ def agent(
     node_id: Annotated[str | None, typer.Option(help="node id")] = None,
     engine_url: Annotated[str | None, typer.Option(help="engine base URL")] = None,
     kv_events: Annotated[str | None, typer.Option(help="engine KV-event ZMQ endpoint")] = None,
+    kv_events_replay: Annotated[
+        str | None, typer.Option(help="engine KV-event replay endpoint (fills sequence gaps)")
+    ] = None,
 ) -> None:
     """Run the node agent (sidecar) for one engine."""
     from agents.agent import NodeAgent
@@ -81,6 +84,7 @@ def agent(
             "node_id": node_id,
             "engine_url": engine_url,
             "kv_events_endpoint": kv_events,
+            "kv_events_replay_endpoint": kv_events_replay,
         }.items()
         if v is not None
     }

@@ -96,6 +96,8 @@ class Supervisor:
             url,
             "--kv-events",
             f"tcp://127.0.0.1:{zmq_port}",
+            "--kv-events-replay",
+            f"tcp://127.0.0.1:{replay_port}",
         )
         return url
 

@@ -1,0 +1,144 @@
+"""The vLLM KV-event adapter on real sockets and a real pipeline: a sequence gap is filled from
+the engine's replay socket (vLLM's protocol, spoken here by raw ZeroMQ sockets); AllBlocksCleared
+and an engine restart take the node's blocks out of the index."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from agents.kvcache import BlockStored
+from agents.vllm_events import KvEventSubscriber, encode_batch
+from deploy.procs import Supervisor, free_port
+from streams.kafka import ensure_topics
+from streams.settings import KafkaSettings
+from tests.conftest import wait_until
+from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post
+
+pytestmark = pytest.mark.integration
+
+
+def _batch(i: int) -> bytes:
+    return encode_batch([BlockStored((1000 + i,), None, tuple(range(16 * i, 16 * i + 16)))], 16)
+
+
+async def _engine_side(
+    drop: set[int], replay: bool, sends: list[int]
+) -> tuple[list[tuple[int, bool]], KvEventSubscriber]:
+    """Publish batches ``sends`` (in that order) like vLLM, leaving out ``drop`` on PUB but
+    keeping them for replay; collect what the subscriber yields."""
+    ctx = zmq.asyncio.Context()
+    pub_url, replay_url = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(pub_url)
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(replay_url)
+    buffer = {i: _batch(i) for i in sends}
+    sub = KvEventSubscriber(pub_url, replay_url if replay else None, replay_timeout_s=0.5)
+    got: list[tuple[int, bool]] = []
+
+    async def consume() -> None:
+        async for seq, _, restarted in sub.batches():
+            got.append((seq, restarted))
+
+    async def serve_replay() -> None:  # vLLM's replay service: from a start seq, then END
+        while True:
+            ident, _, start = await router.recv_multipart()
+            first = int.from_bytes(start, "big", signed=True)
+            for seq in sorted(s for s in buffer if s >= first):
+                await router.send_multipart(
+                    [ident, b"", seq.to_bytes(8, "big", signed=True), buffer[seq]]
+                )
+            await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    tasks = [asyncio.create_task(consume()), asyncio.create_task(serve_replay())]
+    try:
+        await asyncio.sleep(0.3)  # the SUB's subscription reaches the PUB
+        for seq in sends:
+            if seq not in drop:
+                await pub.send_multipart(
+                    [b"kv-events", seq.to_bytes(8, "big", signed=True), buffer[seq]]
+                )
+            await asyncio.sleep(0.02)
+        expect = len([s for s in sends if s not in drop]) + (len(drop) if replay else 0)
+        await wait_until(lambda: _true(len(got) >= expect), 5, "the batches", 0.02)
+        await asyncio.sleep(0.2)
+    finally:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        pub.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+    return got, sub
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+async def test_a_sequence_gap_is_filled_from_the_replay_socket() -> None:
+    got, sub = await _engine_side(drop={1, 2}, replay=True, sends=[0, 1, 2, 3, 4])
+    assert [s for s, _ in got] == [0, 1, 2, 3, 4]  # in order, nothing lost
+    assert sub.gaps == 1 and sub.recovered == 2 and sub.lost == 0
+
+
+async def test_without_replay_a_gap_is_counted_as_lost() -> None:
+    got, sub = await _engine_side(drop={1, 2}, replay=False, sends=[0, 1, 2, 3])
+    assert [s for s, _ in got] == [0, 3]
+    assert sub.gaps == 1 and sub.lost == 2
+
+
+async def test_a_sequence_going_back_is_an_engine_restart() -> None:
+    got, _ = await _engine_side(drop=set(), replay=True, sends=[5, 6, 0])
+    assert got == [(5, False), (6, False), (0, True)]
+
+
+async def test_cleared_cache_and_restarted_engine_leave_the_index(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    engine = c.add_engine("n1")
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 1)
+
+    async def indexed() -> int:
+        s: dict[str, Any] = await get(router, "/v1/kvgate/state")
+        return int(s["nodes"]["n1"]["indexed_blocks"]) if "n1" in s["nodes"] else -1
+
+    async def serve_one(tag: str) -> None:
+        status, _ = await post(
+            router, "/v1/completions", {"model": MODEL, "prompt": long_prompt(tag), "max_tokens": 2}
+        )
+        assert status == 200
+        await wait_until(lambda: _positive(indexed()), 10, "blocks in the index", 0.1)
+
+    # AllBlocksCleared (vLLM's /reset_prefix_cache) empties the node's entries
+    await serve_one("a")
+    status, body = await post(engine, "/reset_prefix_cache", {})
+    assert status == 200 and body == {"reset": True}
+    await wait_until(lambda: _zero(indexed()), 10, "the cleared blocks to leave the index", 0.1)
+
+    # a restarted engine's blocks are gone with it: the index forgets them
+    await serve_one("b")
+    proc = supervisor.procs["engine-n1"]
+    argv = list(proc.popen.args)  # type: ignore[arg-type]
+    supervisor.kill("engine-n1", 9)
+    supervisor.spawn_argv("engine-n1", argv)  # same ports, empty cache
+    await wait_until(lambda: _zero(indexed()), 15, "the restarted engine's stale blocks to go", 0.1)
+
+
+async def _positive(v: Any) -> bool:
+    return int(await v) > 0
+
+
+async def _zero(v: Any) -> bool:
+    return int(await v) == 0
