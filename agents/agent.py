@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
+from dataclasses import replace
 
 import aiohttp
 
@@ -47,6 +48,7 @@ class NodeAgent:
         self._kv_seq = 0
         self.subscriber: KvEventSubscriber | None = None
         self.engine_restarts = 0
+        self._server_blocks: int | None = None  # SGLang: KV capacity from its server info
         self._last_stats: EngineStats | None = None
         self._last_scrape_s = 0.0
         self._rates = (0.0, 0.0)
@@ -86,6 +88,9 @@ class NodeAgent:
             async with http.get(self.settings.engine_url.rstrip("/") + "/metrics") as resp:
                 resp.raise_for_status()
                 stats = parse_metrics(await resp.text())
+            if stats.kind == "sglang" and not stats.num_gpu_blocks:
+                # older SGLang has no max_total_num_tokens gauge: its server info has it
+                stats = replace(stats, num_gpu_blocks=await self._sglang_blocks(http, stats))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("scrape of %s failed: %s", self.settings.engine_url, exc)
             return None
@@ -112,6 +117,20 @@ class NodeAgent:
         self._last_stats, self._last_scrape_s = stats, now
         return stats
 
+    async def _sglang_blocks(self, http: aiohttp.ClientSession, stats: EngineStats) -> int:
+        if self._server_blocks is None:
+            base = self.settings.engine_url.rstrip("/")
+            for path in ("/get_server_info", "/server_info"):
+                async with http.get(base + path) as resp:
+                    if resp.status == 200:
+                        info = await resp.json()
+                        tokens = int(info.get("max_total_num_tokens") or 0)
+                        self._server_blocks = tokens // stats.block_size
+                        break
+            else:
+                self._server_blocks = 0
+        return self._server_blocks
+
     async def _heartbeats(self, http: aiohttp.ClientSession) -> None:
         s = self.settings
         while True:
@@ -134,14 +153,11 @@ class NodeAgent:
                     waiting=last.waiting,
                     prompt_tokens_per_s=self._rates[0],
                     generation_tokens_per_s=self._rates[1],
-                    prefix_cache_hit_rate=(
-                        last.prefix_hits_total / last.prefix_queries_total
-                        if last.prefix_queries_total
-                        else 0.0
-                    ),
+                    prefix_cache_hit_rate=last.hit_rate(),
                     healthy=stats is not None,
                     lease_s=s.lease_s,
                     kv_seq=self._kv_seq - 1 if self._kv_seq else None,
+                    kv_index="events" if s.kv_events_endpoint else "approximate",
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

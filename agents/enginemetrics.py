@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.scheduler import EngineCore
 
-__all__ = ["EngineStats", "parse_metrics", "render_metrics"]
+__all__ = ["EngineStats", "parse_metrics", "render_metrics", "render_sglang_metrics"]
 
 
 def render_metrics(core: EngineCore, model_name: str, started_s: float | None = None) -> bytes:
@@ -77,6 +77,63 @@ class EngineStats:
     prefix_hits_total: float
     model_name: str | None
     start_time_s: float | None = None  # the engine process's start (a change: it restarted)
+    kind: str = "vllm"  # whose metric names these were
+    prefix_hit_rate: float | None = None  # SGLang reports a rate, not counters
+
+    def hit_rate(self) -> float:
+        if self.prefix_hit_rate is not None:
+            return self.prefix_hit_rate
+        queries = self.prefix_queries_total
+        return self.prefix_hits_total / queries if queries else 0.0
+
+
+def _sglang(values: dict[str, float], model: str | None, block_size: int = 16) -> EngineStats:
+    """SGLang's names (``--enable-metrics``). Its KV pool is counted in tokens; kvgate counts
+    blocks of ``block_size`` tokens (the router's hashing unit for this node)."""
+    tokens = values.get("sglang:max_total_num_tokens", 0.0)
+    return EngineStats(
+        running=int(values.get("sglang:num_running_reqs", 0)),
+        waiting=int(values.get("sglang:num_queue_reqs", 0)),
+        kv_usage=values.get("sglang:token_usage", 0.0),
+        block_size=block_size,
+        num_gpu_blocks=int(tokens // block_size),
+        prompt_tokens_total=values.get("sglang:prompt_tokens_total", 0.0),
+        generation_tokens_total=values.get("sglang:generation_tokens_total", 0.0),
+        prefix_queries_total=0.0,
+        prefix_hits_total=0.0,
+        model_name=model,
+        start_time_s=values.get("process_start_time_seconds") or None,
+        kind="sglang",
+        prefix_hit_rate=values.get("sglang:cache_hit_rate", 0.0),
+    )
+
+
+def render_sglang_metrics(
+    core: EngineCore, model_name: str, started_s: float | None = None
+) -> bytes:
+    """What an SGLang server's ``/metrics`` shows (the names of its metrics collector)."""
+    p = core.profile
+    lbl = f'model_name="{model_name}"'
+    used = core.cache.used_blocks * p.block_size
+    queries = core.prefix_queries_tokens
+    hit_rate = core.prefix_hits_tokens / queries if queries else 0.0
+    rows = [
+        ("process_start_time_seconds", "gauge", "", started_s or 0.0),
+        ("sglang:num_running_reqs", "gauge", lbl, len(core.running)),
+        ("sglang:num_queue_reqs", "gauge", lbl, len(core.waiting)),
+        ("sglang:num_used_tokens", "gauge", lbl, used),
+        ("sglang:token_usage", "gauge", lbl, core.cache.usage()),
+        ("sglang:max_total_num_tokens", "gauge", lbl, core.cache.num_blocks * p.block_size),
+        ("sglang:cache_hit_rate", "gauge", lbl, hit_rate),
+        ("sglang:prompt_tokens_total", "counter", lbl, core.prompt_tokens_total),
+        ("sglang:generation_tokens_total", "counter", lbl, core.generation_tokens_total),
+    ]
+    lines = []
+    for name, kind, labels, value in rows:
+        family = name[: -len("_total")] if kind == "counter" else name
+        lines += [f"# HELP {family} {family}", f"# TYPE {family} {kind}"]
+        lines.append(f"{name}{{{labels}}} {float(value)}" if labels else f"{name} {float(value)}")
+    return ("\n".join(lines) + "\n").encode()
 
 
 def parse_metrics(text: str) -> EngineStats:
@@ -92,6 +149,8 @@ def parse_metrics(text: str) -> EngineStats:
                 continue
             model = model or sample.labels.get("model_name")
             values[name] = values.get(name, 0.0) + sample.value
+    if "sglang:num_running_reqs" in values:
+        return _sglang(values, model)
     usage = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
     return EngineStats(
         running=int(values.get("vllm:num_requests_running", 0)),

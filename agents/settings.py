@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.profile import EngineProfile
@@ -21,6 +23,9 @@ class EngineSettings(BaseModel):
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
     kv_events_replay_endpoint: str | None = None  # vLLM default: no replay socket
     default_max_tokens: int = Field(default=256, ge=1)
+    metrics_format: Literal["vllm", "sglang"] = Field(
+        default="vllm", description="whose /metrics names to serve (the agent reads both)"
+    )
     tokenizer: TokenizerSpec | None = Field(
         default=None, description="tokenize like this model (default: 4-byte text chunks)"
     )
@@ -35,7 +40,11 @@ class AgentSettings(BaseModel):
 
     node_id: str = Field(default="node-0", min_length=1)
     engine_url: str = "http://127.0.0.1:8100"
-    engine_kind: str = Field(default="vllm", pattern="^(vllm)$")
+    engine_kind: Literal["vllm", "sglang"] = Field(
+        default="vllm",
+        description="sglang: SGLang's metrics; without kv_events_endpoint its cache is inferred "
+        "by the routers from their own decisions (marked approximate)",
+    )
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
     kv_events_replay_endpoint: str | None = Field(
         default=None,

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import ClientConnectionResetError, web
 from pydantic import ValidationError
 
-from agents.enginemetrics import render_metrics
+from agents.enginemetrics import render_metrics, render_sglang_metrics
 from agents.scheduler import EngineCore, Sequence
 from agents.settings import EngineSettings
 from agents.vllm_events import KvEventPublisher, encode_batch
@@ -281,7 +281,9 @@ class SimEngine:
         return web.Response(status=200)
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = render_metrics(self.core, self.settings.served_model_name, self.started_s)
+        sglang = self.settings.metrics_format == "sglang"
+        render = render_sglang_metrics if sglang else render_metrics
+        body = render(self.core, self.settings.served_model_name, self.started_s)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _reset(self, _: web.Request) -> web.Response:

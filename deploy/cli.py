@@ -40,6 +40,10 @@ def engine(
         int | None, typer.Option(help="ZMQ ROUTER port answering replay requests")
     ] = None,
     num_gpu_blocks: Annotated[int | None, typer.Option(help="override the KV capacity")] = None,
+    sglang: Annotated[
+        bool,
+        typer.Option("--sglang", help="look like SGLang: its /metrics names, no KV events"),
+    ] = False,
 ) -> None:
     """Run one simulated inference engine (vLLM-compatible HTTP, metrics and KV events)."""
     from aiohttp import web
@@ -58,6 +62,8 @@ def engine(
         updates["profile"] = s.profile.model_copy(
             update={"num_gpu_blocks_override": num_gpu_blocks}
         )
+    if sglang:
+        updates.update(metrics_format="sglang", kv_events_endpoint=None)
     s = s.model_copy(update=updates)
     _logging()
     web.run_app(SimEngine(s).app(), host=s.host, port=s.port, print=None, access_log=None)
@@ -72,22 +78,33 @@ def agent(
     kv_events_replay: Annotated[
         str | None, typer.Option(help="engine KV-event replay endpoint (fills sequence gaps)")
     ] = None,
+    engine_kind: Annotated[str | None, typer.Option(help="vllm or sglang")] = None,
+    no_kv_events: Annotated[
+        bool,
+        typer.Option(
+            "--no-kv-events",
+            help="the engine publishes no KV events: routers infer its cache (approximate)",
+        ),
+    ] = False,
 ) -> None:
     """Run the node agent (sidecar) for one engine."""
     from agents.agent import NodeAgent
     from streams.kafka import KafkaBus, ensure_topics
 
     s = _settings(config)
-    updates = {
+    updates: dict[str, str | None] = {
         k: v
         for k, v in {
             "node_id": node_id,
             "engine_url": engine_url,
             "kv_events_endpoint": kv_events,
             "kv_events_replay_endpoint": kv_events_replay,
+            "engine_kind": engine_kind,
         }.items()
         if v is not None
     }
+    if no_kv_events:
+        updates["kv_events_endpoint"] = None
     a = s.agent.model_copy(update=updates)
     _logging()
 

@@ -71,10 +71,15 @@ class Supervisor:
         self.procs[name] = proc
         return proc
 
-    def spawn_node(self, node_id: str, num_gpu_blocks: int | None = None) -> str:
-        """A simulated engine and its agent; returns the engine's base URL."""
+    def spawn_node(
+        self, node_id: str, num_gpu_blocks: int | None = None, sglang: bool = False
+    ) -> str:
+        """A simulated engine and its agent; returns the engine's base URL. ``sglang``: the
+        engine looks like SGLang without KV events (SGLang metrics, approximate index)."""
         http_port, zmq_port, replay_port = free_port(), free_port(), free_port()
         extra = ["--num-gpu-blocks", str(num_gpu_blocks)] if num_gpu_blocks else []
+        if sglang:
+            extra.append("--sglang")
         self.spawn(
             f"engine-{node_id}",
             "engine",
@@ -94,10 +99,16 @@ class Supervisor:
             node_id,
             "--engine-url",
             url,
-            "--kv-events",
-            f"tcp://127.0.0.1:{zmq_port}",
-            "--kv-events-replay",
-            f"tcp://127.0.0.1:{replay_port}",
+            *(
+                ["--engine-kind", "sglang", "--no-kv-events"]
+                if sglang
+                else [
+                    "--kv-events",
+                    f"tcp://127.0.0.1:{zmq_port}",
+                    "--kv-events-replay",
+                    f"tcp://127.0.0.1:{replay_port}",
+                ]
+            ),
         )
         return url
 

@@ -89,6 +89,8 @@ async def forward(
                 if up.status == 200:
                     relay.usage = orjson.loads(data).get("usage")
                     relay.status = "ok"
+                    if on_first_token is not None:  # the prompt was prefilled
+                        on_first_token()
                 else:
                     relay.error = data[:500].decode("utf-8", "replace")
                 return web.Response(

@@ -22,6 +22,7 @@ def decision_record(
     block_size: int,
     decision_us: float,
     index_age_s: float | None,
+    approximate_nodes: frozenset[str] | set[str] = frozenset(),
     tenant: str = "default",
     priority: str = "normal",
     admission: str = "admitted",
@@ -57,6 +58,7 @@ def decision_record(
                 queue_len=c.queue_len,
                 healthy=c.healthy,
                 components=dict(c.components),
+                approximate_index=c.node_id in approximate_nodes,
             )
             for c in d.candidates
         ],

@@ -32,6 +32,7 @@ from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import StormStore
+from router.approx import ApproxIndex
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
@@ -134,6 +135,8 @@ class RouterService:
         self._background: set[asyncio.Future[None]] = set()
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
+        self.approx = ApproxIndex()
+        self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # requests routed for a gateway: id -> (node, request, tenant, started)
         self._gateway: dict[str, tuple[str, ParsedRequest, Tenant, float]] = {}
 
@@ -191,7 +194,11 @@ class RouterService:
             self._last_sweep = now
         out = []
         cache = self._views
+        approx = self._approx_nodes
+        approx.clear()
         for hb in self.replica.load.values():
+            if hb.kv_index == "approximate":
+                approx.add(hb.node_id)
             gap, age = self._index_lag(hb, now)
             cached = cache.get(hb.node_id)
             if cached is None or cached[0] is not hb:
@@ -224,6 +231,7 @@ class RouterService:
         if len(cache) > 2 * len(self.replica.load) + 16:  # retired nodes
             for node in set(cache) - set(self.replica.load):
                 del cache[node]
+                self.approx.forget(node)
         return out
 
     def _candidates(
@@ -488,12 +496,21 @@ class RouterService:
         matches = self.replica.index.match(hashes)
         if self.recent is not None:
             matches = merge_matches(matches, self.recent.match(hashes, now))
+        if self._approx_nodes:  # nodes without KV events: what this router sent them
+            matches = merge_matches(matches, self.approx.match(hashes, self._approx_nodes))
         return matches
 
     def _first_token(self, request_id: str, node: str, rreq: RouteRequest) -> None:
         self.ledger.first_token(request_id)
-        if self.recent is not None:  # its prompt is in the node's cache now
-            self.recent.add(node, rreq.block_hashes, time.time())
+        self._prefilled(node, rreq.block_hashes)
+
+    def _prefilled(self, node: str, hashes: Sequence[int]) -> None:
+        """``node`` computed the prompt ``hashes``: it caches them from now on."""
+        if self.recent is not None:
+            self.recent.add(node, hashes, time.time())
+        if node in self._approx_nodes:
+            hb = self.replica.load.get(node)
+            self.approx.add(node, hashes, hb.kv_blocks_total if hb is not None else 0)
 
     def _advise(self, advice: PrewarmAdvice, p: ParsedRequest, block_size: int, now: float) -> None:
         """Publish pre-warm advice: the named nodes' agents load the prefix into their engine."""
@@ -601,6 +618,8 @@ class RouterService:
         )
         if status == "ok":
             self.gate.observe_output(tenant, p.model, output_tokens)
+            block_size = self.replica.load[node].block_size if node in self.replica.load else 16
+            self._prefilled(node, chain_hashes(p.tokens, block_size))
         await self._publish_outcome(rid, node, relay, p, started)
         return _json({"released": rid}, 200)
 
@@ -731,6 +750,7 @@ class RouterService:
                 block_size=block_size,
                 decision_us=decision_us,
                 index_age_s=max(ages) if ages else None,
+                approximate_nodes=self._approx_nodes,
                 tenant=tenant.name,
                 priority=tenant.priority,
                 admission="admitted" if verdict is None or verdict.admitted else "rejected",

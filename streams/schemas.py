@@ -64,6 +64,12 @@ class Heartbeat(Message):
         description="seq of the last KV batch the agent published in this epoch (routers compare "
         "it with their index to know how far behind the index is)",
     )
+    kv_index: Literal["events", "approximate"] = Field(
+        default="events",
+        description="events: the node's KV events feed the prefix index; approximate: it has "
+        "none (e.g. SGLang without KV events) and routers infer its cache from their own "
+        "decisions",
+    )
 
 
 class KvEventBatch(Message):
@@ -116,6 +122,10 @@ class CandidateScore(Message):
     queue_len: float = Field(ge=0)
     healthy: bool
     components: dict[str, float] = Field(default_factory=dict)
+    approximate_index: bool = Field(
+        default=False,
+        description="hit_blocks come from the router's own decisions, not the node's KV events",
+    )
 
 
 class Decision(Message):

@@ -1,0 +1,49 @@
+"""An engine that looks like SGLang (its metric names, no KV events): the agent reports it, and
+the router routes to it on an approximate index built from its own decisions, marked so in the
+decision records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deploy.procs import Supervisor
+from streams.kafka import ensure_topics
+from streams.schemas import Decision
+from streams.settings import KafkaSettings
+from streams.topics import DECISIONS
+from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post, read_topic
+
+pytestmark = pytest.mark.integration
+
+
+async def test_sglang_node_routes_on_an_approximate_index(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    c.add_engine("s1", sglang=True)
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 1)
+    state: dict[str, Any] = await get(router, "/v1/kvgate/state")
+    node = state["nodes"]["s1"]
+    assert node["healthy"] and node["model"] == MODEL and node["kv_used_ratio"] < 1.0
+
+    body = {"model": MODEL, "prompt": long_prompt("sglang"), "max_tokens": 4}
+    status, _ = await post(router, "/v1/completions", body, {"X-Request-Id": "sg-1"})
+    assert status == 200
+    _, d = await post(router, "/v1/kvgate/decide", body)
+    hit = {c["node_id"]: c["hit_blocks"] for c in d["candidates"]}
+    assert hit["s1"] == d["prompt_blocks"] > 0  # from the router's own decision
+    assert (await get(router, "/v1/kvgate/state"))["nodes"]["s1"]["indexed_blocks"] == 0
+
+    status, _ = await post(router, "/v1/completions", body, {"X-Request-Id": "sg-2"})
+    assert status == 200
+    decisions = await read_topic(
+        kafka_settings, DECISIONS, Decision, lambda ds: "sg-2" in {x.request_id for x in ds}
+    )
+    second = next(x for x in decisions if x.request_id == "sg-2")
+    cand = next(x for x in second.candidates if x.node_id == "s1")
+    assert cand.approximate_index and cand.hit_blocks > 0
