@@ -72,7 +72,11 @@ class Supervisor:
         return proc
 
     def spawn_node(
-        self, node_id: str, num_gpu_blocks: int | None = None, sglang: bool = False
+        self,
+        node_id: str,
+        num_gpu_blocks: int | None = None,
+        sglang: bool = False,
+        model: str | None = None,
     ) -> str:
         """A simulated engine and its agent; returns the engine's base URL. ``sglang``: the
         engine looks like SGLang without KV events (SGLang metrics, approximate index)."""
@@ -90,6 +94,7 @@ class Supervisor:
             "--kv-events-replay-port",
             str(replay_port),
             *extra,
+            env={"KVGATE_ENGINE__SERVED_MODEL_NAME": model} if model else None,
         )
         url = f"http://127.0.0.1:{http_port}"
         self.spawn(

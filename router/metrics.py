@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["RouterMetrics"]
 
@@ -43,6 +43,27 @@ class RouterMetrics:
         self.prewarm_advice = Counter(
             "kvgate_router_prewarm_advice",
             "Pre-warm advice published for hot prefixes",
+            registry=self.registry,
+        )
+        self.replica_lag = Gauge(
+            "kvgate_router_replica_lag_seconds",
+            "Age of the newest heartbeat in this router's replica (how far behind it runs)",
+            registry=self.registry,
+        )
+        self.index_gap = Gauge(
+            "kvgate_router_index_gap_batches",
+            "KV batches nodes announced that this router's index has not applied yet",
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "kvgate_router_nodes",
+            "Nodes in this router's replica, by health",
+            ["state"],
+            registry=self.registry,
+        )
+        self.reservations = Gauge(
+            "kvgate_router_reservations",
+            "Reservations held in the store (all routers sharing it)",
             registry=self.registry,
         )
 

@@ -8,6 +8,7 @@ outcome. Kafka publishing never waits on the broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -825,4 +826,15 @@ class RouterService:
         )
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        now = time.time()
+        beats = list(self.replica.load.values())
+        m = self.metrics
+        m.replica_lag.set(now - max((hb.ts for hb in beats), default=now))
+        views = self.nodes(now)
+        m.index_gap.set(sum(v.kv_index_gap for v in views))
+        healthy = sum(1 for v in views if v.healthy and v.alive(now))
+        m.nodes.labels("healthy").set(healthy)
+        m.nodes.labels("unhealthy").set(len(views) - healthy)
+        with contextlib.suppress(AdmissionError):
+            m.reservations.set(await self.gate.store.count())
+        return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")

@@ -28,8 +28,14 @@ class Cluster:
     engines: dict[str, str] = field(default_factory=dict)  # node id -> engine URL
     routers: dict[str, str] = field(default_factory=dict)  # name -> router URL
 
-    def add_engine(self, node_id: str, num_gpu_blocks: int = 2000, sglang: bool = False) -> str:
-        url = self.sup.spawn_node(node_id, num_gpu_blocks, sglang)
+    def add_engine(
+        self,
+        node_id: str,
+        num_gpu_blocks: int = 2000,
+        sglang: bool = False,
+        model: str | None = None,
+    ) -> str:
+        url = self.sup.spawn_node(node_id, num_gpu_blocks, sglang, model)
         self.engines[node_id] = url
         return url
 
