@@ -17,7 +17,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from hashlib import blake2b
 from typing import Any, Literal
 
@@ -80,6 +80,17 @@ def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
     if relay.http_status in (502, 503):
         return True
     return relay.http_status == 400 and "kv cache" in (relay.error or "").lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """A request past tenant, model, node-health and admission checks: what routing needs."""
+
+    tenant: Tenant
+    nodes: list[NodeView]
+    block_size: int
+    verdict: Verdict | None  # None: admission is off
+    now: float
 
 
 class GatewayRelease(BaseModel):
@@ -306,21 +317,18 @@ class RouterService:
         if isinstance(p, web.Response):
             return p
         t0 = time.perf_counter()
-        gate = await self._gate(request, request_id, p)
-        if isinstance(gate, web.Response):
-            return gate
-        tenant, nodes, block_size, verdict, now = gate
+        g = await self._gate(request, request_id, p)
+        if isinstance(g, web.Response):
+            return g
         try:
-            return await self._admitted(
-                request, request_id, p, tenant, nodes, block_size, verdict, started, t0, now
-            )
+            return await self._admitted(request, request_id, p, g, started, t0)
         finally:
-            if verdict is not None and verdict.admitted:
+            if g.verdict is not None and g.verdict.admitted:
                 await self.gate.release(request_id, time.time())
 
     async def _gate(
         self, request: web.Request, request_id: str, p: ParsedRequest
-    ) -> web.Response | tuple[Tenant, list[NodeView], int, Verdict | None, float]:
+    ) -> web.Response | Gated:
         """Tenant, model, node health and admission for a parsed request: a refusal as a
         response, or what routing needs (admitted requests hold a reservation from here on)."""
         now = time.time()
@@ -364,23 +372,15 @@ class RouterService:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
-        return tenant, nodes, block_size, verdict, now
+        return Gated(tenant, nodes, block_size, verdict, now)
 
     async def _decide_and_record(
-        self,
-        request_id: str,
-        p: ParsedRequest,
-        tenant: Tenant,
-        nodes: list[NodeView],
-        block_size: int,
-        verdict: Verdict | None,
-        started: float,
-        t0: float,
-        now: float,
+        self, request_id: str, p: ParsedRequest, g: Gated, started: float, t0: float
     ) -> web.Response | tuple[RouteRequest, RouteDecision, NodeView]:
         """Route, record the decision, and either refuse (a response) or name the node; the
         request then counts in this router's in-flight ledger until ``ledger.finish``."""
-        rreq, decision = self._route(request_id, p, nodes, block_size, now, verdict)
+        tenant, nodes, block_size, verdict = g.tenant, g.nodes, g.block_size, g.verdict
+        rreq, decision = self._route(request_id, p, nodes, block_size, g.now, verdict)
         decision_us = (time.perf_counter() - t0) * 1e6
         self.metrics.decided(decision.reason, decision_us)
         await self._publish_decision(
@@ -409,17 +409,12 @@ class RouterService:
         request: web.Request,
         request_id: str,
         p: ParsedRequest,
-        tenant: Tenant,
-        nodes: list[NodeView],
-        block_size: int,
-        verdict: Verdict | None,
+        g: Gated,
         started: float,
         t0: float,
-        now: float,
     ) -> web.StreamResponse:
-        routed = await self._decide_and_record(
-            request_id, p, tenant, nodes, block_size, verdict, started, t0, now
-        )
+        tenant, nodes = g.tenant, g.nodes
+        routed = await self._decide_and_record(request_id, p, g, started, t0)
         if isinstance(routed, web.Response):
             return routed
         rreq, _, node = routed
@@ -553,15 +548,13 @@ class RouterService:
         if isinstance(p, web.Response):
             return p
         t0 = time.perf_counter()
-        gate = await self._gate(request, request_id, p)
-        if isinstance(gate, web.Response):
-            return gate
-        tenant, nodes, block_size, verdict, now = gate
-        admitted = verdict is not None and verdict.admitted
+        g = await self._gate(request, request_id, p)
+        if isinstance(g, web.Response):
+            return g
+        tenant = g.tenant
+        admitted = g.verdict is not None and g.verdict.admitted
         try:
-            routed = await self._decide_and_record(
-                request_id, p, tenant, nodes, block_size, verdict, started, t0, now
-            )
+            routed = await self._decide_and_record(request_id, p, g, started, t0)
         except BaseException:
             if admitted:
                 await self.gate.release(request_id, time.time())

@@ -17,12 +17,7 @@ pytestmark = pytest.mark.integration
 
 async def test_route_then_release(supervisor: Supervisor, kafka_settings: KafkaSettings) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine("n1")
-    c.add_engine("n2")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 2)
+    c, router = await Cluster.two_nodes(supervisor)
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "route me " * 40}],

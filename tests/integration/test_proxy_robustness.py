@@ -32,12 +32,7 @@ async def test_clients_leaving_mid_stream_leave_no_reservation_and_no_engine_wor
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine("n1")
-    c.add_engine("n2")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 2)
+    c, router = await Cluster.two_nodes(supervisor)
     rng = random.Random(7)
     outcomes = {"completed": 0, "left": 0}
 
@@ -77,12 +72,7 @@ async def test_engine_killed_mid_stream_gives_clean_error_events(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine("n1")
-    c.add_engine("n2")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 2)
+    _, router = await Cluster.two_nodes(supervisor)
     first_bytes = asyncio.Event()
 
     async def client(http: aiohttp.ClientSession, i: int) -> tuple[str, bytes]:
