@@ -31,6 +31,7 @@ KEYS = (
     "e2e_p99_s",
     "hit_rate",
     "hit_bound",
+    "hit_bound_causal",
     "hit_bound_pooled_lru",
     "slo_attainment",
     "load_cov",
@@ -141,16 +142,31 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             share = k["hit_rate"] / k["hit_bound"] if k["hit_bound"] else 1.0
             lru = k.get("hit_bound_pooled_lru") or 0.0
+            causal = k.get("hit_bound_causal") or 0.0
             out.append(
                 {
                     "target": "hit rate >= 90 % of the infinite-cache bound at 80 % load",
                     "trace": trace,
                     "kvgate": k["hit_rate"],
-                    "reference": f"bound {k['hit_bound']:.3f} (pooled LRU {lru:.3f})",
+                    "reference": f"bound {k['hit_bound']:.3f} (causal {causal:.3f}, "
+                    f"pooled LRU {lru:.3f})",
                     "ratio": round(share, 3),
                     "met": share >= 0.9,
                 }
             )
+            if causal and causal < k["hit_bound"] - 1e-9:
+                c = k["hit_rate"] / causal
+                out.append(
+                    {
+                        "target": "hit rate >= 90 % of the causal infinite-cache bound "
+                        "(blocks exist only once computable) at 80 % load",
+                        "trace": trace,
+                        "kvgate": k["hit_rate"],
+                        "reference": f"causal bound {causal:.3f}",
+                        "ratio": round(c, 3),
+                        "met": c >= 0.9,
+                    }
+                )
         if trace in NO_SHARING and "least_requests" in at80:
             ratio = k["ttft_p99_s"] / at80["least_requests"]["ttft_p99_s"]
             out.append(
@@ -231,8 +247,11 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
         "docs/engine-model.md); the router sees heartbeats every 0.5 s and KV events 150 ms "
         "late, and counts its own dispatches. Load is relative to the capacity measured on the "
         "same workload (saturated throughput under least-requests). SLO: TTFT ≤ 2 s and TPOT ≤ "
-        "0.1 s. `hit_bound` is the infinite-cache bound; `hit_bound_pooled_lru` what one LRU "
-        "cache with the whole cluster's KV memory would reach.",
+        "0.1 s. `hit_bound` is the infinite-cache bound; `hit_bound_causal` the same without "
+        "time travel (a block counts only once an idle engine could have computed it: compressed "
+        "chat sessions send the next turn before the previous answer can exist); "
+        "`hit_bound_pooled_lru` what one LRU cache with the whole cluster's KV memory would "
+        "reach.",
         "",
         "## Targets",
         "",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from analytics.sim.cluster import Done
-from analytics.sim.traces import hit_bound, pooled_lru_bound
+from analytics.sim.traces import causal_hit_bound, hit_bound, pooled_lru_bound
 
 __all__ = ["latency_and_spread", "pct", "run_metrics"]
 
@@ -47,6 +47,8 @@ def run_metrics(
     tpot_slo_s: float = 0.1,
     cache_blocks_per_node: int | None = None,
     node_ids: Sequence[str] = (),
+    prefill_tokens_per_s: float | None = None,
+    step_s: float | None = None,
 ) -> dict[str, Any]:
     if not done:
         return {"requests": 0}
@@ -80,6 +82,11 @@ def run_metrics(
         **latency_and_spread(ttft, tpot, e2e, loads),
         "hit_rate": cached / prompt if prompt else 0.0,
         "hit_bound": hit_bound(arrivals, block_size),
+        "hit_bound_causal": (
+            causal_hit_bound(arrivals, block_size, prefill_tokens_per_s, step_s)
+            if prefill_tokens_per_s and step_s
+            else None
+        ),
         "hit_bound_pooled_lru": (
             pooled_lru_bound(arrivals, block_size, cache_blocks_per_node * nodes)
             if cache_blocks_per_node

@@ -75,11 +75,14 @@ def replay_trace(
     started = time.perf_counter()
     done = simulate(trace, make_policy(settings), cfg, stats)
     wall = time.perf_counter() - started
+    profile = node_profile(cfg, trace.block_size)
     out = run_metrics(
         done,
         nodes,
         trace.block_size,
-        cache_blocks_per_node=node_profile(cfg, trace.block_size).num_gpu_blocks,
+        cache_blocks_per_node=profile.num_gpu_blocks,
+        prefill_tokens_per_s=profile.prefill_tokens_per_s,
+        step_s=profile.step_base_s,
     )
     out.update(
         {

@@ -19,7 +19,14 @@ from pathlib import Path
 from admission.settings import Priority
 from streams.blocks import HASH_MASK
 
-__all__ = ["Trace", "TraceRequest", "hit_bound", "load_trace", "pooled_lru_bound"]
+__all__ = [
+    "Trace",
+    "TraceRequest",
+    "causal_hit_bound",
+    "hit_bound",
+    "load_trace",
+    "pooled_lru_bound",
+]
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -126,6 +133,39 @@ def hit_bound(requests: Sequence[TraceRequest], block_size: int) -> float:
             else:
                 seen.add(h)
         seen.update(r.output_block_hashes)
+    return hit / total if total else 0.0
+
+
+def causal_hit_bound(
+    requests: Sequence[TraceRequest],
+    block_size: int,
+    prefill_tokens_per_s: float,
+    step_s: float,
+) -> float:
+    """The infinite-cache bound without time travel: a block can only be served once some
+    request could have computed it — its prompt blocks after that request's prefill on an idle
+    engine (``prompt / prefill_tokens_per_s``), its answer blocks after the decode steps that
+    fill them (``step_s`` each, the fastest step). Independent of the routing policy. When a
+    workload's follow-up turns arrive before the previous answer could exist (chat sessions
+    compressed to a high load), :func:`hit_bound` still counts those answers; this does not."""
+    ready: dict[int, float] = {}
+    hit = total = 0
+    for r in sorted(requests, key=lambda x: x.arrival_s):
+        total += r.prompt_tokens
+        for h in r.block_hashes:
+            at = ready.get(h)
+            if at is not None and at <= r.arrival_s:
+                hit += block_size
+        prefilled = r.arrival_s + r.prompt_tokens / prefill_tokens_per_s
+        for h in r.block_hashes:
+            if prefilled < ready.get(h, float("inf")):
+                ready[h] = prefilled
+        first_out = len(r.block_hashes)  # the answer's blocks follow the prompt's full blocks
+        for j, h in enumerate(r.output_block_hashes):
+            end_token = (first_out + j + 1) * block_size  # the block is full at this token
+            at = prefilled + max(1, end_token - r.prompt_tokens) * step_s
+            if at < ready.get(h, float("inf")):
+                ready[h] = at
     return hit / total if total else 0.0
 
 

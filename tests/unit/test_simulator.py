@@ -125,3 +125,19 @@ def test_next_tokens_continue_next_token() -> None:
     seq.output.extend(seq.next_tokens(13))
     seq.output.extend(seq.next_tokens(34))
     assert seq.output == expected
+
+
+def test_causal_bound_counts_only_blocks_that_could_exist() -> None:
+    from analytics.sim.traces import TraceRequest, causal_hit_bound, hit_bound
+
+    bs = 16
+    first = TraceRequest(0.0, 32, 32, (1, 2), output_block_hashes=(3, 4))
+    # the next turn reuses prompt (1, 2) and the answer (3, 4); prefill takes 32 / 1000 s and
+    # each decode step 0.01 s: block 3 is full after 16 steps (0.192 s), block 4 after 32
+    early = TraceRequest(0.1, 64, 8, (1, 2, 3, 4))  # prompt ready, answer not yet
+    late = TraceRequest(1.0, 64, 8, (1, 2, 3, 4))  # everything ready
+    assert hit_bound([first, early], bs) == hit_bound([first, late], bs) == 64 / 96
+    assert causal_hit_bound([first, early], bs, 1000.0, 0.01) == 32 / 96
+    assert causal_hit_bound([first, late], bs, 1000.0, 0.01) == 64 / 96
+    at_once = TraceRequest(0.0, 32, 8, (1, 2))  # arrives with the first: nothing computed yet
+    assert causal_hit_bound([first, at_once], bs, 1000.0, 0.01) == 0.0
