@@ -166,6 +166,7 @@ async def _run(
         summary.update(
             {
                 "run": run,
+                "router_id": router_id,
                 "duration_s": round(wall, 2),
                 "client_ok": ok,
                 "client_failed": failed,
@@ -221,6 +222,10 @@ def render(summary: dict[str, Any], console: Console) -> None:
     console.print(nodes)
     console.print(
         "decisions by reason: " + ", ".join(f"{k}={v}" for k, v in summary["reasons"].items())
+    )
+    console.print(
+        f"try other settings on this run: kvgate replay --from-clickhouse --router-id "
+        f"{summary['router_id']} --since -1h --config candidate.yaml --html report.html"
     )
 
 

@@ -64,6 +64,7 @@ def test_demo_runs_end_to_end_and_summarizes_from_clickhouse(kafka_up: str, tmp_
         cfg.write_text(candidate)
         html = tmp_path / "report.html"
         argv = ["replay", "--from-clickhouse", "--since", "-1h", "--config", str(cfg)]
+        argv += ["--router-id", summary["router_id"]]
         res = subprocess.run(
             [sys.executable, "-m", "deploy", *argv, "--html", str(html), "--json"],
             env=env,
