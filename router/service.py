@@ -310,16 +310,33 @@ class RouterService:
             self.metrics.rejected("bad_request")
             return _json(error_body(str(exc)), 400)
 
-    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _intake(
+        self, request: web.Request, chat: bool | None
+    ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
+        """Read, parse (``chat`` None: chat when the body has ``messages``) and gate a request:
+        a refusal, or (request id, start time, request, gate result, decision clock start)."""
         started = time.time()
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        p = self._parse_or_400(await request.read(), chat)
+        raw = await request.read()
+        if chat is None:
+            try:
+                chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                return _json(error_body(f"invalid JSON: {exc}"), 400)
+        p = self._parse_or_400(raw, chat)
         if isinstance(p, web.Response):
             return p
         t0 = time.perf_counter()
         g = await self._gate(request, request_id, p)
         if isinstance(g, web.Response):
             return g
+        return request_id, started, p, g, t0
+
+    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        taken = await self._intake(request, chat)
+        if isinstance(taken, web.Response):
+            return taken
+        request_id, started, p, g, t0 = taken
         try:
             return await self._admitted(request, request_id, p, g, started, t0)
         finally:
@@ -537,20 +554,10 @@ class RouterService:
         sends the request to the returned endpoint itself and calls ``/v1/kvgate/release``
         with the reservation id when it is done (else the reservation expires with its lease).
         The body is an OpenAI completion or chat request; the same refusals apply."""
-        started = time.time()
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        raw = await request.read()
-        try:
-            chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return _json(error_body(f"invalid JSON: {exc}"), 400)
-        p = self._parse_or_400(raw, chat)
-        if isinstance(p, web.Response):
-            return p
-        t0 = time.perf_counter()
-        g = await self._gate(request, request_id, p)
-        if isinstance(g, web.Response):
-            return g
+        taken = await self._intake(request, None)
+        if isinstance(taken, web.Response):
+            return taken
+        request_id, started, p, g, t0 = taken
         tenant = g.tenant
         admitted = g.verdict is not None and g.verdict.admitted
         try:

@@ -191,15 +191,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         sup.stop_all()
 
 
-def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
+def report_header(module: str) -> dict[str, Any]:
+    """Command, machine, date and the peer's version: the head of every peer benchmark file."""
     import importlib.metadata
 
-    report = {
-        "command": "python -m tests.benchmarks.livepeer " + " ".join(sys.argv[1:]),
+    return {
+        "command": f"python -m {module} " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
         "sglang_router_version": importlib.metadata.version("sglang-router"),
+    }
+
+
+def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
+    report = {
+        **report_header("tests.benchmarks.livepeer"),
         "engines": args.engines,
         "num_gpu_blocks": args.num_gpu_blocks,
         "rps": args.rps,

@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -35,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from deploy.procs import Supervisor, free_port
-from tests.benchmarks.livepeer import MODEL, pct, wait_http
+from tests.benchmarks.livepeer import MODEL, pct, report_header, wait_http
 
 OUT = Path("docs/benchmarks")
 LIMIT_MS = 2.0
@@ -162,14 +160,8 @@ def summarize(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    import importlib.metadata
-
     report = {
-        "command": "python -m tests.benchmarks.proxy " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d"),
-        "sglang_router_version": importlib.metadata.version("sglang-router"),
+        **report_header("tests.benchmarks.proxy"),
         "engines": args.engines,
         "duration_s_per_point": args.duration,
         **result,
