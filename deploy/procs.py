@@ -16,10 +16,20 @@ __all__ = ["LocalInfra", "Proc", "Supervisor", "free_port"]
 DEPLOY = Path(__file__).resolve().parent
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, and never one this process handed out before: children
+    bind their ports some time after they are chosen, and the kernel may offer a chosen but not
+    yet bound port again."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
