@@ -50,7 +50,7 @@ from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
 from streams.schemas import ControlMessage, Heartbeat
-from streams.tokenization import Tokenization, load_tokenization
+from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
 
 __all__ = ["RouterService"]
@@ -147,10 +147,12 @@ class RouterService:
         self._background: set[asyncio.Future[None]] = set()
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
+        # loaded once: a bad tokenizer path fails at start, not on the first request
+        self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self.approx = ApproxIndex()
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
-        # requests routed for a gateway: id -> (node, request, tenant, started)
-        self._gateway: dict[str, tuple[str, ParsedRequest, Tenant, float]] = {}
+        # requests routed for a gateway: id -> (node, request, its block hashes, tenant, started)
+        self._gateway: dict[str, tuple[str, ParsedRequest, list[int], Tenant, float]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -293,7 +295,7 @@ class RouterService:
 
     def _tokenization(self, model: str) -> Tokenization:
         """The model's tokenizer when configured (engine-exact hashes), else approximate."""
-        return load_tokenization(self.settings.tokenizers.get(model))
+        return self._tokenizations.get(model, APPROXIMATE)
 
     def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest | web.Response:
         try:
@@ -572,7 +574,7 @@ class RouterService:
             return routed
         rreq, decision, node = routed
         held = self.gate.held.get(request_id)
-        self._gateway[request_id] = (node.node_id, p, tenant, started)
+        self._gateway[request_id] = (node.node_id, p, list(rreq.block_hashes), tenant, started)
         return _json(
             {
                 "request_id": request_id,
@@ -603,7 +605,7 @@ class RouterService:
         if entry is None:
             gone = f"no routed request {rid!r} (released already, or its lease ran out)"
             return _json(error_body(gone, "NotFoundError", 404), 404)
-        node, p, tenant, started = entry
+        node, p, hashes, tenant, started = entry
         now = time.time()
         await self.gate.release(rid, now)
         self.ledger.finish(rid)
@@ -619,15 +621,14 @@ class RouterService:
         )
         if status == "ok":
             self.gate.observe_output(tenant, p.model, output_tokens)
-            block_size = self.replica.load[node].block_size if node in self.replica.load else 16
-            self._prefilled(node, chain_hashes(p.tokens, block_size))
+            self._prefilled(node, hashes)
         await self._publish_outcome(rid, node, relay, p, started)
         return _json({"released": rid}, 200)
 
     def _forget_gateway(self, now: float) -> int:
         """Routed requests whose gateway never called release: their leases ran out."""
         lease = self.gate.settings.lease_s
-        old = [rid for rid, (_, _, _, t) in self._gateway.items() if now - t > lease]
+        old = [rid for rid, entry in self._gateway.items() if now - entry[4] > lease]
         for rid in old:
             del self._gateway[rid]
             self.ledger.finish(rid)
