@@ -115,6 +115,7 @@ class Policy(Protocol):
 
     name: str
     weights_version: int
+    record_candidates: int  # candidates a decision keeps for its record (the chosen one always)
 
     def decide(
         self,
@@ -130,6 +131,7 @@ class PolicyBase:
 
     name: str = "base"
     weights_version: int = 0
+    record_candidates: int = 8
 
     def decide(
         self,

@@ -1,10 +1,12 @@
 """A cluster of simulated engines in virtual time, routed by kvgate's routing core.
 
-Each node is an :class:`agents.scheduler.EngineCore` — the same cache and timing model as the live
-simulated engine. The router sees what the live router would: heartbeats every
-``heartbeat_interval_s`` and KV-cache changes ``index_lag_s`` late, plus its own dispatches that
-the heartbeats do not show yet (:class:`router.ledger.InflightLedger`). Every request is routed
-by a :class:`router.core.Policy`, the same objects the live router uses.
+Each node is an :class:`analytics.sim.simcore.SimCore` — the live simulated engine's
+:class:`agents.scheduler.EngineCore` scheduling, cache and timing, with decoding requests kept as a
+group (step for step the same results, see ``tests/unit/test_simcore.py``). The router sees what
+the live router would: heartbeats every ``heartbeat_interval_s`` and KV-cache changes
+``index_lag_s`` late, plus its own dispatches that the heartbeats do not show yet
+(:class:`router.ledger.InflightLedger`). Every request is routed by a
+:class:`router.core.Policy`, the same objects the live router uses.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import cast
 from admission.settings import AdmissionSettings
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored
 from agents.profile import EngineProfile
-from agents.scheduler import DecodeRun, EngineCore, Sequence, StepResult
+from agents.scheduler import DecodeRun
 from analytics.sim.admission import Refused, SimAdmission
+from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
 from router.hotprefix import HotPrefixes, PrewarmAdvice
@@ -83,16 +86,15 @@ class Done:
 @dataclass(slots=True)
 class _Node:
     node_id: str
-    core: EngineCore
+    core: SimCore
     busy: bool = False
-    stepping: list[Sequence] = field(default_factory=list)
     view: NodeView | None = None  # the last heartbeat the router has
     served: int = 0
     run: DecodeRun | None = None  # a fast-forwarded decode run in progress
     run_start: float = 0.0
     run_applied: int = 0
     gen: int = 0  # bumps when a scheduled run end is replaced
-    finishing: list[Sequence] = field(default_factory=list)  # finished, delivered at run end
+    finishing: list[SimSeq] = field(default_factory=list)  # finished, delivered at run end
 
 
 def _view(n: _Node, now: float, lease_s: float) -> NodeView:
@@ -154,14 +156,13 @@ def simulate(
     ``cfg.admission``, requests pass admission control first; ``refused_out`` receives the
     refusals."""
     stats = stats if stats is not None else {}
+    policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
     stats.setdefault("prewarm_advice", 0)
     stats.setdefault("prewarm_requests", 0)
     hot = HotPrefixes() if cfg.prewarm else None
     recent = RecentPrefills(cfg.recent_prefill_ttl_s) if cfg.recent_prefill_ttl_s > 0 else None
     profile = node_profile(cfg, trace.block_size)
-    nodes = [
-        _Node(name, EngineCore(profile, token_ids_in_events=False)) for name in node_names(cfg)
-    ]
+    nodes = [_Node(name, SimCore(profile)) for name in node_names(cfg)]
     by_id = {n.node_id: n for n in nodes}
     index = PrefixIndex()
     ledger = InflightLedger()
@@ -256,14 +257,7 @@ def simulate(
         target = by_id[d.chosen] if d.chosen is not None else rng.choice(nodes)
         seen = matches.get(target.node_id, 0)
         ledger.dispatch(rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size))
-        seq = Sequence(
-            rid,
-            bytes(r.prompt_tokens),  # the simulator needs lengths and hashes only
-            r.output_tokens,
-            now,
-            random.Random(idx),
-            prompt_hashes=_all_hashes(r, idx, trace.block_size),
-        )
+        seq = SimSeq(rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, trace.block_size))
         meta[rid] = (r, target.node_id, d.reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             waited[rid] = queue_wait_s
@@ -300,13 +294,13 @@ def simulate(
         for idx, wait in admitted:
             dispatch(idx, now, wait)
 
-    def add(n: _Node, seq: Sequence, now: float) -> None:
+    def add(n: _Node, seq: SimSeq, now: float) -> None:
         cut_run(n, now)
         n.core.add(seq)
         if not n.busy:
             start_step(n, now)
 
-    def step_done(n: _Node, now: float, finished: list[Sequence]) -> None:
+    def step_done(n: _Node, now: float, finished: list[SimSeq]) -> None:
         nonlocal remaining
         n.busy = False
         released = False
@@ -377,13 +371,11 @@ def simulate(
             advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
             for node_id in advice.targets:
                 stats["prewarm_requests"] += 1
-                warm = Sequence(
+                warm = SimSeq(
                     f"warm{stats['prewarm_requests']}",
-                    bytes(advice.blocks * trace.block_size),
+                    advice.blocks * trace.block_size,
                     1,
-                    now,
-                    random.Random(0),
-                    prompt_hashes=list(hashes[: advice.blocks]),
+                    list(hashes[: advice.blocks]),
                 )
                 add(by_id[node_id], warm, now)
         elif kind == "run":  # a decode run ends
@@ -395,13 +387,12 @@ def simulate(
             n.run, finished, n.finishing = None, n.finishing, []
             step_done(n, now, finished)
         else:  # a step finished
-            node_id, res = cast(tuple[str, StepResult], data)
+            node_id, res = cast(tuple[str, SimStep], data)
             n = by_id[node_id]
-            for seq, _ in res.tokens:
-                if len(seq.output) == 1:
-                    ledger.first_token(seq.request_id)
-                    if recent is not None and seq.request_id in meta:
-                        # the prompt's blocks are in the node's cache from now on
-                        recent.add(node_id, meta[seq.request_id][0].block_hashes, now)
+            for seq in res.first:
+                ledger.first_token(seq.request_id)
+                if recent is not None and seq.request_id in meta:
+                    # the prompt's blocks are in the node's cache from now on
+                    recent.add(node_id, meta[seq.request_id][0].block_hashes, now)
             step_done(n, now, res.finished)
     return done
