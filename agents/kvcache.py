@@ -132,6 +132,20 @@ class KvCache:
                         self.events.append(BlockStored((h,), prev, toks))
                     prev = h
 
+    def commit_each(self, blocks: Sequence[tuple[int, int | None]]) -> None:
+        """:meth:`commit` of one block per request for several requests: ``(hash, parent)``
+        pairs, each a filled anonymous block of a different request."""
+        refs = self._refs
+        events = self.events
+        self._anon -= len(blocks)
+        for h, parent in blocks:
+            if h in refs:
+                refs[h] += 1
+                self._lru.pop(h, None)
+            else:
+                refs[h] = 1
+                events.append(BlockStored((h,), parent, ()))
+
     def release(self, hashes: Sequence[int], anonymous: int) -> None:
         """Drop a request's references; its cached blocks become evictable, most recent last."""
         for h in reversed(hashes):  # the tail of a prefix is evicted before its head

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from admission.settings import AdmissionSettings
-from agents.kvcache import AllCleared, BlockRemoved, BlockStored
+from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun
 from analytics.sim.admission import Refused, SimAdmission
@@ -126,6 +126,24 @@ def _all_hashes(r: TraceRequest, idx: int, block_size: int) -> list[int]:
     return hashes
 
 
+def fold(index: PrefixIndex, node_id: str, events: list[CacheEvent]) -> None:
+    """Apply one node's cache events to the index, in order (consecutive stores as one)."""
+    stored: list[int] = []
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            stored += ev.block_hashes
+            continue
+        if stored:
+            index.add_many(node_id, stored)
+            stored = []
+        if isinstance(ev, BlockRemoved):
+            index.remove_many(node_id, ev.block_hashes)
+        elif isinstance(ev, AllCleared):
+            index.drop_node(node_id)
+    if stored:
+        index.add_many(node_id, stored)
+
+
 def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:
     """The engine profile at the trace's block size, keeping the profile's KV memory."""
     profile = (
@@ -170,7 +188,7 @@ def simulate(
     lease = cfg.heartbeat_interval_s * 4
     events: list[tuple[float, int, str, object]] = []
     tie = itertools.count()
-    lagged: deque[tuple[float, str, object]] = deque()  # (visible at, node, cache event)
+    lagged: deque[tuple[float, str, list[CacheEvent]]] = deque()  # (visible at, node, events)
     meta: dict[str, tuple[TraceRequest, str, str, int]] = {}
     done: list[Done] = []
     refused = refused_out if refused_out is not None else []
@@ -199,8 +217,9 @@ def simulate(
     remaining = len(trace.requests)
 
     def drain(n: _Node, now: float) -> None:
-        for ev in n.core.drain_events():
-            lagged.append((now + cfg.index_lag_s, n.node_id, ev))
+        evs = n.core.drain_events()
+        if evs:
+            lagged.append((now + cfg.index_lag_s, n.node_id, evs))
 
     def start_step(n: _Node, now: float) -> None:
         n.busy = True
@@ -334,14 +353,7 @@ def simulate(
     while events and (remaining > 0):
         now, _, kind, data = heapq.heappop(events)
         while lagged and lagged[0][0] <= now:
-            _, node_id, ev = lagged.popleft()
-            if isinstance(ev, BlockStored):
-                index.add_many(node_id, ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
-                for h in ev.block_hashes:
-                    index.remove(node_id, h)
-            elif isinstance(ev, AllCleared):
-                index.drop_node(node_id)
+            fold(index, *lagged.popleft()[1:])
         if kind == "heartbeat":
             for n in nodes:
                 catch_up(n, now)

@@ -232,11 +232,14 @@ class SimCore:
         block boundary commit the block they filled; returns those that reach their end."""
         self.generation_tokens_total += self.decoding
         bs = self.bs
-        commit = self.cache.commit
-        for seq in self.buckets[(-c) % bs].values():
-            i = (seq.off + c) // bs - 1  # the block just filled
-            h = seq.hashes
-            commit((h[i],), h[i - 1] if i else None, ())
+        full = self.buckets[(-c) % bs]
+        if full:
+            filled = []
+            for seq in full.values():
+                i = (seq.off + c) // bs - 1  # the block just filled
+                h = seq.hashes
+                filled.append((h[i], h[i - 1] if i else None))
+            self.cache.commit_each(filled)
         ends = self.ends
         finished: list[SimSeq] = []
         while ends and ends[0][0] <= c:

@@ -47,3 +47,18 @@ def test_clear_only_when_nothing_is_in_use() -> None:
     c.drain_events()
     assert c.clear()
     assert c.drain_events() == [AllCleared()] and c.cached_blocks == 0
+
+
+def test_commit_each_is_one_commit_per_block() -> None:
+    one, many = KvCache(16, 4), KvCache(16, 4)
+    for c in (one, many):
+        c.allocate(5)
+        c.commit([7], None, ())  # 7 already cached: a duplicate is shared, not stored twice
+        c.release([7], 0)
+    blocks = [(1, None), (7, 3), (9, 8)]
+    for h, parent in blocks:
+        one.commit([h], parent, ())
+    many.commit_each(blocks)
+    assert one.drain_events() == many.drain_events()
+    assert one._refs == many._refs and list(one._lru) == list(many._lru)
+    assert one.used_blocks == many.used_blocks == 4
