@@ -40,6 +40,26 @@ def _workload(
     return out
 
 
+def _arrive(
+    work: list[tuple[float, str, int, int, list[int]]],
+    i: int,
+    t: float,
+    ref: EngineCore,
+    sim: SimCore,
+    pairs: list[tuple[Sequence, SimSeq]],
+) -> int:
+    """Add the requests due at ``t`` to both engines; returns the next request's index."""
+    while i < len(work) and work[i][0] <= t:
+        _, rid, prompt, max_tokens, hashes = work[i]
+        a = Sequence(rid, bytes(prompt), max_tokens, t, random.Random(i), list(hashes))
+        b = SimSeq(rid, prompt, max_tokens, list(hashes))
+        ref.add(a)
+        sim.add(b)
+        pairs.append((a, b))
+        i += 1
+    return i
+
+
 def _flat(events: list[CacheEvent]) -> Counter[tuple[str, int]]:
     got: Counter[tuple[str, int]] = Counter()
     for ev in events:
@@ -81,14 +101,7 @@ def test_every_step_is_engine_cores(profile: EngineProfile, seed: int) -> None:
     pairs: list[tuple[Sequence, SimSeq]] = []
     t, i, steps = 0.0, 0, 0
     while i < len(work) or not ref.idle:
-        while i < len(work) and work[i][0] <= t:
-            _, rid, prompt, max_tokens, hashes = work[i]
-            a = Sequence(rid, bytes(prompt), max_tokens, t, random.Random(i), list(hashes))
-            b = SimSeq(rid, prompt, max_tokens, list(hashes))
-            ref.add(a)
-            sim.add(b)
-            pairs.append((a, b))
-            i += 1
+        i = _arrive(work, i, t, ref, sim, pairs)
         if ref.idle:
             assert sim.idle
             t = work[i][0]
@@ -134,14 +147,7 @@ def test_decode_runs_match_engine_core_stepping(seed: int) -> None:
     pairs: list[tuple[Sequence, SimSeq]] = []
     t, i, runs = 0.0, 0, 0
     while i < len(work) or not ref.idle:
-        while i < len(work) and work[i][0] <= t:
-            _, rid, prompt, max_tokens, hashes = work[i]
-            a = Sequence(rid, bytes(prompt), max_tokens, t, random.Random(i), list(hashes))
-            b = SimSeq(rid, prompt, max_tokens, list(hashes))
-            ref.add(a)
-            sim.add(b)
-            pairs.append((a, b))
-            i += 1
+        i = _arrive(work, i, t, ref, sim, pairs)
         if ref.idle:
             t = work[i][0]
             continue
