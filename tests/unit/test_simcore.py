@@ -40,6 +40,10 @@ def _workload(
     return out
 
 
+def _engines(profile: EngineProfile) -> tuple[EngineCore, SimCore, list[tuple[Sequence, SimSeq]]]:
+    return EngineCore(profile, token_ids_in_events=False), SimCore(profile), []
+
+
 def _arrive(
     work: list[tuple[float, str, int, int, list[int]]],
     i: int,
@@ -96,9 +100,7 @@ def test_every_step_is_engine_cores(profile: EngineProfile, seed: int) -> None:
     rng = random.Random(seed)
     bs = profile.block_size
     work = _workload(rng, 120, bs, 8, 60)
-    ref = EngineCore(profile, token_ids_in_events=False)
-    sim = SimCore(profile)
-    pairs: list[tuple[Sequence, SimSeq]] = []
+    ref, sim, pairs = _engines(profile)
     t, i, steps = 0.0, 0, 0
     while i < len(work) or not ref.idle:
         i = _arrive(work, i, t, ref, sim, pairs)
@@ -142,9 +144,7 @@ def test_decode_runs_match_engine_core_stepping(seed: int) -> None:
     profile = EngineProfile(num_gpu_blocks_override=400, block_size=4, max_num_seqs=32)
     rng = random.Random(seed)
     work = _workload(rng, 100, 4, 6, 80)
-    ref = EngineCore(profile, token_ids_in_events=False)
-    sim = SimCore(profile)
-    pairs: list[tuple[Sequence, SimSeq]] = []
+    ref, sim, pairs = _engines(profile)
     t, i, runs = 0.0, 0, 0
     while i < len(work) or not ref.idle:
         i = _arrive(work, i, t, ref, sim, pairs)
