@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -287,9 +287,29 @@ class AdmissionGate:
             await self.record("expire", r, now, "lease ran out")
         return len(dead)
 
+    async def renew(self, request_ids: Iterable[str], now: float, force: bool = False) -> int:
+        """Move the leases of requests this router is still serving, once less than
+        ``lease_renew_at`` of the lease is left (``force``: now), with a ``renew`` ledger event
+        each. Returns how many were renewed; raises :class:`AdmissionError` when the store
+        cannot answer (the router's next sweep tries again)."""
+        s = self.settings
+        renewed = 0
+        for rid in request_ids:
+            r = self.held.get(rid)
+            if r is None or (not force and r.expires_at - now > s.lease_s * s.lease_renew_at):
+                continue
+            got = await self.store.renew(rid, now + s.lease_s)  # AdmissionError: store down
+            if got is None:  # expired by another router, or the store lost it (restored later)
+                log.warning("reservation %s is not in the store; lease not renewed", rid)
+                continue
+            self.held[rid] = got
+            await self.record("renew", got, now)
+            renewed += 1
+        return renewed
+
     async def record(
         self,
-        kind: Literal["reserve", "release", "expire"],
+        kind: Literal["reserve", "release", "expire", "renew"],
         r: Reservation,
         now: float,
         cause: str | None = None,
@@ -297,6 +317,7 @@ class AdmissionGate:
         """A ledger event (also written by the reconciler, on a dead router's behalf)."""
         await self._publish(
             LedgerEvent(
+                schema_version=2 if kind == "renew" else 1,
                 reservation_id=r.reservation_id,
                 pool=r.pool,
                 kind=kind,
@@ -304,7 +325,7 @@ class AdmissionGate:
                 slots=r.slots,
                 router_id=self.router_id,
                 ts=now,
-                lease_expires_at=r.expires_at if kind == "reserve" else None,
+                lease_expires_at=r.expires_at if kind in ("reserve", "renew") else None,
                 cause=cause,
             )
         )

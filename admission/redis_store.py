@@ -6,8 +6,8 @@ lease expiry; ``<prefix>:drain:<pool>:<bucket>`` blocks released per ``bucket_s`
 ``<prefix>:generation`` set by the reconciler once the store matches the ledger (missing: Redis
 lost its data, and nothing is admitted until the reconciler has restored the reservations);
 ``<prefix>:reconciler`` which router reconciles (a short lease).
-Check-and-reserve and release are Lua scripts, so they are atomic across routers. Redis errors
-surface as :class:`AdmissionError`.
+Check-and-reserve, release and lease renewal are Lua scripts, so they are atomic across routers.
+Redis errors surface as :class:`AdmissionError`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,17 @@ redis.call('HINCRBY', held, 'slots', slots)
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
 return 1
+"""
+
+_RENEW = """
+local resv = KEYS[1]; local exp = KEYS[2]; local rid = ARGV[1]; local expires = ARGV[2]
+local value = redis.call('HGET', resv, rid)
+if not value then return false end
+local pool, blocks, slots = string.match(value, '([^|]*)|([^|]*)|([^|]*)|')
+value = pool .. '|' .. blocks .. '|' .. slots .. '|' .. expires
+redis.call('HSET', resv, rid, value)
+redis.call('ZADD', exp, expires, rid)
+return value
 """
 
 _LEAD = """
@@ -96,6 +107,7 @@ class RedisReservations:
         self._release = client.register_script(_RELEASE)
         self._restore = client.register_script(_RESTORE)
         self._lead = client.register_script(_LEAD)
+        self._renew = client.register_script(_RENEW)
 
     async def try_reserve(
         self,
@@ -132,6 +144,15 @@ class RedisReservations:
                     int(now // self.bucket_s),
                     int(self.drain_window_s + 2 * self.bucket_s),
                 ],
+            )
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        return None if value is None else _parse(rid, value)
+
+    async def renew(self, rid: str, expires_at: float) -> Reservation | None:
+        try:
+            value = await self._renew(
+                keys=[f"{self.prefix}:resv", f"{self.prefix}:exp"], args=[rid, repr(expires_at)]
             )
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc

@@ -1,7 +1,8 @@
 """Reservations against the cluster KV budget: one interface, two backends.
 
 Every admitted request holds a reservation until it completes, fails or its client leaves; each
-carries a lease, so a reservation whose release was lost expires on its own. ``try_reserve`` is
+carries a lease, so a reservation whose release was lost expires on its own (the router renews
+the leases of the requests it is still serving). ``try_reserve`` is
 an atomic check-and-reserve against limits in KV blocks and in slots (the watermark the
 caller's priority may reach):
 in-process because the event loop does not yield inside it, in Redis by a Lua script, so several
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 __all__ = ["InProcessReservations", "Reservation", "ReservationStore", "drain_rate"]
@@ -47,6 +48,7 @@ class ReservationStore(Protocol):
         limit_slots: int | None = None,
     ) -> Reservation | None: ...
     async def release(self, rid: str, now: float) -> Reservation | None: ...
+    async def renew(self, rid: str, expires_at: float) -> Reservation | None: ...
     async def expire(self, now: float) -> list[Reservation]: ...
     async def held(self, pool: str) -> tuple[int, int]: ...
     async def snapshot(self, pool: str, now: float) -> tuple[int, int, float]: ...
@@ -104,6 +106,14 @@ class InProcessReservations:
             self._slots[r.pool] -= r.slots
             self._trim(r.pool, now).append((now, r.kv_blocks))
             self._released_sum[r.pool] = self._released_sum.get(r.pool, 0) + r.kv_blocks
+        return r
+
+    async def renew(self, rid: str, expires_at: float) -> Reservation | None:
+        """Move a held reservation's lease to ``expires_at`` (None: it is not held)."""
+        r = self._by_id.get(rid)
+        if r is None:
+            return None
+        r = self._by_id[rid] = replace(r, expires_at=expires_at)
         return r
 
     async def expire(self, now: float) -> list[Reservation]:

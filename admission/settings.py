@@ -65,6 +65,13 @@ class AdmissionSettings(BaseModel):
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")
     sweep_interval_s: float = Field(default=5.0, gt=0, description="how often leases are checked")
+    lease_renew_at: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="a request still being served renews its lease once less than this fraction "
+        "of lease_s is left",
+    )
     reconcile_interval_s: float = Field(
         default=1.0, gt=0, description="how often the ledger, the store and the nodes are compared"
     )

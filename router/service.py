@@ -105,6 +105,14 @@ class GatewayRelease(BaseModel):
     cached_tokens: int | None = Field(default=None, ge=0)
 
 
+class GatewayRenew(BaseModel):
+    """``POST /v1/kvgate/renew``: a gateway's request is still running; move its lease."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reservation_id: str = Field(min_length=1)
+
+
 class RouterService:
     def __init__(
         self,
@@ -153,6 +161,7 @@ class RouterService:
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # requests routed for a gateway: id -> (node, request, its block hashes, tenant, started)
         self._gateway: dict[str, tuple[str, ParsedRequest, list[int], Tenant, float]] = {}
+        self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -161,6 +170,7 @@ class RouterService:
         app.router.add_post("/v1/kvgate/decide", self._decide)
         app.router.add_post("/v1/kvgate/route", self._gateway_route)
         app.router.add_post("/v1/kvgate/release", self._gateway_release)
+        app.router.add_post("/v1/kvgate/renew", self._gateway_renew)
         app.router.add_get("/v1/kvgate/state", self._state)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -185,12 +195,17 @@ class RouterService:
         self._pumper = asyncio.create_task(self.gate.run_pump(time.time))
 
     async def _sweep_reservations(self) -> None:
-        """Leases that ran out (a release lost to a crash path) expire with an event."""
+        """The requests this router is serving keep their leases (renewed as they run out);
+        leases that ran out (a release lost to a crash path) expire with an event."""
         while True:
             await asyncio.sleep(self.gate.settings.sweep_interval_s)
-            self._forget_gateway(time.time())
+            now = time.time()
+            self._forget_gateway(now)
             try:
-                await self.gate.sweep(time.time())
+                # proxied requests; a gateway renews its own (/v1/kvgate/renew)
+                serving = [rid for rid in self.gate.held if rid not in self._gateway]
+                await self.gate.renew(serving, now)
+                await self.gate.sweep(now)
             except AdmissionError as exc:
                 log.warning("reservation sweep failed: %s", exc)
 
@@ -575,6 +590,9 @@ class RouterService:
         rreq, decision, node = routed
         held = self.gate.held.get(request_id)
         self._gateway[request_id] = (node.node_id, p, list(rreq.block_hashes), tenant, started)
+        self._gateway_until[request_id] = (
+            held.expires_at if held is not None else started + self.gate.settings.lease_s
+        )
         return _json(
             {
                 "request_id": request_id,
@@ -602,6 +620,7 @@ class RouterService:
         rid, status, output_tokens = body.reservation_id, body.status, body.output_tokens
         ttft, cached = body.ttft_s, body.cached_tokens
         entry = self._gateway.pop(rid, None)
+        self._gateway_until.pop(rid, None)
         if entry is None:
             gone = f"no routed request {rid!r} (released already, or its lease ran out)"
             return _json(error_body(gone, "NotFoundError", 404), 404)
@@ -625,12 +644,37 @@ class RouterService:
         await self._publish_outcome(rid, node, relay, p, started)
         return _json({"released": rid}, 200)
 
+    async def _gateway_renew(self, request: web.Request) -> web.Response:
+        """A gateway's routed request runs longer than its lease: renew it (call again before
+        ``lease_expires_at``)."""
+        try:
+            body = GatewayRenew.model_validate_json(await request.read())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "body"
+            return _json(error_body(f"{where}: {first['msg']}"), 400)
+        rid = body.reservation_id
+        if rid not in self._gateway:
+            gone = f"no routed request {rid!r} (released already, or its lease ran out)"
+            return _json(error_body(gone, "NotFoundError", 404), 404)
+        now = time.time()
+        if rid in self.gate.held:
+            try:
+                await self.gate.renew([rid], now, force=True)
+            except AdmissionError as exc:
+                return _json(error_body(str(exc), "ServiceUnavailableError", 503), 503)
+        held = self.gate.held.get(rid)
+        until = held.expires_at if held is not None else now + self.gate.settings.lease_s
+        self._gateway_until[rid] = until
+        return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
+
     def _forget_gateway(self, now: float) -> int:
         """Routed requests whose gateway never called release: their leases ran out."""
-        lease = self.gate.settings.lease_s
-        old = [rid for rid, entry in self._gateway.items() if now - entry[4] > lease]
+        until = self._gateway_until
+        old = [rid for rid in self._gateway if until.get(rid, 0.0) <= now]
         for rid in old:
             del self._gateway[rid]
+            until.pop(rid, None)
             self.ledger.finish(rid)
         return len(old)
 

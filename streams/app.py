@@ -19,7 +19,7 @@ from streams.exceptions import SchemaError
 from streams.folds import KvCursor, index_key, is_newer, parse_index_key, plan_kv
 from streams.kafka import KafkaBus
 from streams.kafka import dead_letter as kafka_dead_letter
-from streams.ledger import ledger_change
+from streams.ledger import ledger_fold
 from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import KV_CURSOR, KV_LEDGER, LOAD, PREFIX_INDEX, app_id
@@ -164,8 +164,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
 
     @app.agent(ledger_topic)
     async def fold_ledger(stream: faust.StreamT[bytes]) -> None:
-        """One entry per open reservation: set on reserve, deleted on release or expire (both
-        idempotent, so a replay folds to the same table)."""
+        """One entry per open reservation: set on reserve, its lease moved on renew, deleted on
+        release or expire (all idempotent, so a replay folds to the same table)."""
         async for event in stream.events():
             try:
                 ev = decode(LedgerEvent, event.value)
@@ -173,9 +173,15 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 await dead_letter(event, str(exc), "worker.kv_ledger")
                 continue
             key = ev.reservation_id.encode()
-            if ledger_change(ev):
+            held = ledger.get(key)
+            if ev.kind == "reserve":
                 ledger[key] = event.value
-            elif ledger.get(key) is not None:
+            elif ev.kind == "renew":
+                if held is not None:
+                    entry = ledger_fold(ev, LedgerEvent.model_validate_json(held))
+                    assert entry is not None
+                    ledger[key] = entry.model_dump_json().encode()
+            elif held is not None:
                 del ledger[key]
 
     reaper: KafkaBus | None = None

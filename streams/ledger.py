@@ -2,7 +2,8 @@
 
 :class:`LedgerBook` is the pure fold (the worker's ``kv_ledger`` table holds the same state: one
 entry per open reservation, its ``reserve`` event). A ``reserve`` opens an entry, a ``release``
-or ``expire`` closes it; both are idempotent, so a replay after a crash folds to the same book.
+or ``expire`` closes it, a ``renew`` moves its lease; all are idempotent, so a replay after a
+crash folds to the same book.
 The book also remembers for a while which reservations closed, so a reconciler can tell "closed
 a moment ago" from "never seen".
 
@@ -22,12 +23,20 @@ from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import KV_LEDGER, app_id
 from streams.topics import LEDGER
 
-__all__ = ["LedgerBook", "LedgerReplica", "ledger_change"]
+__all__ = ["LedgerBook", "LedgerReplica", "ledger_fold"]
 
 
-def ledger_change(event: LedgerEvent) -> bool:
-    """Whether ``event`` opens (True) or closes (False) its reservation's ledger entry."""
-    return event.kind == "reserve"
+def ledger_fold(event: LedgerEvent, current: LedgerEvent | None) -> LedgerEvent | None:
+    """The reservation's ledger entry after ``event`` (None: closed). ``reserve`` opens it,
+    ``release`` / ``expire`` close it, ``renew`` moves an open entry's lease (a renew of a
+    closed reservation reopens nothing)."""
+    if event.kind == "reserve":
+        return event
+    if event.kind == "renew":
+        if current is None:
+            return None
+        return current.model_copy(update={"lease_expires_at": event.lease_expires_at})
+    return None
 
 
 @dataclass(slots=True)
@@ -38,9 +47,12 @@ class LedgerBook:
 
     def apply(self, event: LedgerEvent, now: float) -> None:
         rid = event.reservation_id
-        if ledger_change(event):
-            self.open[rid] = event
+        entry = ledger_fold(event, self.open.get(rid))
+        if entry is not None:
+            self.open[rid] = entry
             self.closed.pop(rid, None)
+            return
+        if event.kind == "renew":  # of a reservation closed already: nothing changes
             return
         self.open.pop(rid, None)
         self.closed[rid] = now

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "CandidateScore",
@@ -94,10 +94,10 @@ class KvEventBatch(Message):
 class LedgerEvent(Message):
     """A reservation against the cluster KV budget (written by admission)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 1  # 2: a ``renew`` (version-1 consumers dead-letter it)
     reservation_id: str = Field(min_length=1)
     pool: str = "default"
-    kind: Literal["reserve", "release", "expire"]
+    kind: Literal["reserve", "release", "expire", "renew"]
     kv_blocks: int = Field(ge=0)
     slots: int = Field(default=1, ge=0)
     router_id: str = Field(min_length=1)
@@ -109,6 +109,12 @@ class LedgerEvent(Message):
         description="why a reservation was closed or restored by someone other than its router "
         "(lease ran out, reconciler)",
     )
+
+    @model_validator(mode="after")
+    def _renew(self) -> LedgerEvent:
+        if self.kind == "renew" and (self.schema_version < 2 or self.lease_expires_at is None):
+            raise ValueError("a renew is schema_version 2 and carries lease_expires_at")
+        return self
 
 
 class CandidateScore(Message):

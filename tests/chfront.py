@@ -33,6 +33,7 @@ class ChdbFront:
         self._lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="chfront-"))
         self.inserted_rows: dict[str, int] = {}  # table -> rows received by INSERTs
+        self.active = 0  # requests being handled
         front = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,6 +67,15 @@ class ChdbFront:
         return bytes(res.bytes())
 
     def handle(self, req: BaseHTTPRequestHandler, body: bytes) -> None:
+        with self._lock:
+            self.active += 1
+        try:
+            self._handle(req, body)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def _handle(self, req: BaseHTTPRequestHandler, body: bytes) -> None:
         url = urlparse(req.path)
         if url.path.rstrip("/") == "/ping":
             self._reply(req, 200, b"Ok.\n", "text/plain")

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
 
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
-from streams.schemas import Decision
+from streams.schemas import Decision, LedgerEvent
 from streams.settings import KafkaSettings
-from streams.topics import DECISIONS
+from streams.topics import DECISIONS, LEDGER
 from tests.conftest import REDIS, wait_until
-from tests.integration.cluster import MODEL, Cluster, get, read_topic
+from tests.integration.cluster import MODEL, Cluster, get, post, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -141,3 +142,83 @@ async def test_a_client_retrying_without_backing_off_is_refused_harder(
     assert reasons[0] == "red_watermark"
     assert reasons[1:] == ["retry_storm"] * 3
     assert waits[1] <= waits[2] <= waits[3] and waits[3] > waits[0]
+
+
+@pytest.mark.parametrize("backend", ["inproc", "redis"])
+async def test_requests_longer_than_the_lease_keep_their_reservation(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, backend: str
+) -> None:
+    """A 1 s lease, streams of several seconds: the router renews the leases of the streams it
+    proxies, a gateway renews its own; nothing expires, everything is released once."""
+    await ensure_topics(kafka_settings)
+    supervisor.env.update(
+        {
+            "KVGATE_ADMISSION__BACKEND": backend,
+            "KVGATE_REDIS__URL": REDIS,
+            "KVGATE_ADMISSION__LEASE_S": "1.0",
+            "KVGATE_ADMISSION__SWEEP_INTERVAL_S": "0.1",
+        }
+    )
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 1)
+    body = {"model": MODEL, "prompt": "a long answer " * 30, "max_tokens": 400, "stream": True}
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            router + "/v1/completions", json=body, headers={"X-Request-Id": "long-1"}
+        ) as r:
+            assert r.status == 200
+            chunks = 0
+            async for _ in r.content:
+                chunks += 1
+                if chunks == 1:
+                    continue
+                if time.monotonic() - started > 1.5:  # past the first lease
+                    state = await get(router, "/v1/kvgate/state")
+                    assert state["reservations"] == 1, state
+                    break
+            async for _ in r.content:
+                pass
+        assert time.monotonic() - started > 2.0  # the stream really outlived two leases
+
+        # a gateway's request: renewed by the gateway, released by it
+        route = {"model": MODEL, "prompt": "gateway " * 40, "max_tokens": 8}
+        status, routed = await post(router, "/v1/kvgate/route", route, {"X-Request-Id": "gw-long"})
+        assert status == 200 and routed["reservation_id"] == "gw-long"
+        first_lease = routed["lease_expires_at"]
+        for _ in range(5):
+            await asyncio.sleep(0.4)
+            status, renewed = await post(router, "/v1/kvgate/renew", {"reservation_id": "gw-long"})
+            assert status == 200, renewed
+        assert renewed["lease_expires_at"] > first_lease + 1.5
+        status, out = await post(router, "/v1/kvgate/release", {"reservation_id": "gw-long"})
+        assert status == 200, out  # still routed, not forgotten with the first lease
+        status, err = await post(router, "/v1/kvgate/renew", {"reservation_id": "gw-long"})
+        assert status == 404
+        status, err = await post(router, "/v1/kvgate/renew", {"reservation": "x"})
+        assert status == 400 and "reservation" in err["error"]["message"]
+
+    events = await read_topic(
+        kafka_settings,
+        LEDGER,
+        LedgerEvent,
+        lambda got: sum(e.kind == "release" for e in got) >= 2,
+    )
+    for rid in ("long-1", "gw-long"):
+        kinds = [e.kind for e in events if e.reservation_id == rid]
+        assert kinds[0] == "reserve" and kinds[-1] == "release", kinds
+        assert "expire" not in kinds and kinds.count("release") == 1
+        assert kinds.count("renew") >= 2, kinds
+        leases = [
+            e.lease_expires_at for e in events if e.reservation_id == rid and e.kind != "release"
+        ]
+        assert leases == sorted(leases)
+
+    async def released() -> bool:
+        s = await get(router, "/v1/kvgate/state")
+        return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0
+
+    await wait_until(released, 5, "every reservation released")

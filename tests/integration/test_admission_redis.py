@@ -136,3 +136,24 @@ async def test_redis_store_refuses_past_the_slot_limit() -> None:
         assert await store.held("p") == (2, 2)
     finally:
         await client.aclose()
+
+
+async def test_redis_store_renews_a_held_lease_only() -> None:
+    prefix = f"test:{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(REDIS)
+    try:
+        store = RedisReservations(client, prefix)
+        await store.mark_generation("test")
+        assert await store.try_reserve("a", "p", 3, 100, 100.0, 10.0)
+        got = await store.renew("a", 125.5)
+        assert got is not None and (got.kv_blocks, got.slots, got.expires_at) == (3, 1, 125.5)
+        assert (await store.entries())["a"].expires_at == 125.5
+        assert await client.zscore(f"{prefix}:exp", "a") == 125.5
+        assert await store.expire(120.0) == []  # the old lease (110) no longer counts
+        assert await store.held("p") == (3, 1)  # renewing holds nothing more
+        assert await store.renew("missing", 200.0) is None
+        assert not await client.hexists(f"{prefix}:resv", "missing")
+        assert [r.reservation_id for r in await store.expire(126.0)] == ["a"]
+        assert await store.renew("a", 300.0) is None  # expired: not brought back
+    finally:
+        await client.aclose()

@@ -63,6 +63,14 @@ async def test_sink_killed_mid_batch_loses_and_duplicates_nothing(
 
         await wait_until(some_inserted, 60, "the first sink to insert batches", 0.02)
         supervisor.kill("sink", signal.SIGKILL)
+        # a batch the sink had sent before it died is still inserted (and counted): wait until
+        # the front has been quiet for a while before taking the first run's count
+        await asyncio.sleep(0.5)
+
+        async def quiet() -> bool:
+            return front.active == 0
+
+        await wait_until(quiet, 10, "the front to finish its requests")
         first_run = dict(front.inserted_rows)
         assert first_run.get("kvgate.decisions", 0) < N or first_run.get("kvgate.outcomes", 0) < N
 

@@ -159,3 +159,28 @@ async def test_store_outage_refuses_with_503_reason_and_still_records_releases()
         ("release", "a", "the store was unreachable"),
     ]
     assert not gate.held
+
+
+async def test_the_gate_renews_the_leases_of_requests_still_served() -> None:
+    events: list[LedgerEvent] = []
+
+    async def publish(ev: LedgerEvent) -> None:
+        events.append(ev)
+
+    s = AdmissionSettings(lease_s=10.0, lease_renew_at=0.5)
+    gate = AdmissionGate(s, "rt", publish)
+    tenant = Tenant(name="t", priority="normal")
+    for rid in ("r1", "r2"):
+        assert (await gate.admit(rid, tenant, 64, 16, 16, "default", [100, 100], now=100)).admitted
+    assert await gate.renew(["r1", "r2"], now=104.0) == 0  # 6 s of 10 left: not yet
+    assert await gate.renew(["r1"], now=106.0) == 1  # 4 s left: renewed, r2 not asked
+    assert gate.held["r1"].expires_at == 116.0 and gate.held["r2"].expires_at == 110.0
+    assert (await gate.store.entries())["r1"].expires_at == 116.0
+    renewed = events[-1]
+    assert renewed.kind == "renew" and renewed.schema_version == 2
+    assert renewed.lease_expires_at == 116.0 and renewed.reservation_id == "r1"
+    assert await gate.renew(["r2"], now=107.0, force=True) == 1
+    assert await gate.sweep(now=112.0) == 0  # both renewed: nothing expires
+    assert await gate.sweep(now=117.5) == 2  # nobody renewed again: both expire
+    assert await gate.renew(["r1", "unknown"], now=118.0, force=True) == 0
+    assert [e.kind for e in events] == ["reserve", "reserve", "renew", "renew", "expire", "expire"]

@@ -157,3 +157,55 @@ def test_reservations_held_while_the_pool_idles_are_orphans() -> None:
     assert sorted(r.reservation_id for r in p.orphans) == ["a", "b"]
     busy = plan(book, store, 112.0, idle_since={"other": 50.0})
     assert len(busy) == 0
+
+
+def renew(rid: str, ts: float, until: float) -> LedgerEvent:
+    return LedgerEvent(
+        schema_version=2,
+        reservation_id=rid,
+        kind="renew",
+        kv_blocks=10,
+        router_id="r1",
+        ts=ts,
+        lease_expires_at=until,
+    )
+
+
+def test_a_renew_moves_an_open_lease_and_reopens_nothing() -> None:
+    book = LedgerBook()
+    book.apply(reserve("a", 1.0), 1.0)
+    for _ in range(2):  # idempotent
+        book.apply(renew("a", 300.0, 900.0), 300.0)
+    assert book.open["a"].lease_expires_at == 900.0 and book.open["a"].ts == 1.0
+    book.apply(close("a", 400.0, "expire"), 400.0)
+    book.apply(renew("a", 401.0, 1001.0), 401.0)  # late: the reservation closed already
+    assert "a" not in book.open and "a" in book.closed
+    book.apply(renew("b", 1.0, 601.0), 1.0)  # never opened
+    assert not book.open
+
+
+def test_a_renewed_reservation_is_not_taken_for_a_lost_one() -> None:
+    book = LedgerBook()
+    book.apply(reserve("a", 1.0), 1.0)
+    book.apply(renew("a", 400.0, 1000.0), 400.0)
+    # Redis lost it after the first lease would have run out: restored, not compensated
+    p = plan(book, {}, 700.0, store_reset=True)
+    assert [e.reservation_id for e in p.restore] == ["a"] and not p.compensate
+    assert p.restore[0].lease_expires_at == 1000.0
+
+
+def test_renew_events_are_version_2_with_a_lease() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="renew"):
+        LedgerEvent(reservation_id="a", kind="renew", kv_blocks=1, router_id="r", ts=1.0)
+    with pytest.raises(ValidationError, match="renew"):
+        LedgerEvent(
+            schema_version=2,
+            reservation_id="a",
+            kind="renew",
+            kv_blocks=1,
+            router_id="r",
+            ts=1.0,
+        )
