@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import orjson
@@ -111,6 +111,19 @@ class GatewayRenew(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reservation_id: str = Field(min_length=1)
+
+
+_B = TypeVar("_B", bound=BaseModel)
+
+
+async def _read_body(request: web.Request, model: type[_B]) -> _B | web.Response:
+    """The request's JSON body as ``model``, or a 400 naming the first invalid field."""
+    try:
+        return model.model_validate_json(await request.read())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "body"
+        return _json(error_body(f"{where}: {first['msg']}"), 400)
 
 
 class RouterService:
@@ -611,12 +624,9 @@ class RouterService:
     async def _gateway_release(self, request: web.Request) -> web.Response:
         """The gateway finished a routed request: release its reservation and record the
         outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
-        try:
-            body = GatewayRelease.model_validate_json(await request.read())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "body"
-            return _json(error_body(f"{where}: {first['msg']}"), 400)
+        body = await _read_body(request, GatewayRelease)
+        if isinstance(body, web.Response):
+            return body
         rid, status, output_tokens = body.reservation_id, body.status, body.output_tokens
         ttft, cached = body.ttft_s, body.cached_tokens
         entry = self._gateway.pop(rid, None)
@@ -647,12 +657,9 @@ class RouterService:
     async def _gateway_renew(self, request: web.Request) -> web.Response:
         """A gateway's routed request runs longer than its lease: renew it (call again before
         ``lease_expires_at``)."""
-        try:
-            body = GatewayRenew.model_validate_json(await request.read())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "body"
-            return _json(error_body(f"{where}: {first['msg']}"), 400)
+        body = await _read_body(request, GatewayRenew)
+        if isinstance(body, web.Response):
+            return body
         rid = body.reservation_id
         if rid not in self._gateway:
             gone = f"no routed request {rid!r} (released already, or its lease ran out)"
