@@ -158,6 +158,8 @@ class NodeAgent:
                     lease_s=s.lease_s,
                     kv_seq=self._kv_seq - 1 if self._kv_seq else None,
                     kv_index="events" if s.kv_events_endpoint else "approximate",
+                    engine_restarts=self.engine_restarts,
+                    kv_events_lost=self.engine_gaps,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)
@@ -218,6 +220,9 @@ class NodeAgent:
         async for seq, batch, restarted in sub.batches():
             if restarted:
                 log.info("engine event sequence restarted at %d: resetting", seq)
+                last = self._last_stats
+                if last is None or last.start_time_s is None:  # else the scrape counts it
+                    self.engine_restarts += 1
                 self.translator.reset()
             self.translator.apply(batch)
             if self.translator.pending >= self.settings.kv_flush_max_blocks:

@@ -61,6 +61,17 @@ class RouterMetrics:
             ["state"],
             registry=self.registry,
         )
+        self.engine_restarts = Gauge(
+            "kvgate_router_engine_restarts",
+            "Engine restarts the nodes' agents reported (sum over nodes in the replica; per node "
+            "in /v1/kvgate/state)",
+            registry=self.registry,
+        )
+        self.kv_events_lost = Gauge(
+            "kvgate_router_kv_events_lost",
+            "Engine KV event batches the nodes' agents lost (sum over nodes in the replica)",
+            registry=self.registry,
+        )
         self.reservations = Gauge(
             "kvgate_router_reservations",
             "Reservations held in the store (all routers sharing it)",

@@ -737,6 +737,7 @@ class RouterService:
             reserved: int | None = (await self.gate.store.held("default"))[0]
         except AdmissionError:
             reservations = reserved = None  # the store is unreachable
+        beats = self.replica.load
         return _json(
             {
                 "router_id": self.router_id,
@@ -766,6 +767,12 @@ class RouterService:
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,
                         "indexed_blocks": len(self.replica.index.blocks_view(n.node_id)),
+                        "engine_restarts": beats[n.node_id].engine_restarts
+                        if n.node_id in beats
+                        else 0,
+                        "kv_events_lost": beats[n.node_id].kv_events_lost
+                        if n.node_id in beats
+                        else 0,
                     }
                     for n in self.nodes(now)
                 },
@@ -884,6 +891,8 @@ class RouterService:
         m.replica_lag.set(now - max((hb.ts for hb in beats), default=now))
         views = self.nodes(now)
         m.index_gap.set(sum(v.kv_index_gap for v in views))
+        m.engine_restarts.set(sum(hb.engine_restarts for hb in beats))
+        m.kv_events_lost.set(sum(hb.kv_events_lost for hb in beats))
         healthy = sum(1 for v in views if v.healthy and v.alive(now))
         m.nodes.labels("healthy").set(healthy)
         m.nodes.labels("unhealthy").set(len(views) - healthy)

@@ -70,6 +70,18 @@ class Heartbeat(Message):
         "none (e.g. SGLang without KV events) and routers infer its cache from their own "
         "decisions",
     )
+    engine_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="engine restarts this agent incarnation saw (a new process start time, or "
+        "the engine's KV event sequence starting over); each reset the node's blocks",
+    )
+    kv_events_lost: int = Field(
+        default=0,
+        ge=0,
+        description="engine KV event batches this agent incarnation neither received nor got "
+        "from the engine's replay socket (its periodic snapshot repairs the index)",
+    )
 
 
 class KvEventBatch(Message):

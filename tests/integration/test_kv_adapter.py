@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import aiohttp
 import pytest
 import zmq
 import zmq.asyncio
@@ -134,6 +135,17 @@ async def test_cleared_cache_and_restarted_engine_leave_the_index(
     supervisor.kill("engine-n1", 9)
     supervisor.spawn_argv("engine-n1", argv)  # same ports, empty cache
     await wait_until(lambda: _zero(indexed()), 15, "the restarted engine's stale blocks to go", 0.1)
+
+    # the agent reports the restart in its heartbeats; the router shows it
+    async def restart_reported() -> bool:
+        s: dict[str, Any] = await get(router, "/v1/kvgate/state")
+        return bool(s["nodes"]["n1"]["engine_restarts"] >= 1)
+
+    await wait_until(restart_reported, 10, "the engine restart in the router's state", 0.1)
+    async with aiohttp.ClientSession() as http, http.get(router + "/metrics") as r:
+        metrics = await r.text()
+    assert "kvgate_router_engine_restarts 1.0" in metrics, metrics
+    assert "kvgate_router_kv_events_lost 0.0" in metrics
 
 
 async def _positive(v: Any) -> bool:
