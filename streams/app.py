@@ -34,8 +34,36 @@ PRESENT = b"1"
 M = TypeVar("M", bound=Message)
 
 
+def flush_before_transaction_commit() -> None:
+    """Make Faust's exactly-once commits carry the table writes they cover.
+
+    faust-streaming 0.15.3 commits a transaction (input offsets + end of transaction) without
+    first draining its own producer buffer: ``Consumer._commit_offsets`` calls
+    ``producer.flush()`` only outside transactions. Changelog records still in that buffer are
+    sent after the commit, into the next transaction, so a worker that dies in between has
+    committed input offsets whose table writes are lost. aiokafka itself sends every record it
+    was given before ending a transaction; this drains Faust's buffer into it first. Idempotent.
+    """
+    from faust.transport.consumer import TransactionManager
+
+    commit = TransactionManager.commit
+    if getattr(commit, "flushes_first", False):
+        return
+
+    async def flushed_commit(
+        self: TransactionManager, offsets: Any, start_new_transaction: bool = True
+    ) -> bool:
+        await self.flush()  # the app's producer: its buffer, then aiokafka's
+        return await commit(self, offsets, start_new_transaction=start_new_transaction)
+
+    flushed_commit.flushes_first = True  # type: ignore[attr-defined]
+    TransactionManager.commit = flushed_commit  # type: ignore[method-assign]
+
+
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
+    if worker.exactly_once:
+        flush_before_transaction_commit()
     app = faust.App(
         app_id(kafka, worker),
         broker=f"kafka://{kafka.bootstrap_servers}",

@@ -34,21 +34,13 @@ def _diff(replica: TableReplica, exp_blocks: dict[str, set[int]]) -> str:
     return "; ".join(lines)
 
 
-EOS_KILL9 = pytest.mark.xfail(
-    strict=False,
-    reason="faust-streaming 0.15.3 commits a transaction without flushing buffered changelog "
-    "sends; under kill -9 a committed offset can lose its table writes (seen in CI). This is why "
-    "the worker defaults to at-least-once; see docs/operations.md",
-)
-
-
 @pytest.mark.parametrize(
     ("sig", "exactly_once"),
     [
         (signal.SIGKILL, False),
         (signal.SIGTERM, False),
         (signal.SIGTERM, True),
-        pytest.param(signal.SIGKILL, True, marks=EOS_KILL9),
+        (signal.SIGKILL, True),
     ],
     ids=[
         "kill9-at-least-once",
