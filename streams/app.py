@@ -8,6 +8,7 @@ entries. With ``exactly_once`` Faust wraps each commit interval in a Kafka trans
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, TypeVar
@@ -34,15 +35,19 @@ PRESENT = b"1"
 M = TypeVar("M", bound=Message)
 
 
-def flush_before_transaction_commit() -> None:
+def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
     """Make Faust's exactly-once commits carry the table writes they cover.
 
     faust-streaming 0.15.3 commits a transaction (input offsets + end of transaction) without
     first draining its own producer buffer: ``Consumer._commit_offsets`` calls
     ``producer.flush()`` only outside transactions. Changelog records still in that buffer are
     sent after the commit, into the next transaction, so a worker that dies in between has
-    committed input offsets whose table writes are lost. aiokafka itself sends every record it
-    was given before ending a transaction; this drains Faust's buffer into it first. Idempotent.
+    committed input offsets whose table writes are lost. This waits, before each commit, until
+    the record that was last in the (FIFO) buffer when the commit started has reached Kafka: every
+    record buffered before it has then been handed to aiokafka, which sends what it holds before
+    it ends a transaction. Records buffered later belong to later offsets and go to the next
+    transaction. (Faust's own ``flush()`` would wait for an empty buffer, which under steady
+    table writes holds every commit back.) Idempotent.
     """
     from faust.transport.consumer import TransactionManager
 
@@ -53,11 +58,28 @@ def flush_before_transaction_commit() -> None:
     async def flushed_commit(
         self: TransactionManager, offsets: Any, start_new_transaction: bool = True
     ) -> bool:
-        await self.flush()  # the app's producer: its buffer, then aiokafka's
+        await buffered_records_sent(self.app.producer, timeout_s)
         return await commit(self, offsets, start_new_transaction=start_new_transaction)
 
     flushed_commit.flushes_first = True  # type: ignore[attr-defined]
     TransactionManager.commit = flushed_commit  # type: ignore[method-assign]
+
+
+async def buffered_records_sent(producer: Any, timeout_s: float) -> None:
+    """Wait until the records in ``producer``'s buffer now have been sent (see above)."""
+    if producer.app.conf.producer_threaded:  # another queue: drain the whole buffer
+        await producer.flush()
+        return
+    queued = getattr(producer.buffer.pending, "_queue", None)
+    if not queued:
+        return
+    last = queued[-1]
+    try:
+        await asyncio.wait_for(asyncio.shield(last), timeout_s)
+    except TimeoutError:
+        log.warning("a buffered table write was not sent within %.0f s; committing", timeout_s)
+    except Exception as exc:
+        log.warning("a buffered table write failed before the commit: %s", exc)
 
 
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
