@@ -302,6 +302,8 @@ class AdmissionGate:
             if got is None:  # expired by another router, or the store lost it (restored later)
                 log.warning("reservation %s is not in the store; lease not renewed", rid)
                 continue
+            if rid not in self.held:  # released while the store renewed it: stays released
+                continue
             self.held[rid] = got
             await self.record("renew", got, now)
             renewed += 1

@@ -184,3 +184,31 @@ async def test_the_gate_renews_the_leases_of_requests_still_served() -> None:
     assert await gate.sweep(now=117.5) == 2  # nobody renewed again: both expire
     assert await gate.renew(["r1", "unknown"], now=118.0, force=True) == 0
     assert [e.kind for e in events] == ["reserve", "reserve", "renew", "renew", "expire", "expire"]
+
+
+class _ReleasedWhileRenewing(InProcessReservations):
+    """A store whose renewal answers only after the request was released."""
+
+    gate: AdmissionGate | None = None
+
+    async def renew(self, rid: str, expires_at: float) -> Reservation | None:
+        got = await super().renew(rid, expires_at)
+        assert self.gate is not None
+        await self.gate.release(rid, 109.0)  # the stream ends while the store answers
+        return got
+
+
+async def test_a_release_during_a_renewal_is_not_undone() -> None:
+    events: list[LedgerEvent] = []
+
+    async def publish(ev: LedgerEvent) -> None:
+        events.append(ev)
+
+    store = _ReleasedWhileRenewing()
+    gate = AdmissionGate(AdmissionSettings(lease_s=10.0), "rt", publish, store)
+    store.gate = gate
+    tenant = Tenant(name="t", priority="normal")
+    assert (await gate.admit("r1", tenant, 64, 16, 16, "default", [100], now=100)).admitted
+    assert await gate.renew(["r1"], now=108.0) == 0
+    assert "r1" not in gate.held and await store.count() == 0
+    assert [e.kind for e in events] == ["reserve", "release"]
