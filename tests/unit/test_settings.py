@@ -32,3 +32,18 @@ def test_secrets_are_masked() -> None:
     s = KafkaSettings(sasl_mechanism="PLAIN", sasl_username="u", sasl_password="hunter2")  # type: ignore[arg-type]
     assert "hunter2" not in s.model_dump_json()
     assert s.client_options()["sasl_plain_password"] == "hunter2"
+
+
+def test_the_readme_configuration_example_is_valid() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from deploy.settings import Settings
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = re.search(r"```yaml\n(kafka:.*?)```", readme, re.S)
+    assert block is not None, "the README lost its configuration example"
+    s = Settings.model_validate(yaml.safe_load(block.group(1)))
+    assert s.admission.lease_s == 600 and s.router.policy == "kvgate"
