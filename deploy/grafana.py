@@ -264,7 +264,8 @@ GROUP BY time, priority ORDER BY time"""),
                 _ts("""
 SELECT time, reserved FROM (
   SELECT $__timeInterval(ts) AS time,
-         sum(sum(if(kind = 'reserve', toInt64(kv_blocks), -toInt64(kv_blocks))))
+         sum(sum(multiIf(kind = 'reserve', toInt64(kv_blocks),
+                         kind IN ('release', 'expire'), -toInt64(kv_blocks), 0)))
            OVER (ORDER BY time) AS reserved
   FROM {db}.ledger_events FINAL
   WHERE ts <= $__toTime

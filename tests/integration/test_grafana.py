@@ -183,3 +183,27 @@ def test_push_with_a_service_account_token() -> None:
         )
         assert result.exit_code == 0, result.output
         assert not grafana.datasources and len(grafana.dashboards) == len(DASHBOARDS)
+
+
+def test_reserved_blocks_count_renewals_as_nothing(tmp_path: Path) -> None:
+    """Reserve 10, renew it, reserve 5, release the 10: the panel reads 10, 10, 15, 5."""
+    ch = open_clickhouse(ClickHouseSettings(path=str(tmp_path / "ch")))
+    try:
+        migrate(ch, "kvgate")
+        now = time.time()
+        t0 = now - 3000
+        events = [
+            ledger_event("a", "reserve", t0, kv_blocks=10),
+            ledger_event(
+                "a", "renew", t0 + 600, kv_blocks=10, schema_version=2, lease_expires_at=now
+            ),
+            ledger_event("b", "reserve", t0 + 1200, kv_blocks=5),
+            ledger_event("a", "release", t0 + 1800, kv_blocks=10),
+        ]
+        ch.insert_json("kvgate.ledger_events", [ledger_row(e, 0, i) for i, e in enumerate(events)])
+        (_, sql), *_ = [
+            q for q in panel_queries("kvgate", now - 3600, now) if "Reserved vs. used" in q[0]
+        ]
+        assert [int(r["reserved"]) for r in ch.query(sql)] == [10, 10, 15, 5]
+    finally:
+        ch.close()
