@@ -50,15 +50,22 @@ class Cluster:
         return url
 
     @classmethod
-    async def two_nodes(cls, sup: Supervisor, router: str = "router") -> tuple[Cluster, str]:
-        """Engines n1 and n2 with agents, a worker and a ready router."""
+    async def started(
+        cls, sup: Supervisor, engines: dict[str, dict[str, Any]], router: str = "router"
+    ) -> tuple[Cluster, str]:
+        """Engines (node id -> add_engine options) with agents, a worker and a ready router."""
         c = cls(sup)
-        c.add_engine("n1")
-        c.add_engine("n2")
+        for node_id, options in engines.items():
+            c.add_engine(node_id, **options)
         c.add_worker()
         url = c.add_router(router)
-        await c.wait_ready(router, 2)
+        await c.wait_ready(router, len(engines))
         return c, url
+
+    @classmethod
+    async def two_nodes(cls, sup: Supervisor, router: str = "router") -> tuple[Cluster, str]:
+        """Engines n1 and n2 with agents, a worker and a ready router."""
+        return await cls.started(sup, {"n1": {}, "n2": {}}, router)
 
     async def wait_ready(self, router: str, nodes: int, timeout_s: float = 90.0) -> None:
         url = self.routers[router]

@@ -38,11 +38,8 @@ async def test_admission_rejects_typed_and_releases_everything(
             ),
         }
     )
-    c = Cluster(supervisor)
-    c.add_engine("n1", num_gpu_blocks=64)  # 1,024 tokens of KV in the whole cluster
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 1)
+    # 1,024 tokens of KV in the whole cluster
+    _c, router = await Cluster.started(supervisor, {"n1": {"num_gpu_blocks": 64}})
     url = router + "/v1/completions"
 
     async def call(
@@ -113,11 +110,7 @@ async def test_a_client_retrying_without_backing_off_is_refused_harder(
             "KVGATE_ADMISSION__QUEUE_ENABLED": "false",  # the guard alone, no waiting
         }
     )
-    c = Cluster(supervisor)
-    c.add_engine("n1", num_gpu_blocks=64)
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 1)
+    _c, router = await Cluster.started(supervisor, {"n1": {"num_gpu_blocks": 64}})
     body = {
         "model": MODEL,
         "prompt": "tell me a long story " * 40,
@@ -159,11 +152,7 @@ async def test_requests_longer_than_the_lease_keep_their_reservation(
             "KVGATE_ADMISSION__SWEEP_INTERVAL_S": "0.1",
         }
     )
-    c = Cluster(supervisor)
-    c.add_engine("n1")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 1)
+    _c, router = await Cluster.started(supervisor, {"n1": {}})
     body = {"model": MODEL, "prompt": "a long answer " * 30, "max_tokens": 400, "stream": True}
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:

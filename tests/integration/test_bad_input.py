@@ -111,11 +111,8 @@ async def test_malformed_http_requests_get_a_4xx_json_error(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    engine = c.add_engine("n1")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 1)
+    c, router = await Cluster.started(supervisor, {"n1": {}})
+    engine = c.engines["n1"]
     cases = [
         ("/v1/completions", b"{broken", 400),
         ("/v1/completions", b"[1, 2]", 400),

@@ -105,11 +105,8 @@ async def test_cleared_cache_and_restarted_engine_leave_the_index(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    engine = c.add_engine("n1")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 1)
+    c, router = await Cluster.started(supervisor, {"n1": {}})
+    engine = c.engines["n1"]
 
     async def indexed() -> int:
         s: dict[str, Any] = await get(router, "/v1/kvgate/state")

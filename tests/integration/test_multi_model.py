@@ -18,13 +18,8 @@ async def test_requests_route_only_to_nodes_serving_their_model(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine("a1", model="model-a")
-    c.add_engine("a2", model="model-a")
-    c.add_engine("b1", model="model-b")
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 3)
+    engines = {"a1": "model-a", "a2": "model-a", "b1": "model-b"}
+    _c, router = await Cluster.started(supervisor, {n: {"model": m} for n, m in engines.items()})
     models = await get(router, "/v1/models")
     assert sorted(m["id"] for m in models["data"]) == ["model-a", "model-b"]
     served: dict[str, set[str]] = {"model-a": set(), "model-b": set()}

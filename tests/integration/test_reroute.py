@@ -21,12 +21,10 @@ async def test_a_request_refused_for_kv_is_rerouted_once(
     await ensure_topics(kafka_settings)
     # round-robin ignores KV, so the first request goes to n1 (id order), which cannot hold it
     supervisor.env.update({"KVGATE_ROUTER__POLICY": "round_robin"})
-    c = Cluster(supervisor)
-    c.add_engine("n1", num_gpu_blocks=8)  # 128 tokens of KV
-    c.add_engine("n2", num_gpu_blocks=2000)
-    c.add_worker()
-    url = c.add_router()
-    await c.wait_ready("router", 2)
+    # n1 has 128 tokens of KV
+    _c, url = await Cluster.started(
+        supervisor, {"n1": {"num_gpu_blocks": 8}, "n2": {"num_gpu_blocks": 2000}}
+    )
     prompt = "a prompt longer than one hundred and twenty eight tokens " * 12  # ~170 tokens
     status, body = await post(
         url, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 4}

@@ -22,11 +22,7 @@ async def test_sglang_node_routes_on_an_approximate_index(
     supervisor: Supervisor, kafka_settings: KafkaSettings
 ) -> None:
     await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine("s1", sglang=True)
-    c.add_worker()
-    router = c.add_router()
-    await c.wait_ready("router", 1)
+    _c, router = await Cluster.started(supervisor, {"s1": {"sglang": True}})
     state: dict[str, Any] = await get(router, "/v1/kvgate/state")
     node = state["nodes"]["s1"]
     assert node["healthy"] and node["model"] == MODEL and node["kv_used_ratio"] < 1.0
