@@ -223,16 +223,17 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 await dead_letter(event, str(exc), "worker.kv_ledger")
                 continue
             key = ev.reservation_id.encode()
-            held = ledger.get(key)
             if ev.kind == "reserve":
                 ledger[key] = event.value
-            elif ev.kind == "renew":
-                if held is not None:
-                    entry = ledger_fold(ev, LedgerEvent.model_validate_json(held))
-                    assert entry is not None
-                    ledger[key] = entry.model_dump_json().encode()
-            elif held is not None:
+                continue
+            held = ledger.get(key)
+            if held is None:  # closed already (or never opened): nothing to change
+                continue
+            entry = ledger_fold(ev, LedgerEvent.model_validate_json(held))
+            if entry is None:
                 del ledger[key]
+            else:  # a renew: the open entry with its new lease
+                ledger[key] = entry.model_dump_json().encode()
 
     reaper: KafkaBus | None = None
 
