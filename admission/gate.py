@@ -54,16 +54,17 @@ class AdmissionGate:
         )
         self._pump_lock = asyncio.Lock()
 
-    def tenant(self, authorization: str | None) -> Tenant | Rejection:
-        """The tenant of an ``Authorization: Bearer <key>`` header (keys compared in constant
-        time); anonymous when no key is required and none is given."""
-        key = None
-        if authorization and authorization.lower().startswith("bearer "):
-            key = authorization[7:].strip()
+    def tenant(self, key: str | None) -> Tenant | Rejection:
+        """The tenant of an API key (the edge takes it from ``Authorization: Bearer <key>``;
+        compared in constant time against every known key); anonymous when no key is required
+        and none is given."""
         if key:
+            found = None
             for known, tenant in self.settings.tenants.items():
                 if hmac.compare_digest(known.encode(), key.encode()):
-                    return tenant
+                    found = tenant
+            if found is not None:
+                return found
             return Rejection(RejectReason.UNAUTHORIZED, False, None, "unknown API key")
         if self.settings.require_api_key:
             return Rejection(RejectReason.UNAUTHORIZED, False, None, "an API key is required")

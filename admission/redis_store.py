@@ -25,8 +25,7 @@ local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
 if redis.call('EXISTS', KEYS[4]) == 0 then return {err = 'KVGATE_STORE_RESET'} end
 local rid = ARGV[1]; local pool = ARGV[2]; local blocks = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4]); local expires = ARGV[5]; local slot_limit = tonumber(ARGV[6])
-local existing = redis.call('HGET', resv, rid)
-if existing then return existing end
+if redis.call('HEXISTS', resv, rid) == 1 then return false end
 local cur = tonumber(redis.call('HGET', held, 'blocks') or '0')
 if cur + blocks > limit then return false end
 if slot_limit >= 0 and tonumber(redis.call('HGET', held, 'slots') or '0') + 1 > slot_limit then

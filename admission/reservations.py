@@ -87,8 +87,8 @@ class InProcessReservations:
         lease_s: float,
         limit_slots: int | None = None,
     ) -> Reservation | None:
-        if rid in self._by_id:
-            return self._by_id[rid]
+        if rid in self._by_id:  # ids are minted per request: a repeat takes nothing
+            return None
         if self._blocks.get(pool, 0) + kv_blocks > limit_blocks:
             return None
         if limit_slots is not None and self._slots.get(pool, 0) + 1 > limit_slots:

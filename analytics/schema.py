@@ -180,6 +180,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             WHERE admission = 'admitted' AND status = 'ok' AND kv_blocks_estimate IS NOT NULL""",
         ],
     ),
+    (
+        5,
+        "the client's X-Request-Id as a label on decisions (request_id is minted by kvgate)",
+        [
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS "
+            "client_request_id Nullable(String)",
+        ],
+    ),
 ]
 
 

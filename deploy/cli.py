@@ -170,17 +170,13 @@ def router(
     port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
 ) -> None:
     """Run a stateless router (OpenAI-compatible proxy) with replicas of the tables."""
-    from aiohttp import web
-
-    from router.runtime import build_router_app
+    from router.serve import run_router
 
     s = _settings(config)
     if port is not None:
         s = s.model_copy(update={"router": s.router.model_copy(update={"port": port})})
     _logging()
-    web.run_app(
-        build_router_app(s), host=s.router.host, port=s.router.port, print=None, access_log=None
-    )
+    run_router(s)
 
 
 @app.command()

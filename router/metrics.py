@@ -78,6 +78,30 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        self.kafka_queued = Gauge(
+            "kvgate_router_kafka_queued",
+            "Decision, outcome, ledger and control messages waiting for Kafka (the outbox)",
+            registry=self.registry,
+        )
+        self.kafka_dropped = Gauge(
+            "kvgate_router_kafka_dropped",
+            "Messages dropped because the Kafka outbox was full, by topic",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.degraded = Gauge(
+            "kvgate_router_degraded",
+            "1 while the router serves without a live feed: last_known (its last view) or "
+            "load_only (its own load count over probed nodes)",
+            ["mode"],
+            registry=self.registry,
+        )
+        self.stalled_clients = Counter(
+            "kvgate_router_stalled_clients",
+            "Streams cut off because the client stopped reading or the request ran too long",
+            registry=self.registry,
+        )
+
     def decided(self, reason: str, decision_us: float) -> None:
         self._decisions.labels(reason).inc()
         self._latency.observe(decision_us / 1e6)

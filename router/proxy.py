@@ -4,12 +4,20 @@ The relay learns what the outcome needs on the way (time to the first token, out
 engine's usage with cached tokens) without holding back any byte. For streams it asks the engine
 for a usage chunk and drops it again when the client did not ask for one. A client that goes away
 closes the upstream connection (the engine aborts the request and frees its KV blocks); an engine
-that fails before the first byte becomes a 502, after it a final SSE error event.
+that fails before the first byte becomes a 502, after it a final SSE error event (neither names
+an internal address: the details go to the log).
+
+A streaming client that takes nothing for ``write_timeout_s`` is cut off, and no request runs
+past ``max_duration_s``: either way the upstream request is closed and the caller releases the
+reservation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +46,7 @@ class Relay:
     output_tokens: int = 0
     usage: dict[str, Any] | None = None
     error: str | None = None
+    cut_off: bool = False  # the client stopped reading, or the request ran past its limit
 
     @property
     def cached_tokens(self) -> int | None:
@@ -49,6 +58,32 @@ class Relay:
 
 def _json(data: Any, status: int) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+class ClientStalled(Exception):
+    """The client stopped taking the stream."""
+
+
+async def _write(resp: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await resp.write(data)
+    except TimeoutError:
+        raise ClientStalled(f"client took nothing for {timeout_s:g} s") from None
+
+
+def _bound_send_buffer(request: web.Request, size: int) -> None:
+    """A stream's client connection buffers at most about ``size`` bytes in the kernel and as
+    much in the transport: a client that stops reading shows as a blocked write soon."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+    if isinstance(transport, asyncio.WriteTransport):
+        transport.set_write_buffer_limits(high=size)
 
 
 def _has_text(choice: dict[str, Any]) -> bool:
@@ -66,8 +101,13 @@ async def forward(
     p: ParsedRequest,
     started: float,
     on_first_token: Callable[[], None] | None = None,
+    *,
+    write_timeout_s: float = 30.0,
+    max_duration_s: float = 3600.0,
+    send_buffer_bytes: int = 64 << 10,
 ) -> tuple[web.StreamResponse, Relay]:
     relay = Relay()
+    deadline = asyncio.timeout(max_duration_s)
     body = p.body
     if p.stream and not p.include_usage:
         body = {
@@ -77,11 +117,14 @@ async def forward(
     headers = {"X-Kvgate-Node": node.node_id, "X-Request-Id": request_id}
     resp: web.StreamResponse | None = None
     try:
-        async with http.post(
-            node.endpoint.rstrip("/") + p.path,
-            data=orjson.dumps(body),
-            headers={"Content-Type": "application/json", "X-Request-Id": request_id},
-        ) as up:
+        async with (
+            deadline,
+            http.post(
+                node.endpoint.rstrip("/") + p.path,
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json", "X-Request-Id": request_id},
+            ) as up,
+        ):
             relay.http_status = up.status
             if not p.stream or up.status != 200:
                 data = await up.read()
@@ -107,6 +150,7 @@ async def forward(
                     "Cache-Control": "no-cache",
                 },
             )
+            _bound_send_buffer(request, send_buffer_bytes)
             await resp.prepare(request)
             skip_blank = False
             async for line in up.content:
@@ -127,23 +171,38 @@ async def forward(
                             relay.ttft_s = time.time() - started
                             if on_first_token is not None:
                                 on_first_token()
-                await resp.write(line)
+                await _write(resp, line, write_timeout_s)
             await resp.write_eof()
             relay.status = "ok"
             return resp, relay
+    except ClientStalled as exc:
+        relay.status, relay.error, relay.cut_off = "cancelled", str(exc), True
+        log.warning("%s: %s; cut off", request_id, exc)
+        if request.transport is not None:
+            request.transport.abort()
+        return (resp if resp is not None else web.Response(status=499)), relay
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
         relay.status, relay.error = "cancelled", f"client disconnected: {exc}"
         return (resp if resp is not None else web.Response(status=499)), relay
     except (aiohttp.ClientError, TimeoutError) as exc:
+        overdue = deadline.expired()
         relay.error = f"upstream {node.node_id} failed: {exc!r}"
-        log.warning("%s", relay.error)
+        public = f"engine {node.node_id} failed while serving this request"
+        if overdue:
+            relay.error = f"request ran past max_duration_s ({max_duration_s:g} s)"
+            public = relay.error
+            relay.http_status = 504
+            relay.cut_off = True
+        log.warning("%s: %s", request_id, relay.error)
         if resp is None:
-            return _json(error_body(relay.error, "BadGateway", 502), 502), relay
-        err = orjson.dumps(error_body(relay.error, "BadGateway", 502))
+            code = 504 if overdue else 502
+            kind = "GatewayTimeout" if overdue else "BadGateway"
+            return _json(error_body(public, kind, code), code), relay
+        err = orjson.dumps(error_body(public, "BadGateway", 502))
         try:
-            await resp.write(b"data: " + err + b"\n\ndata: [DONE]\n\n")
+            await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", write_timeout_s)
             await resp.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError, ClientStalled):
             pass
         return resp, relay
     finally:

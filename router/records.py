@@ -31,6 +31,7 @@ def decision_record(
     kv_blocks_estimate: int | None = None,
     output_tokens_estimate: int | None = None,
     queue_wait_s: float | None = None,
+    client_request_id: str | None = None,
 ) -> Decision:
     return Decision(
         request_id=rreq.request_id,
@@ -72,6 +73,7 @@ def decision_record(
         kv_blocks_estimate=kv_blocks_estimate,
         output_tokens_estimate=output_tokens_estimate,
         queue_wait_s=queue_wait_s,
+        client_request_id=client_request_id,
     )
 
 

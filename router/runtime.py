@@ -24,7 +24,9 @@ __all__ = ["build_router_app"]
 
 def build_router_app(s: Settings) -> web.Application:
     bus = KafkaBus(s.kafka, "kvgate-router")
-    replica = TableReplica(s.kafka, s.worker, "kvgate-router-replica")
+    replica = TableReplica(
+        s.kafka, s.worker, "kvgate-router-replica", feed_stale_s=s.router.feed_stale_s
+    )
     store = None
     storm_store = None
     redis_client = None

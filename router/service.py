@@ -14,9 +14,8 @@ import logging
 import os
 import socket
 import time
-import uuid
 from array import array
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
 from typing import Any, Literal, TypeVar
@@ -36,11 +35,22 @@ from admission.storm import StormStore
 from router.approx import ApproxIndex
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.edge import (
+    GATEWAY_KEY_HEADER,
+    Refusal,
+    bearer_key,
+    client_label,
+    error_middleware,
+    match_key,
+    mint_id,
+    read_body,
+)
 from router.errors import rejection_response, rejection_status
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
+from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record
@@ -53,7 +63,9 @@ from streams.schemas import ControlMessage, Heartbeat
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
 
-__all__ = ["RouterService"]
+__all__ = ["FeedState", "RouterService"]
+
+FeedState = Literal["live", "last_known", "load_only"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +103,7 @@ class Gated:
     block_size: int
     verdict: Verdict | None  # None: admission is off
     now: float
+    client_request_id: str | None = None  # the client's X-Request-Id: a label, never a key
 
 
 class GatewayRelease(BaseModel):
@@ -116,10 +129,12 @@ class GatewayRenew(BaseModel):
 _B = TypeVar("_B", bound=BaseModel)
 
 
-async def _read_body(request: web.Request, model: type[_B]) -> _B | web.Response:
-    """The request's JSON body as ``model``, or a 400 naming the first invalid field."""
+async def _read_model(request: web.Request, model: type[_B]) -> _B | web.Response:
+    """A small JSON body (≤ 64 KiB, 10 s) as ``model``, or a 400 naming the first invalid
+    field."""
+    raw = await read_body(request, 64 << 10, 10.0)
     try:
-        return model.model_validate_json(await request.read())
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
@@ -172,26 +187,88 @@ class RouterService:
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self.approx = ApproxIndex()
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
-        # requests routed for a gateway: id -> (node, request, its block hashes, tenant, started)
-        self._gateway: dict[str, tuple[str, ParsedRequest, list[int], Tenant, float]] = {}
+        # requests routed for a gateway: id -> (gateway, node, request, its block hashes,
+        # tenant, started); only the gateway that routed it may renew or release it
+        self._gateway: dict[str, tuple[str, str, ParsedRequest, list[int], Tenant, float]] = {}
         self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
+        self._feed: FeedState = "live"
+        self._probe_down: set[str] = set()  # nodes that failed a probe while degraded
+        self._prober: asyncio.Task[None] | None = None
+        self._load_policy = LeastRequestsPolicy()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
+        own key), the admin endpoints for admin keys, probes and metrics for anyone."""
+        app = web.Application(
+            client_max_size=self.settings.max_body_bytes, middlewares=[error_middleware]
+        )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/kvgate/decide", self._decide)
+        app.router.add_post("/v1/kvgate/decide", self._admin_only(self._decide))
         app.router.add_post("/v1/kvgate/route", self._gateway_route)
         app.router.add_post("/v1/kvgate/release", self._gateway_release)
         app.router.add_post("/v1/kvgate/renew", self._gateway_renew)
-        app.router.add_get("/v1/kvgate/state", self._state)
+        app.router.add_get("/v1/kvgate/state", self._admin_only(self._state))
         app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/ready", self._ready)
-        app.router.add_get("/metrics", self._metrics)
+        self._add_probes(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+    def admin_app(self) -> web.Application:
+        """The admin listener (``router.admin_port``, loopback by default): the admin
+        endpoints without credentials, probes and metrics. Its lifecycle is the main app's."""
+        app = web.Application(client_max_size=1 << 20, middlewares=[error_middleware])
+        app.router.add_post("/v1/kvgate/decide", self._decide)
+        app.router.add_get("/v1/kvgate/state", self._state)
+        self._add_probes(app)
+        return app
+
+    def _add_probes(self, app: web.Application) -> None:
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+
+    def _admin_only(
+        self, handler: Callable[[web.Request], Awaitable[web.Response]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """``handler`` for callers with an admin key (``Authorization: Bearer <admin key>``)."""
+
+        async def guarded(request: web.Request) -> web.Response:
+            if match_key(self.settings.admin_keys, bearer_key(request.headers)) is None:
+                self.metrics.rejected("admin_unauthorized")
+                where = (
+                    f" or use the admin listener on {self.settings.admin_host}"
+                    if self.settings.admin_port is not None
+                    else ""
+                )
+                raise Refusal(401, f"an admin key is required{where}", "unauthorized")
+            return await handler(request)
+
+        return guarded
+
+    def _tenant(self, request: web.Request) -> Tenant:
+        """The calling tenant, from its API key, before anything of the body is read."""
+        tenant = self.gate.tenant(bearer_key(request.headers))
+        if isinstance(tenant, Rejection):
+            self.metrics.rejected(tenant.reason)
+            raise Refusal(401, tenant.message, "unauthorized")
+        return tenant
+
+    def _gateway_caller(self, request: web.Request) -> str:
+        """The gateway calling the gateway API, by its key (``X-Kvgate-Gateway-Key``)."""
+        if not self.settings.gateway_keys:
+            self.metrics.rejected("gateway_unauthorized")
+            raise Refusal(
+                403, "the gateway API is closed: no router.gateway_keys", "permission_error"
+            )
+        name = match_key(
+            self.settings.gateway_keys, bearer_key(request.headers, GATEWAY_KEY_HEADER)
+        )
+        if name is None:
+            self.metrics.rejected("gateway_unauthorized")
+            raise Refusal(401, f"a gateway key is required ({GATEWAY_KEY_HEADER})", "unauthorized")
+        return str(name)
 
     async def _start(self, _: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(
@@ -206,6 +283,36 @@ class RouterService:
         )
         self._sweeper = asyncio.create_task(self._sweep_reservations())
         self._pumper = asyncio.create_task(self.gate.run_pump(time.time))
+        self._prober = asyncio.create_task(self._probe_while_degraded())
+
+    async def _probe_while_degraded(self) -> None:
+        """Without a live feed, the router asks the last-known engines itself (``GET
+        /health``): a node that does not answer leaves the candidate set until it does."""
+        while True:
+            await asyncio.sleep(self.settings.probe_interval_s)
+            now = time.time()
+            state = self.feed_state(now)
+            self._note_feed(state, now)
+            if state == "live" or self._http is None:
+                continue
+            beats = list(self.replica.load.values())
+            results = await asyncio.gather(
+                *(self._probe(hb.endpoint) for hb in beats), return_exceptions=True
+            )
+            for hb, ok in zip(beats, results, strict=True):
+                if ok is True:
+                    self._probe_down.discard(hb.node_id)
+                else:
+                    self._probe_down.add(hb.node_id)
+
+    async def _probe(self, endpoint: str) -> bool:
+        assert self._http is not None
+        timeout = aiohttp.ClientTimeout(total=min(2.0, self.settings.probe_interval_s))
+        try:
+            async with self._http.get(endpoint.rstrip("/") + "/health", timeout=timeout) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
 
     async def _sweep_reservations(self) -> None:
         """The requests this router is serving keep their leases (renewed as they run out);
@@ -223,17 +330,47 @@ class RouterService:
                 log.warning("reservation sweep failed: %s", exc)
 
     async def _stop(self, _: web.Application) -> None:
-        for task in (self._sweeper, self._pumper):
+        for task in (self._sweeper, self._pumper, self._prober):
             if task is not None:
                 task.cancel()
         if self._http is not None:
             await self._http.close()
 
     # --- snapshot ------------------------------------------------------------------------
+    def feed_state(self, now: float) -> FeedState:
+        """``live``; ``last_known`` once no heartbeat from any node arrived for
+        ``feed_stale_s`` (Kafka is away, not every node at once: the router routes on its last
+        view, nodes that fail its probes left out); ``load_only`` after ``degraded_view_s`` more
+        (the view is too old to trust: its own in-flight count over the probed nodes)."""
+        rx = self.replica.last_heartbeat_rx
+        if rx is None or not self.replica.load:
+            return "live"
+        silent = now - rx - self.settings.feed_stale_s
+        if silent <= 0:
+            return "live"
+        return "last_known" if silent <= self.settings.degraded_view_s else "load_only"
+
+    def _note_feed(self, state: FeedState, now: float) -> None:
+        if state == self._feed:
+            return
+        log.warning(
+            "feed %s -> %s (newest heartbeat %.1f s ago)",
+            self._feed,
+            state,
+            now - (self.replica.last_heartbeat_rx or now),
+        )
+        self._feed = state
+        if state == "live":
+            self._probe_down.clear()
+
     def nodes(self, now: float) -> list[NodeView]:
         if now - self._last_sweep > 30.0:
             self.ledger.sweep(now)
             self._last_sweep = now
+        feed = self.feed_state(now)
+        self._note_feed(feed, now)
+        rx = self.replica.last_heartbeat_rx or now
+        received = self.replica.received
         out = []
         cache = self._views
         approx = self._approx_nodes
@@ -256,7 +393,7 @@ class RouterService:
                     waiting=hb.waiting,
                     healthy=hb.healthy,
                     draining=hb.draining,
-                    heartbeat_ts=hb.ts,
+                    heartbeat_ts=received.get(hb.node_id, hb.ts),
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
                 )
                 cache[hb.node_id] = (hb, view)
@@ -264,6 +401,13 @@ class RouterService:
                 view = cached[1]
             if gap:
                 view = replace(view, kv_index_gap=gap, kv_index_age_s=age)
+            if feed != "live":
+                if rx - view.heartbeat_ts > view.lease_s or hb.node_id in self._probe_down:
+                    continue  # dead before the feed stopped, or does not answer now
+                # alive as far as anyone can tell; load_only: only this router's own count
+                view = replace(view, heartbeat_ts=now, kv_index_gap=0, kv_index_age_s=0.0)
+                if feed == "load_only":
+                    view = replace(view, running=0, waiting=0)
             out.append(
                 view.with_router_state(
                     self.ledger.unreflected(hb.node_id, hb.ts),
@@ -343,24 +487,33 @@ class RouterService:
     async def _intake(
         self, request: web.Request, chat: bool | None
     ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
-        """Read, parse (``chat`` None: chat when the body has ``messages``) and gate a request:
-        a refusal, or (request id, start time, request, gate result, decision clock start)."""
+        """Check the headers, authenticate, then read, parse (``chat`` None: chat when the body
+        has ``messages``) and gate a request: a refusal, or (request id, start time, request,
+        gate result, decision clock start). The request id is minted here; nothing a client
+        chose names state."""
         started = time.time()
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        raw = await request.read()
+        n = self.settings.client_id_max_len
+        client_id = client_label(request.headers, "X-Request-Id", n)
+        idempotency_key = client_label(request.headers, "Idempotency-Key", n)
+        tenant = self._tenant(request)
+        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         if chat is None:
             try:
                 chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
+                self.metrics.rejected("bad_json")
                 return _json(error_body(f"invalid JSON: {exc}"), 400)
+            except TypeError:  # a JSON value without keys
+                chat = False
         p = self._parse_or_400(raw, chat)
         if isinstance(p, web.Response):
             return p
         t0 = time.perf_counter()
-        g = await self._gate(request, request_id, p)
+        request_id = mint_id()
+        g = await self._gate(tenant, request_id, idempotency_key, p)
         if isinstance(g, web.Response):
             return g
-        return request_id, started, p, g, t0
+        return request_id, started, p, replace(g, client_request_id=client_id), t0
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         taken = await self._intake(request, chat)
@@ -374,15 +527,12 @@ class RouterService:
                 await self.gate.release(request_id, time.time())
 
     async def _gate(
-        self, request: web.Request, request_id: str, p: ParsedRequest
+        self, tenant: Tenant, request_id: str, idempotency_key: str | None, p: ParsedRequest
     ) -> web.Response | Gated:
-        """Tenant, model, node health and admission for a parsed request: a refusal as a
-        response, or what routing needs (admitted requests hold a reservation from here on)."""
+        """Model, node health and admission for an authenticated, parsed request: a refusal as
+        a response, or what routing needs (admitted requests hold a reservation from here on).
+        """
         now = time.time()
-        tenant = self.gate.tenant(request.headers.get("Authorization"))
-        if isinstance(tenant, Rejection):
-            self.metrics.rejected(tenant.reason)
-            return rejection_response(tenant)
         all_nodes = self.nodes(now)
         if not any(n.model == p.model for n in all_nodes):
             self.metrics.rejected("unknown_model")
@@ -397,7 +547,12 @@ class RouterService:
         pool = nodes[0].pool if nodes else "default"
         verdict = None
         if self.gate.settings.enabled:
-            attempt = request.headers.get("Idempotency-Key") or attempt_fingerprint(tenant, p)
+            # retries of one attempt: the client's Idempotency-Key, within its tenant only
+            attempt = (
+                f"{tenant.name}|{idempotency_key}"
+                if idempotency_key is not None
+                else attempt_fingerprint(tenant, p)
+            )
             early = await self.gate.early_retry(tenant, attempt, now)
             if early is not None:
                 verdict = Verdict(False, 0, 0.0, early)
@@ -431,7 +586,15 @@ class RouterService:
         decision_us = (time.perf_counter() - t0) * 1e6
         self.metrics.decided(decision.reason, decision_us)
         await self._publish_decision(
-            rreq, p, decision, decision_us, started, block_size, tenant, verdict
+            rreq,
+            p,
+            decision,
+            decision_us,
+            started,
+            block_size,
+            tenant,
+            verdict,
+            g.client_request_id,
         )
         if verdict is not None and verdict.rejection is not None:
             rej = verdict.rejection
@@ -481,7 +644,12 @@ class RouterService:
                     on_first_token=functools.partial(
                         self._first_token, request_id, target.node_id, rreq
                     ),
+                    write_timeout_s=self.settings.stream_write_timeout_s,
+                    send_buffer_bytes=self.settings.stream_send_buffer_bytes,
+                    max_duration_s=max(0.0, self.settings.max_stream_s - (time.time() - started)),
                 )
+                if self._feed != "live" and relay.http_status == 502 and not resp.prepared:
+                    self._probe_down.add(target.node_id)  # until it answers a probe again
                 if reroutes or not _reroutable(resp, relay):
                     return resp
                 # the node could not take it (no room for its KV, or gone) before anything
@@ -508,6 +676,8 @@ class RouterService:
                 reroutes += 1
         finally:
             self.ledger.finish(request_id)
+            if relay.cut_off:
+                self.metrics.stalled_clients.inc()
             if relay.status == "ok":
                 self.gate.observe_output(tenant, p.model, relay.output_tokens)
             await self._publish_outcome(request_id, node.node_id, relay, p, started, reroutes)
@@ -520,15 +690,19 @@ class RouterService:
         block_size: int,
         now: float,
         verdict: Verdict | None = None,
+        advise: bool = True,
     ) -> tuple[RouteRequest, RouteDecision]:
-        """The routing decision (skipped when admission rejected the request)."""
+        """The routing decision (skipped when admission rejected the request); ``advise``:
+        may publish pre-warm advice (not for dry runs)."""
         hashes = chain_hashes(p.tokens, block_size)
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
+        if self._feed == "load_only":  # the index is too old to claim hits on
+            return rreq, self._load_policy.decide(rreq, nodes, {}, now)
         matches = self._matches(hashes, now)
         decision = self.policy.decide(rreq, nodes, matches, now)
-        if self.hot is not None and decision.chosen is not None:
+        if advise and self.hot is not None and decision.chosen is not None:
             advice = self.hot.observe(now, hashes, matches, nodes)
             if advice is not None:
                 self._advise(advice, p, block_size, now)
@@ -583,7 +757,9 @@ class RouterService:
         """Admit and route like ``/v1/completions`` but do not forward: the gateway (e.g. Envoy)
         sends the request to the returned endpoint itself and calls ``/v1/kvgate/release``
         with the reservation id when it is done (else the reservation expires with its lease).
-        The body is an OpenAI completion or chat request; the same refusals apply."""
+        The body is an OpenAI completion or chat request; the same refusals apply. Only callers
+        with a gateway key may use it; the reservation is theirs alone to renew and release."""
+        gateway = self._gateway_caller(request)
         taken = await self._intake(request, None)
         if isinstance(taken, web.Response):
             return taken
@@ -602,7 +778,14 @@ class RouterService:
             return routed
         rreq, decision, node = routed
         held = self.gate.held.get(request_id)
-        self._gateway[request_id] = (node.node_id, p, list(rreq.block_hashes), tenant, started)
+        self._gateway[request_id] = (
+            gateway,
+            node.node_id,
+            p,
+            list(rreq.block_hashes),
+            tenant,
+            started,
+        )
         self._gateway_until[request_id] = (
             held.expires_at if held is not None else started + self.gate.settings.lease_s
         )
@@ -624,17 +807,18 @@ class RouterService:
     async def _gateway_release(self, request: web.Request) -> web.Response:
         """The gateway finished a routed request: release its reservation and record the
         outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
-        body = await _read_body(request, GatewayRelease)
+        gateway = self._gateway_caller(request)
+        body = await _read_model(request, GatewayRelease)
         if isinstance(body, web.Response):
             return body
         rid, status, output_tokens = body.reservation_id, body.status, body.output_tokens
         ttft, cached = body.ttft_s, body.cached_tokens
-        entry = self._gateway.pop(rid, None)
+        entry = self._owned(gateway, rid)
+        if isinstance(entry, web.Response):
+            return entry
+        del self._gateway[rid]
         self._gateway_until.pop(rid, None)
-        if entry is None:
-            gone = f"no routed request {rid!r} (released already, or its lease ran out)"
-            return _json(error_body(gone, "NotFoundError", 404), 404)
-        node, p, hashes, tenant, started = entry
+        _, node, p, hashes, tenant, started = entry
         now = time.time()
         await self.gate.release(rid, now)
         self.ledger.finish(rid)
@@ -657,13 +841,14 @@ class RouterService:
     async def _gateway_renew(self, request: web.Request) -> web.Response:
         """A gateway's routed request runs longer than its lease: renew it (call again before
         ``lease_expires_at``)."""
-        body = await _read_body(request, GatewayRenew)
+        gateway = self._gateway_caller(request)
+        body = await _read_model(request, GatewayRenew)
         if isinstance(body, web.Response):
             return body
         rid = body.reservation_id
-        if rid not in self._gateway:
-            gone = f"no routed request {rid!r} (released already, or its lease ran out)"
-            return _json(error_body(gone, "NotFoundError", 404), 404)
+        owned = self._owned(gateway, rid)
+        if isinstance(owned, web.Response):
+            return owned
         now = time.time()
         if rid in self.gate.held:
             try:
@@ -674,6 +859,17 @@ class RouterService:
         until = held.expires_at if held is not None else now + self.gate.settings.lease_s
         self._gateway_until[rid] = until
         return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
+
+    def _owned(
+        self, gateway: str, rid: str
+    ) -> tuple[str, str, ParsedRequest, list[int], Tenant, float] | web.Response:
+        """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same
+        answer as for an unknown id: another gateway's reservations are not even visible)."""
+        entry = self._gateway.get(rid)
+        if entry is None or entry[0] != gateway:
+            gone = "no such routed request (released already, its lease ran out, or not yours)"
+            return _json(error_body(gone, "NotFoundError", 404), 404)
+        return entry
 
     def _forget_gateway(self, now: float) -> int:
         """Routed requests whose gateway never called release: their leases ran out."""
@@ -686,8 +882,9 @@ class RouterService:
         return len(old)
 
     async def _decide(self, request: web.Request) -> web.Response:
-        """Dry run: what would the router do with this body (completion or chat)? No events."""
-        raw = await request.read()
+        """Dry run: what would the router do with this body (completion or chat)? No events,
+        no pre-warm advice, no reservation. An admin endpoint: it shows what the index holds."""
+        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         try:
             body = orjson.loads(raw)
             p = self._parse(raw, chat=isinstance(body, dict) and "messages" in body)
@@ -702,7 +899,7 @@ class RouterService:
             )
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        rreq, d = self._route(uuid.uuid4().hex, p, nodes, block_size, now)
+        rreq, d = self._route(mint_id(), p, nodes, block_size, now, advise=False)
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
         return _json(
@@ -790,6 +987,7 @@ class RouterService:
         block_size: int,
         tenant: Tenant,
         verdict: Verdict | None,
+        client_request_id: str | None = None,
     ) -> None:
         ages = [
             started - self.replica.index_updated_s.get(c.node_id, started)
@@ -821,6 +1019,7 @@ class RouterService:
                 kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
                 output_tokens_estimate=None if verdict is None else verdict.output_estimate,
                 queue_wait_s=None if verdict is None else verdict.queue_wait_s,
+                client_request_id=client_request_id,
             ),
         )
 
@@ -876,6 +1075,9 @@ class RouterService:
         return _json(
             {
                 "ready": ready,
+                # degraded routers stay ready: they serve on what they know (feed_state)
+                "feed": self._feed,
+                "kafka_queued": self.bus.queued,
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "admission_store_ready": store_ready,
                 "healthy_nodes": len(healthy),
@@ -898,4 +1100,9 @@ class RouterService:
         m.nodes.labels("unhealthy").set(len(views) - healthy)
         with contextlib.suppress(AdmissionError):
             m.reservations.set(await self.gate.store.count())
+        m.kafka_queued.set(self.bus.queued)
+        for topic, n in self.bus.dropped.items():
+            m.kafka_dropped.labels(topic).set(n)
+        for mode in ("last_known", "load_only"):
+            m.degraded.labels(mode).set(1 if self._feed == mode else 0)
         return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")

@@ -58,7 +58,7 @@ class RouterSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535, description="0: any free port")
     router_id: str | None = Field(default=None, description="default: host:port:pid")
     policy: Literal[
         "seed_score",
@@ -96,3 +96,69 @@ class RouterSettings(BaseModel):
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
     upstream_idle_timeout_s: float = Field(default=300.0, gt=0)
     stale_heartbeat_s: float | None = Field(default=None, gt=0, description="default: lease")
+    # --- who may call what (router/edge.py) ---
+    gateway_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="gateway key -> gateway name: the callers of /v1/kvgate/route, /release and "
+        "/renew (header X-Kvgate-Gateway-Key); without any, the gateway API is closed",
+    )
+    admin_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="admin key -> name: Authorization for /v1/kvgate/decide and /v1/kvgate/state "
+        "on the main listener",
+    )
+    admin_host: str = Field(default="127.0.0.1", description="the admin listener's address")
+    admin_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="a second listener serving the admin endpoints, /metrics, /health and /ready "
+        "without credentials (on admin_host, loopback by default); none when unset",
+    )
+    # --- limits before work ---
+    max_body_bytes: int = Field(default=4 << 20, ge=1024, description="larger bodies get 413")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="body not read in time: 408")
+    idle_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="a connection that has not sent a complete request's headers for this long "
+        "is closed (idle keep-alive and slow headers alike)",
+    )
+    max_connections: int = Field(
+        default=4096, ge=1, description="more concurrent connections are answered 503 and closed"
+    )
+    max_header_bytes: int = Field(default=8190, ge=256, description="per header line")
+    max_headers: int = Field(default=64, ge=8)
+    client_id_max_len: int = Field(
+        default=128, ge=8, le=1024, description="X-Request-Id / Idempotency-Key labels"
+    )
+    stream_write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a streaming client that takes nothing for this long is cut off (its "
+        "reservation released)",
+    )
+    stream_send_buffer_bytes: int = Field(
+        default=64 << 10,
+        ge=4096,
+        description="kernel send buffer and write buffer of a streaming client's connection: how "
+        "much a client that stops reading can leave with the router before the write timeout "
+        "starts counting",
+    )
+    max_stream_s: float = Field(
+        default=3600.0, gt=0, description="longest a proxied request may run"
+    )
+    # --- when Kafka stops delivering ---
+    feed_stale_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="no heartbeat from any node for this long: the feed (Kafka) is down, not the "
+        "nodes; the router serves degraded",
+    )
+    degraded_view_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="how long a degraded router trusts its last-known view; after that it routes "
+        "by its own load count over the last-known nodes that answer its probes",
+    )
+    probe_interval_s: float = Field(default=2.0, gt=0, description="engine probes when degraded")

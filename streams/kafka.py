@@ -6,8 +6,11 @@ aiokafka errors are wrapped in :class:`StreamError` here, so no caller handles a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -88,15 +91,26 @@ def make_consumer(
 
 
 class KafkaBus:
-    """One producer per process; ``publish`` never blocks the caller on the broker."""
+    """One producer per process. ``publish`` never waits: messages go to a bounded outbox that
+    a background task hands to the producer (retrying what the broker did not take, in order);
+    when the outbox is full, new messages are dropped and counted per topic. ``send`` waits for
+    the broker's acknowledgement (for callers that need it)."""
 
     def __init__(self, settings: KafkaSettings, client_id: str, *, linger_ms: int = 5) -> None:
         self.settings = settings
         self.client_id = client_id
         self._linger_ms = linger_ms
         self._producer_obj: AIOKafkaProducer | None = None
-        self._pending: set[asyncio.Future[Any]] = set()
+        self._outbox: deque[tuple[str, bytes | None, bytes | None]] = deque()
+        self._outbox_bytes = 0
+        self._wake = asyncio.Event()
+        self._inflight = 0
+        self._drainer: asyncio.Task[None] | None = None
         self.send_errors = 0
+        self.retried = 0
+        self.dropped: Counter[str] = Counter()  # topic -> messages dropped (outbox full)
+        self.delivered = 0
+        self.last_delivery_at: float | None = None
 
     def topic(self, spec: TopicSpec) -> str:
         return spec.name(self.settings.namespace)
@@ -106,6 +120,11 @@ class KafkaBus:
         if self._producer_obj is None:
             raise StreamError("KafkaBus.start() was not awaited")
         return self._producer_obj
+
+    @property
+    def queued(self) -> int:
+        """Messages published but not yet handed to the broker (or being retried)."""
+        return len(self._outbox) + self._inflight
 
     async def start(self) -> None:
         self._producer_obj = AIOKafkaProducer(
@@ -121,12 +140,27 @@ class KafkaBus:
             await self._producer.start()
         except KafkaError as exc:
             raise StreamError(f"cannot reach Kafka at {self.settings.bootstrap_servers}") from exc
+        self._drainer = asyncio.create_task(self._drain())
 
-    async def stop(self) -> None:
-        await self.flush()
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued (for at most ``timeout_s``), then stop."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.flush()
+        except (TimeoutError, StreamError) as exc:
+            log.warning("stopping with %d messages undelivered: %r", self.queued, exc)
+        if self._drainer is not None:
+            self._drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drainer
         await self._producer.stop()
 
     async def flush(self) -> None:
+        """Wait until everything published so far has reached the broker."""
+        while self._outbox or self._inflight:
+            if self._drainer is None or self._drainer.done():
+                raise StreamError("the bus is not running")
+            await asyncio.sleep(0.005)
         try:
             await self._producer.flush()
         except KafkaError as exc:
@@ -140,24 +174,74 @@ class KafkaBus:
             raise StreamError(f"send to {self.topic(spec)} failed: {exc}") from exc
 
     async def publish(self, spec: TopicSpec, key: str | None, value: BaseModel) -> None:
-        """Hand the message to the producer's buffer; delivery errors are counted and logged."""
-        await self.publish_raw(self.topic(spec), encode_key(key), encode(value))
+        """Queue the message for the broker; returns at once (see the class docstring)."""
+        self.enqueue(self.topic(spec), encode_key(key), encode(value))
 
     async def publish_raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
-        try:
-            fut = await self._producer.send(topic, value, key)
-        except KafkaError as exc:
-            self.send_errors += 1
-            log.warning("send to %s failed: %s", topic, exc)
-            return
-        self._pending.add(fut)
-        fut.add_done_callback(self._delivered)
+        self.enqueue(topic, key, value)
 
-    def _delivered(self, fut: asyncio.Future[Any]) -> None:
-        self._pending.discard(fut)
-        if not fut.cancelled() and fut.exception() is not None:
+    def enqueue(self, topic: str, key: bytes | None, value: bytes | None) -> bool:
+        """Queue one message; False (and counted in ``dropped``) when the outbox is full."""
+        size = len(value or b"") + len(key or b"")
+        s = self.settings
+        if len(self._outbox) >= s.outbox_max_messages or self._outbox_bytes + size > (
+            s.outbox_max_bytes
+        ):
+            if not self.dropped:
+                log.warning("Kafka outbox full (%d messages): dropping", len(self._outbox))
+            self.dropped[topic] += 1
+            return False
+        self._outbox.append((topic, key, value))
+        self._outbox_bytes += size
+        self._wake.set()
+        return True
+
+    def _take(self) -> tuple[str, bytes | None, bytes | None]:
+        item = self._outbox.popleft()
+        self._outbox_bytes -= len(item[2] or b"") + len(item[1] or b"")
+        return item
+
+    def _requeue(self, item: tuple[str, bytes | None, bytes | None]) -> None:
+        """Back to the front (order kept as far as it can be) — the broker did not take it."""
+        self._outbox.appendleft(item)
+        self._outbox_bytes += len(item[2] or b"") + len(item[1] or b"")
+        self.retried += 1
+        self._wake.set()
+
+    async def _drain(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self._outbox:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            item = self._take()
+            topic, key, value = item
+            try:
+                fut = await self._producer.send(topic, value, key)
+            except KafkaError as exc:  # no metadata / buffer full for too long: broker away
+                self._requeue(item)
+                self.send_errors += 1
+                if backoff >= 1.0:
+                    log.warning("Kafka does not take messages (%s); %d queued", exc, self.queued)
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+                continue
+            backoff = 0.05
+            self._inflight += 1
+            fut.add_done_callback(functools.partial(self._delivered, item))
+
+    def _delivered(
+        self, item: tuple[str, bytes | None, bytes | None], fut: asyncio.Future[Any]
+    ) -> None:
+        self._inflight -= 1
+        if fut.cancelled() or fut.exception() is not None:
             self.send_errors += 1
-            log.warning("delivery failed: %s", fut.exception())
+            log.warning("delivery to %s failed (%r); retrying", item[0], fut.exception())
+            self._requeue(item)
+            return
+        self.delivered += 1
+        self.last_delivery_at = time.time()
 
 
 def dead_letter(record: Any, error: str, consumer: str) -> DeadLetter:

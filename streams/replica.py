@@ -208,6 +208,7 @@ class TableReplica(TablesThenInput):
         *,
         follow_input: bool = True,
         node_ttl_s: float = 60.0,
+        feed_stale_s: float = 3.0,
     ) -> None:
         group = app_id(kafka, worker)
         self.load_topic = LOAD.changelog(group)
@@ -224,6 +225,11 @@ class TableReplica(TablesThenInput):
             follow_input=follow_input,
         )
         self.node_ttl_s = node_ttl_s
+        self.feed_stale_s = feed_stale_s
+        # node -> when this replica received its newest heartbeat (its own clock: an agent's
+        # wall clock says nothing about liveness); bootstrap records count at their own time
+        self.received: dict[str, float] = {}
+        self.last_heartbeat_rx: float | None = None  # newest heartbeat received live
         self.index = PrefixIndex()
         self.load: dict[str, Heartbeat] = {}
         self.cursors: dict[str, KvCursor] = {}
@@ -234,6 +240,7 @@ class TableReplica(TablesThenInput):
 
     def _reset(self) -> None:
         self.index, self.load, self.cursors = PrefixIndex(), {}, {}
+        self.received = {}
 
     def _describe(self) -> str:
         return f"{len(self.load)} nodes, {len(self.index)} blocks"
@@ -268,7 +275,7 @@ class TableReplica(TablesThenInput):
                 self.load.pop(node, None)
                 return
             with contextlib.suppress(SchemaError, ValueError):
-                self._set_load(Heartbeat.model_validate_json(value), now)
+                self._set_load(Heartbeat.model_validate_json(value), now, live=False)
 
     def _apply_input(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
         if value is None:  # the worker retired the node
@@ -279,15 +286,17 @@ class TableReplica(TablesThenInput):
         try:
             if topic == self.hb_topic:
                 hb = Heartbeat.model_validate_json(value)
+                self.last_heartbeat_rx = now  # the feed is alive, whatever the heartbeat says
                 if heartbeat_is_newer(self.load.get(hb.node_id), hb):
-                    self._set_load(hb, now)
+                    self._set_load(hb, now, live=True)
             else:
                 self.apply_kv(KvEventBatch.model_validate_json(value), now)
         except ValueError:  # invalid input: the worker dead-letters it
             return
 
-    def _set_load(self, hb: Heartbeat, now: float) -> None:
+    def _set_load(self, hb: Heartbeat, now: float, live: bool) -> None:
         self.load[hb.node_id] = hb
+        self.received[hb.node_id] = now if live else min(hb.ts, now)
         if self.on_load is not None:
             self.on_load(hb, now)
 
@@ -310,13 +319,20 @@ class TableReplica(TablesThenInput):
 
     def forget(self, node: str) -> None:
         self.load.pop(node, None)
+        self.received.pop(node, None)
         self.index.drop_node(node)
         self.cursors.pop(node, None)
         self.index_updated_s.pop(node, None)
 
     def expire(self, now: float) -> list[str]:
-        """Forget nodes not heard from for ``node_ttl_s``: their load and index entries."""
-        dead = [n for n, hb in self.load.items() if now - hb.ts > self.node_ttl_s]
+        """Forget nodes not heard from for ``node_ttl_s``: their load and index entries. Not
+        while the feed itself is silent (no heartbeat from any node for ``feed_stale_s``): then
+        Kafka is away, not the nodes, and the last-known view is all a router has."""
+        if self.last_heartbeat_rx is None or now - self.last_heartbeat_rx > self.feed_stale_s:
+            return []
+        dead = [
+            n for n in self.load if now - self.received.get(n, self.load[n].ts) > self.node_ttl_s
+        ]
         for node in dead:
             self.forget(node)
         return dead

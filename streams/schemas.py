@@ -183,6 +183,11 @@ class Decision(Message):
     candidates: list[CandidateScore] = Field(default_factory=list)
     index_age_s: float | None = None
     decision_us: float = Field(ge=0)
+    client_request_id: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="the client's X-Request-Id, recorded as a label (request_id is kvgate's own)",
+    )
 
 
 class Outcome(Message):

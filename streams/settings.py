@@ -27,6 +27,13 @@ class KafkaSettings(BaseModel):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
+    outbox_max_messages: int = Field(
+        default=200_000,
+        ge=1,
+        description="messages a process holds while Kafka does not take them (an outage); more "
+        "are dropped and counted, the caller never waits",
+    )
+    outbox_max_bytes: int = Field(default=256 << 20, ge=1 << 16, description="the same, in bytes")
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka clients (connection and security only)."""

@@ -20,6 +20,26 @@ from tests.conftest import wait_until
 M = TypeVar("M", bound=BaseModel)
 
 MODEL = "llama-3.1-8b"
+ADMIN_KEY = "kvgate-test-admin"
+GATEWAY_KEY = "kvgate-test-gateway"
+# the routers of these tests accept one admin and one gateway key (router.admin_keys,
+# router.gateway_keys); ``post`` and ``get`` present them on the endpoints that need them
+ROUTER_KEYS = {
+    "KVGATE_ROUTER__ADMIN_KEYS": f'{{"{ADMIN_KEY}": "tests"}}',
+    "KVGATE_ROUTER__GATEWAY_KEYS": f'{{"{GATEWAY_KEY}": "test-gateway"}}',
+}
+_ADMIN_PATHS = ("/v1/kvgate/decide", "/v1/kvgate/state")
+_GATEWAY_PATHS = ("/v1/kvgate/route", "/v1/kvgate/release", "/v1/kvgate/renew")
+
+
+def credentials(path: str, headers: dict[str, str] | None = None) -> dict[str, str]:
+    """``headers`` plus the admin or gateway key the path needs (unless already given)."""
+    out = dict(headers or {})
+    if path in _ADMIN_PATHS:
+        out.setdefault("Authorization", f"Bearer {ADMIN_KEY}")
+    elif path in _GATEWAY_PATHS:
+        out.setdefault("X-Kvgate-Gateway-Key", GATEWAY_KEY)
+    return out
 
 
 @dataclass
@@ -42,9 +62,15 @@ class Cluster:
     def add_worker(self, name: str = "worker") -> None:
         self.sup.spawn(name, "worker")
 
-    def add_router(self, name: str = "router") -> str:
+    def add_router(self, name: str = "router", env: dict[str, str] | None = None) -> str:
         port = free_port()
-        self.sup.spawn(name, "router", "--port", str(port), env={"KVGATE_ROUTER__ROUTER_ID": name})
+        self.sup.spawn(
+            name,
+            "router",
+            "--port",
+            str(port),
+            env={"KVGATE_ROUTER__ROUTER_ID": name, **ROUTER_KEYS, **(env or {})},
+        )
         url = f"http://127.0.0.1:{port}"
         self.routers[name] = url
         return url
@@ -83,7 +109,7 @@ async def post(
 ) -> tuple[int, Any]:
     async with (
         aiohttp.ClientSession() as http,
-        http.post(url + path, json=body, headers=headers) as r,
+        http.post(url + path, json=body, headers=credentials(path, headers)) as r,
     ):
         if r.content_type == "text/event-stream":
             return r.status, await r.text()
@@ -91,7 +117,10 @@ async def post(
 
 
 async def get(url: str, path: str) -> Any:
-    async with aiohttp.ClientSession() as http, http.get(url + path) as r:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url + path, headers=credentials(path)) as r,
+    ):
         return await r.json(content_type=None)
 
 

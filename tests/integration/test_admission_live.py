@@ -160,6 +160,8 @@ async def test_requests_longer_than_the_lease_keep_their_reservation(
             router + "/v1/completions", json=body, headers={"X-Request-Id": "long-1"}
         ) as r:
             assert r.status == 200
+            long_rid = r.headers["X-Request-Id"]  # minted by the router
+            assert long_rid != "long-1"
             chunks = 0
             async for _ in r.content:
                 chunks += 1
@@ -176,16 +178,17 @@ async def test_requests_longer_than_the_lease_keep_their_reservation(
         # a gateway's request: renewed by the gateway, released by it
         route = {"model": MODEL, "prompt": "gateway " * 40, "max_tokens": 8}
         status, routed = await post(router, "/v1/kvgate/route", route, {"X-Request-Id": "gw-long"})
-        assert status == 200 and routed["reservation_id"] == "gw-long"
+        gw_rid = routed["reservation_id"]
+        assert status == 200 and gw_rid != "gw-long"
         first_lease = routed["lease_expires_at"]
         for _ in range(5):
             await asyncio.sleep(0.4)
-            status, renewed = await post(router, "/v1/kvgate/renew", {"reservation_id": "gw-long"})
+            status, renewed = await post(router, "/v1/kvgate/renew", {"reservation_id": gw_rid})
             assert status == 200, renewed
         assert renewed["lease_expires_at"] > first_lease + 1.5
-        status, out = await post(router, "/v1/kvgate/release", {"reservation_id": "gw-long"})
+        status, out = await post(router, "/v1/kvgate/release", {"reservation_id": gw_rid})
         assert status == 200, out  # still routed, not forgotten with the first lease
-        status, err = await post(router, "/v1/kvgate/renew", {"reservation_id": "gw-long"})
+        status, err = await post(router, "/v1/kvgate/renew", {"reservation_id": gw_rid})
         assert status == 404
         status, err = await post(router, "/v1/kvgate/renew", {"reservation": "x"})
         assert status == 400 and "reservation" in err["error"]["message"]
@@ -196,7 +199,7 @@ async def test_requests_longer_than_the_lease_keep_their_reservation(
         LedgerEvent,
         lambda got: sum(e.kind == "release" for e in got) >= 2,
     )
-    for rid in ("long-1", "gw-long"):
+    for rid in (long_rid, gw_rid):
         kinds = [e.kind for e in events if e.reservation_id == rid]
         assert kinds[0] == "reserve" and kinds[-1] == "release", kinds
         assert "expire" not in kinds and kinds.count("release") == 1

@@ -25,7 +25,9 @@ async def test_route_then_release(supervisor: Supervisor, kafka_settings: KafkaS
     }
     status, routed = await post(router, "/v1/kvgate/route", body, {"X-Request-Id": "gw-1"})
     assert status == 200, routed
-    assert routed["request_id"] == routed["reservation_id"] == "gw-1"
+    rid = routed["reservation_id"]
+    # kvgate mints the ids; the client's X-Request-Id is only a label on the decision
+    assert routed["request_id"] == rid and rid != "gw-1" and len(rid) == 32
     assert routed["node_id"] in c.engines and routed["endpoint"] == c.engines[routed["node_id"]]
     assert routed["path"] == "/v1/chat/completions" and routed["kv_blocks_reserved"] > 0
     state = await get(router, "/v1/kvgate/state")
@@ -36,17 +38,23 @@ async def test_route_then_release(supervisor: Supervisor, kafka_settings: KafkaS
     assert status == 200
     usage = answer["usage"]
     release = {
-        "reservation_id": "gw-1",
+        "reservation_id": rid,
         "output_tokens": usage["completion_tokens"],
         "ttft_s": 0.05,
         "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0),
     }
+    # only the gateway that routed it may release it: without a key 401, another gateway's
+    # key would not even see it (404, like an unknown id)
+    status, err = await post(router, "/v1/kvgate/release", release, {"X-Kvgate-Gateway-Key": ""})
+    assert status == 401 and err["error"]["type"] == "unauthorized"
+    status, err = await post(router, "/v1/kvgate/release", release, {"X-Kvgate-Gateway-Key": "x"})
+    assert status == 401
     status, out = await post(router, "/v1/kvgate/release", release)
-    assert status == 200 and out == {"released": "gw-1"}
+    assert status == 200 and out == {"released": rid}
     state = await get(router, "/v1/kvgate/state")
     assert state["reservations"] == 0 and state["inflight"] == 0
     status, again = await post(router, "/v1/kvgate/release", release)
-    assert status == 404 and "gw-1" in again["error"]["message"]
+    assert status == 404 and again["error"]["type"] == "NotFoundError"
 
     # refusals and bad input, as on the proxy path
     status, err = await post(router, "/v1/kvgate/route", {**body, "model": "nope"})
@@ -58,8 +66,9 @@ async def test_route_then_release(supervisor: Supervisor, kafka_settings: KafkaS
 
     decisions = await read_topic(kafka_settings, DECISIONS, Decision, lambda d: len(d) >= 1)
     outcomes = await read_topic(kafka_settings, OUTCOMES, Outcome, lambda o: len(o) >= 1)
-    d = next(x for x in decisions if x.request_id == "gw-1")
-    o = next(x for x in outcomes if x.request_id == "gw-1")
+    d = next(x for x in decisions if x.request_id == rid)
+    o = next(x for x in outcomes if x.request_id == rid)
+    assert d.client_request_id == "gw-1"
     assert d.chosen_node == routed["node_id"] and d.admission == "admitted"
     assert o.status == "ok" and o.output_tokens == usage["completion_tokens"]
     assert o.node_id == routed["node_id"] and o.ttft_s == 0.05

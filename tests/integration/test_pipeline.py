@@ -96,12 +96,19 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
 
         await wait_until(landed, 20, "outcomes in ClickHouse", 0.2)
         await asyncio.sleep(1.0)  # anything extra would have landed by now
+        # the router mints request ids; the client's X-Request-Id is a label on the decision
+        labels = ch.query(
+            "SELECT request_id, client_request_id AS label FROM kvgate.decisions FINAL"
+        )
+        assert sorted(r["label"] for r in labels) == sorted(ids)
+        minted = sorted(r["request_id"] for r in labels)
+        assert not set(minted) & set(ids) and len(set(minted)) == len(ids)
         for table in ("decisions", "outcomes"):
             final = ch.query(
                 f"SELECT request_id, count() AS n FROM kvgate.{table} FINAL GROUP BY request_id"
             )
             raw = ch.query(f"SELECT count() AS n FROM kvgate.{table}")
-            assert sorted(r["request_id"] for r in final) == sorted(ids), table
+            assert sorted(r["request_id"] for r in final) == minted, table
             assert all(int(r["n"]) == 1 for r in final)
             assert int(raw[0]["n"]) == len(ids), f"{table}: duplicated rows before merges"
         ok = ch.query(

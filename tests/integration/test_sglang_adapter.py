@@ -38,8 +38,11 @@ async def test_sglang_node_routes_on_an_approximate_index(
     status, _ = await post(router, "/v1/completions", body, {"X-Request-Id": "sg-2"})
     assert status == 200
     decisions = await read_topic(
-        kafka_settings, DECISIONS, Decision, lambda ds: "sg-2" in {x.request_id for x in ds}
+        kafka_settings,
+        DECISIONS,
+        Decision,
+        lambda ds: "sg-2" in {x.client_request_id for x in ds},
     )
-    second = next(x for x in decisions if x.request_id == "sg-2")
+    second = next(x for x in decisions if x.client_request_id == "sg-2")
     cand = next(x for x in second.candidates if x.node_id == "s1")
     assert cand.approximate_index and cand.hit_blocks > 0

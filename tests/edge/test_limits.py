@@ -1,0 +1,144 @@
+"""Limits before work: authentication before the body, bounded bodies, header and body read
+times, connections, stalled streams and long requests; every refusal in the OpenAI error shape
+and no internal address in a 502."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import orjson
+
+from tests.conftest import wait_until
+from tests.edgekit import bearer, completion, edge, raw_http
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def _head(length: int, key: str | None = None, path: str = "/v1/completions") -> bytes:
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+
+async def test_huge_bodies_are_refused_before_they_are_read() -> None:
+    """64 MiB announced: without a key → 401, with one → 413; neither waits for the body
+    (none is sent). Sent chunked past the limit → 413 after the limit, not after 64 MiB."""
+    async with edge(admission={"require_api_key": True}, router={"max_body_bytes": 1 << 20}) as e:
+        port = _port(e.url)
+        answer = await raw_http(port, _head(64 << 20), read_timeout_s=5)
+        assert _status(answer) == 401 and b'"unauthorized"' in answer
+        answer = await raw_http(port, _head(64 << 20, "sk-alpha"), read_timeout_s=5)
+        assert _status(answer) == 413 and b"over the limit" in answer
+
+        async def chunks() -> object:
+            for _ in range(64):
+                yield b"x" * (1 << 20)
+
+        async with e.http.post(
+            e.url + "/v1/completions", data=chunks(), headers=bearer("sk-alpha")
+        ) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["code"] == 413
+        assert await e.reservations() == 0
+
+
+async def test_slow_bodies_get_408_and_slow_headers_are_cut() -> None:
+    async with edge(router={"body_timeout_s": 0.5, "idle_timeout_s": 1.0}) as e:
+        port = _port(e.url)
+        # the body never completes
+        answer = await raw_http(port, _head(100) + b'{"model": "x"', read_timeout_s=5)
+        assert _status(answer) == 408 and b"not received within" in answer
+        # headers that never complete: the connection is closed after idle_timeout_s
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+        await writer.drain()
+        got = await asyncio.wait_for(reader.read(), timeout=10)  # EOF: the router closed it
+        assert got == b"" or _status(got) >= 400
+        writer.close()
+        # an idle connection that never sends anything is closed as well
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""
+        writer.close()
+        assert await e.reservations() == 0
+
+
+async def test_connections_over_the_limit_get_503() -> None:
+    async with edge(router={"max_connections": 3, "idle_timeout_s": 30.0}) as e:
+        port = _port(e.url)
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        answer = await raw_http(port, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n", 5)
+        assert _status(answer) == 503 and b"too many open connections" in answer
+        assert b"Retry-After: 1" in answer
+        for _, w in held:
+            w.close()
+        await asyncio.sleep(0.2)
+        status, _, _ = await e.call("GET", "/health")
+        assert status == 200
+        assert e.listeners.refused_connections == 1
+
+
+async def test_a_client_that_stops_reading_loses_its_reservation() -> None:
+    """A streaming client that never reads: the router cuts it off after
+    stream_write_timeout_s once the socket buffers are full, and releases its reservation."""
+    async with edge(router={"stream_write_timeout_s": 0.5}, engines=1) as e:
+        body = orjson.dumps(completion("story " * 50, max_tokens=20000, stream=True))
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", _port(e.url)))
+        sock.send(_head(len(body)).replace(b"Connection: close", b"Connection: keep-alive") + body)
+
+        async def reserved() -> bool:
+            return await e.reservations() == 1
+
+        await wait_until(reserved, 5, "the stream admitted")
+
+        async def released() -> bool:
+            return await e.reservations() == 0
+
+        await wait_until(released, 60, "the stalled stream released", 0.25)
+        metrics = (await e.call("GET", "/metrics"))[1]
+        assert "kvgate_router_stalled_clients_total 1.0" in metrics
+        sock.close()
+
+
+async def test_no_request_runs_past_max_stream_s() -> None:
+    async with edge(router={"max_stream_s": 1.0}, engines=1) as e:
+        body = completion("story " * 50, max_tokens=20000, stream=True)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        async with e.http.post(e.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            text = (await r.read()).decode()
+        assert loop.time() - t0 < 10
+        assert "max_duration_s" in text and text.rstrip().endswith("data: [DONE]")
+        assert await e.reservations() == 0
+
+
+async def test_errors_have_the_openai_shape_and_hide_addresses() -> None:
+    async with edge(engines=1) as e:
+        for method, path in (("GET", "/nope"), ("PUT", "/v1/completions")):
+            status, out, _ = await e.call(method, path)
+            assert status in (404, 405) and out["error"]["code"] == status, out
+        status, out, _ = await e.call("POST", "/v1/completions", data=b"{not json")
+        assert status == 400 and "invalid JSON" in out["error"]["message"]
+        # the engine goes away, its heartbeats do not (yet): a 502 that names no address
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        e.engines["n1"] = dead  # the feeder announces it from now on
+        await asyncio.sleep(0.5)
+        status, out, _ = await e.call("POST", "/v1/completions", completion())
+        assert status == 502 and out["error"]["code"] == 502
+        assert "127.0.0.1" not in str(out) and dead not in str(out)
+        assert await e.reservations() == 0

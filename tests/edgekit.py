@@ -1,0 +1,224 @@
+"""An in-process router in front of in-process simulated engines, over real sockets.
+
+For the tests of the router's HTTP edge (auth, limits, ids, stalls, degraded feed): the router
+runs with its real listeners (:func:`router.serve.start_listeners`), the engines are real
+:class:`agents.simengine.SimEngine` servers, and the replica is fed heartbeats directly instead of
+through Kafka (the Kafka bus is never started: what the router publishes stays in its outbox,
+where tests read it). The pipeline itself is tested against real Kafka elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from admission.settings import AdmissionSettings, Tenant
+from agents.profile import EngineProfile
+from agents.settings import EngineSettings
+from agents.simengine import SimEngine
+from router.policies import make_policy
+from router.serve import Listeners, start_listeners
+from router.service import RouterService
+from router.settings import RouterSettings
+from streams.codec import decode
+from streams.kafka import KafkaBus
+from streams.replica import TableReplica
+from streams.schemas import Decision, Heartbeat
+from streams.settings import KafkaSettings, WorkerSettings
+from streams.topics import DECISIONS
+
+MODEL = "llama-3.1-8b"
+ADMIN = "admin-key-0123"
+GATEWAY = "gateway-key-0123"
+OTHER_GATEWAY = "gateway-key-4567"
+TENANTS = {
+    "sk-alpha": Tenant(name="alpha", priority="normal"),
+    "sk-beta": Tenant(name="beta", priority="normal"),
+}
+
+
+@dataclass
+class Edge:
+    service: RouterService
+    url: str
+    admin_url: str | None
+    engines: dict[str, str]
+    listeners: Listeners
+    http: aiohttp.ClientSession
+    feeding: bool = True
+    beats: dict[str, Heartbeat] = field(default_factory=dict)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        *,
+        base: str | None = None,
+        data: bytes | None = None,
+    ) -> tuple[int, Any, CIMultiDict[str]]:
+        kwargs: dict[str, Any] = {"headers": headers or {}}
+        if data is not None:
+            kwargs["data"] = data
+        elif body is not None:
+            kwargs["json"] = body
+        async with self.http.request(method, (base or self.url) + path, **kwargs) as r:
+            raw = await r.read()
+            try:
+                parsed: Any = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                parsed = raw.decode("utf-8", "replace")
+            return r.status, parsed, CIMultiDict(r.headers)
+
+    async def reservations(self) -> int:
+        return await self.service.gate.store.count()
+
+    def published(self, topic: str) -> list[bytes]:
+        """Values the router queued for ``topic`` (its Kafka bus is not running)."""
+        name = f"{self.service.bus.settings.namespace}.{topic}"
+        return [v for t, _, v in self.service.bus._outbox if t == name and v is not None]
+
+    def decisions(self) -> list[Decision]:
+        return [decode(Decision, v) for v in self.published(DECISIONS.suffix)]
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert server is not None and isinstance(server, asyncio.Server)
+    port = server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def _beat(node: str, url: str, blocks: int, seq: int) -> Heartbeat:
+    return Heartbeat(
+        node_id=node,
+        epoch="e1",
+        seq=seq,
+        ts=time.time(),
+        endpoint=url,
+        model=MODEL,
+        block_size=16,
+        kv_blocks_total=blocks,
+        kv_blocks_used=0,
+        running=0,
+        waiting=0,
+    )
+
+
+@contextlib.asynccontextmanager
+async def edge(
+    engines: int = 2,
+    blocks: int = 2000,
+    router: dict[str, Any] | None = None,
+    admission: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
+) -> AsyncIterator[Edge]:
+    """A router (main listener + admin listener on loopback) in front of ``engines`` simulated
+    engines of ``blocks`` KV blocks each. Defaults: admin and two gateway keys, two tenants."""
+    runners: list[web.AppRunner] = []
+    urls: dict[str, str] = {}
+    for i in range(engines):
+        es = EngineSettings(
+            kv_events_endpoint=None,
+            profile=EngineProfile(num_gpu_blocks_override=blocks),
+            **(engine or {}),
+        )
+        runner, url = await _serve(SimEngine(es).app())
+        runners.append(runner)
+        urls[f"n{i + 1}"] = url
+    rs = RouterSettings(
+        **{
+            "port": 0,
+            "admin_port": 0,
+            "admin_keys": {ADMIN: "ops"},
+            "gateway_keys": {GATEWAY: "gw-a", OTHER_GATEWAY: "gw-b"},
+            "prewarm": True,
+            **(router or {}),
+        }
+    )
+    adm = AdmissionSettings(**{"tenants": TENANTS, **(admission or {})})
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1", namespace=f"t{uuid.uuid4().hex[:8]}")
+    replica = TableReplica(kafka, WorkerSettings(), "edge-replica")
+    bus = KafkaBus(kafka, "edge")
+    service = RouterService(rs, replica, bus, make_policy(rs), adm)
+    e: Edge | None = None
+
+    async def feed() -> None:
+        seq = 0
+        while True:
+            if e is not None and e.feeding:
+                seq += 1
+                now = time.time()
+                for node, url in urls.items():
+                    hb = _beat(node, url, blocks, seq)
+                    replica.load[node] = hb
+                    replica.received[node] = now
+                    e.beats[node] = hb
+                replica.last_heartbeat_rx = now
+            await asyncio.sleep(0.2)
+
+    listeners = await start_listeners(service.app(), service.admin_app(), rs)
+    ports = listeners.ports
+    http = aiohttp.ClientSession()
+    e = Edge(
+        service,
+        f"http://127.0.0.1:{ports[0]}",
+        f"http://127.0.0.1:{ports[1]}" if len(ports) > 1 else None,
+        urls,  # what the heartbeats announce: point a node elsewhere to take its engine away
+        listeners,
+        http,
+    )
+    feeder = asyncio.create_task(feed())
+    await asyncio.sleep(0.05)
+    replica.caught_up.set()
+    try:
+        yield e
+    finally:
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
+        await http.close()
+        await listeners.stop()
+        for runner in runners:
+            await runner.cleanup()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def completion(prompt: str = "hello " * 40, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 4, **extra}
+
+
+async def raw_http(port: int, payload: bytes, read_timeout_s: float = 5.0) -> bytes:
+    """Send raw bytes to a listener and read what comes back until it closes (or times out)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        out = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            async with asyncio.timeout(read_timeout_s):
+                while chunk := await reader.read(65536):
+                    out += chunk
+        return out
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
