@@ -39,6 +39,7 @@ class RejectReason(StrEnum):
     QUEUE_TIMEOUT = "queue_timeout"  # cannot start before its deadline (early) or waited it out
     NODES_UNHEALTHY = "nodes_unhealthy"  # too little of the cluster is healthy: 503
     STORE_UNAVAILABLE = "store_unavailable"  # the reservation store is down or being rebuilt
+    TENANT_QUOTA = "tenant_quota"  # the tenant is at its concurrency, KV share or fair share
 
 
 @dataclass(frozen=True, slots=True)

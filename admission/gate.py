@@ -16,7 +16,12 @@ from admission.core import Budget, Rejection, RejectReason, Verdict, admit, prio
 from admission.estimate import OutputEstimator
 from admission.exceptions import AdmissionError
 from admission.queue import AdmissionQueues, Waiting
-from admission.reservations import InProcessReservations, Reservation, ReservationStore
+from admission.reservations import (
+    TENANT_LIMIT,
+    InProcessReservations,
+    Reservation,
+    ReservationStore,
+)
 from admission.settings import AdmissionSettings, Priority, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
 from streams.schemas import LedgerEvent
@@ -53,6 +58,9 @@ class AdmissionGate:
             quantile=settings.output_quantile, min_samples=settings.output_min_samples
         )
         self._pump_lock = asyncio.Lock()
+        self._weights = {t.name: t.weight for t in settings.tenants.values()}
+        self._weights[settings.anonymous.name] = settings.anonymous.weight
+        self._demand: dict[str, float] = {}  # tenant -> when it last asked this router
 
     def tenant(self, key: str | None) -> Tenant | Rejection:
         """The tenant of an API key (the edge takes it from ``Authorization: Bearer <key>``;
@@ -89,6 +97,59 @@ class AdmissionGate:
         """The most concurrent requests reservations may hold once this request is in."""
         return max(1, int(priority_limit(priority, self.settings) * total_slots))
 
+    def _asked(self, tenant: Tenant, now: float) -> None:
+        self._demand[tenant.name] = now
+        if len(self._demand) > 4 * len(self._weights) + 64:
+            window = self.settings.fair_share_window_s
+            self._demand = {t: at for t, at in self._demand.items() if now - at <= window}
+
+    async def tenant_limits(
+        self, tenant: Tenant, pool: str, b: Budget, usage_after: float, now: float
+    ) -> tuple[int | None, int | None, str]:
+        """The most KV blocks and slots ``tenant`` may hold in ``pool`` with this request in
+        (None: no limit of its own), and why: its hard caps (``max_kv_share``,
+        ``max_concurrency``) and, once the pool is contended (above yellow), its weighted fair
+        share among the tenants that hold reservations or asked this router within
+        ``fair_share_window_s`` — only for a tenant already holding something, so every tenant
+        can always run one request."""
+        s = self.settings
+        blocks = (
+            int(tenant.max_kv_share * b.kv_blocks_total)
+            if tenant.max_kv_share is not None
+            else None
+        )
+        why = "max_kv_share"
+        if s.fair_share and usage_after > s.yellow_watermark:
+            usage = await self.store.tenant_usage(pool)
+            if usage.get(tenant.name, (0, 0))[1] > 0:
+                window = s.fair_share_window_s
+                asking = {t for t, at in self._demand.items() if now - at <= window}
+                active = {t for t, (_, slots) in usage.items() if slots > 0} | asking
+                active.add(tenant.name)
+                total = sum(self._weights.get(t, 1.0) for t in active)
+                share = int(
+                    self._weights.get(tenant.name, 1.0)
+                    / total
+                    * self.limit(tenant, b.kv_blocks_total)
+                )
+                if blocks is None or share < blocks:
+                    blocks, why = share, f"fair share ({len(active)} tenants)"
+        return blocks, tenant.max_concurrency, why
+
+    def _quota_rejection(self, tenant: Tenant, why: str, kv_blocks: int, usage: float) -> Verdict:
+        return Verdict(
+            False,
+            kv_blocks,
+            usage,
+            Rejection(
+                RejectReason.TENANT_QUOTA,
+                True,
+                max(self.settings.min_retry_after_s, 1.0),
+                f"tenant {tenant.name} is at its limit ({why}, max_concurrency "
+                f"{tenant.max_concurrency})",
+            ),
+        )
+
     def observe_output(self, tenant: Tenant, model: str, output_tokens: int) -> None:
         """A finished request's actual output length (feeds the learned estimate)."""
         if self.settings.learn_output:
@@ -108,6 +169,7 @@ class AdmissionGate:
     ) -> Verdict:
         """Admit (reserving), queue until admitted or refused, or refuse now (503 when the
         reservation store cannot answer: nothing is admitted that the budget cannot see)."""
+        self._asked(tenant, now)
         try:
             self._node_blocks[pool] = list(node_blocks)
             expected = (
@@ -129,6 +191,9 @@ class AdmissionGate:
             if not verdict.admitted:
                 return verdict
             # the snapshot may be stale (other routers): the store checks the limit atomically
+            t_blocks, t_slots, why = await self.tenant_limits(
+                tenant, pool, b, verdict.usage_after, now
+            )
             r = await self.store.try_reserve(
                 request_id,
                 pool,
@@ -137,8 +202,13 @@ class AdmissionGate:
                 now,
                 self.settings.lease_s,
                 self.slot_limit(tenant.priority, b.slots_total),
+                tenant.name,
+                t_blocks,
+                t_slots,
             )
-            if r is None:
+            if r == TENANT_LIMIT:
+                return self._quota_rejection(tenant, why, verdict.kv_blocks, verdict.usage_after)
+            if not isinstance(r, Reservation):
                 retry = max(self.settings.min_retry_after_s, 1.0)
                 return Verdict(
                     False,
@@ -167,7 +237,9 @@ class AdmissionGate:
         self, request_id: str, tenant: Tenant, pool: str, verdict: Verdict, b: Budget, now: float
     ) -> Verdict:
         timeout = self.settings.queue_timeout_s.get(tenant.priority, 0.0)
-        w = Waiting(request_id, pool, tenant.priority, verdict.kv_blocks, now, now + timeout)
+        w = Waiting(
+            request_id, pool, tenant.priority, verdict.kv_blocks, now, now + timeout, tenant
+        )
         refused = self.queues.offer(w, b, now)
         if refused is not None:
             return replace(verdict, queue=False, rejection=refused)
@@ -212,6 +284,8 @@ class AdmissionGate:
                 b = await self.budget(pool, self._node_blocks.get(pool, []), now)
                 while (head := self.queues.admissible(pool, b)) is not None:
                     limit = int(priority_limit(head.priority, self.settings) * b.kv_blocks_total)
+                    t = head.tenant or self.settings.anonymous
+                    t_blocks, t_slots, why = await self.tenant_limits(t, pool, b, 1.0, now)
                     r = await self.store.try_reserve(
                         head.request_id,
                         pool,
@@ -220,8 +294,19 @@ class AdmissionGate:
                         now,
                         self.settings.lease_s,
                         self.slot_limit(head.priority, b.slots_total),
+                        t.name,
+                        t_blocks,
+                        t_slots,
                     )
-                    if r is None:  # another router took the room first
+                    if r == TENANT_LIMIT:  # over its share: refused, the queue moves on
+                        self.queues.remove(head)
+                        fut = self._waiters.get(head)
+                        if fut is not None and not fut.done():
+                            fut.set_result(
+                                self._quota_rejection(t, why, head.kv_blocks, b.usage_after(0))
+                            )
+                        continue
+                    if not isinstance(r, Reservation):  # another router took the room first
                         break
                     self.queues.remove(head)
                     self.held[head.request_id] = r
@@ -326,6 +411,7 @@ class AdmissionGate:
                 kind=kind,
                 kv_blocks=r.kv_blocks,
                 slots=r.slots,
+                tenant=r.tenant or None,
                 router_id=self.router_id,
                 ts=now,
                 lease_expires_at=r.expires_at if kind in ("reserve", "renew") else None,

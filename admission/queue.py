@@ -25,7 +25,7 @@ from admission.core import (
     priority_limit,
     retry_after,
 )
-from admission.settings import AdmissionSettings, Priority
+from admission.settings import AdmissionSettings, Priority, Tenant
 
 __all__ = ["AdmissionQueues", "Waiting"]
 
@@ -40,6 +40,7 @@ class Waiting:
     kv_blocks: int
     enqueued_at: float
     deadline: float
+    tenant: Tenant | None = None
 
 
 @dataclass(slots=True)

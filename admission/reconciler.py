@@ -117,10 +117,10 @@ class Reconciler(Background):
         store, gate = self.gate.store, self.gate
         for e in plan.restore:
             expires = e.lease_expires_at or e.ts + gate.settings.lease_s
-            r = Reservation(e.reservation_id, e.pool, e.kv_blocks, e.slots, expires)
+            r = Reservation(e.reservation_id, e.pool, e.kv_blocks, e.slots, expires, e.tenant or "")
             await store.restore(r)
         for e, cause in plan.compensate:
-            r = Reservation(e.reservation_id, e.pool, e.kv_blocks, e.slots, now)
+            r = Reservation(e.reservation_id, e.pool, e.kv_blocks, e.slots, now, e.tenant or "")
             await gate.record("expire", r, now, f"reconciler: {cause}")
         for r in plan.adopt:
             await gate.record("reserve", r, now, "reconciler: held in the store, not on the ledger")

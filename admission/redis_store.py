@@ -1,7 +1,9 @@
 """The Redis reservation store: several routers share one budget.
 
 Keys (``<prefix>`` is per namespace): ``<prefix>:held:<pool>`` hash {blocks, slots};
-``<prefix>:resv`` hash id → "pool|blocks|slots|expires"; ``<prefix>:exp`` sorted set of ids by
+``<prefix>:tenants:<pool>`` hash {"<tenant>|blocks", "<tenant>|slots"};
+``<prefix>:resv`` hash id → "pool|blocks|slots|expires|tenant" (values written before tenants
+were tracked have no tenant field); ``<prefix>:exp`` sorted set of ids by
 lease expiry; ``<prefix>:drain:<pool>:<bucket>`` blocks released per ``bucket_s`` interval;
 ``<prefix>:generation`` set by the reconciler once the store matches the ledger (missing: Redis
 lost its data, and nothing is admitted until the reconciler has restored the reservations);
@@ -12,20 +14,35 @@ Redis errors surface as :class:`AdmissionError`.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from admission.exceptions import AdmissionError, StoreReset
-from admission.reservations import Reservation
+from admission.reservations import TENANT_LIMIT, Reservation
 
 __all__ = ["RedisReservations"]
+
+# "pool|blocks|slots|expires|tenant" (no tenant field in values written before tenants were kept)
+_FIELDS = "local FIELDS = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$'\n"
 
 _RESERVE = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
 if redis.call('EXISTS', KEYS[4]) == 0 then return {err = 'KVGATE_STORE_RESET'} end
 local rid = ARGV[1]; local pool = ARGV[2]; local blocks = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4]); local expires = ARGV[5]; local slot_limit = tonumber(ARGV[6])
+local tenant = ARGV[7]; local t_blocks = tonumber(ARGV[8]); local t_slots = tonumber(ARGV[9])
+local tenants = KEYS[5]
 if redis.call('HEXISTS', resv, rid) == 1 then return false end
+if t_blocks >= 0 and
+   tonumber(redis.call('HGET', tenants, tenant .. '|blocks') or '0') + blocks > t_blocks then
+  return 'TENANT'
+end
+if t_slots >= 0 and
+   tonumber(redis.call('HGET', tenants, tenant .. '|slots') or '0') + 1 > t_slots then
+  return 'TENANT'
+end
 local cur = tonumber(redis.call('HGET', held, 'blocks') or '0')
 if cur + blocks > limit then return false end
 if slot_limit >= 0 and tonumber(redis.call('HGET', held, 'slots') or '0') + 1 > slot_limit then
@@ -33,7 +50,9 @@ if slot_limit >= 0 and tonumber(redis.call('HGET', held, 'slots') or '0') + 1 > 
 end
 redis.call('HINCRBY', held, 'blocks', blocks)
 redis.call('HINCRBY', held, 'slots', 1)
-local value = pool .. '|' .. blocks .. '|1|' .. expires
+redis.call('HINCRBY', tenants, tenant .. '|blocks', blocks)
+redis.call('HINCRBY', tenants, tenant .. '|slots', 1)
+local value = pool .. '|' .. blocks .. '|1|' .. expires .. '|' .. tenant
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
 return value
@@ -42,25 +61,30 @@ return value
 _RESTORE = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
 local rid = ARGV[1]; local value = ARGV[2]; local blocks = tonumber(ARGV[3])
-local slots = tonumber(ARGV[4]); local expires = ARGV[5]
+local slots = tonumber(ARGV[4]); local expires = ARGV[5]; local tenant = ARGV[6]
 if redis.call('HEXISTS', resv, rid) == 1 then return 0 end
 redis.call('HINCRBY', held, 'blocks', blocks)
 redis.call('HINCRBY', held, 'slots', slots)
+redis.call('HINCRBY', KEYS[4], tenant .. '|blocks', blocks)
+redis.call('HINCRBY', KEYS[4], tenant .. '|slots', slots)
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
 return 1
 """
 
-_RENEW = """
+_RENEW = (
+    _FIELDS
+    + """
 local resv = KEYS[1]; local exp = KEYS[2]; local rid = ARGV[1]; local expires = ARGV[2]
 local value = redis.call('HGET', resv, rid)
 if not value then return false end
-local pool, blocks, slots = string.match(value, '([^|]*)|([^|]*)|([^|]*)|')
-value = pool .. '|' .. blocks .. '|' .. slots .. '|' .. expires
+local pool, blocks, slots, _, tenant = string.match(value, FIELDS)
+value = pool .. '|' .. blocks .. '|' .. slots .. '|' .. expires .. '|' .. tenant
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
 return value
 """
+)
 
 _LEAD = """
 local cur = redis.call('GET', KEYS[1])
@@ -71,14 +95,23 @@ end
 return 0
 """
 
-_RELEASE = """
+_RELEASE = (
+    _FIELDS
+    + """
 local resv = KEYS[1]; local exp = KEYS[2]; local prefix = ARGV[2]
 local rid = ARGV[1]; local bucket = ARGV[3]; local ttl = ARGV[4]
 local value = redis.call('HGET', resv, rid)
 if not value then return false end
-local pool, blocks, slots = string.match(value, '([^|]*)|([^|]*)|([^|]*)|')
+local pool, blocks, slots, _, tenant = string.match(value, FIELDS)
 redis.call('HINCRBY', prefix .. ':held:' .. pool, 'blocks', -tonumber(blocks))
 redis.call('HINCRBY', prefix .. ':held:' .. pool, 'slots', -tonumber(slots))
+local tenants = prefix .. ':tenants:' .. pool
+if redis.call('HINCRBY', tenants, tenant .. '|blocks', -tonumber(blocks)) <= 0 then
+  redis.call('HDEL', tenants, tenant .. '|blocks')
+end
+if redis.call('HINCRBY', tenants, tenant .. '|slots', -tonumber(slots)) <= 0 then
+  redis.call('HDEL', tenants, tenant .. '|slots')
+end
 redis.call('HDEL', resv, rid)
 redis.call('ZREM', exp, rid)
 local drain = prefix .. ':drain:' .. pool .. ':' .. bucket
@@ -86,12 +119,13 @@ redis.call('INCRBY', drain, blocks)
 redis.call('EXPIRE', drain, ttl)
 return value
 """
+)
 
 
 def _parse(rid: str, value: bytes | str) -> Reservation:
     text = value.decode() if isinstance(value, bytes) else value
-    pool, blocks, slots, expires = text.split("|")
-    return Reservation(rid, pool, int(blocks), int(slots), float(expires))
+    pool, blocks, slots, expires, *tenant = text.split("|", 4)
+    return Reservation(rid, pool, int(blocks), int(slots), float(expires), "".join(tenant))
 
 
 class RedisReservations:
@@ -117,13 +151,32 @@ class RedisReservations:
         now: float,
         lease_s: float,
         limit_slots: int | None = None,
-    ) -> Reservation | None:
+        tenant: str = "",
+        tenant_limit_blocks: int | None = None,
+        tenant_limit_slots: int | None = None,
+    ) -> Reservation | Literal["tenant"] | None:
         p = self.prefix
         slots = -1 if limit_slots is None else limit_slots
         try:
             value = await self._reserve(
-                keys=[f"{p}:held:{pool}", f"{p}:resv", f"{p}:exp", f"{p}:generation"],
-                args=[rid, pool, kv_blocks, limit_blocks, repr(now + lease_s), slots],
+                keys=[
+                    f"{p}:held:{pool}",
+                    f"{p}:resv",
+                    f"{p}:exp",
+                    f"{p}:generation",
+                    f"{p}:tenants:{pool}",
+                ],
+                args=[
+                    rid,
+                    pool,
+                    kv_blocks,
+                    limit_blocks,
+                    repr(now + lease_s),
+                    slots,
+                    tenant,
+                    -1 if tenant_limit_blocks is None else tenant_limit_blocks,
+                    -1 if tenant_limit_slots is None else tenant_limit_slots,
+                ],
             )
         except RedisError as exc:
             if "KVGATE_STORE_RESET" in str(exc):
@@ -131,7 +184,21 @@ class RedisReservations:
                     "the reservation store lost its data; waiting for the reconciler to rebuild it"
                 ) from exc
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        if value in (b"TENANT", "TENANT"):
+            return TENANT_LIMIT
         return None if value is None else _parse(rid, value)
+
+    async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]:
+        try:
+            raw = await self.r.hgetall(f"{self.prefix}:tenants:{pool}")
+        except RedisError as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        out: dict[str, list[int]] = {}
+        for k, v in raw.items():
+            field = k.decode() if isinstance(k, bytes) else str(k)
+            name, _, what = field.rpartition("|")
+            out.setdefault(name, [0, 0])[0 if what == "blocks" else 1] = int(v)
+        return {t: (b, s) for t, (b, s) in out.items()}
 
     async def release(self, rid: str, now: float) -> Reservation | None:
         try:
@@ -218,11 +285,18 @@ class RedisReservations:
 
     async def restore(self, r: Reservation) -> bool:
         p = self.prefix
-        value = f"{r.pool}|{r.kv_blocks}|{r.slots}|{r.expires_at!r}"
+        value = f"{r.pool}|{r.kv_blocks}|{r.slots}|{r.expires_at!r}|{r.tenant}"
         try:
             done = await self._restore(
-                keys=[f"{p}:held:{r.pool}", f"{p}:resv", f"{p}:exp"],
-                args=[r.reservation_id, value, r.kv_blocks, r.slots, repr(r.expires_at)],
+                keys=[f"{p}:held:{r.pool}", f"{p}:resv", f"{p}:exp", f"{p}:tenants:{r.pool}"],
+                args=[
+                    r.reservation_id,
+                    value,
+                    r.kv_blocks,
+                    r.slots,
+                    repr(r.expires_at),
+                    r.tenant,
+                ],
             )
         except RedisError as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc

@@ -14,9 +14,18 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
-__all__ = ["InProcessReservations", "Reservation", "ReservationStore", "drain_rate"]
+__all__ = [
+    "TENANT_LIMIT",
+    "InProcessReservations",
+    "Reservation",
+    "ReservationStore",
+    "drain_rate",
+]
+
+# what ``try_reserve`` answers when the tenant's own limit (not the pool's) refused it
+TENANT_LIMIT: Literal["tenant"] = "tenant"
 
 
 def drain_rate(released: int, oldest_s: float | None, now: float, floor_s: float = 1.0) -> float:
@@ -34,6 +43,7 @@ class Reservation:
     kv_blocks: int
     slots: int
     expires_at: float
+    tenant: str = ""
 
 
 class ReservationStore(Protocol):
@@ -46,7 +56,11 @@ class ReservationStore(Protocol):
         now: float,
         lease_s: float,
         limit_slots: int | None = None,
-    ) -> Reservation | None: ...
+        tenant: str = "",
+        tenant_limit_blocks: int | None = None,
+        tenant_limit_slots: int | None = None,
+    ) -> Reservation | Literal["tenant"] | None: ...
+    async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]: ...
     async def release(self, rid: str, now: float) -> Reservation | None: ...
     async def renew(self, rid: str, expires_at: float) -> Reservation | None: ...
     async def expire(self, now: float) -> list[Reservation]: ...
@@ -67,6 +81,7 @@ class InProcessReservations:
     _by_id: dict[str, Reservation] = field(default_factory=dict)
     _blocks: dict[str, int] = field(default_factory=dict)
     _slots: dict[str, int] = field(default_factory=dict)
+    _tenants: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # pool -> [b, s]
     _released: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
     _released_sum: dict[str, int] = field(default_factory=dict)
     _generation: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -86,24 +101,44 @@ class InProcessReservations:
         now: float,
         lease_s: float,
         limit_slots: int | None = None,
-    ) -> Reservation | None:
+        tenant: str = "",
+        tenant_limit_blocks: int | None = None,
+        tenant_limit_slots: int | None = None,
+    ) -> Reservation | Literal["tenant"] | None:
         if rid in self._by_id:  # ids are minted per request: a repeat takes nothing
             return None
+        mine = self._tenants.get(pool, {}).get(tenant, [0, 0])
+        if tenant_limit_blocks is not None and mine[0] + kv_blocks > tenant_limit_blocks:
+            return TENANT_LIMIT
+        if tenant_limit_slots is not None and mine[1] + 1 > tenant_limit_slots:
+            return TENANT_LIMIT
         if self._blocks.get(pool, 0) + kv_blocks > limit_blocks:
             return None
         if limit_slots is not None and self._slots.get(pool, 0) + 1 > limit_slots:
             return None
-        r = Reservation(rid, pool, kv_blocks, 1, now + lease_s)
-        self._by_id[rid] = r
-        self._blocks[pool] = self._blocks.get(pool, 0) + kv_blocks
-        self._slots[pool] = self._slots.get(pool, 0) + 1
+        r = Reservation(rid, pool, kv_blocks, 1, now + lease_s, tenant)
+        self._add(r, 1)
         return r
+
+    def _add(self, r: Reservation, sign: int) -> None:
+        if sign > 0:
+            self._by_id[r.reservation_id] = r
+        self._blocks[r.pool] = self._blocks.get(r.pool, 0) + sign * r.kv_blocks
+        self._slots[r.pool] = self._slots.get(r.pool, 0) + sign * r.slots
+        held = self._tenants.setdefault(r.pool, {}).setdefault(r.tenant, [0, 0])
+        held[0] += sign * r.kv_blocks
+        held[1] += sign * r.slots
+        if held == [0, 0]:
+            del self._tenants[r.pool][r.tenant]
+
+    async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]:
+        """Per tenant of ``pool``: KV blocks and slots its reservations hold."""
+        return {t: (b, s) for t, (b, s) in self._tenants.get(pool, {}).items()}
 
     async def release(self, rid: str, now: float) -> Reservation | None:
         r = self._by_id.pop(rid, None)
         if r is not None:
-            self._blocks[r.pool] -= r.kv_blocks
-            self._slots[r.pool] -= r.slots
+            self._add(r, -1)
             self._trim(r.pool, now).append((now, r.kv_blocks))
             self._released_sum[r.pool] = self._released_sum.get(r.pool, 0) + r.kv_blocks
         return r
@@ -144,9 +179,7 @@ class InProcessReservations:
         """Put back a reservation the store lost (no limit check: it was admitted before)."""
         if r.reservation_id in self._by_id:
             return False
-        self._by_id[r.reservation_id] = r
-        self._blocks[r.pool] = self._blocks.get(r.pool, 0) + r.kv_blocks
-        self._slots[r.pool] = self._slots.get(r.pool, 0) + r.slots
+        self._add(r, 1)
         return True
 
     async def generation(self) -> str | None:

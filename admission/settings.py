@@ -24,8 +24,17 @@ class Tenant(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[^|]+$")
     priority: Priority = "normal"
+    weight: float = Field(
+        default=1.0, gt=0, description="share of a contended pool relative to other tenants"
+    )
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="most requests in flight at once (all routers)"
+    )
+    max_kv_share: float | None = Field(
+        default=None, gt=0, le=1, description="most of a pool's KV budget held at once"
+    )
 
 
 _QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 10.0, "low": 0.0}
@@ -85,6 +94,15 @@ class AdmissionSettings(BaseModel):
     retry_guard: bool = True
     retry_guard_window_s: float = Field(default=60.0, gt=0)
     retry_guard_max_s: float = Field(default=600.0, gt=0, description="longest penalty")
+    fair_share: bool = Field(
+        default=True,
+        description="above the yellow watermark, a tenant already holding reservations gets no "
+        "more than its weighted share of the pool (weight / sum of the weights of the tenants "
+        "holding reservations); below it, idle capacity is anyone's",
+    )
+    fair_share_window_s: float = Field(
+        default=10.0, gt=0, description="a tenant that asked this recently counts for fair share"
+    )
     require_api_key: bool = False
     tenants: dict[str, Tenant] = Field(default_factory=dict, description="API key -> tenant")
     anonymous: Tenant = Tenant(name="anonymous", priority="normal")

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from deploy.settings import Settings, load_settings
+from deploy.settings import Settings, load_settings, public_dump
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 ConfigOpt = Annotated[
@@ -161,7 +161,7 @@ def schemas(
 @app.command("settings")
 def show_settings(config: ConfigOpt = None) -> None:
     """Print the effective settings (secrets masked)."""
-    typer.echo(json.dumps(_settings(config).model_dump(mode="json"), indent=2))
+    typer.echo(json.dumps(public_dump(_settings(config)), indent=2))
 
 
 @app.command()

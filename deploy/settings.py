@@ -6,6 +6,7 @@ by ``KVGATE_CONFIG`` (or ``--config``) gives the same keys nested. Variables win
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from analytics.settings import ClickHouseSettings, SinkSettings
 from router.settings import RouterSettings
 from streams.settings import KafkaSettings, WorkerSettings
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "load_settings", "public_dump"]
 
 
 class Settings(BaseSettings):
@@ -50,6 +51,20 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, file_secret_settings)
 
 
+def _mask(key: str) -> str:
+    return f"<masked {hashlib.sha256(key.encode()).hexdigest()[:8]}>"
+
+
+def public_dump(s: Settings) -> dict[str, Any]:
+    """The settings as JSON for people to read: secrets and API keys (tenant, gateway and admin
+    keys are dictionary keys) masked, each as a short fingerprint."""
+    out = s.model_dump(mode="json")
+    out["admission"]["tenants"] = {_mask(k): v for k, v in out["admission"]["tenants"].items()}
+    for name in ("gateway_keys", "admin_keys"):
+        out["router"][name] = {_mask(k): v for k, v in out["router"][name].items()}
+    return out
+
+
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
@@ -69,6 +84,7 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
         file_values = yaml.safe_load(path.read_text()) or {}
         if not isinstance(file_values, dict):
             raise ValueError(f"{path}: expected a mapping at the top level")
-    env_only = Settings().model_dump(exclude_defaults=True)
+    # what the environment sets, even to a default value (it still beats the file)
+    env_only = Settings().model_dump(exclude_unset=True)
     merged = _deep_merge(_deep_merge(file_values, env_only), overrides)
     return Settings(**merged)

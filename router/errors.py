@@ -23,6 +23,7 @@ _STATUS = {
     RejectReason.QUEUE_TIMEOUT: 429,
     RejectReason.NODES_UNHEALTHY: 503,
     RejectReason.STORE_UNAVAILABLE: 503,
+    RejectReason.TENANT_QUOTA: 429,
 }
 
 

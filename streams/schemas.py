@@ -112,6 +112,9 @@ class LedgerEvent(Message):
     kind: Literal["reserve", "release", "expire", "renew"]
     kv_blocks: int = Field(ge=0)
     slots: int = Field(default=1, ge=0)
+    tenant: str | None = Field(
+        default=None, max_length=200, description="whose reservation (tenant quotas)"
+    )
     router_id: str = Field(min_length=1)
     ts: float = Field(gt=0)
     lease_expires_at: float | None = None

@@ -57,6 +57,11 @@ class Edge:
     http: aiohttp.ClientSession
     feeding: bool = True
     beats: dict[str, Heartbeat] = field(default_factory=dict)
+    runners: dict[str, web.AppRunner] = field(default_factory=dict)
+
+    async def stop_engine(self, node: str) -> None:
+        """The engine process goes away (its last heartbeat stays where it was)."""
+        await self.runners.pop(node).cleanup()
 
     async def call(
         self,
@@ -130,7 +135,7 @@ async def edge(
 ) -> AsyncIterator[Edge]:
     """A router (main listener + admin listener on loopback) in front of ``engines`` simulated
     engines of ``blocks`` KV blocks each. Defaults: admin and two gateway keys, two tenants."""
-    runners: list[web.AppRunner] = []
+    runners: dict[str, web.AppRunner] = {}
     urls: dict[str, str] = {}
     for i in range(engines):
         es = EngineSettings(
@@ -139,7 +144,7 @@ async def edge(
             **(engine or {}),
         )
         runner, url = await _serve(SimEngine(es).app())
-        runners.append(runner)
+        runners[f"n{i + 1}"] = runner
         urls[f"n{i + 1}"] = url
     rs = RouterSettings(
         **{
@@ -182,6 +187,7 @@ async def edge(
         urls,  # what the heartbeats announce: point a node elsewhere to take its engine away
         listeners,
         http,
+        runners=runners,
     )
     feeder = asyncio.create_task(feed())
     await asyncio.sleep(0.05)
@@ -194,7 +200,7 @@ async def edge(
             await feeder
         await http.close()
         await listeners.stop()
-        for runner in runners:
+        for runner in e.runners.values():
             await runner.cleanup()
 
 

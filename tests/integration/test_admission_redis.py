@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -16,6 +17,7 @@ from admission.redis_store import RedisReservations
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
 from tests.conftest import REDIS
+from tests.quotas import concurrency_and_kv_share, fair_share_when_contended
 
 pytestmark = pytest.mark.integration
 
@@ -155,5 +157,38 @@ async def test_redis_store_renews_a_held_lease_only() -> None:
         assert not await client.hexists(f"{prefix}:resv", "missing")
         assert [r.reservation_id for r in await store.expire(126.0)] == ["a"]
         assert await store.renew("a", 300.0) is None  # expired: not brought back
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("scenario", [concurrency_and_kv_share, fair_share_when_contended])
+async def test_tenant_quotas_in_redis(
+    scenario: Callable[[RedisReservations], Awaitable[None]],
+) -> None:
+    prefix = f"test:{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(REDIS)
+    try:
+        store = RedisReservations(client, prefix)
+        await store.mark_generation("test")
+        await scenario(store)
+    finally:
+        await client.aclose()
+
+
+async def test_reservations_written_before_tenants_were_kept_still_release() -> None:
+    prefix = f"test:{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(REDIS)
+    try:
+        store = RedisReservations(client, prefix)
+        await store.mark_generation("test")
+        # a value in the older format (no tenant field), as a previous version wrote it
+        await client.hset(f"{prefix}:resv", "old", "p|5|1|100.0")
+        await client.hset(f"{prefix}:held:p", mapping={"blocks": 5, "slots": 1})
+        await client.zadd(f"{prefix}:exp", {"old": 100.0})
+        renewed = await store.renew("old", 200.0)
+        assert renewed is not None and renewed.tenant == "" and renewed.kv_blocks == 5
+        released = await store.release("old", 150.0)
+        assert released is not None and released.expires_at == 200.0
+        assert await store.held("p") == (0, 0) and await store.tenant_usage("p") == {}
     finally:
         await client.aclose()

@@ -47,3 +47,29 @@ def test_the_readme_configuration_example_is_valid() -> None:
     assert block is not None, "the README lost its configuration example"
     s = Settings.model_validate(yaml.safe_load(block.group(1)))
     assert s.admission.lease_s == 600 and s.router.policy == "kvgate"
+
+
+def test_an_environment_variable_beats_the_file_even_at_its_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "kvgate.yaml"
+    cfg.write_text("kafka:\n  namespace: fromfile\nrouter:\n  port: 9000\n")
+    monkeypatch.setenv("KVGATE_KAFKA__NAMESPACE", "kvgate")  # the default value
+    monkeypatch.setenv("KVGATE_ROUTER__PORT", "8000")  # the default value
+    s = load_settings(cfg)
+    assert s.kafka.namespace == "kvgate" and s.router.port == 8000
+
+
+def test_printed_settings_mask_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+
+    monkeypatch.setenv("KVGATE_ADMISSION__TENANTS", '{"sk-tenant-secret": {"name": "chat"}}')
+    monkeypatch.setenv("KVGATE_ROUTER__GATEWAY_KEYS", '{"gw-secret-key": "envoy"}')
+    monkeypatch.setenv("KVGATE_ROUTER__ADMIN_KEYS", '{"admin-secret-key": "ops"}')
+    monkeypatch.setenv("KVGATE_KAFKA__SASL_PASSWORD", "hunter2")
+    out = CliRunner().invoke(app, ["settings"]).output
+    for secret in ("sk-tenant-secret", "gw-secret-key", "admin-secret-key", "hunter2"):
+        assert secret not in out
+    assert '"chat"' in out and '"envoy"' in out and "<masked " in out
