@@ -60,6 +60,7 @@ class Reconciler(Background):
         while True:
             try:
                 await self.run_once(time.time())
+                self.running_again()
             except AdmissionError as exc:
                 log.warning("reconcile skipped: %s", exc)
             await asyncio.sleep(self.interval_s)

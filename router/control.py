@@ -95,6 +95,8 @@ class ControlFollower(Background):
             try:
                 await self._follow()
             except Exception as exc:  # the router keeps serving on its current weights
+                self.failures += 1
+                self.failing = f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("control follower restarting after %s", exc)
                 await asyncio.sleep(1.0)
 
@@ -121,6 +123,7 @@ class ControlFollower(Background):
             end = await consumer.end_offsets(tps)
             while True:
                 batches = await consumer.getmany(timeout_ms=200)
+                self.running_again()
                 for records in batches.values():
                     for record in records:
                         if record.value is None:

@@ -191,6 +191,8 @@ class RouterService:
         # tenant, started); only the gateway that routed it may renew or release it
         self._gateway: dict[str, tuple[str, str, ParsedRequest, list[int], Tenant, float]] = {}
         self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
+        self._loops_failing: dict[str, str] = {}
+        self._started_at = time.time()
         self._feed: FeedState = "live"
         self._probe_down: set[str] = set()  # nodes that failed a probe while degraded
         self._prober: asyncio.Task[None] | None = None
@@ -320,14 +322,52 @@ class RouterService:
         while True:
             await asyncio.sleep(self.gate.settings.sweep_interval_s)
             now = time.time()
-            self._forget_gateway(now)
             try:
+                self._forget_gateway(now)
                 # proxied requests; a gateway renews its own (/v1/kvgate/renew)
                 serving = [rid for rid in self.gate.held if rid not in self._gateway]
                 await self.gate.renew(serving, now)
                 await self.gate.sweep(now)
+                self._loops_failing.pop("sweeper", None)
             except AdmissionError as exc:
                 log.warning("reservation sweep failed: %s", exc)
+            except Exception as exc:  # the loop goes on; /ready says so meanwhile
+                self._loops_failing["sweeper"] = f"{type(exc).__name__}: {exc}"[:300]
+                log.exception("reservation sweep failed")
+
+    def failing_loops(self) -> dict[str, str]:
+        """Background loops that are down (restarting with backoff), and why."""
+        out = dict(self._loops_failing)
+        parts: list[tuple[str, Any]] = [("replica", self.replica), ("control", self.control)]
+        if self.reconciler is not None:
+            parts += [("reconciler", self.reconciler), ("ledger", self.reconciler.ledger)]
+        for name, part in parts:
+            why = getattr(part, "failing", None)
+            if why:
+                out[name] = why
+        if self._pumper is not None and self._pumper.done():
+            out["queue_pump"] = "stopped"
+        others = self.other_inproc_routers()
+        if others:
+            out["admission"] = (
+                f"routers {sorted(others)[:5]} write the same ledger with in-process "
+                "reservation stores: each admits against the whole budget (set "
+                "admission.backend=redis)"
+            )
+        return out
+
+    def other_inproc_routers(self) -> list[str]:
+        """Other routers writing reservations to this ledger since this router started, while
+        this one keeps its reservations in process (sole owner of the budget): together they
+        would over-admit N-fold."""
+        rec = self.reconciler
+        if rec is None or not rec.sole_owner or not self.gate.settings.enabled:
+            return []
+        return [
+            r
+            for r, ts in rec.ledger.writers.items()
+            if r != self.router_id and ts >= self._started_at
+        ]
 
     async def _stop(self, _: web.Application) -> None:
         for task in (self._sweeper, self._pumper, self._prober):
@@ -1071,10 +1111,12 @@ class RouterService:
                 store_ready = await self.gate.store.generation() is not None
             except AdmissionError:
                 store_ready = False
-        ready = self.replica.caught_up.is_set() and bool(healthy) and store_ready
+        failing = self.failing_loops()
+        ready = self.replica.caught_up.is_set() and bool(healthy) and store_ready and not failing
         return _json(
             {
                 "ready": ready,
+                "failing": failing,
                 # degraded routers stay ready: they serve on what they know (feed_state)
                 "feed": self._feed,
                 "kafka_queued": self.bus.queued,

@@ -94,6 +94,7 @@ class LedgerReplica(TablesThenInput):
         self.ledger_topic = LEDGER.name(kafka.namespace)
         super().__init__(kafka, worker, client_id, (self.table_topic,), (self.ledger_topic,), **kw)
         self.book = LedgerBook()
+        self.writers: dict[str, float] = {}  # router id -> its newest ledger event (live input)
 
     def _reset(self) -> None:
         self.book = LedgerBook(self.book.closed_memory_s)
@@ -118,7 +119,10 @@ class LedgerReplica(TablesThenInput):
             return
         self.records += 1
         with contextlib.suppress(ValueError):  # invalid input: the worker dead-letters it
-            self.book.apply(LedgerEvent.model_validate_json(value), now)
+            event = LedgerEvent.model_validate_json(value)
+            self.book.apply(event, now)
+            if event.ts > self.writers.get(event.router_id, 0.0):
+                self.writers[event.router_id] = event.ts
 
     def _tick(self, now: float) -> None:
         self.book.forget_closed(now)

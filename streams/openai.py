@@ -8,7 +8,7 @@ model tokenizer is configured: the router and the simulated engine render identi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -42,8 +42,11 @@ class _Base(BaseModel):
         return self.max_completion_tokens or self.max_tokens or default
 
 
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
+
 class CompletionRequest(_Base):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[TokenId] | list[str]
 
     @field_validator("prompt")
     @classmethod

@@ -66,6 +66,7 @@ class TablesThenInput(Background):
         self.follow_input = follow_input
         self.caught_up = asyncio.Event()
         self.records = 0
+        self.bad_records = 0  # records no fold could read (keys or values): skipped, counted
 
     # --- to override -----------------------------------------------------------------------
     def _reset(self) -> None:
@@ -91,6 +92,7 @@ class TablesThenInput(Background):
             try:
                 await self._follow()
             except KafkaError as exc:
+                self.failing = f"lost Kafka: {exc}"[:300]
                 log.warning("%s lost Kafka (%s); rebuilding", self.client_id, exc)
                 await asyncio.sleep(1.0)
 
@@ -176,10 +178,11 @@ class TablesThenInput(Background):
         last_tick = time.monotonic()
         while True:
             batches = await consumer.getmany(timeout_ms=100, max_records=5000)
+            self.running_again()
             now = time.time()
             for tp, records in batches.items():
                 for r in records:
-                    apply(tp.topic, r.key, r.value, now)
+                    self.apply_record(apply, tp.topic, r.key, r.value, now, r.offset)
             # positions, not the last record's offset: transaction markers occupy offsets too,
             # and a busy partition may never return an empty fetch
             for tp in list(pending):
@@ -192,6 +195,26 @@ class TablesThenInput(Background):
             if self.follow_input and time.monotonic() - last_tick > 5.0:
                 self._tick(now)
                 last_tick = time.monotonic()
+
+    def apply_record(
+        self,
+        apply: Callable[[str, bytes | None, bytes | None, float], None],
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        now: float,
+        offset: int = -1,
+    ) -> bool:
+        """Fold one record; a record no fold can read (hostile key or value) is skipped and
+        counted, never a poison pill that stops the replica."""
+        try:
+            apply(topic, key, value, now)
+        except Exception as exc:
+            self.bad_records += 1
+            if self.bad_records <= 10 or self.bad_records % 1000 == 0:
+                log.warning("%s skipped %s@%d: %r", self.client_id, topic, offset, exc)
+            return False
+        return True
 
     def _mark_caught_up(self) -> None:
         if not self.caught_up.is_set():
