@@ -17,7 +17,9 @@ from enum import StrEnum
 from admission.settings import AdmissionSettings, Priority
 
 __all__ = [
+    "ONE_OUTPUT",
     "Budget",
+    "OutputShape",
     "RejectReason",
     "Rejection",
     "Verdict",
@@ -80,19 +82,37 @@ class Verdict:
     output_estimate: int | None = None  # expected output tokens used for ``kv_blocks``
 
 
+@dataclass(frozen=True, slots=True)
+class OutputShape:
+    """What the engine is asked to generate beyond ``max_tokens``."""
+
+    min_tokens: int = 0
+    ignore_eos: bool = False  # it generates max_tokens exactly: no learned estimate caps it
+    sequences: int = 1  # n / best_of outputs side by side, on one (shared) prompt
+
+
+ONE_OUTPUT = OutputShape()
+
+
 def kv_blocks_for(
     prompt_tokens: int,
     max_tokens: int,
     block_size: int,
     s: AdmissionSettings,
     expected_output: int | None = None,
+    shape: OutputShape = ONE_OUTPUT,
 ) -> int:
     """KV blocks a request will hold: (prompt + expected output) / block size × safety factor.
     The expected output is ``max_tokens`` capped by the learned estimate for the tenant and
-    model (:mod:`admission.estimate`) or, before anything is learned, by the configured cap."""
+    model (:mod:`admission.estimate`) or, before anything is learned, by the configured cap;
+    never less than ``min_tokens``, and all of ``max_tokens`` with ``ignore_eos``. Each extra
+    sequence (``n``, ``best_of``) adds its own output blocks (the prompt's are shared)."""
     cap = expected_output if expected_output is not None else s.expected_output_cap
-    expected_out = min(max_tokens, cap)
-    return math.ceil(math.ceil((prompt_tokens + expected_out) / block_size) * s.safety_factor)
+    out = max_tokens if shape.ignore_eos else min(max_tokens, cap)
+    out = max(out, min(shape.min_tokens, max_tokens))
+    blocks = math.ceil((prompt_tokens + out) / block_size)
+    blocks += (shape.sequences - 1) * math.ceil(out / block_size)
+    return math.ceil(blocks * s.safety_factor)
 
 
 def priority_limit(priority: Priority, s: AdmissionSettings) -> float:
@@ -118,8 +138,9 @@ def admit(
     b: Budget,
     s: AdmissionSettings,
     expected_output: int | None = None,
+    shape: OutputShape = ONE_OUTPUT,
 ) -> Verdict:
-    blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s, expected_output)
+    blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s, expected_output, shape)
     if b.kv_blocks_total <= 0:
         return Verdict(
             False,

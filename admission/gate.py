@@ -12,7 +12,16 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from admission.core import Budget, Rejection, RejectReason, Verdict, admit, priority_limit
+from admission.core import (
+    ONE_OUTPUT,
+    Budget,
+    OutputShape,
+    Rejection,
+    RejectReason,
+    Verdict,
+    admit,
+    priority_limit,
+)
 from admission.estimate import OutputEstimator
 from admission.exceptions import AdmissionError
 from admission.queue import AdmissionQueues, Waiting
@@ -166,6 +175,7 @@ class AdmissionGate:
         node_blocks: Sequence[int],
         now: float,
         model: str = "",
+        shape: OutputShape = ONE_OUTPUT,
     ) -> Verdict:
         """Admit (reserving), queue until admitted or refused, or refuse now (503 when the
         reservation store cannot answer: nothing is admitted that the budget cannot see)."""
@@ -181,7 +191,14 @@ class AdmissionGate:
             )
             b = await self.budget(pool, node_blocks, now)
             verdict = admit(
-                prompt_tokens, max_tokens, block_size, tenant.priority, b, self.settings, expected
+                prompt_tokens,
+                max_tokens,
+                block_size,
+                tenant.priority,
+                b,
+                self.settings,
+                expected,
+                shape,
             )
             verdict = replace(verdict, output_estimate=expected)
             if self.queues.waiting_at_or_above(pool, tenant.priority):

@@ -181,6 +181,8 @@ class NodeAgent:
             try:
                 await consumer.start()
                 async for record in consumer:
+                    if record.value is None:  # a tombstone (advice withdrawn by compaction)
+                        continue
                     try:
                         msg = decode(ControlMessage, record.value or b"")
                     except SchemaError:

@@ -25,6 +25,9 @@ class ParsedRequest:
     chat: bool
     session_id: str | None
     exact_tokens: bool = False  # tokenized with the model's own tokenizer
+    min_tokens: int = 0
+    ignore_eos: bool = False  # the engine generates max_tokens, whatever it learned
+    sequences: int = 1  # n / best_of
 
     @property
     def path(self) -> str:
@@ -53,6 +56,10 @@ def parse_request(
         tk = tokenization(req.model)
         tokens = req.prompt_tokens(tk.encode_prompt)
         given_ids = req.prompt_text() is None  # token ids: exact whatever the tokenizer
+    if req.max_tokens is None and req.max_completion_tokens is None:
+        # the engine generates no more than the reservation was sized for: the router's
+        # default becomes the request's limit (docs/operations.md, "Reservation size")
+        body = {**body, "max_tokens": default_max_tokens}
     return ParsedRequest(
         body=body,
         model=req.model,
@@ -63,6 +70,9 @@ def parse_request(
         chat=chat,
         session_id=body.get("user") or request_session(body),
         exact_tokens=tk.exact or (not chat and given_ids),
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        sequences=req.sequences,
     )
 
 

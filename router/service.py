@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from admission.core import Rejection, RejectReason, Verdict
+from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
 from admission.reconciler import Reconciler
@@ -56,6 +56,7 @@ from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record
 from router.settings import RouterSettings
 from streams.blocks import chain_hashes
+from streams.codec import encode
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
@@ -180,7 +181,6 @@ class RouterService:
             if settings.recent_prefill_ttl_s > 0
             else None
         )
-        self._background: set[asyncio.Future[None]] = set()
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
         # loaded once: a bad tokenizer path fails at start, not on the first request
@@ -607,6 +607,7 @@ class RouterService:
                     [n.kv_blocks_total for n in nodes],
                     now,
                     p.model,
+                    OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
                 )
                 if verdict.rejection is not None:
                     await self.gate.refused(attempt, verdict.rejection, now)
@@ -719,7 +720,7 @@ class RouterService:
             if relay.cut_off:
                 self.metrics.stalled_clients.inc()
             if relay.status == "ok":
-                self.gate.observe_output(tenant, p.model, relay.output_tokens)
+                self.gate.observe_output(tenant, p.model, relay.output_tokens // p.sequences)
             await self._publish_outcome(request_id, node.node_id, relay, p, started, reroutes)
 
     def _route(
@@ -788,9 +789,9 @@ class RouterService:
                 "router_id": self.router_id,
             },
         )
-        task = asyncio.ensure_future(self.bus.publish(CONTROL, msg.subject, msg))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.bus.enqueue(self.bus.topic(CONTROL), msg.subject.encode(), encode(msg))
+        # advice is for now: its tombstone lets compaction remove it from the control topic
+        self.bus.enqueue(self.bus.topic(CONTROL), msg.subject.encode(), None)
 
     # --- decision-only API for gateways ----------------------------------------------------
     async def _gateway_route(self, request: web.Request) -> web.Response:
@@ -873,7 +874,7 @@ class RouterService:
             usage=usage,
         )
         if status == "ok":
-            self.gate.observe_output(tenant, p.model, output_tokens)
+            self.gate.observe_output(tenant, p.model, output_tokens // p.sequences)
             self._prefilled(node, hashes)
         await self._publish_outcome(rid, node, relay, p, started)
         return _json({"released": rid}, 200)

@@ -12,45 +12,55 @@ __all__ = ["CostWeights", "RouterSettings", "SeedWeights"]
 
 
 class SeedWeights(BaseModel):
-    """Weights of the seed score (DESIGN.md): higher score wins."""
+    """Weights of the seed score (DESIGN.md): higher score wins. Bounded: a weights message
+    outside the bounds is refused as a whole."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    version: int = 1
-    hit: float = 0.5
-    load: float = 0.3
-    queue: float = 0.05
-    unhealthy: float = 0.1
-    slo: float = 0.1
+    version: int = Field(default=1, ge=0)
+    hit: float = Field(default=0.5, ge=0, le=100)
+    load: float = Field(default=0.3, ge=0, le=100)
+    queue: float = Field(default=0.05, ge=0, le=100)
+    unhealthy: float = Field(default=0.1, ge=0, le=100)
+    slo: float = Field(default=0.1, ge=0, le=100)
 
 
 class CostWeights(BaseModel):
     """The completion-cost model of the ``kvgate`` policy (defaults: the documented engine
     profile, docs/engine-model.md). ``version`` is recorded with every decision."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    version: int = 1
-    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)
-    step_base_s: float = Field(default=0.006, ge=0)
-    step_per_seq_s: float = Field(default=0.00003, ge=0)
-    step_per_context_token_s: float = Field(default=4.9e-8, ge=0)
+    version: int = Field(default=1, ge=0)
+    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0, le=1e8)
+    step_base_s: float = Field(default=0.006, ge=0, le=10)
+    step_per_seq_s: float = Field(default=0.00003, ge=0, le=1)
+    step_per_context_token_s: float = Field(default=4.9e-8, ge=0, le=1e-3)
     prefill_weight: float = Field(
-        default=3.0, ge=0, description="weight of the uncached prefill (>1 values cache hits more)"
+        default=3.0,
+        ge=0,
+        le=100,
+        description="weight of the uncached prefill (>1 values cache hits more)",
     )
-    interference: float = Field(default=0.0, ge=0, description="weight of the stall on others")
-    decode_horizon_tokens: int = Field(default=32, ge=0)
+    interference: float = Field(
+        default=0.0, ge=0, le=100, description="weight of the stall on others"
+    )
+    decode_horizon_tokens: int = Field(default=32, ge=0, le=100_000)
     kv_soft_limit: float = Field(default=0.85, ge=0, le=1)
-    kv_pressure_s: float = Field(default=5.0, ge=0, description="cost per unit of KV over limit")
+    kv_pressure_s: float = Field(
+        default=5.0, ge=0, le=3600, description="cost per unit of KV over limit"
+    )
     prefill_ewma: float = Field(default=0.1, gt=0, le=1)
     load_ewma: float = Field(default=0.5, gt=0, le=1, description="smoothing of heartbeats")
-    stale_grace_s: float = Field(default=0.5, ge=0, description="index lag that is normal")
-    stale_tau_s: float = Field(default=1.0, gt=0, description="trust decay of a lagging index")
+    stale_grace_s: float = Field(default=0.5, ge=0, le=600, description="index lag that is normal")
+    stale_tau_s: float = Field(
+        default=1.0, gt=0, le=3600, description="trust decay of a lagging index"
+    )
     session_affinity_s: float = Field(
-        default=0.05, ge=0, description="bonus of a session's home node (0: no affinity)"
+        default=0.05, ge=0, le=600, description="bonus of a session's home node (0: no affinity)"
     )
     affinity_load_bound: float = Field(
-        default=1.25, ge=1, description="home nodes above this × mean load are skipped"
+        default=1.25, ge=1, le=100, description="home nodes above this × mean load are skipped"
     )
 
 

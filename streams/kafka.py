@@ -16,6 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from pydantic import BaseModel
 
@@ -52,10 +53,41 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = AL
             except TopicAlreadyExistsError:
                 pass
             await _wait_for_leaders(admin, [t.name for t in wanted])
+        compacted = [
+            s
+            for s in specs
+            if "delete" not in s.cleanup_policy and s.name(settings.namespace) in existing
+        ]
+        if compacted:
+            await _align_cleanup_policy(admin, settings.namespace, compacted)
     except KafkaError as exc:
         raise StreamError(f"cannot create topics on {settings.bootstrap_servers}: {exc}") from exc
     finally:
         await admin.close()
+
+
+async def _align_cleanup_policy(
+    admin: AIOKafkaAdminClient, namespace: str, specs: list[TopicSpec]
+) -> None:
+    """Topics that must never lose data to retention (the control topic's weights) are
+    compacted only; an existing one created with another policy (an older kvgate made the
+    control topic ``compact,delete``) is set right."""
+    names = {s.name(namespace): s for s in specs}
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, name, configs={"cleanup.policy": None})
+        for name in names
+    ]
+    for response in await admin.describe_configs(resources):
+        for resource in response.resources:
+            name, entries = resource[3], resource[4]
+            current = next((e[1] for e in entries if e[0] == "cleanup.policy"), None)
+            spec = names.get(name)
+            if spec is None or current == spec.cleanup_policy:
+                continue
+            log.warning("topic %s: cleanup.policy %s -> %s", name, current, spec.cleanup_policy)
+            await admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, configs=spec.configs())]
+            )
 
 
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str]) -> None:

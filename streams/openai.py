@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "ChatMessage",
@@ -35,11 +35,28 @@ class _Base(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=128)
+    best_of: int | None = Field(default=None, ge=1, le=128)
+    min_tokens: int = Field(default=0, ge=0, le=1_000_000)
+    ignore_eos: bool = False
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _Base:
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError("best_of must not be less than n")
+        limit = self.max_completion_tokens or self.max_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError("min_tokens must not exceed max_tokens")
+        return self
 
     def output_limit(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
+
+    @property
+    def sequences(self) -> int:
+        """Outputs the engine generates side by side for this request (``n``, ``best_of``)."""
+        return max(self.n, self.best_of or 1)
 
 
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]

@@ -44,6 +44,8 @@ class TopicSpec:
         return f"{namespace}.{self.suffix}"
 
     def configs(self) -> dict[str, str]:
+        if "delete" not in self.cleanup_policy:
+            return {"cleanup.policy": self.cleanup_policy}
         return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
 
 
@@ -52,7 +54,9 @@ KV_EVENTS = TopicSpec("kv-events", "node id", KvEventBatch, retention_ms=3600 * 
 LEDGER = TopicSpec("ledger", "pool", LedgerEvent)
 DECISIONS = TopicSpec("decisions", "request id", Decision, retention_ms=7 * 24 * 3600 * 1000)
 OUTCOMES = TopicSpec("outcomes", "request id", Outcome, retention_ms=7 * 24 * 3600 * 1000)
-CONTROL = TopicSpec("control", "subject", ControlMessage, cleanup_policy="compact,delete")
+# compacted only: the latest weights per policy stay however old they are (pre-warm advice is
+# followed by a tombstone of its subject, so compaction removes it)
+CONTROL = TopicSpec("control", "subject", ControlMessage, cleanup_policy="compact")
 DLQ = TopicSpec("dlq", "source key", DeadLetter, partitions=1, retention_ms=7 * 24 * 3600 * 1000)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (

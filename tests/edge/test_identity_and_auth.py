@@ -154,6 +154,9 @@ async def test_decide_is_a_dry_run() -> None:
         assert len(calls) == 1 and len(e.published(CONTROL.suffix)) == 1
         advice = e.published(CONTROL.suffix)[0]
         assert b"hello" not in advice  # token ids and hashes, never the prompt text
+        control = [(k, v) for t, k, v in e.service.bus._outbox if t.endswith(".control")]
+        assert [v is None for _, v in control] == [False, True]  # then its tombstone
+        assert control[0][0] == control[1][0]
 
 
 async def test_minted_request_id_is_returned_and_the_label_recorded() -> None:

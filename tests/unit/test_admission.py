@@ -1,3 +1,5 @@
+import math
+
 import pytest
 from pydantic import ValidationError
 
@@ -212,3 +214,51 @@ async def test_a_release_during_a_renewal_is_not_undone() -> None:
     assert await gate.renew(["r1"], now=108.0) == 0
     assert "r1" not in gate.held and await store.count() == 0
     assert [e.kind for e in events] == ["reserve", "release"]
+
+
+def test_reservations_count_what_the_engine_is_asked_to_generate() -> None:
+    from admission.core import OutputShape
+
+    base = kv_blocks_for(160, 4096, 16, S)  # capped at the configured 512
+    assert base == 47
+    # ignore_eos: the engine generates all of max_tokens, no learned cap applies
+    assert kv_blocks_for(160, 4096, 16, S, 100, OutputShape(ignore_eos=True)) == math.ceil(
+        math.ceil((160 + 4096) / 16) * 1.1
+    )
+    # min_tokens: never less than that (but never more than max_tokens)
+    assert kv_blocks_for(160, 4096, 16, S, 16, OutputShape(min_tokens=1000)) == math.ceil(
+        math.ceil((160 + 1000) / 16) * 1.1
+    )
+    # n / best_of: each extra output has blocks of its own; the prompt's are shared
+    four = kv_blocks_for(160, 64, 16, S, None, OutputShape(sequences=4))
+    assert four == math.ceil((math.ceil((160 + 64) / 16) + 3 * 4) * 1.1)
+
+
+def test_the_forwarded_request_carries_the_limit_the_reservation_was_sized_for() -> None:
+    import orjson
+    import pytest
+
+    from router.parse import parse_request
+
+    p = parse_request(orjson.dumps({"model": "m", "prompt": "hi"}), False, 256)
+    assert p.body["max_tokens"] == 256 == p.max_tokens
+    given = parse_request(
+        orjson.dumps(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_completion_tokens": 9,
+                "n": 3,
+                "best_of": 4,
+                "min_tokens": 2,
+                "ignore_eos": True,
+            }
+        ),
+        True,
+        256,
+    )
+    assert "max_tokens" not in given.body and given.max_tokens == 9
+    assert (given.sequences, given.min_tokens, given.ignore_eos) == (4, 2, True)
+    for bad in ({"n": 3, "best_of": 2}, {"min_tokens": 10, "max_tokens": 5}, {"n": 0}):
+        with pytest.raises(ValueError):
+            parse_request(orjson.dumps({"model": "m", "prompt": "x", **bad}), False, 256)

@@ -171,7 +171,8 @@ def test_the_kv_fold_takes_any_valid_batch(
     batch: KvEventBatch, cursor: KvCursor | None, current: set[int]
 ) -> None:
     plan = plan_kv(cursor, current, batch)
-    assert not (set(plan.upserts) & set(plan.deletes))
+    # deletes come out of what the node holds, upserts out of what the batch stores
+    assert set(plan.deletes) <= current and set(plan.upserts) <= set(batch.stored)
     if plan.apply:
         assert plan.cursor == KvCursor(batch.epoch, batch.seq)
         assert KvCursor.decode(plan.cursor.encode()) == plan.cursor
@@ -186,3 +187,17 @@ def test_models_forbid_unknown_fields() -> None:
     for spec in ALL_TOPICS:
         assert issubclass(spec.value_model, BaseModel)
         assert spec.value_model.model_config.get("extra") == "forbid", spec.suffix
+
+
+def test_weights_outside_their_bounds_are_refused() -> None:
+    policy = make_policy(RouterSettings())
+    for bad in ({"prefill_weight": 1e9}, {"prefill_weight": float("nan")}, {"step_base_s": -1}):
+        weights = {"version": 99, **bad}
+        msg = ControlMessage(
+            subject="weights/kvgate",
+            kind="weights",
+            ts=1.0,
+            payload={"policy": "kvgate", "weights": weights},
+        )
+        assert apply_weights(policy, msg).startswith("invalid"), bad
+    assert policy.weights_version == 1
