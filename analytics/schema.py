@@ -188,6 +188,39 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "client_request_id Nullable(String)",
         ],
     ),
+    (
+        6,
+        "rows deduplicate on message identity: decisions on (request, decision_seq), ledger "
+        "events on (reservation, kind, ts); ledger events carry the tenant",
+        [
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS decision_seq UInt8, "
+            "MODIFY ORDER BY (toStartOfHour(ts), request_id, decision_seq)",
+            """CREATE TABLE IF NOT EXISTS {db}.ledger_events_v2 (
+            ts DateTime64(6),
+            reservation_id String,
+            pool LowCardinality(String),
+            kind LowCardinality(String),
+            kv_blocks UInt32,
+            slots UInt16,
+            tenant Nullable(String),
+            router_id LowCardinality(String),
+            lease_expires_at Nullable(Float64),
+            cause Nullable(String),
+            kafka_partition UInt16,
+            kafka_offset UInt64
+        ) ENGINE = ReplacingMergeTree(kafka_offset)
+        PARTITION BY toYYYYMMDD(ts)
+        ORDER BY (toStartOfHour(ts), reservation_id, kind, ts)
+        TTL toDateTime(ts) + INTERVAL 30 DAY""",
+            "INSERT INTO {db}.ledger_events_v2 (ts, reservation_id, pool, kind, kv_blocks, slots, "
+            "router_id, lease_expires_at, cause, kafka_partition, kafka_offset) "
+            "SELECT ts, reservation_id, pool, kind, kv_blocks, slots, router_id, "
+            "lease_expires_at, cause, kafka_partition, kafka_offset FROM {db}.ledger_events",
+            "RENAME TABLE {db}.ledger_events TO {db}.ledger_events_v1, "
+            "{db}.ledger_events_v2 TO {db}.ledger_events",
+            "DROP TABLE {db}.ledger_events_v1",
+        ],
+    ),
 ]
 
 

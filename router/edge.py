@@ -42,6 +42,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY_HEADER = "X-Kvgate-Gateway-Key"
+# refusal reasons (metrics, decision records) of the edge's own refusals
+_REASONS = {
+    400: "bad_header",
+    401: "unauthorized",
+    403: "forbidden",
+    408: "body_timeout",
+    413: "body_too_large",
+}
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")
 _KEY_MAX = 512
 
@@ -55,12 +63,14 @@ class Refusal(Exception):
         message: str,
         type_: str = "invalid_request_error",
         headers: Mapping[str, str] | None = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
         self.headers = dict(headers or {})
+        self.reason = reason or _REASONS.get(status, type_)
 
     def response(self) -> web.Response:
         return json_error(self.status, self.message, self.type, self.headers)

@@ -96,6 +96,11 @@ class RouterMetrics:
             ["mode"],
             registry=self.registry,
         )
+        self.refusals_unrecorded = Counter(
+            "kvgate_router_refusals_unrecorded",
+            "Refusals before admission beyond refusal_records_per_s: counted, not recorded",
+            registry=self.registry,
+        )
         self.stalled_clients = Counter(
             "kvgate_router_stalled_clients",
             "Streams cut off because the client stopped reading or the request ran too long",

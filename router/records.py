@@ -32,6 +32,7 @@ def decision_record(
     output_tokens_estimate: int | None = None,
     queue_wait_s: float | None = None,
     client_request_id: str | None = None,
+    decision_seq: int = 0,
 ) -> Decision:
     return Decision(
         request_id=rreq.request_id,
@@ -74,6 +75,7 @@ def decision_record(
         output_tokens_estimate=output_tokens_estimate,
         queue_wait_s=queue_wait_s,
         client_request_id=client_request_id,
+        decision_seq=decision_seq,
     )
 
 

@@ -60,7 +60,7 @@ from streams.codec import encode
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
-from streams.schemas import ControlMessage, Heartbeat
+from streams.schemas import ControlMessage, Decision, Heartbeat
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
 
@@ -93,6 +93,31 @@ def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
     if relay.http_status in (502, 503):
         return True
     return relay.http_status == 400 and "kv cache" in (relay.error or "").lower()
+
+
+_REASON = web.ResponseKey("kvgate_refusal_reason", str)  # a refusal response's reason
+
+
+@dataclass(slots=True)
+class _Intake:
+    """What is known of a request so far (for the record of a refusal)."""
+
+    tenant: str = "unauthenticated"
+    client_request_id: str | None = None
+    parsed: ParsedRequest | None = None
+
+
+class _TokenBucket:
+    def __init__(self, rate: float) -> None:
+        self.rate, self.tokens, self.at = rate, 2 * rate, 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(2 * self.rate, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +217,7 @@ class RouterService:
         self._gateway: dict[str, tuple[str, str, ParsedRequest, list[int], Tenant, float]] = {}
         self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
         self._loops_failing: dict[str, str] = {}
+        self._refusal_bucket = _TokenBucket(settings.refusal_records_per_s)
         self._started_at = time.time()
         self._feed: FeedState = "live"
         self._probe_down: set[str] = set()  # nodes that failed a probe while degraded
@@ -509,20 +535,51 @@ class RouterService:
         """The model's tokenizer when configured (engine-exact hashes), else approximate."""
         return self._tokenizations.get(model, APPROXIMATE)
 
+    def _refuse(self, reason: str, resp: web.Response) -> web.Response:
+        """A refusal before admission: counted, and tagged for its decision record."""
+        self.metrics.rejected(reason)
+        resp[_REASON] = reason
+        return resp
+
     def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest | web.Response:
         try:
             return self._parse(raw, chat)
         except orjson.JSONDecodeError as exc:
-            self.metrics.rejected("bad_json")
-            return _json(error_body(f"invalid JSON: {exc}"), 400)
+            return self._refuse("bad_json", _json(error_body(f"invalid JSON: {exc}"), 400))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first["loc"]) or "body"
-            self.metrics.rejected("bad_request")
-            return _json(error_body(f"{where}: {first['msg']}"), 400)
+            return self._refuse("bad_request", _json(error_body(f"{where}: {first['msg']}"), 400))
         except ValueError as exc:
-            self.metrics.rejected("bad_request")
-            return _json(error_body(str(exc)), 400)
+            return self._refuse("bad_request", _json(error_body(str(exc)), 400))
+
+    def _record_refusal(self, request_id: str, started: float, reason: str, who: _Intake) -> None:
+        """A decision record for a request refused before admission (bad input, no or wrong
+        credentials, unknown model, unhealthy cluster), at most ``refusal_records_per_s``
+        (a flood of junk must not crowd real decisions out of the Kafka outbox)."""
+        if not self._refusal_bucket.take(started):
+            self.metrics.refusals_unrecorded.inc()
+            return
+        p = who.parsed
+        decision = Decision(
+            request_id=request_id,
+            ts=started,
+            router_id=self.router_id,
+            tenant=who.tenant,
+            model=(p.model if p is not None else "")[:200],
+            prompt_tokens=len(p.tokens) if p is not None else 0,
+            max_tokens=p.max_tokens if p is not None else 0,
+            block_size=self.settings.block_size,
+            admission="rejected",
+            admission_reason=reason,
+            policy=self.policy.name,
+            weights_version=self.policy.weights_version,
+            chosen_node=None,
+            reason="refused_before_admission",
+            decision_us=0.0,
+            client_request_id=who.client_request_id,
+        )
+        self.bus.enqueue(self.bus.topic(DECISIONS), request_id.encode(), encode(decision))
 
     async def _intake(
         self, request: web.Request, chat: bool | None
@@ -530,26 +587,46 @@ class RouterService:
         """Check the headers, authenticate, then read, parse (``chat`` None: chat when the body
         has ``messages``) and gate a request: a refusal, or (request id, start time, request,
         gate result, decision clock start). The request id is minted here; nothing a client
-        chose names state."""
+        chose names state. Refusals before admission are recorded as decisions too."""
         started = time.time()
+        request_id = mint_id()
+        who = _Intake()
+        try:
+            taken = await self._intake_checked(request, chat, request_id, started, who)
+        except Refusal as exc:
+            self._record_refusal(request_id, started, exc.reason, who)
+            raise
+        if isinstance(taken, web.Response) and _REASON in taken:
+            self._record_refusal(request_id, started, taken[_REASON], who)
+        return taken
+
+    async def _intake_checked(
+        self,
+        request: web.Request,
+        chat: bool | None,
+        request_id: str,
+        started: float,
+        who: _Intake,
+    ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
         n = self.settings.client_id_max_len
         client_id = client_label(request.headers, "X-Request-Id", n)
+        who.client_request_id = client_id
         idempotency_key = client_label(request.headers, "Idempotency-Key", n)
         tenant = self._tenant(request)
+        who.tenant = tenant.name
         raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         if chat is None:
             try:
                 chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                self.metrics.rejected("bad_json")
-                return _json(error_body(f"invalid JSON: {exc}"), 400)
+                return self._refuse("bad_json", _json(error_body(f"invalid JSON: {exc}"), 400))
             except TypeError:  # a JSON value without keys
                 chat = False
         p = self._parse_or_400(raw, chat)
         if isinstance(p, web.Response):
             return p
+        who.parsed = p
         t0 = time.perf_counter()
-        request_id = mint_id()
         g = await self._gate(tenant, request_id, idempotency_key, p)
         if isinstance(g, web.Response):
             return g
@@ -575,14 +652,13 @@ class RouterService:
         now = time.time()
         all_nodes = self.nodes(now)
         if not any(n.model == p.model for n in all_nodes):
-            self.metrics.rejected("unknown_model")
-            return _json(
-                error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
+            missing = f"The model `{p.model[:200]}` does not exist."
+            return self._refuse(
+                "unknown_model", _json(error_body(missing, "NotFoundError", 404), 404)
             )
         nodes = self._candidates(all_nodes, p.model, now)
         if isinstance(nodes, Rejection):
-            self.metrics.rejected(nodes.reason)
-            return rejection_response(nodes)
+            return self._refuse(nodes.reason, rejection_response(nodes))
         block_size = nodes[0].block_size if nodes else self.settings.block_size
         pool = nodes[0].pool if nodes else "default"
         verdict = None
@@ -711,6 +787,18 @@ class RouterService:
                     again.chosen,
                 )
                 self.metrics.reroutes.inc()
+                await self._publish_decision(
+                    rreq,
+                    p,
+                    replace(again, reason=f"reroute/{again.reason}"),
+                    0.0,
+                    started,
+                    g.block_size,
+                    tenant,
+                    g.verdict,
+                    g.client_request_id,
+                    decision_seq=1,
+                )
                 self.ledger.finish(request_id)
                 node = next(n for n in others if n.node_id == again.chosen)
                 self.ledger.dispatch(request_id, node.node_id, time.time(), rreq.prompt_tokens)
@@ -1029,6 +1117,7 @@ class RouterService:
         tenant: Tenant,
         verdict: Verdict | None,
         client_request_id: str | None = None,
+        decision_seq: int = 0,
     ) -> None:
         ages = [
             started - self.replica.index_updated_s.get(c.node_id, started)
@@ -1061,6 +1150,7 @@ class RouterService:
                 output_tokens_estimate=None if verdict is None else verdict.output_estimate,
                 queue_wait_s=None if verdict is None else verdict.queue_wait_s,
                 client_request_id=client_request_id,
+                decision_seq=decision_seq,
             ),
         )
 

@@ -158,6 +158,12 @@ class RouterSettings(BaseModel):
     max_stream_s: float = Field(
         default=3600.0, gt=0, description="longest a proxied request may run"
     )
+    refusal_records_per_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="requests refused before admission (bad input, credentials, unknown model) "
+        "are recorded as decisions up to this rate; the rest are only counted",
+    )
     # --- when Kafka stops delivering ---
     feed_stale_s: float = Field(
         default=3.0,

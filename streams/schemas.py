@@ -191,6 +191,13 @@ class Decision(Message):
         max_length=1024,
         description="the client's X-Request-Id, recorded as a label (request_id is kvgate's own)",
     )
+    decision_seq: int = Field(
+        default=0,
+        ge=0,
+        le=255,
+        description="0: the request's decision; 1: its re-route (request_id and decision_seq "
+        "identify a decision)",
+    )
 
 
 class Outcome(Message):

@@ -77,7 +77,8 @@ async def test_bad_headers_are_refused_before_anything_is_reserved() -> None:
             if b"\x01" not in header:  # control characters: refused by the HTTP parser itself
                 assert b'"error"' in payload and b'"message"' in payload, payload
         assert await e.reservations() == 0
-        assert e.decisions() == []
+        assert {d.admission_reason for d in e.decisions()} <= {"bad_header", "unauthorized"}
+        assert all(d.chosen_node is None for d in e.decisions())
 
 
 async def test_gateway_api_needs_a_gateway_key_and_owns_its_reservations() -> None:
@@ -170,3 +171,27 @@ async def test_minted_request_id_is_returned_and_the_label_recorded() -> None:
         (d,) = e.decisions()
         assert d.request_id == minted and d.client_request_id == "client-42"
         assert d.model == MODEL
+
+
+async def test_refusals_before_admission_are_recorded_within_a_rate() -> None:
+    async with edge(admission={"require_api_key": True}, router={"refusal_records_per_s": 5}) as e:
+        status, _, _ = await e.call("POST", "/v1/completions", completion(), {"X-Request-Id": "a"})
+        assert status == 401
+        status, _, _ = await e.call(
+            "POST", "/v1/completions", completion(model="nope"), bearer("sk-alpha")
+        )
+        assert status == 404
+        status, _, _ = await e.call("POST", "/v1/completions", data=b"{", headers=bearer("sk-beta"))
+        assert status == 400
+        got = {(d.admission_reason, d.tenant, d.model, d.client_request_id) for d in e.decisions()}
+        assert got == {
+            ("unauthorized", "unauthenticated", "", "a"),
+            ("unknown_model", "alpha", "nope", None),
+            ("bad_json", "beta", "", None),
+        }
+        assert all(d.admission == "rejected" and d.chosen_node is None for d in e.decisions())
+        for _ in range(50):  # a flood: recorded up to the rate, counted beyond it
+            await e.call("POST", "/v1/completions", completion())
+        assert len(e.decisions()) < 20
+        metrics = (await e.call("GET", "/metrics"))[1]
+        assert "kvgate_router_refusals_unrecorded_total" in metrics

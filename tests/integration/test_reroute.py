@@ -7,9 +7,9 @@ import pytest
 
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
-from streams.schemas import Outcome
+from streams.schemas import Decision, Outcome
 from streams.settings import KafkaSettings
-from streams.topics import OUTCOMES
+from streams.topics import DECISIONS, OUTCOMES
 from tests.integration.cluster import MODEL, Cluster, post, read_topic
 
 pytestmark = pytest.mark.integration
@@ -33,3 +33,10 @@ async def test_a_request_refused_for_kv_is_rerouted_once(
     outcomes = await read_topic(kafka_settings, OUTCOMES, Outcome, lambda got: len(got) >= 1)
     (o,) = outcomes
     assert o.node_id == "n2" and o.reroutes == 1 and o.status == "ok"
+    # both decisions are recorded, told apart by decision_seq
+    decisions = await read_topic(kafka_settings, DECISIONS, Decision, lambda got: len(got) >= 2)
+    first, second = sorted(decisions, key=lambda d: d.decision_seq)
+    assert first.request_id == second.request_id == o.request_id
+    assert (first.decision_seq, first.chosen_node) == (0, "n1")
+    assert second.decision_seq == 1 and second.chosen_node == "n2"
+    assert second.reason.startswith("reroute/")
