@@ -11,7 +11,7 @@ import time
 
 from analytics.clickhouse import ClickHouse
 
-__all__ = ["MIGRATIONS", "migrate"]
+__all__ = ["IDENTITY_COLUMNS", "MIGRATIONS", "apply_identity_retention", "migrate"]
 
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (
@@ -222,6 +222,21 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         ],
     ),
 ]
+
+
+# columns that can identify a user: kept only ``identity_retention_days`` (a column TTL)
+IDENTITY_COLUMNS = {"decisions": ("session_id", "client_request_id")}
+
+
+def apply_identity_retention(ch: ClickHouse, database: str, days: int) -> None:
+    """Column TTLs for the user-identifying fields (the sink applies the setting on start; 0
+    clears them at once and the sink stops writing them)."""
+    for table, columns in IDENTITY_COLUMNS.items():
+        for column in columns:
+            ttl = f"toDateTime(ts) + INTERVAL {max(0, int(days))} DAY"
+            ch.command(
+                f"ALTER TABLE {database}.{table} MODIFY COLUMN {column} Nullable(String) TTL {ttl}"
+            )
 
 
 def migrate(ch: ClickHouse, database: str) -> list[int]:

@@ -40,3 +40,10 @@ class SinkSettings(BaseModel):
     snapshot_interval_s: float = Field(
         default=10.0, gt=0, description="node snapshots: one heartbeat per node per interval"
     )
+    identity_retention_days: int = Field(
+        default=30,
+        ge=0,
+        le=30,
+        description="days ClickHouse keeps the fields that can identify a user (session ids, "
+        "the client's request ids); 0: never stored. Rows stay 30 days either way",
+    )

@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaError
 
 from analytics.clickhouse import ClickHouse
 from analytics.rows import decision_row, ledger_row, node_row, outcome_row, snapshot_bucket
+from analytics.schema import IDENTITY_COLUMNS
 from analytics.settings import SinkSettings
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import Decision, Heartbeat, LedgerEvent, Outcome
@@ -95,7 +96,11 @@ class Sink:
             return
         msg = await decode_or_dead_letter(self.bus, spec, r, "sink")
         if isinstance(msg, Decision):
-            rows[table].append(decision_row(msg, r.partition, r.offset))
+            row = decision_row(msg, r.partition, r.offset)
+            if self.settings.identity_retention_days == 0:  # never stored
+                for column in IDENTITY_COLUMNS["decisions"]:
+                    row[column] = None
+            rows[table].append(row)
         elif isinstance(msg, Outcome):
             rows[table].append(outcome_row(msg, r.partition, r.offset))
         elif isinstance(msg, LedgerEvent):

@@ -205,7 +205,7 @@ def demo(
 def sink(config: ConfigOpt = None) -> None:
     """Run the Kafka → ClickHouse sink (this process owns the chDB data path)."""
     from analytics.clickhouse import open_clickhouse
-    from analytics.schema import migrate
+    from analytics.schema import apply_identity_retention, migrate
     from analytics.sink import Sink
     from streams.kafka import KafkaBus, ensure_topics
 
@@ -216,6 +216,7 @@ def sink(config: ConfigOpt = None) -> None:
         await ensure_topics(s.kafka)
         ch = open_clickhouse(s.clickhouse)
         migrate(ch, s.clickhouse.database)
+        apply_identity_retention(ch, s.clickhouse.database, s.sink.identity_retention_days)
         bus = KafkaBus(s.kafka, "kvgate-sink")
         await bus.start()
         try:

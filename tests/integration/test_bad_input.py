@@ -118,7 +118,11 @@ async def test_malformed_http_requests_get_a_4xx_json_error(
         ("/v1/completions", b"[1, 2]", 400),
         ("/v1/completions", orjson.dumps({"model": MODEL}), 400),
         ("/v1/completions", orjson.dumps({"model": MODEL, "prompt": "x", "max_tokens": -1}), 400),
-        ("/v1/completions", orjson.dumps({"model": MODEL, "prompt": "x", "n": 3}), 400),
+        (
+            "/v1/completions",
+            orjson.dumps({"model": MODEL, "prompt": "x", "n": 3, "best_of": 2}),
+            400,
+        ),
         ("/v1/chat/completions", orjson.dumps({"model": MODEL, "messages": []}), 400),
         ("/v1/chat/completions", orjson.dumps({"model": MODEL, "messages": [{"role": "x"}]}), 400),
         ("/v1/completions", orjson.dumps({"model": "nope", "prompt": "x"}), 404),
