@@ -53,11 +53,9 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = AL
             except TopicAlreadyExistsError:
                 pass
             await _wait_for_leaders(admin, [t.name for t in wanted])
-        compacted = [
-            s
-            for s in specs
-            if "delete" not in s.cleanup_policy and s.name(settings.namespace) in existing
-        ]
+        # every compact-only topic, also one this call found "new" but that another process
+        # had just created (list_topics can lag behind a creation)
+        compacted = [s for s in specs if "delete" not in s.cleanup_policy]
         if compacted:
             await _align_cleanup_policy(admin, settings.namespace, compacted)
     except KafkaError as exc:
@@ -79,6 +77,8 @@ async def _align_cleanup_policy(
     ]
     for response in await admin.describe_configs(resources):
         for resource in response.resources:
+            if resource[0]:  # an error code: not (yet) known to the broker
+                continue
             name, entries = resource[3], resource[4]
             current = next((e[1] for e in entries if e[0] == "cleanup.policy"), None)
             spec = names.get(name)
