@@ -356,11 +356,18 @@ class AdmissionGate:
         """A refusal when this attempt was refused before and came back too early."""
         if not self.settings.retry_guard:
             return None
-        return await self.storm.check(tenant.name, attempt, now)
+        try:
+            return await self.storm.check(tenant.name, attempt, now)
+        except AdmissionError as exc:  # the guard protects; it never takes the service down
+            log.warning("retry guard skipped: %s", exc)
+            return None
 
     async def refused(self, attempt: str, rejection: Rejection, now: float) -> None:
         if self.settings.retry_guard:
-            await self.storm.refused(attempt, rejection, now)
+            try:
+                await self.storm.refused(attempt, rejection, now)
+            except AdmissionError as exc:
+                log.warning("retry guard not told of a refusal: %s", exc)
 
     async def release(self, request_id: str, now: float) -> None:
         """Give the reservation back. Never raises: when the store cannot answer, the release

@@ -178,7 +178,7 @@ class RedisReservations:
                     -1 if tenant_limit_slots is None else tenant_limit_slots,
                 ],
             )
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             if "KVGATE_STORE_RESET" in str(exc):
                 raise StoreReset(
                     "the reservation store lost its data; waiting for the reconciler to rebuild it"
@@ -191,7 +191,7 @@ class RedisReservations:
     async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]:
         try:
             raw = await self.r.hgetall(f"{self.prefix}:tenants:{pool}")
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         out: dict[str, list[int]] = {}
         for k, v in raw.items():
@@ -211,7 +211,7 @@ class RedisReservations:
                     int(self.drain_window_s + 2 * self.bucket_s),
                 ],
             )
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return None if value is None else _parse(rid, value)
 
@@ -220,14 +220,14 @@ class RedisReservations:
             value = await self._renew(
                 keys=[f"{self.prefix}:resv", f"{self.prefix}:exp"], args=[rid, repr(expires_at)]
             )
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return None if value is None else _parse(rid, value)
 
     async def expire(self, now: float) -> list[Reservation]:
         try:
             due = await self.r.zrangebyscore(f"{self.prefix}:exp", "-inf", now)
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         out = []
         for member in due:
@@ -240,7 +240,7 @@ class RedisReservations:
     async def held(self, pool: str) -> tuple[int, int]:
         try:
             blocks, slots = await self.r.hmget(f"{self.prefix}:held:{pool}", "blocks", "slots")
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return int(blocks or 0), int(slots or 0)
 
@@ -254,7 +254,7 @@ class RedisReservations:
                 pipe.hmget(f"{self.prefix}:held:{pool}", "blocks", "slots")
                 pipe.mget(buckets)
                 (blocks, slots), drained = await pipe.execute()
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         seen = [i for i, x in enumerate(drained) if x is not None]
         total = sum(int(drained[i]) for i in seen)
@@ -269,13 +269,13 @@ class RedisReservations:
     async def count(self) -> int:
         try:
             return int(await self.r.hlen(f"{self.prefix}:resv"))
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
 
     async def entries(self) -> dict[str, Reservation]:
         try:
             raw = await self.r.hgetall(f"{self.prefix}:resv")
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         out = {}
         for k, v in raw.items():
@@ -298,14 +298,14 @@ class RedisReservations:
                     r.tenant,
                 ],
             )
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return bool(done)
 
     async def generation(self) -> str | None:
         try:
             value = await self.r.get(f"{self.prefix}:generation")
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         if value is None:
             return None
@@ -314,7 +314,7 @@ class RedisReservations:
     async def mark_generation(self, generation: str) -> None:
         try:
             await self.r.set(f"{self.prefix}:generation", generation)
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
 
     async def lead(self, who: str, ttl_s: float) -> bool:
@@ -322,5 +322,5 @@ class RedisReservations:
             return bool(
                 await self._lead(keys=[f"{self.prefix}:reconciler"], args=[who, int(ttl_s * 1000)])
             )
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc

@@ -64,7 +64,7 @@ class RedisStormStore:
     async def not_before(self, attempt: str) -> float | None:
         try:
             v = await self.r.get(f"{self.prefix}:retry:{attempt}")
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"storm store unavailable: {exc}") from exc
         return None if v is None else float(v)
 
@@ -73,7 +73,7 @@ class RedisStormStore:
             await self.r.set(
                 f"{self.prefix}:retry:{attempt}", repr(at), px=max(1, int(ttl_s * 1000))
             )
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"storm store unavailable: {exc}") from exc
 
     async def strike(self, client: str, window_s: float) -> int:
@@ -83,7 +83,7 @@ class RedisStormStore:
                 pipe.incr(key)
                 pipe.expire(key, max(1, int(window_s)), nx=True)
                 count, _ = await pipe.execute()
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:
             raise AdmissionError(f"storm store unavailable: {exc}") from exc
         return int(count)
 

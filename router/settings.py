@@ -166,10 +166,10 @@ class RouterSettings(BaseModel):
     )
     # --- when Kafka stops delivering ---
     feed_stale_s: float = Field(
-        default=3.0,
+        default=1.5,
         gt=0,
         description="no heartbeat from any node for this long: the feed (Kafka) is down, not the "
-        "nodes; the router serves degraded",
+        "nodes; the router serves degraded (keep it below the nodes' heartbeat lease, 2 s)",
     )
     degraded_view_s: float = Field(
         default=60.0,

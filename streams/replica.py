@@ -231,7 +231,7 @@ class TableReplica(TablesThenInput):
         *,
         follow_input: bool = True,
         node_ttl_s: float = 60.0,
-        feed_stale_s: float = 3.0,
+        feed_stale_s: float = 1.5,
     ) -> None:
         group = app_id(kafka, worker)
         self.load_topic = LOAD.changelog(group)
