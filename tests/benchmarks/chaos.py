@@ -68,6 +68,7 @@ class Load:
     ok_ids: dict[str, list[str]] = field(default_factory=dict)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     stop: bool = False
+    paused: bool = False
 
     async def one(self, key: str, i: int) -> None:
         scenario = self.scenario
@@ -106,6 +107,9 @@ class Load:
     async def run(self) -> None:
         i = 0
         while not self.stop:
+            if self.paused:
+                await asyncio.sleep(0.1)
+                continue
             i += 1
             task = asyncio.create_task(self.one(GOOD[i % 2], i))
             self.inflight.add(task)
@@ -324,9 +328,12 @@ class Chaos:
 
         async def closed(r: asyncio.StreamReader) -> bool:
             try:
-                return await asyncio.wait_for(r.read(), 0.5) is not None
-            except (TimeoutError, ConnectionError):
-                return False
+                await asyncio.wait_for(r.read(), 0.5)  # EOF: the router closed it
+            except TimeoutError:
+                return False  # still open
+            except ConnectionError:
+                pass  # reset: the router closed it while we were still writing
+            return True
 
         cut = sum(await asyncio.gather(*(closed(r) for r, _ in conns)))
         for _, w in conns:
@@ -429,13 +436,27 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 load.scenario = f"{name}/after"
                 await asyncio.sleep(5.0)  # recovery, counted apart
                 was_alive = await alive(chaos.router)
-                rows.append({"name": name, "extra": extra, "router_alive": was_alive})
+                # every request of the scenario ends; what Redis still holds after a lease leaked
+                load.paused = True
+                await load.drain()
+                t0 = time.monotonic()
+                while await chaos.reservations() and time.monotonic() - t0 < LEASE_S + 3.0:
+                    await asyncio.sleep(0.5)
+                leaked = await chaos.reservations()
+                load.paused = False
+                rows.append(
+                    {
+                        "name": name,
+                        "extra": extra,
+                        "router_alive": was_alive,
+                        "leaked": leaked,
+                        "released_within_s": round(time.monotonic() - t0, 1),
+                    }
+                )
                 print(name, dict(load.results.get(name, {})), extra, flush=True)
             load.stop = True
             await runner
             await load.drain()
-        await asyncio.sleep(LEASE_S + 3.0)  # every lease that could leak has run out
-        leaked = await chaos.reservations()
         await asyncio.sleep(10.0)  # the sink drains
         out = []
         for row in rows:
@@ -455,7 +476,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "engine_errors": counts["engine_errors"],
                     "connection_errors": counts["connection_errors"],
                     "other": {k: v for k, v in counts.items() if k.startswith("status_")},
-                    "leaked_reservations": leaked,
+                    "leaked_reservations": row["leaked"],
+                    "released_within_s": row["released_within_s"],
                     "lost_decisions": lost,
                     "duplicated_decisions": duplicated,
                     "router_alive": row["router_alive"],
@@ -483,14 +505,15 @@ def write(r: dict[str, Any]) -> None:
         f"`{r['command']}` on {r['machine']} ({r['date']}). A live cluster (2 simulated engines "
         f"with agents, worker, router with Redis reservations and {LEASE_S:.0f} s leases, sink "
         f"into ClickHouse) under {r['rps']} streamed requests/s from two well-behaved tenants; "
-        "each scenario, then 5 s of recovery, counted together. `leaked` is what Redis holds "
-        "once every request ended and a lease passed (one figure for the whole run); `lost` / "
+        "each scenario, then 5 s of recovery, counted together. Then the load pauses: `leaked` is "
+        "what Redis still holds once every request of the scenario ended and a lease passed "
+        "(`released_within_s`: how long the last reservations took to go); `lost` / "
         "`dup` compare the ok requests' minted ids with the decision rows in ClickHouse "
         "(`FINAL`).",
         "",
         "| scenario | requests | ok | 5xx | typed 503 | engine errors | conn. errors | leaked "
-        "| lost | dup | router alive | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| released in (s) | lost | dup | router alive | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = {
         "name",
@@ -501,6 +524,7 @@ def write(r: dict[str, Any]) -> None:
         "engine_errors",
         "connection_errors",
         "leaked_reservations",
+        "released_within_s",
         "lost_decisions",
         "duplicated_decisions",
         "router_alive",
@@ -510,7 +534,8 @@ def write(r: dict[str, Any]) -> None:
         lines.append(
             f"| {s['name']} | {s['requests']} | {s['ok']} | {s['errors_5xx']} | "
             f"{s['refused_503']} | {s['engine_errors']} | {s['connection_errors']} | "
-            f"{s['leaked_reservations']} | {s['lost_decisions']} | {s['duplicated_decisions']} | "
+            f"{s['leaked_reservations']} | {s['released_within_s']} | {s['lost_decisions']} | "
+            f"{s['duplicated_decisions']} | "
             f"{'yes' if s['router_alive'] else 'NO'} | {json.dumps(notes) if notes else ''} |"
         )
     (OUT / "chaos.md").write_text("\n".join(lines) + "\n")

@@ -56,3 +56,30 @@ async def test_router_serves_through_a_silent_feed_and_recovers() -> None:
         assert time.monotonic() - t0 < 5
         metrics = (await e.call("GET", "/metrics"))[1]
         assert 'kvgate_router_degraded{mode="load_only"} 0.0' in metrics
+
+
+async def test_a_second_router_on_in_process_stores_fails_readiness() -> None:
+    """Two routers each keeping reservations in process would each admit against the whole
+    budget: a router that sees another router's ledger events fails readiness and says why."""
+    from admission.reconciler import Reconciler
+    from streams.ledger import LedgerReplica
+    from streams.settings import KafkaSettings, WorkerSettings
+
+    async with edge() as e:
+        ledger = LedgerReplica(KafkaSettings(), WorkerSettings(), "t-ledger")
+        e.service.reconciler = Reconciler(
+            e.service.gate, ledger, lambda: e.service.replica.load.values(), sole_owner=True
+        )
+        status, ready, _ = await e.call("GET", "/ready")
+        assert status == 200 and ready["failing"] == {}
+        ledger.writers["a-dead-incarnation"] = time.time() - 3600  # before this router started
+        assert (await e.call("GET", "/ready"))[0] == 200
+        ledger.writers["another-router"] = time.time()
+        status, ready, _ = await e.call("GET", "/ready")
+        assert status == 503 and "another-router" in ready["failing"]["admission"]
+        assert "admission.backend=redis" in ready["failing"]["admission"]
+        # a loop that is down shows the same way
+        del ledger.writers["another-router"]
+        e.service.replica.failing = "lost Kafka: test"
+        status, ready, _ = await e.call("GET", "/ready")
+        assert status == 503 and ready["failing"] == {"replica": "lost Kafka: test"}

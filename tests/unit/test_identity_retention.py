@@ -33,3 +33,23 @@ def test_identity_columns_expire_on_their_own_ttl(tmp_path: Path) -> None:
         assert "TTL toDateTime(ts) + toIntervalDay(7)" in str(create)
     finally:
         ch.close()
+
+
+def test_a_ledger_event_sent_twice_is_one_row(tmp_path: Path) -> None:
+    """The outbox may send a message twice (an ambiguous delivery failure): the copy lands at
+    another offset and collapses on the event's identity (reservation, kind, time)."""
+    from analytics.rows import ledger_row
+    from tests.factories import ledger_event
+
+    ch = open_clickhouse(ClickHouseSettings(path=str(tmp_path / "ch")))
+    try:
+        migrate(ch, "kvgate")
+        ev = ledger_event("r1", "reserve")
+        renew_ts = ev.ts + 1.0
+        rows = [ledger_row(ev, 0, 10), ledger_row(ev, 0, 11)]
+        rows.append({**ledger_row(ev, 0, 12), "kind": "renew", "ts": renew_ts})
+        ch.insert_json("kvgate.ledger_events", rows)
+        got = ch.query("SELECT kind, count() AS n FROM kvgate.ledger_events FINAL GROUP BY kind")
+        assert {r["kind"]: int(r["n"]) for r in got} == {"reserve": 1, "renew": 1}
+    finally:
+        ch.close()
