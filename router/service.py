@@ -318,20 +318,27 @@ class RouterService:
         /health``): a node that does not answer leaves the candidate set until it does."""
         while True:
             await asyncio.sleep(self.settings.probe_interval_s)
-            now = time.time()
-            state = self.feed_state(now)
-            self._note_feed(state, now)
-            if state == "live" or self._http is None:
-                continue
-            beats = list(self.replica.load.values())
-            results = await asyncio.gather(
-                *(self._probe(hb.endpoint) for hb in beats), return_exceptions=True
-            )
-            for hb, ok in zip(beats, results, strict=True):
-                if ok is True:
-                    self._probe_down.discard(hb.node_id)
-                else:
-                    self._probe_down.add(hb.node_id)
+            try:
+                await self._probe_once(time.time())
+                self._loops_failing.pop("prober", None)
+            except Exception as exc:  # the loop goes on; /ready says so meanwhile
+                self._loops_failing["prober"] = f"{type(exc).__name__}: {exc}"[:300]
+                log.exception("engine probes failed")
+
+    async def _probe_once(self, now: float) -> None:
+        state = self.feed_state(now)
+        self._note_feed(state, now)
+        if state == "live" or self._http is None:
+            return
+        beats = list(self.replica.load.values())
+        results = await asyncio.gather(
+            *(self._probe(hb.endpoint) for hb in beats), return_exceptions=True
+        )
+        for hb, ok in zip(beats, results, strict=True):
+            if ok is True:
+                self._probe_down.discard(hb.node_id)
+            else:
+                self._probe_down.add(hb.node_id)
 
     async def _probe(self, endpoint: str) -> bool:
         assert self._http is not None
@@ -1180,7 +1187,8 @@ class RouterService:
         )
 
     # --- introspection -------------------------------------------------------------------
-    async def _models(self, _: web.Request) -> web.Response:
+    async def _models(self, request: web.Request) -> web.Response:
+        self._tenant(request)  # what a cluster serves is for its tenants
         now = time.time()
         models = sorted({n.model for n in self.nodes(now) if n.alive(now)})
         return _json(
