@@ -273,21 +273,19 @@ class Chaos:
         self.restart("sink", "sink")
         return {}
 
-    async def agent_killed(self, load: Load) -> dict[str, Any]:
-        proc = self.sup.procs["agent-n1"]
-        argv = list(proc.popen.args)  # type: ignore[arg-type]
-        self.sup.kill("agent-n1")
+    async def _respawned(self, name: str) -> dict[str, Any]:
+        """kill -9 a child, and start it again with the same command line 3 s later."""
+        argv = [str(a) for a in self.sup.procs[name].popen.args]  # type: ignore[union-attr]
+        self.sup.kill(name)
         await asyncio.sleep(3.0)
-        self.sup.spawn_argv("agent-n1", [str(a) for a in argv])
+        self.sup.spawn_argv(name, argv)
         return {}
 
+    async def agent_killed(self, load: Load) -> dict[str, Any]:
+        return await self._respawned("agent-n1")
+
     async def engine_killed(self, load: Load) -> dict[str, Any]:
-        proc = self.sup.procs["engine-n1"]
-        argv = list(proc.popen.args)  # type: ignore[arg-type]
-        self.sup.kill("engine-n1")
-        await asyncio.sleep(3.0)
-        self.sup.spawn_argv("engine-n1", [str(a) for a in argv])
-        return {}
+        return await self._respawned("engine-n1")
 
     async def stalled_readers(self, load: Load) -> dict[str, Any]:
         port = int(self.router.rsplit(":", 1)[1])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -140,55 +140,50 @@ async def test_redis_store_refuses_past_the_slot_limit() -> None:
         await client.aclose()
 
 
-async def test_redis_store_renews_a_held_lease_only() -> None:
-    prefix = f"test:{uuid.uuid4().hex[:8]}"
+@pytest.fixture
+async def redis_store() -> AsyncIterator[RedisReservations]:
+    """A store under its own prefix, marked as rebuilt (ready to admit)."""
     client = Redis.from_url(REDIS)
     try:
-        store = RedisReservations(client, prefix)
+        store = RedisReservations(client, f"test:{uuid.uuid4().hex[:8]}")
         await store.mark_generation("test")
-        assert await store.try_reserve("a", "p", 3, 100, 100.0, 10.0)
-        got = await store.renew("a", 125.5)
-        assert got is not None and (got.kv_blocks, got.slots, got.expires_at) == (3, 1, 125.5)
-        assert (await store.entries())["a"].expires_at == 125.5
-        assert await client.zscore(f"{prefix}:exp", "a") == 125.5
-        assert await store.expire(120.0) == []  # the old lease (110) no longer counts
-        assert await store.held("p") == (3, 1)  # renewing holds nothing more
-        assert await store.renew("missing", 200.0) is None
-        assert not await client.hexists(f"{prefix}:resv", "missing")
-        assert [r.reservation_id for r in await store.expire(126.0)] == ["a"]
-        assert await store.renew("a", 300.0) is None  # expired: not brought back
+        yield store
     finally:
         await client.aclose()
+
+
+async def test_redis_store_renews_a_held_lease_only(redis_store: RedisReservations) -> None:
+    store, client, prefix = redis_store, redis_store.r, redis_store.prefix
+    assert await store.try_reserve("a", "p", 3, 100, 100.0, 10.0)
+    got = await store.renew("a", 125.5)
+    assert got is not None and (got.kv_blocks, got.slots, got.expires_at) == (3, 1, 125.5)
+    assert (await store.entries())["a"].expires_at == 125.5
+    assert await client.zscore(f"{prefix}:exp", "a") == 125.5
+    assert await store.expire(120.0) == []  # the old lease (110) no longer counts
+    assert await store.held("p") == (3, 1)  # renewing holds nothing more
+    assert await store.renew("missing", 200.0) is None
+    assert not await client.hexists(f"{prefix}:resv", "missing")
+    assert [r.reservation_id for r in await store.expire(126.0)] == ["a"]
+    assert await store.renew("a", 300.0) is None  # expired: not brought back
 
 
 @pytest.mark.parametrize("scenario", [concurrency_and_kv_share, fair_share_when_contended])
 async def test_tenant_quotas_in_redis(
-    scenario: Callable[[RedisReservations], Awaitable[None]],
+    scenario: Callable[[RedisReservations], Awaitable[None]], redis_store: RedisReservations
 ) -> None:
-    prefix = f"test:{uuid.uuid4().hex[:8]}"
-    client = Redis.from_url(REDIS)
-    try:
-        store = RedisReservations(client, prefix)
-        await store.mark_generation("test")
-        await scenario(store)
-    finally:
-        await client.aclose()
+    await scenario(redis_store)
 
 
-async def test_reservations_written_before_tenants_were_kept_still_release() -> None:
-    prefix = f"test:{uuid.uuid4().hex[:8]}"
-    client = Redis.from_url(REDIS)
-    try:
-        store = RedisReservations(client, prefix)
-        await store.mark_generation("test")
-        # a value in the older format (no tenant field), as a previous version wrote it
-        await client.hset(f"{prefix}:resv", "old", "p|5|1|100.0")
-        await client.hset(f"{prefix}:held:p", mapping={"blocks": 5, "slots": 1})
-        await client.zadd(f"{prefix}:exp", {"old": 100.0})
-        renewed = await store.renew("old", 200.0)
-        assert renewed is not None and renewed.tenant == "" and renewed.kv_blocks == 5
-        released = await store.release("old", 150.0)
-        assert released is not None and released.expires_at == 200.0
-        assert await store.held("p") == (0, 0) and await store.tenant_usage("p") == {}
-    finally:
-        await client.aclose()
+async def test_reservations_written_before_tenants_were_kept_still_release(
+    redis_store: RedisReservations,
+) -> None:
+    store, client, prefix = redis_store, redis_store.r, redis_store.prefix
+    # a value in the older format (no tenant field), as a previous version wrote it
+    await client.hset(f"{prefix}:resv", "old", "p|5|1|100.0")
+    await client.hset(f"{prefix}:held:p", mapping={"blocks": 5, "slots": 1})
+    await client.zadd(f"{prefix}:exp", {"old": 100.0})
+    renewed = await store.renew("old", 200.0)
+    assert renewed is not None and renewed.tenant == "" and renewed.kv_blocks == 5
+    released = await store.release("old", 150.0)
+    assert released is not None and released.expires_at == 200.0
+    assert await store.held("p") == (0, 0) and await store.tenant_usage("p") == {}

@@ -22,6 +22,7 @@ from streams.replica import TableReplica
 from streams.schemas import ControlMessage, KvEventBatch
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import ALL_TOPICS
+from tests.factories import heartbeat
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -35,19 +36,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 
-HEARTBEAT = {
-    "node_id": "n1",
-    "epoch": "e",
-    "seq": 1,
-    "ts": 10.0,
-    "endpoint": "http://e",
-    "model": "m",
-    "block_size": 16,
-    "kv_blocks_total": 10,
-    "kv_blocks_used": 0,
-    "running": 0,
-    "waiting": 0,
-}
+HEARTBEAT = heartbeat("n1", seq=1, ts=10.0).model_dump(exclude={"schema_version"})
 KV_BATCH = {"node_id": "n1", "epoch": "e", "seq": 1, "ts": 10.0, "block_size": 16, "stored": [1]}
 LEDGER = {"reservation_id": "r", "kind": "reserve", "kv_blocks": 3, "router_id": "x", "ts": 1.0}
 

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import orjson
-
 from streams.replica import TableReplica
 from streams.settings import KafkaSettings, WorkerSettings
+from tests.factories import heartbeat
 
 
 def _beat(node: str, ts: float) -> bytes:
-    return orjson.dumps(
-        {
-            "node_id": node,
-            "epoch": "e",
-            "seq": int(ts),
-            "ts": ts,
-            "endpoint": "http://e",
-            "model": "m",
-            "block_size": 16,
-            "kv_blocks_total": 10,
-            "kv_blocks_used": 0,
-            "running": 0,
-            "waiting": 0,
-        }
-    )
+    return heartbeat(node, seq=int(ts), ts=ts).model_dump_json().encode()
 
 
 def test_liveness_uses_receive_time_and_a_silent_feed_retires_nobody() -> None:
