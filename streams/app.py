@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any, TypeVar
 
 import faust
@@ -86,6 +87,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     if worker.exactly_once:
         flush_before_transaction_commit()
+    # Faust creates its data directory without parents: started anywhere, it must exist
+    Path(worker.data_dir).mkdir(parents=True, exist_ok=True)
     app = faust.App(
         app_id(kafka, worker),
         broker=f"kafka://{kafka.bootstrap_servers}",

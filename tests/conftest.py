@@ -55,7 +55,7 @@ def kafka_settings(kafka_up: str, namespace: str) -> KafkaSettings:
 def worker_settings(tmp_path: Path) -> WorkerSettings:
     return WorkerSettings(
         web_port=free_port(),
-        data_dir=str(tmp_path / "worker"),
+        data_dir=str(tmp_path / "not-yet" / "worker"),  # created with its parents by kvgate
         session_timeout_s=6.0,
         rebalance_timeout_s=6.0,
         heartbeat_interval_s=0.5,
