@@ -88,7 +88,7 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
             status, _ = await post(router, path, body, {"X-Request-Id": rid})
             assert status == 200
         status, _ = await post(router, "/v1/completions", {"model": "unknown", "prompt": "x"})
-        assert status == 404  # not routed: no rows
+        assert status == 404  # not routed: a refusal record, no outcome
 
         async def landed() -> bool:
             rows = ch.query("SELECT count() AS n FROM kvgate.outcomes FINAL")
@@ -97,17 +97,21 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
         await wait_until(landed, 20, "outcomes in ClickHouse", 0.2)
         await asyncio.sleep(1.0)  # anything extra would have landed by now
         # the router mints request ids; the client's X-Request-Id is a label on the decision
+        routed = "reason != 'refused_before_admission'"
         labels = ch.query(
-            "SELECT request_id, client_request_id AS label FROM kvgate.decisions FINAL"
+            "SELECT request_id, client_request_id AS label FROM kvgate.decisions FINAL "
+            f"WHERE {routed}"
         )
         assert sorted(r["label"] for r in labels) == sorted(ids)
         minted = sorted(r["request_id"] for r in labels)
         assert not set(minted) & set(ids) and len(set(minted)) == len(ids)
         for table in ("decisions", "outcomes"):
+            where = f"WHERE {routed}" if table == "decisions" else ""
             final = ch.query(
-                f"SELECT request_id, count() AS n FROM kvgate.{table} FINAL GROUP BY request_id"
+                f"SELECT request_id, count() AS n FROM kvgate.{table} FINAL {where} "
+                "GROUP BY request_id"
             )
-            raw = ch.query(f"SELECT count() AS n FROM kvgate.{table}")
+            raw = ch.query(f"SELECT count() AS n FROM kvgate.{table} {where}")
             assert sorted(r["request_id"] for r in final) == minted, table
             assert all(int(r["n"]) == 1 for r in final)
             assert int(raw[0]["n"]) == len(ids), f"{table}: duplicated rows before merges"
@@ -116,8 +120,14 @@ async def test_each_routed_request_yields_one_decision_and_one_outcome_row(
             "sum(ifNull(cached_tokens, 0)) AS cached FROM kvgate.outcomes FINAL"
         )[0]
         assert int(ok["ok"]) == len(ids) and int(ok["ttft"]) == len(ids)
+        refused = ch.query(
+            "SELECT model, admission_reason FROM kvgate.decisions FINAL WHERE NOT " + routed
+        )
+        assert refused == [{"model": "unknown", "admission_reason": "unknown_model"}]
         assert int(ok["cached"]) > 0  # shared prompts were served from the prefix cache
-        chosen = ch.query("SELECT DISTINCT chosen_node AS n FROM kvgate.decisions FINAL")
+        chosen = ch.query(
+            f"SELECT DISTINCT chosen_node AS n FROM kvgate.decisions FINAL WHERE {routed}"
+        )
         assert {r["n"] for r in chosen} <= {"n1", "n2"}
         admitted = ch.query(
             "SELECT countIf(admission = 'admitted' AND kv_blocks_estimate > 0 "
