@@ -160,6 +160,9 @@ class NodeAgent:
                     kv_index="events" if s.kv_events_endpoint else "approximate",
                     engine_restarts=self.engine_restarts,
                     kv_events_lost=self.engine_gaps,
+                    kv_events_undecodable=self.undecodable,
+                    kv_blocks_untranslatable=self.translator.untranslatable_blocks,
+                    kv_blocks_skipped=sum(self.translator.skipped_blocks.values()),
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)
@@ -233,6 +236,12 @@ class NodeAgent:
     @property
     def engine_gaps(self) -> int:
         return self.subscriber.lost if self.subscriber is not None else 0
+
+    @property
+    def undecodable(self) -> int:
+        """KV event batches and events the engine sent that could not be decoded."""
+        sub = self.subscriber
+        return sub.undecodable + sub.undecodable_events if sub is not None else 0
 
     async def _flusher(self) -> None:
         s = self.settings

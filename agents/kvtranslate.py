@@ -4,22 +4,33 @@ Engines hash blocks their own way; kvgate's router hashes prompts with :mod:`str
 agent recomputes kvgate's chained hash of every stored block from the token ids that
 ``BlockStored`` carries, so the two sides cannot silently disagree. It keeps the node's current
 set of blocks and, at each flush, emits only the net change since the last flush.
+
+Only blocks a request can hit as a prefix enter: GPU blocks of full-attention groups whose hash
+kvgate can reproduce. Blocks offloaded to CPU or disk, blocks of sliding-window or mamba groups
+(hybrid models), and blocks hashed with a LoRA adapter, a ``cache_salt`` or multimodal keys are
+counted in ``skipped_blocks`` and never claimed as hits. A parent hash of ``0`` or empty bytes is
+the root, as some publishers write it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from agents.vllm_events import (
-    AllBlocksClearedMsg,
-    BlockRemovedMsg,
-    BlockStoredMsg,
+    ClearedEvent,
+    EngineBatch,
     EngineHash,
-    KVEventBatchMsg,
+    RemovedEvent,
+    StoredEvent,
 )
 from streams.blocks import block_hash
 
-__all__ = ["KvDelta", "KvTranslator"]
+__all__ = ["PREFIX_KINDS", "KvDelta", "KvTranslator"]
+
+# KV cache groups whose blocks are reused by prefix (vLLM's KVCacheSpecKind values)
+PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+_ROOTS: tuple[EngineHash, ...] = (0, b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +47,15 @@ class KvDelta:
 @dataclass(slots=True)
 class KvTranslator:
     block_size: int
-    _by_engine: dict[EngineHash, int] = field(default_factory=dict)  # engine -> kvgate hash
+    # (group, engine hash) -> kvgate hash: hybrid models' groups store the same hashes
+    _by_engine: dict[tuple[int | None, EngineHash], int] = field(default_factory=dict)
     _blocks: set[int] = field(default_factory=set)  # kvgate hashes the engine holds now
     _published: set[int] = field(default_factory=set)  # what consumers were last told
     _touched: set[int] = field(default_factory=set)
     _cleared: bool = False
-    untranslatable_blocks: int = 0
+    _group_kind: dict[int, str] = field(default_factory=dict)  # group_idx -> spec kind
+    untranslatable_blocks: int = 0  # parent unknown (events lost) or tokens missing
+    skipped_blocks: Counter[str] = field(default_factory=Counter)  # why, -> blocks
 
     @property
     def blocks(self) -> int:
@@ -51,17 +65,19 @@ class KvTranslator:
     def pending(self) -> int:
         return len(self._touched)
 
-    def apply(self, batch: KVEventBatchMsg) -> None:
+    def apply(self, batch: EngineBatch) -> None:
         for ev in batch.events:
-            if isinstance(ev, BlockStoredMsg):
+            if isinstance(ev, StoredEvent):
                 self._stored(ev)
-            elif isinstance(ev, BlockRemovedMsg):
+            elif isinstance(ev, RemovedEvent):
+                if ev.medium is not None and ev.medium.upper() != "GPU":
+                    continue  # an offloaded copy went away; the GPU block (if any) stays
                 for eh in ev.block_hashes:
-                    kh = self._by_engine.pop(eh, None)
+                    kh = self._by_engine.pop((ev.group_idx, eh), None)
                     if kh is not None:
                         self._blocks.discard(kh)
                         self._touched.add(kh)
-            elif isinstance(ev, AllBlocksClearedMsg):
+            elif isinstance(ev, ClearedEvent):
                 self.reset()
 
     def reset(self) -> None:
@@ -72,12 +88,33 @@ class KvTranslator:
         self._touched.clear()
         self._cleared = True
 
-    def _stored(self, ev: BlockStoredMsg) -> None:
+    def _skip(self, ev: StoredEvent) -> str | None:
+        """Why the blocks of ``ev`` must not enter the index (None: they may)."""
+        if ev.group_idx is not None and ev.kv_cache_spec_kind is not None:
+            self._group_kind[ev.group_idx] = ev.kv_cache_spec_kind
+        kind = ev.kv_cache_spec_kind or (
+            self._group_kind.get(ev.group_idx) if ev.group_idx is not None else None
+        )
+        if kind is not None and kind not in PREFIX_KINDS:
+            return "non_prefix_group"
+        if ev.medium is not None and ev.medium.upper() != "GPU":
+            return "offloaded"
+        if ev.lora_id is not None or ev.lora_name is not None:
+            return "lora"
+        if ev.extra_keys and any(k is not None for k in ev.extra_keys):
+            return "extra_keys"  # cache_salt or multimodal: not in kvgate's hash (yet)
+        return None
+
+    def _stored(self, ev: StoredEvent) -> None:
+        why = self._skip(ev)
+        if why is not None:
+            self.skipped_blocks[why] += len(ev.block_hashes)
+            return
         bs = ev.block_size or self.block_size
-        if ev.parent_block_hash is None:
+        if ev.parent_block_hash is None or ev.parent_block_hash in _ROOTS:
             parent: int | None = None
-        elif ev.parent_block_hash in self._by_engine:
-            parent = self._by_engine[ev.parent_block_hash]
+        elif (ev.group_idx, ev.parent_block_hash) in self._by_engine:
+            parent = self._by_engine[(ev.group_idx, ev.parent_block_hash)]
         else:  # the parent was never seen (events lost): cannot chain these blocks
             self.untranslatable_blocks += len(ev.block_hashes)
             return
@@ -87,7 +124,7 @@ class KvTranslator:
                 self.untranslatable_blocks += len(ev.block_hashes) - i
                 return
             parent = block_hash(parent, tokens)
-            self._by_engine[eh] = parent
+            self._by_engine[(ev.group_idx, eh)] = parent
             self._blocks.add(parent)
             self._touched.add(parent)
 

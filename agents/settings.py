@@ -22,6 +22,11 @@ class EngineSettings(BaseModel):
     served_model_name: str = "llama-3.1-8b"
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
     kv_events_replay_endpoint: str | None = None  # vLLM default: no replay socket
+    kv_events_shape: Literal["map", "array"] = Field(
+        default="map",
+        description="map: events as vLLM >= 0.26 writes them (named fields); array: the "
+        "positional events of earlier releases",
+    )
     default_max_tokens: int = Field(default=256, ge=1)
     metrics_format: Literal["vllm", "sglang"] = Field(
         default="vllm", description="whose /metrics names to serve (the agent reads both)"

@@ -108,7 +108,11 @@ class SimEngine:
     async def _publish_events(self) -> None:
         events = self.core.drain_events()
         if events and self._publisher is not None:
-            await self._publisher.publish(encode_batch(events, self.settings.profile.block_size))
+            await self._publisher.publish(
+                encode_batch(
+                    events, self.settings.profile.block_size, shape=self.settings.kv_events_shape
+                )
+            )
 
     # --- HTTP ----------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:

@@ -1,12 +1,23 @@
 """vLLM's KV-cache event wire format (``vllm/distributed/kv_events.py``), and a publisher.
 
 vLLM publishes msgpack-encoded ``KVEventBatch`` structs over a ZeroMQ PUB socket as three frames:
-``[topic, sequence number (8 bytes, big-endian), payload]``. Each event is a tagged array
-(``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``).
-A ROUTER socket answers replay requests: the client sends a start sequence number (8 bytes) and gets
-``[seq, payload]`` frames for every buffered batch from there, then ``[-1, b""]``.
-The simulated engine publishes this format; the agent's vLLM adapter reads it, so the same code runs
-against a real vLLM.
+``[topic, sequence number (8 bytes, big-endian), payload]``. A ROUTER socket answers replay
+requests: the client sends a start sequence number (8 bytes) and gets ``[seq, payload]`` frames
+for every buffered batch from there, then ``[-1, b""]``.
+
+Two shapes are in use, and both are decoded here, event by event (one bad event does not lose
+its batch):
+
+* **array** (vLLM up to ~0.25, SGLang): the batch ``[ts, events, data_parallel_rank]`` and each
+  event a tagged array ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+  lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind, …]``;
+* **map** (vLLM ≥ 0.26): each event a map with named fields and a ``type`` tag
+  (``{"type": "BlockStored", "block_hashes": …}``), defaults omitted; the batch stays an array
+  in the releases seen (0.33), and a map is read too.
+
+Fields kvgate does not know are ignored. Block hashes are ints or bytes. The simulated engine
+publishes the map shape by default (``engine.kv_events_shape: array`` for the legacy one); the
+agent's vLLM adapter reads both, so the same code runs against a real vLLM.
 """
 
 from __future__ import annotations
@@ -15,7 +26,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
 
 import msgspec
 import zmq
@@ -26,76 +38,208 @@ from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "AllBlocksClearedMsg",
-    "BlockRemovedMsg",
-    "BlockStoredMsg",
+    "ClearedEvent",
+    "EngineBatch",
     "EngineHash",
-    "KVEventBatchMsg",
     "KvEventPublisher",
     "KvEventSubscriber",
+    "RemovedEvent",
+    "Shape",
+    "StoredEvent",
     "decode_batch",
     "encode_batch",
 ]
 
-
-class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-# vLLM's ExternalBlockHash is ``bytes | int`` (newer releases send bytes). Fields that newer
-# releases append (lora_name, extra_keys, group_idx) are ignored: msgspec skips trailing items.
+# vLLM's ExternalBlockHash is ``bytes | int`` (newer releases send bytes)
 EngineHash = int | bytes
+Shape = Literal["map", "array"]
 
 
-class BlockStoredMsg(_Event, tag="BlockStored"):
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
     block_hashes: list[EngineHash]
     parent_block_hash: EngineHash | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
-    medium: str | None = None
+    lora_name: str | None = None
+    medium: str | None = None  # GPU (None), CPU, disk… tiers
+    extra_keys: list[Any] | None = None  # per block: multimodal keys, cache_salt, LoRA name
+    group_idx: int | None = None  # KV cache group (hybrid models)
+    kv_cache_spec_kind: str | None = None  # full_attention, sliding_window, mamba…
 
 
-class BlockRemovedMsg(_Event, tag="BlockRemoved"):
+@dataclass(frozen=True, slots=True)
+class RemovedEvent:
     block_hashes: list[EngineHash]
     medium: str | None = None
+    group_idx: int | None = None
 
 
-class AllBlocksClearedMsg(_Event, tag="AllBlocksCleared"):
+@dataclass(frozen=True, slots=True)
+class ClearedEvent:
     pass
 
 
-class KVEventBatchMsg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+EngineEvent = StoredEvent | RemovedEvent | ClearedEvent
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBatch:
     ts: float
-    events: list[BlockStoredMsg | BlockRemovedMsg | AllBlocksClearedMsg]
+    events: list[EngineEvent] = field(default_factory=list)
     data_parallel_rank: int | None = None
+    bad_events: int = 0  # events of this batch that could not be decoded (skipped)
 
 
+# --- the wire structs, declared once for both shapes ---------------------------------------------
+# (name, type[, default]) in vLLM's declaration order: the array shape is positional
+_STORED_FIELDS: list[Any] = [
+    ("block_hashes", list[EngineHash]),
+    ("parent_block_hash", EngineHash | None),
+    ("token_ids", list[int]),
+    ("block_size", int),
+    ("lora_id", int | None, None),
+    ("medium", str | None, None),
+    ("lora_name", str | None, None),
+    ("extra_keys", list[Any] | None, None),
+    ("group_idx", int | None, None),
+    ("kv_cache_spec_kind", str | None, None),
+    ("kv_cache_spec_sliding_window", int | None, None),
+    ("locality", str | None, None),  # LOCAL / REMOTE to the publisher
+    ("ownership", str | None, None),  # secondary offloading tier
+    ("session_id", str | None, None),  # the request context that stored it
+    ("lookahead_token_ids", list[list[int]] | None, None),
+]
+_REMOVED_FIELDS: list[Any] = [
+    ("block_hashes", list[EngineHash]),
+    ("medium", str | None, None),
+    ("group_idx", int | None, None),
+    ("locality", str | None, None),
+    ("ownership", str | None, None),
+]
+_BATCH_FIELDS: list[Any] = [
+    ("ts", float),
+    ("events", list[msgspec.Raw]),
+    ("data_parallel_rank", int | None, None),
+]
+
+
+@dataclass(frozen=True)
+class _Wire:
+    stored: Any
+    removed: Any
+    cleared: Any
+    batch: Any
+    events: msgspec.msgpack.Decoder[Any]
+    batches: msgspec.msgpack.Decoder[Any]
+
+
+def _wire(array_like: bool, required: int = 4, legacy: bool = False) -> _Wire:
+    """The structs of one shape. ``required``: how many leading BlockStored fields have no
+    default (decoding: 4, lenient; encoding: what vLLM always writes — its ``lora_id`` and
+    ``medium``, and in the map releases ``lora_name``, have no default). ``legacy``: only the
+    fields of the array releases (``BlockStored`` up to ``medium``, ``BlockRemoved`` up to
+    ``medium``), as they wrote them."""
+    opts: dict[str, Any] = {"array_like": array_like, "omit_defaults": True, "gc": False}
+    fields = [f[:2] if i < required else f for i, f in enumerate(_STORED_FIELDS)]
+    stored_fields = fields[:6] if legacy else fields
+    # BlockRemoved's medium has no default either (when written as vLLM does)
+    removed_spec = [f[:2] if required > 4 and i < 2 else f for i, f in enumerate(_REMOVED_FIELDS)]
+    removed_fields = removed_spec[:2] if legacy else removed_spec
+    stored = msgspec.defstruct("BlockStored", stored_fields, tag=True, **opts)
+    removed = msgspec.defstruct("BlockRemoved", removed_fields, tag=True, **opts)
+    cleared = msgspec.defstruct("AllBlocksCleared", [], tag=True, **opts)
+    batch = msgspec.defstruct("KVEventBatch", _BATCH_FIELDS, **opts)
+    union: Any = Union[stored, removed, cleared]  # noqa: UP007 - a union of runtime classes
+    return _Wire(
+        stored,
+        removed,
+        cleared,
+        batch,
+        msgspec.msgpack.Decoder(union),
+        msgspec.msgpack.Decoder(batch),
+    )
+
+
+_ARRAY, _MAP = _wire(True), _wire(False)  # decoding
+# as vLLM writes them: ≤ 0.25 all arrays, ≥ 0.26 map events
+_ARRAY_OUT, _MAP_OUT = _wire(True, required=6, legacy=True), _wire(False, required=7)
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(KVEventBatchMsg)
 
 
-def encode_batch(events: Sequence[CacheEvent], block_size: int, ts: float | None = None) -> bytes:
-    msgs: list[BlockStoredMsg | BlockRemovedMsg | AllBlocksClearedMsg] = []
+def _shape_of(raw: bytes | msgspec.Raw) -> _Wire:
+    """msgpack arrays start 0x90–0x9f, 0xdc or 0xdd; maps 0x80–0x8f, 0xde or 0xdf."""
+    view = memoryview(raw)
+    first = view[0] if len(view) else 0
+    return _ARRAY if (0x90 <= first <= 0x9F or first in (0xDC, 0xDD)) else _MAP
+
+
+def _event(msg: Any) -> EngineEvent:
+    name = type(msg).__name__
+    if name == "BlockStored":
+        return StoredEvent(
+            list(msg.block_hashes),
+            msg.parent_block_hash,
+            list(msg.token_ids),
+            msg.block_size,
+            msg.lora_id,
+            msg.lora_name,
+            msg.medium,
+            msg.extra_keys,
+            msg.group_idx,
+            msg.kv_cache_spec_kind,
+        )
+    if name == "BlockRemoved":
+        return RemovedEvent(list(msg.block_hashes), msg.medium, msg.group_idx)
+    return ClearedEvent()
+
+
+def decode_batch(payload: bytes) -> EngineBatch:
+    """One batch in either shape. Raises ``msgspec.DecodeError`` / ``ValidationError`` when the
+    batch itself is unreadable; events that are not are skipped and counted (``bad_events``)."""
+    env = _shape_of(payload).batches.decode(payload)
+    events: list[EngineEvent] = []
+    bad = 0
+    for raw in env.events:
+        try:
+            events.append(_event(_shape_of(raw).events.decode(raw)))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            bad += 1
+    return EngineBatch(env.ts, events, env.data_parallel_rank, bad)
+
+
+def encode_batch(
+    events: Sequence[CacheEvent],
+    block_size: int,
+    ts: float | None = None,
+    shape: Shape = "map",
+    data_parallel_rank: int = 0,
+) -> bytes:
+    """A batch as vLLM publishes it: ``map`` events in an array batch (vLLM ≥ 0.26), or all
+    arrays (``array``, earlier releases)."""
+    w = _MAP_OUT if shape == "map" else _ARRAY_OUT
+    msgs: list[Any] = []
     for ev in events:
         if isinstance(ev, BlockStored):
             msgs.append(
-                BlockStoredMsg(
+                w.stored(
                     list[EngineHash](ev.block_hashes),
                     ev.parent_block_hash,
                     list(ev.token_ids),
                     block_size,
+                    None,
+                    "GPU",
+                    *([None] if shape == "map" else []),  # lora_name
                 )
             )
         elif isinstance(ev, BlockRemoved):
-            msgs.append(BlockRemovedMsg(list[EngineHash](ev.block_hashes)))
+            msgs.append(w.removed(list[EngineHash](ev.block_hashes), "GPU"))
         elif isinstance(ev, AllCleared):
-            msgs.append(AllBlocksClearedMsg())
-    return _encoder.encode(KVEventBatchMsg(ts if ts is not None else time.time(), msgs))
-
-
-def decode_batch(payload: bytes) -> KVEventBatchMsg:
-    return _decoder.decode(payload)
+            msgs.append(w.cleared())
+    raw = [msgspec.Raw(_encoder.encode(m)) for m in msgs]
+    now = ts if ts is not None else time.time()
+    return _encoder.encode(_ARRAY_OUT.batch(now, raw, data_parallel_rank))
 
 
 class KvEventPublisher:
@@ -168,7 +312,8 @@ class KvEventSubscriber:
         self.gaps = 0  # sequence gaps seen
         self.recovered = 0  # batches fetched by replay
         self.lost = 0  # batches neither received nor replayed
-        self.undecodable = 0
+        self.undecodable = 0  # batches
+        self.undecodable_events = 0  # events skipped in batches that decoded
 
     async def _replay(self, ctx: Any, start: int, end: int) -> list[tuple[int, bytes]]:
         """Batches ``start .. end - 1`` from the replay socket (what it still buffers)."""
@@ -192,7 +337,7 @@ class KvEventSubscriber:
             sock.close(linger=0)
         return sorted(out)
 
-    async def batches(self) -> AsyncIterator[tuple[int, KVEventBatchMsg, bool]]:
+    async def batches(self) -> AsyncIterator[tuple[int, EngineBatch, bool]]:
         ctx = zmq.asyncio.Context.instance()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -225,10 +370,14 @@ class KvEventSubscriber:
                 for i, (s, payload) in enumerate(pending):
                     try:
                         batch = decode_batch(payload)
-                    except Exception as exc:
+                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                         self.undecodable += 1
-                        log.warning("undecodable KV event batch %d: %s", s, exc)
+                        if self.undecodable <= 10 or self.undecodable % 1000 == 0:
+                            log.warning("undecodable KV event batch %d: %s", s, exc)
                         continue
+                    if batch.bad_events:
+                        self.undecodable_events += batch.bad_events
+                        log.warning("KV event batch %d: %d undecodable events", s, batch.bad_events)
                     yield s, batch, restarted and i == 0
         finally:
             sub.close(linger=0)

@@ -87,6 +87,7 @@ class Supervisor:
         num_gpu_blocks: int | None = None,
         sglang: bool = False,
         model: str | None = None,
+        engine_env: dict[str, str] | None = None,
     ) -> str:
         """A simulated engine and its agent; returns the engine's base URL. ``sglang``: the
         engine looks like SGLang without KV events (SGLang metrics, approximate index)."""
@@ -104,7 +105,10 @@ class Supervisor:
             "--kv-events-replay-port",
             str(replay_port),
             *extra,
-            env={"KVGATE_ENGINE__SERVED_MODEL_NAME": model} if model else None,
+            env={
+                **({"KVGATE_ENGINE__SERVED_MODEL_NAME": model} if model else {}),
+                **(engine_env or {}),
+            },
         )
         url = f"http://127.0.0.1:{http_port}"
         self.spawn(

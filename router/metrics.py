@@ -72,6 +72,13 @@ class RouterMetrics:
             "Engine KV event batches the nodes' agents lost (sum over nodes in the replica)",
             registry=self.registry,
         )
+        self.kv_agent = Gauge(
+            "kvgate_router_kv_agent",
+            "What the nodes' agents report of their engines' KV events (sums over nodes): "
+            "kv_events_undecodable, kv_blocks_untranslatable, kv_blocks_skipped",
+            ["counter"],
+            registry=self.registry,
+        )
         self.reservations = Gauge(
             "kvgate_router_reservations",
             "Reservations held in the store (all routers sharing it)",

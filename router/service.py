@@ -97,6 +97,19 @@ def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
 
 _REASON = web.ResponseKey("kvgate_refusal_reason", str)  # a refusal response's reason
 
+# what agents report of their engine's KV events, per node in /v1/kvgate/state
+_COUNTERS = (
+    "engine_restarts",
+    "kv_events_lost",
+    "kv_events_undecodable",
+    "kv_blocks_untranslatable",
+    "kv_blocks_skipped",
+)
+
+
+def _agent_counters(hb: Heartbeat | None) -> dict[str, int]:
+    return {name: getattr(hb, name) if hb is not None else 0 for name in _COUNTERS}
+
 
 @dataclass(slots=True)
 class _Intake:
@@ -1100,12 +1113,7 @@ class RouterService:
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,
                         "indexed_blocks": len(self.replica.index.blocks_view(n.node_id)),
-                        "engine_restarts": beats[n.node_id].engine_restarts
-                        if n.node_id in beats
-                        else 0,
-                        "kv_events_lost": beats[n.node_id].kv_events_lost
-                        if n.node_id in beats
-                        else 0,
+                        **_agent_counters(beats.get(n.node_id)),
                     }
                     for n in self.nodes(now)
                 },
@@ -1236,6 +1244,8 @@ class RouterService:
         m.index_gap.set(sum(v.kv_index_gap for v in views))
         m.engine_restarts.set(sum(hb.engine_restarts for hb in beats))
         m.kv_events_lost.set(sum(hb.kv_events_lost for hb in beats))
+        for name in _COUNTERS[2:]:
+            m.kv_agent.labels(name).set(sum(getattr(hb, name) for hb in beats))
         healthy = sum(1 for v in views if v.healthy and v.alive(now))
         m.nodes.labels("healthy").set(healthy)
         m.nodes.labels("unhealthy").set(len(views) - healthy)

@@ -82,6 +82,20 @@ class Heartbeat(Message):
         description="engine KV event batches this agent incarnation neither received nor got "
         "from the engine's replay socket (its periodic snapshot repairs the index)",
     )
+    kv_events_undecodable: int = Field(
+        default=0, ge=0, description="engine KV event batches and events it could not decode"
+    )
+    kv_blocks_untranslatable: int = Field(
+        default=0,
+        ge=0,
+        description="stored blocks it could not chain (parent never seen, tokens missing)",
+    )
+    kv_blocks_skipped: int = Field(
+        default=0,
+        ge=0,
+        description="stored blocks kept out of the index on purpose: offloaded to CPU/disk, "
+        "non-prefix groups of hybrid models, LoRA / cache_salt / multimodal hashes",
+    )
 
 
 class KvEventBatch(Message):

@@ -54,8 +54,9 @@ class Cluster:
         num_gpu_blocks: int = 2000,
         sglang: bool = False,
         model: str | None = None,
+        engine_env: dict[str, str] | None = None,
     ) -> str:
-        url = self.sup.spawn_node(node_id, num_gpu_blocks, sglang, model)
+        url = self.sup.spawn_node(node_id, num_gpu_blocks, sglang, model, engine_env)
         self.engines[node_id] = url
         return url
 

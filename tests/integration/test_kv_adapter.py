@@ -151,3 +151,30 @@ async def _positive(v: Any) -> bool:
 
 async def _zero(v: Any) -> bool:
     return int(await v) == 0
+
+
+async def test_engines_of_both_event_shapes_are_indexed(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    """One engine writes vLLM >= 0.26's map events, the other the legacy arrays: the same
+    agent indexes both, and nothing is undecodable or dropped."""
+    await ensure_topics(kafka_settings)
+    c, router = await Cluster.started(
+        supervisor,
+        {"n1": {}, "n2": {"engine_env": {"KVGATE_ENGINE__KV_EVENTS_SHAPE": "array"}}},
+    )
+    for node in ("n1", "n2"):  # each engine computes a prompt of its own
+        body = {"model": MODEL, "prompt": long_prompt(f"shape-{node}"), "max_tokens": 2}
+        status, _ = await post(c.engines[node], "/v1/completions", body)
+        assert status == 200
+
+    async def indexed() -> bool:
+        s: dict[str, Any] = await get(router, "/v1/kvgate/state")
+        return all(s["nodes"][n]["indexed_blocks"] > 0 for n in ("n1", "n2"))
+
+    await wait_until(indexed, 20, "both nodes indexed", 0.2)
+    state: dict[str, Any] = await get(router, "/v1/kvgate/state")
+    for node in ("n1", "n2"):
+        counters = state["nodes"][node]
+        assert counters["kv_events_undecodable"] == 0, counters
+        assert counters["kv_blocks_untranslatable"] == 0 and counters["kv_blocks_skipped"] == 0

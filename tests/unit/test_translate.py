@@ -4,22 +4,52 @@ from agents.vllm_events import decode_batch, encode_batch
 from streams.blocks import chain_hashes
 
 
-def test_vllm_wire_format_is_a_tagged_array() -> None:
+def test_legacy_vllm_wire_format_is_a_tagged_array() -> None:
     import msgspec
 
     raw = encode_batch(
-        [BlockStored((1,), None, (5,) * 4), BlockRemoved((1,)), AllCleared()], 4, ts=1.5
+        [BlockStored((1,), None, (5,) * 4), BlockRemoved((1,)), AllCleared()],
+        4,
+        ts=1.5,
+        shape="array",
     )
     # vLLM's structs declare lora_id and medium without defaults: they are always on the wire
-    assert msgspec.msgpack.decode(raw)[:2] == [
+    assert msgspec.msgpack.decode(raw) == [
         1.5,
         [
-            ["BlockStored", [1], None, [5, 5, 5, 5], 4, None, None],
-            ["BlockRemoved", [1], None],
+            ["BlockStored", [1], None, [5, 5, 5, 5], 4, None, "GPU"],
+            ["BlockRemoved", [1], "GPU"],
             ["AllBlocksCleared"],
         ],
+        0,  # data_parallel_rank: vLLM's publisher always sets it
     ]
     assert len(decode_batch(raw).events) == 3
+
+
+def test_current_vllm_wire_format_has_map_events() -> None:
+    import msgspec
+
+    raw = encode_batch([BlockStored((1,), None, (5,) * 4), BlockRemoved((1,))], 4, ts=1.5)
+    # vLLM >= 0.26: events are maps with a "type" tag; lora_id, medium and lora_name have no
+    # default (always written), the rest are omitted when None; the batch stays an array
+    assert msgspec.msgpack.decode(raw) == [
+        1.5,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [1],
+                "parent_block_hash": None,
+                "token_ids": [5, 5, 5, 5],
+                "block_size": 4,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+            },
+            {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"},
+        ],
+        0,
+    ]
+    assert len(decode_batch(raw).events) == 2
 
 
 def test_engine_hashes_are_translated_to_kvgate_chain_hashes() -> None:

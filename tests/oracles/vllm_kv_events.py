@@ -1,0 +1,219 @@
+"""Golden KV-event batches made by vLLM's own event classes (an oracle kvgate did not write).
+
+    python -m tests.oracles.vllm_kv_events --version 0.33.0 --version 0.11.0
+
+For each version: downloads the vLLM wheel from PyPI (``pip download --no-deps``), takes
+``vllm/distributed/kv_events.py`` out of it, loads that module with stand-ins for the few vLLM
+internals it imports (a logger, a config class, network helpers, the ``ExternalBlockHash`` alias —
+none of them touch the event classes), builds batches with vLLM's ``BlockStored`` /
+``BlockRemoved`` / ``AllBlocksCleared`` / ``KVEventBatch`` and encodes them exactly as vLLM's
+``ZmqEventPublisher`` does (``msgspec.msgpack.Encoder().encode(batch)`` after setting the batch's
+``data_parallel_rank``). Writes ``tests/data/kv_events/vllm-<version>/<case>.msgpack`` and a
+``manifest.json`` describing each case's events (hashes as hex when they are bytes). The vectors
+are committed; rerun when a new vLLM release changes the format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+OUT = Path(__file__).resolve().parents[1] / "data" / "kv_events"
+TS = 1_764_000_000.25
+
+
+def _stub(name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+
+    def __getattr__(attr: str) -> Any:  # anything else the module imports: an inert stand-in
+        return lambda *a, **k: None
+
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return mod
+
+
+def load_kv_events(version: str, workdir: Path) -> types.ModuleType:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            f"vllm=={version}",
+            "-d",
+            str(workdir),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = workdir.glob(f"vllm-{version}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        source = z.read("vllm/distributed/kv_events.py")
+    path = workdir / f"kv_events_{version.replace('.', '_')}.py"
+    path.write_bytes(source)
+    import logging
+
+    stubs = {
+        "vllm": _stub("vllm"),
+        "vllm.config": _stub("vllm.config"),
+        "vllm.config.kv_events": _stub("vllm.config.kv_events", KVEventsConfig=object),
+        "vllm.logger": _stub("vllm.logger", init_logger=logging.getLogger),
+        "vllm.utils": _stub("vllm.utils"),
+        "vllm.utils.network_utils": _stub("vllm.utils.network_utils"),
+        "vllm.v1": _stub("vllm.v1"),
+        "vllm.v1.core": _stub("vllm.v1.core"),
+        "vllm.v1.core.kv_cache_utils": _stub(
+            "vllm.v1.core.kv_cache_utils", ExternalBlockHash=bytes | int
+        ),
+    }
+    sys.modules.update(stubs)
+    spec = importlib.util.spec_from_file_location(f"vllm_kv_events_{version}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fields(cls: Any) -> set[str]:
+    return set(cls.__struct_fields__)
+
+
+def _stored(m: Any, hashes: list[Any], parent: Any, tokens: list[int], **extra: Any) -> Any:
+    known = {k: v for k, v in extra.items() if k in _fields(m.BlockStored)}
+    base: dict[str, Any] = {"lora_id": None, "medium": "GPU"}
+    if "lora_name" in _fields(m.BlockStored):
+        base["lora_name"] = None
+    base.update(known)
+    return m.BlockStored(
+        block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=16, **base
+    )
+
+
+def _removed(m: Any, hashes: list[Any], **extra: Any) -> Any:
+    known = {k: v for k, v in extra.items() if k in _fields(m.BlockRemoved)}
+    return m.BlockRemoved(block_hashes=hashes, **{"medium": "GPU", **known})
+
+
+def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
+    """Case name -> (events, data_parallel_rank)."""
+    toks = list(range(48))
+    h = [bytes([i]) * 32 for i in range(1, 4)]
+    out: dict[str, tuple[list[Any], int]] = {
+        "chain_int": (
+            [
+                _stored(m, [101, 102], None, toks[:32]),
+                _stored(m, [103], 102, toks[32:48]),
+                _removed(m, [103]),
+            ],
+            0,
+        ),
+        "chain_bytes": (
+            [_stored(m, h[:2], None, toks[:32]), _stored(m, h[2:], h[1], toks[32:])],
+            0,
+        ),
+        "cleared": ([m.AllBlocksCleared(), _stored(m, [7], None, toks[:16])], 0),
+        "dp_rank_1": ([_stored(m, [201], None, toks[:16])], 1),
+        "offloaded": ([_stored(m, [301], None, toks[:16], medium="CPU")], 0),
+    }
+    if "lora_name" in _fields(m.BlockStored):
+        out["lora"] = (
+            [
+                _stored(
+                    m,
+                    [401],
+                    None,
+                    toks[:16],
+                    lora_id=3,
+                    lora_name="adapter-a",
+                    extra_keys=[("adapter-a",)],
+                )
+            ],
+            0,
+        )
+    if "extra_keys" in _fields(m.BlockStored):
+        out["cache_salt"] = (
+            [_stored(m, [501, 502], None, toks[:32], extra_keys=[("salt-1",), None])],
+            0,
+        )
+    if "group_idx" in _fields(m.BlockStored):
+        out["hybrid"] = (
+            [
+                _stored(
+                    m, [601], None, toks[:16], group_idx=0, kv_cache_spec_kind="full_attention"
+                ),
+                _stored(
+                    m,
+                    [601],
+                    None,
+                    toks[:16],
+                    group_idx=1,
+                    kv_cache_spec_kind="sliding_window",
+                    kv_cache_spec_sliding_window=4096,
+                ),
+                _removed(m, [601], group_idx=1),
+            ],
+            0,
+        )
+    return out
+
+
+def _describe(ev: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": type(ev).__name__}
+    for name in ev.__struct_fields__:
+        v = getattr(ev, name)
+        if isinstance(v, bytes):
+            v = {"hex": v.hex()}
+        elif isinstance(v, list):
+            v = [{"hex": x.hex()} if isinstance(x, bytes) else x for x in v]
+        d[name] = v
+    return d
+
+
+def write(version: str, m: Any) -> None:
+    target = OUT / f"vllm-{version}"
+    target.mkdir(parents=True, exist_ok=True)
+    encoder = msgspec.msgpack.Encoder()
+    manifest: dict[str, Any] = {
+        "engine": f"vllm {version}",
+        "made_by": "python -m tests.oracles.vllm_kv_events",
+        "cases": {},
+    }
+    for name, (events, rank) in cases(m).items():
+        batch = m.KVEventBatch(ts=TS, events=events)
+        batch.data_parallel_rank = rank  # what ZmqEventPublisher.publish does
+        (target / f"{name}.msgpack").write_bytes(encoder.encode(batch))
+        manifest["cases"][name] = {
+            "ts": TS,
+            "data_parallel_rank": rank,
+            "events": [_describe(e) for e in events],
+        }
+    (target / "manifest.json").write_text(json.dumps(manifest, indent=1, default=list) + "\n")
+    print(f"wrote {len(manifest['cases'])} cases to {target}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="append", required=True)
+    args = p.parse_args()
+    for version in args.version:
+        with tempfile.TemporaryDirectory() as tmp:
+            write(version, load_kv_events(version, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

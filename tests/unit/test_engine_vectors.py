@@ -1,0 +1,138 @@
+"""KV-event batches made by vLLM's own classes (``tests/data/kv_events``, written by
+``python -m tests.oracles.vllm_kv_events``): kvgate decodes every field of both wire shapes,
+indexes exactly the blocks a request can hit, and its simulated engine writes the same bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agents.kvcache import BlockRemoved, BlockStored
+from agents.kvtranslate import KvTranslator
+from agents.vllm_events import (
+    ClearedEvent,
+    RemovedEvent,
+    StoredEvent,
+    decode_batch,
+    encode_batch,
+)
+from streams.blocks import chain_hashes
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "kv_events"
+VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
+CASES = [
+    (v, name)
+    for v in VERSIONS
+    for name in json.loads((DATA / v / "manifest.json").read_text())["cases"]
+]
+TOKENS = list(range(48))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict) and set(v) == {"hex"}:
+        return bytes.fromhex(v["hex"])
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _vector(version: str, name: str) -> tuple[bytes, dict[str, Any]]:
+    manifest = json.loads((DATA / version / "manifest.json").read_text())
+    return (DATA / version / f"{name}.msgpack").read_bytes(), manifest["cases"][name]
+
+
+def test_both_wire_shapes_are_covered() -> None:
+    first = {v: (DATA / v / "chain_int.msgpack").read_bytes()[0] for v in VERSIONS}
+    shapes = {"array" if 0x90 <= b <= 0x9F else "map" for b in first.values()}
+    assert len(VERSIONS) >= 2 and shapes == {"array"}  # the batch is an array in both ...
+    events = {
+        v: msgspec.msgpack.decode((DATA / v / "chain_int.msgpack").read_bytes())[1][0]
+        for v in VERSIONS
+    }
+    assert {type(e).__name__ for e in events.values()} == {"list", "dict"}  # ... events differ
+
+
+@pytest.mark.parametrize(("version", "name"), CASES)
+def test_every_field_decodes(version: str, name: str) -> None:
+    raw, case = _vector(version, name)
+    batch = decode_batch(raw)
+    assert batch.ts == case["ts"] and batch.data_parallel_rank == case["data_parallel_rank"]
+    assert batch.bad_events == 0 and len(batch.events) == len(case["events"])
+    for got, want in zip(batch.events, case["events"], strict=True):
+        kind = {"BlockStored": StoredEvent, "BlockRemoved": RemovedEvent}
+        assert isinstance(got, kind.get(want["type"], ClearedEvent))
+        for field, value in want.items():
+            if field in ("type", "kv_cache_spec_sliding_window", "locality", "ownership"):
+                continue
+            if field in ("session_id", "lookahead_token_ids"):
+                continue
+            expected = _plain(value)
+            if field == "extra_keys" and expected is not None:
+                expected = [list(k) if k is not None else None for k in expected]
+            assert getattr(got, field) == expected, (field, got)
+
+
+# what the prefix index may hold after each case: kvgate hashes of the hittable blocks
+INDEXED = {
+    "chain_int": chain_hashes(TOKENS[:32], 16),  # the third block was removed again
+    "chain_bytes": chain_hashes(TOKENS, 16),
+    "cleared": chain_hashes(TOKENS[:16], 16),
+    "dp_rank_1": chain_hashes(TOKENS[:16], 16),
+    "offloaded": [],  # a CPU copy is not a GPU hit
+    "lora": [],  # hashed with the adapter: not kvgate's base-model hash
+    "cache_salt": [],  # salted (and its child, chained to a salted parent)
+    "hybrid": chain_hashes(TOKENS[:16], 16),  # the full-attention group's; the
+    # sliding-window group's copy and its removal do not touch it
+}
+SKIPPED = {
+    "offloaded": {"offloaded": 1},
+    "lora": {"lora": 1},
+    "cache_salt": {"extra_keys": 2},
+    "hybrid": {"non_prefix_group": 1},
+}
+
+
+@pytest.mark.parametrize(("version", "name"), CASES)
+def test_only_hittable_blocks_are_indexed(version: str, name: str) -> None:
+    raw, _ = _vector(version, name)
+    t = KvTranslator(block_size=16)
+    t.apply(decode_batch(raw))
+    assert sorted(t.snapshot()) == sorted(INDEXED[name])
+    assert dict(t.skipped_blocks) == SKIPPED.get(name, {})
+    assert t.untranslatable_blocks == 0
+
+
+@pytest.mark.parametrize(("version", "shape"), [("vllm-0.33.0", "map"), ("vllm-0.11.0", "array")])
+def test_the_simulated_engine_writes_vllms_bytes(version: str, shape: str) -> None:
+    raw, case = _vector(version, "chain_int")
+    events = [
+        BlockStored((101, 102), None, tuple(TOKENS[:32])),
+        BlockStored((103,), 102, tuple(TOKENS[32:48])),
+        BlockRemoved((103,)),
+    ]
+    assert encode_batch(events, 16, ts=case["ts"], shape=shape) == raw  # type: ignore[arg-type]
+
+
+def test_a_bad_event_does_not_lose_its_batch() -> None:
+    raw, _ = _vector("vllm-0.33.0", "chain_int")
+    ts, events, rank = msgspec.msgpack.decode(raw)
+    events[1] = {"type": "BlockStored", "block_hashes": "not a list"}
+    events.insert(0, {"type": "NoSuchEvent"})
+    batch = decode_batch(msgspec.msgpack.encode([ts, events, rank]))
+    assert batch.bad_events == 2 and len(batch.events) == 2
+    with pytest.raises(msgspec.DecodeError):
+        decode_batch(b"\xc1 not msgpack")
+
+
+def test_a_zero_or_empty_parent_is_the_root() -> None:
+    for root in (0, b""):
+        raw = msgspec.msgpack.encode(
+            [1.0, [["BlockStored", [5], root, TOKENS[:16], 16, None, "GPU"]], 0]
+        )
+        t = KvTranslator(block_size=16)
+        t.apply(decode_batch(raw))
+        assert t.snapshot() == chain_hashes(TOKENS[:16], 16) and t.untranslatable_blocks == 0
