@@ -15,11 +15,12 @@ import logging
 import time
 import uuid
 from dataclasses import replace
+from typing import Literal
 
 import aiohttp
 
 from agents.enginemetrics import EngineStats, parse_metrics
-from agents.kvtranslate import KvTranslator
+from agents.kvtranslate import KvHealth, KvTranslator
 from agents.settings import AgentSettings
 from agents.vllm_events import KvEventSubscriber
 from streams.codec import decode
@@ -44,6 +45,7 @@ class NodeAgent:
         self.bus = bus
         self.epoch = new_epoch()
         self.translator = KvTranslator(block_size)
+        self.kv_health = KvHealth(settings.kv_silence_s)
         self._hb_seq = 0
         self._kv_seq = 0
         self.subscriber: KvEventSubscriber | None = None
@@ -55,6 +57,7 @@ class NodeAgent:
         self._flush_now = asyncio.Event()
         self._kv_lock = asyncio.Lock()
         self.prewarmed = 0
+        self._warned_degraded = False
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -102,12 +105,18 @@ class NodeAgent:
                 max(0.0, stats.prompt_tokens_total - prev.prompt_tokens_total) / dt,
                 max(0.0, stats.generation_tokens_total - prev.generation_tokens_total) / dt,
             )
-        if (
-            prev is not None
-            and stats.start_time_s is not None
-            and prev.start_time_s is not None
-            and stats.start_time_s != prev.start_time_s
-        ):
+        restarted = prev is not None and (
+            (
+                stats.start_time_s is not None
+                and prev.start_time_s is not None
+                and stats.start_time_s != prev.start_time_s
+            )
+            # without process_start_time_seconds (custom registries): a counter going back
+            or stats.prompt_tokens_total < prev.prompt_tokens_total
+            or stats.generation_tokens_total < prev.generation_tokens_total
+        )
+        self.kv_health.scraped(now, stats.prompt_tokens_total)
+        if restarted:
             # the engine restarted (its KV cache is empty): drop its blocks from the index now,
             # not when its first new event arrives
             log.info("engine %s restarted: resetting its blocks", self.settings.engine_url)
@@ -157,7 +166,7 @@ class NodeAgent:
                     healthy=stats is not None,
                     lease_s=s.lease_s,
                     kv_seq=self._kv_seq - 1 if self._kv_seq else None,
-                    kv_index="events" if s.kv_events_endpoint else "approximate",
+                    kv_index=self._kv_index(),
                     engine_restarts=self.engine_restarts,
                     kv_events_lost=self.engine_gaps,
                     kv_events_undecodable=self.undecodable,
@@ -229,9 +238,27 @@ class NodeAgent:
                 if last is None or last.start_time_s is None:  # else the scrape counts it
                     self.engine_restarts += 1
                 self.translator.reset()
-            self.translator.apply(batch)
+            t = self.translator
+            before = (t.translated_blocks, t.untranslatable_blocks)
+            t.apply(batch)
+            self.kv_health.batch(
+                time.time(), t.translated_blocks - before[0], t.untranslatable_blocks - before[1]
+            )
             if self.translator.pending >= self.settings.kv_flush_max_blocks:
                 self._flush_now.set()
+
+    def _kv_index(self) -> Literal["events", "approximate", "degraded"]:
+        if not self.settings.kv_events_endpoint:
+            return "approximate"
+        if self.kv_health.degraded(time.time()):
+            if not self._warned_degraded:
+                log.warning(
+                    "KV index of %s degraded: %s", self.settings.node_id, self.kv_health.reason
+                )
+                self._warned_degraded = True
+            return "degraded"
+        self._warned_degraded = False
+        return "events"
 
     @property
     def engine_gaps(self) -> int:

@@ -26,7 +26,7 @@ from agents.vllm_events import (
 )
 from streams.blocks import block_hash
 
-__all__ = ["PREFIX_KINDS", "KvDelta", "KvTranslator"]
+__all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator"]
 
 # KV cache groups whose blocks are reused by prefix (vLLM's KVCacheSpecKind values)
 PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -55,6 +55,7 @@ class KvTranslator:
     _cleared: bool = False
     _group_kind: dict[int, str] = field(default_factory=dict)  # group_idx -> spec kind
     untranslatable_blocks: int = 0  # parent unknown (events lost) or tokens missing
+    translated_blocks: int = 0
     skipped_blocks: Counter[str] = field(default_factory=Counter)  # why, -> blocks
 
     @property
@@ -124,6 +125,7 @@ class KvTranslator:
                 self.untranslatable_blocks += len(ev.block_hashes) - i
                 return
             parent = block_hash(parent, tokens)
+            self.translated_blocks += 1
             self._by_engine[(ev.group_idx, eh)] = parent
             self._blocks.add(parent)
             self._touched.add(parent)
@@ -145,3 +147,55 @@ class KvTranslator:
         self._cleared = False
         self._published = set(self._blocks)
         return list(self._blocks)
+
+
+@dataclass(slots=True)
+class KvHealth:
+    """Whether a node's KV events really feed the index (pure; the agent feeds it).
+
+    Degraded when, for longer than ``silence_s``, the engine prefilled prompts (its
+    ``prompt_tokens_total`` grew) but no KV event batch arrived — the events go nowhere (wrong
+    endpoint, connection direction, a format nobody decodes) — or batches arrived but none of
+    their stored blocks could be chained into kvgate's hashes. Blocks left out on purpose
+    (offloaded, LoRA, salted) do not count against it."""
+
+    silence_s: float = 10.0
+    min_prompt_tokens: float = 64.0
+    _prompt_at_batch: float | None = None  # the engine's prompt counter at the last batch
+    _last_batch_s: float | None = None
+    _prompt_tokens: float = 0.0
+    _since_s: float | None = None  # when the agent started watching
+    _translated_s: float | None = None  # last time a stored block was chained
+    _untranslatable_s: float | None = None  # last time one could not be
+    reason: str | None = None
+
+    def scraped(self, now: float, prompt_tokens_total: float) -> None:
+        if self._since_s is None:
+            self._since_s = now
+            self._prompt_at_batch = prompt_tokens_total
+        elif prompt_tokens_total < self._prompt_tokens:  # the engine restarted
+            self._prompt_at_batch = prompt_tokens_total
+        self._prompt_tokens = prompt_tokens_total
+
+    def batch(self, now: float, translated: int, untranslatable: int) -> None:
+        self._last_batch_s = now
+        self._prompt_at_batch = self._prompt_tokens
+        if translated:
+            self._translated_s = now
+        if untranslatable:
+            self._untranslatable_s = now
+
+    def degraded(self, now: float) -> bool:
+        quiet_since = self._last_batch_s or self._since_s
+        grew = self._prompt_tokens - (self._prompt_at_batch or 0.0)
+        if quiet_since is not None and now - quiet_since > self.silence_s:
+            if grew >= self.min_prompt_tokens:
+                self.reason = f"the engine prefilled {grew:.0f} tokens and sent no KV events"
+                return True
+        untranslatable = self._untranslatable_s
+        if untranslatable is not None and now - untranslatable <= self.silence_s:
+            if self._translated_s is None or now - self._translated_s > self.silence_s:
+                self.reason = "KV events arrive but none of their blocks can be chained"
+                return True
+        self.reason = None
+        return False

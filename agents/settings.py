@@ -60,6 +60,12 @@ class AgentSettings(BaseModel):
     heartbeat_interval_s: float = Field(default=0.5, gt=0)
     kv_flush_interval_s: float = Field(default=0.1, gt=0)
     kv_flush_max_blocks: int = Field(default=2000, gt=0)
+    kv_silence_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the engine prefills but no KV event arrives (or none translates) for this "
+        "long: heartbeats say kv_index: degraded",
+    )
     snapshot_interval_s: float = Field(default=30.0, gt=0)
     lease_s: float = Field(default=2.0, gt=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)

@@ -462,7 +462,7 @@ class RouterService:
         approx = self._approx_nodes
         approx.clear()
         for hb in self.replica.load.values():
-            if hb.kv_index == "approximate":
+            if hb.kv_index != "events":  # approximate, or events that do not arrive
                 approx.add(hb.node_id)
             gap, age = self._index_lag(hb, now)
             cached = cache.get(hb.node_id)
@@ -1113,6 +1113,7 @@ class RouterService:
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,
                         "indexed_blocks": len(self.replica.index.blocks_view(n.node_id)),
+                        "kv_index": beats[n.node_id].kv_index if n.node_id in beats else None,
                         **_agent_counters(beats.get(n.node_id)),
                     }
                     for n in self.nodes(now)

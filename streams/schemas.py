@@ -64,11 +64,12 @@ class Heartbeat(Message):
         description="seq of the last KV batch the agent published in this epoch (routers compare "
         "it with their index to know how far behind the index is)",
     )
-    kv_index: Literal["events", "approximate"] = Field(
+    kv_index: Literal["events", "approximate", "degraded"] = Field(
         default="events",
         description="events: the node's KV events feed the prefix index; approximate: it has "
         "none (e.g. SGLang without KV events) and routers infer its cache from their own "
-        "decisions",
+        "decisions; degraded: it should have them, but they do not arrive or do not translate "
+        "(routers treat it as approximate)",
     )
     engine_restarts: int = Field(
         default=0,

@@ -178,3 +178,44 @@ async def test_engines_of_both_event_shapes_are_indexed(
         counters = state["nodes"][node]
         assert counters["kv_events_undecodable"] == 0, counters
         assert counters["kv_blocks_untranslatable"] == 0 and counters["kv_blocks_skipped"] == 0
+
+
+async def test_an_agent_whose_events_go_nowhere_says_so(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    """The engine prefills, but the agent listens where nothing publishes: within
+    agent.kv_silence_s its heartbeats say ``kv_index: degraded`` and routers treat the node as
+    approximate (their own memory of what they sent it) instead of trusting an empty index."""
+    await ensure_topics(kafka_settings)
+    supervisor.env["KVGATE_AGENT__KV_SILENCE_S"] = "2"
+    c = Cluster(supervisor)
+    url = c.add_engine("n1")
+    supervisor.kill("agent-n1")
+    supervisor.spawn(
+        "agent-n1",
+        "agent",
+        "--node-id",
+        "n1",
+        "--engine-url",
+        url,
+        "--kv-events",
+        f"tcp://127.0.0.1:{free_port()}",  # nobody publishes here
+    )
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 1)
+    for i in range(3):
+        body = {"model": MODEL, "prompt": long_prompt(f"silent-{i}"), "max_tokens": 2}
+        status, _ = await post(url, "/v1/completions", body)
+        assert status == 200
+
+    async def degraded() -> bool:
+        s: dict[str, Any] = await get(router, "/v1/kvgate/state")
+        return bool(s["nodes"]["n1"]["kv_index"] == "degraded")
+
+    await wait_until(degraded, 20, "the heartbeat says degraded", 0.25)
+    body = {"model": MODEL, "prompt": long_prompt("silent-0"), "max_tokens": 2}
+    status, _ = await post(router, "/v1/completions", body)
+    assert status == 200
+    status, d = await post(router, "/v1/kvgate/decide", body)
+    assert status == 200 and d["candidates"][0]["hit_blocks"] > 0  # the router's own memory

@@ -136,3 +136,23 @@ def test_a_zero_or_empty_parent_is_the_root() -> None:
         t = KvTranslator(block_size=16)
         t.apply(decode_batch(raw))
         assert t.snapshot() == chain_hashes(TOKENS[:16], 16) and t.untranslatable_blocks == 0
+
+
+def test_a_silent_or_untranslatable_event_feed_is_degraded() -> None:
+    from agents.kvtranslate import KvHealth
+
+    h = KvHealth(silence_s=10.0)
+    h.scraped(0.0, 1000.0)
+    assert not h.degraded(5.0)
+    h.scraped(12.0, 5000.0)  # the engine prefilled 4,000 tokens, no batch ever arrived
+    assert h.degraded(12.0) and "no KV events" in (h.reason or "")
+    h.batch(13.0, translated=4, untranslatable=0)
+    assert not h.degraded(14.0)
+    h.scraped(30.0, 5000.0)  # idle engine, no batches: nothing wrong
+    assert not h.degraded(30.0)
+    h.batch(31.0, translated=0, untranslatable=12)  # batches whose blocks cannot be chained
+    assert h.degraded(32.0) and "chained" in (h.reason or "")
+    h.batch(33.0, translated=3, untranslatable=0)
+    assert not h.degraded(34.0)
+    h.scraped(40.0, 10.0)  # a counter going back: the engine restarted, not prefilling
+    assert not h.degraded(60.0)
