@@ -229,7 +229,9 @@ class NodeAgent:
     async def _subscribe(self, endpoint: str) -> None:
         """Engine KV events in sequence order (gaps filled from the engine's replay socket when
         it has one); an engine restart resets what the agent knows of its cache."""
-        sub = KvEventSubscriber(endpoint, self.settings.kv_events_replay_endpoint)
+        sub = KvEventSubscriber(
+            endpoint, self.settings.kv_events_replay_endpoint, bind=self.settings.kv_events_bind
+        )
         self.subscriber = sub
         async for seq, batch, restarted in sub.batches():
             if restarted:

@@ -22,6 +22,11 @@ class EngineSettings(BaseModel):
     served_model_name: str = "llama-3.1-8b"
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
     kv_events_replay_endpoint: str | None = None  # vLLM default: no replay socket
+    kv_events_connect: bool = Field(
+        default=False,
+        description="dial out to kv_events_endpoint (a collector that binds, as in llm-d) "
+        "instead of binding it",
+    )
     kv_events_shape: Literal["map", "array"] = Field(
         default="map",
         description="map: events as vLLM >= 0.26 writes them (named fields); array: the "
@@ -51,6 +56,12 @@ class AgentSettings(BaseModel):
         "by the routers from their own decisions (marked approximate)",
     )
     kv_events_endpoint: str | None = "tcp://127.0.0.1:5557"
+    kv_events_bind: bool = Field(
+        default=False,
+        description="bind kv_events_endpoint and let the engine dial in (engines that publish "
+        "to a collector, as in llm-d) instead of connecting to the engine's PUB socket; the "
+        "replay socket is the engine's either way",
+    )
     kv_events_replay_endpoint: str | None = Field(
         default=None,
         description="the engine's KV-event replay socket (vLLM's `replay_endpoint`): lost "

@@ -70,7 +70,9 @@ class SimEngine:
     async def _start(self, _: web.Application) -> None:
         s = self.settings
         if s.kv_events_endpoint:
-            self._publisher = KvEventPublisher(s.kv_events_endpoint, s.kv_events_replay_endpoint)
+            self._publisher = KvEventPublisher(
+                s.kv_events_endpoint, s.kv_events_replay_endpoint, connect=s.kv_events_connect
+            )
             self._tasks.append(asyncio.create_task(self._publisher.serve_replay()))
         self._tasks.append(asyncio.create_task(self._loop()))
 

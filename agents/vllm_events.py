@@ -251,10 +251,14 @@ class KvEventPublisher:
         replay_endpoint: str | None,
         topic: str = "kv-events",
         buffer_batches: int = 10_000,
+        connect: bool = False,
     ) -> None:
         self._ctx = zmq.asyncio.Context()
         self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.bind(endpoint)
+        if connect:  # dial out to a collector that binds (vLLM does so for non-wildcard hosts)
+            self._pub.connect(endpoint)
+        else:
+            self._pub.bind(endpoint)
         self._replay: Any = None
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
@@ -303,9 +307,14 @@ class KvEventSubscriber:
     """
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str | None = None, replay_timeout_s: float = 1.0
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        replay_timeout_s: float = 1.0,
+        bind: bool = False,
     ) -> None:
         self.endpoint = endpoint
+        self.bind = bind
         self.replay_endpoint = replay_endpoint
         self.replay_timeout_s = replay_timeout_s
         self.last_seq: int | None = None
@@ -341,7 +350,16 @@ class KvEventSubscriber:
         ctx = zmq.asyncio.Context.instance()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(self.endpoint)
+        if self.bind:  # the engine dials in (a collector-style deployment)
+            sub.bind(self.endpoint)
+        else:
+            sub.connect(self.endpoint)
+        log.info(
+            "KV events: %s %s (replay: %s)",
+            "listening on" if self.bind else "subscribed to",
+            self.endpoint,
+            self.replay_endpoint or "none",
+        )
         try:
             while True:
                 frames = await sub.recv_multipart()

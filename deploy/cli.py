@@ -44,6 +44,12 @@ def engine(
         bool,
         typer.Option("--sglang", help="look like SGLang: its /metrics names, no KV events"),
     ] = False,
+    kv_events_connect: Annotated[
+        bool,
+        typer.Option(
+            "--kv-events-connect", help="dial out to the KV-event port (a collector binds it)"
+        ),
+    ] = False,
 ) -> None:
     """Run one simulated inference engine (vLLM-compatible HTTP, metrics and KV events)."""
     from aiohttp import web
@@ -64,6 +70,8 @@ def engine(
         )
     if sglang:
         updates.update(metrics_format="sglang", kv_events_endpoint=None)
+    if kv_events_connect:
+        updates["kv_events_connect"] = True
     s = s.model_copy(update=updates)
     _logging()
     web.run_app(SimEngine(s).app(), host=s.host, port=s.port, print=None, access_log=None)
@@ -86,6 +94,13 @@ def agent(
             help="the engine publishes no KV events: routers infer its cache (approximate)",
         ),
     ] = False,
+    kv_events_bind: Annotated[
+        bool,
+        typer.Option(
+            "--kv-events-bind",
+            help="bind the KV-event endpoint; the engine dials in (collector style, as in llm-d)",
+        ),
+    ] = False,
 ) -> None:
     """Run the node agent (sidecar) for one engine."""
     from agents.agent import NodeAgent
@@ -105,7 +120,9 @@ def agent(
     }
     if no_kv_events:
         updates["kv_events_endpoint"] = None
-    a = s.agent.model_copy(update=updates)
+    a = s.agent.model_copy(
+        update={**updates, **({"kv_events_bind": True} if kv_events_bind else {})}
+    )
     _logging()
 
     async def main() -> None:

@@ -219,3 +219,47 @@ async def test_an_agent_whose_events_go_nowhere_says_so(
     assert status == 200
     status, d = await post(router, "/v1/kvgate/decide", body)
     assert status == 200 and d["candidates"][0]["hit_blocks"] > 0  # the router's own memory
+
+
+async def test_an_engine_that_dials_out_to_its_agent_is_indexed(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    """Collector style (llm-d): the agent binds the KV-event endpoint, the engine connects."""
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    port, http_port = free_port(), free_port()
+    supervisor.spawn(
+        "engine-n1",
+        "engine",
+        "--port",
+        str(http_port),
+        "--kv-events-port",
+        str(port),
+        "--kv-events-connect",
+    )
+    url = f"http://127.0.0.1:{http_port}"
+    supervisor.spawn(
+        "agent-n1",
+        "agent",
+        "--node-id",
+        "n1",
+        "--engine-url",
+        url,
+        "--kv-events",
+        f"tcp://127.0.0.1:{port}",
+        "--kv-events-bind",
+    )
+    c.add_worker()
+    router = c.add_router()
+    await c.wait_ready("router", 1)
+    body = {"model": MODEL, "prompt": long_prompt("dial-out"), "max_tokens": 2}
+    status, _ = await post(url, "/v1/completions", body)
+    assert status == 200
+
+    async def indexed() -> bool:
+        s: dict[str, Any] = await get(router, "/v1/kvgate/state")
+        return bool(s["nodes"]["n1"]["indexed_blocks"] > 0)
+
+    await wait_until(indexed, 20, "the dialling engine's blocks indexed", 0.2)
+    state: dict[str, Any] = await get(router, "/v1/kvgate/state")
+    assert state["nodes"]["n1"]["kv_index"] == "events"
