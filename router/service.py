@@ -33,6 +33,7 @@ from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import StormStore
 from router.approx import ApproxIndex
+from router.calibrate import TokenCalibration
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.edge import (
@@ -155,6 +156,9 @@ class GatewayRelease(BaseModel):
     output_tokens: int = Field(default=0, ge=0)
     ttft_s: float | None = Field(default=None, ge=0)
     cached_tokens: int | None = Field(default=None, ge=0)
+    prompt_tokens: int | None = Field(
+        default=None, ge=0, description="the engine's usage.prompt_tokens (calibrates counts)"
+    )
 
 
 class GatewayRenew(BaseModel):
@@ -230,6 +234,7 @@ class RouterService:
         self._gateway: dict[str, tuple[str, str, ParsedRequest, list[int], Tenant, float]] = {}
         self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
         self._loops_failing: dict[str, str] = {}
+        self.calibration = TokenCalibration()
         self._refusal_bucket = _TokenBucket(settings.refusal_records_per_s)
         self._started_at = time.time()
         self._feed: FeedState = "live"
@@ -696,7 +701,10 @@ class RouterService:
                 verdict = await self.gate.admit(
                     request_id,
                     tenant,
-                    len(p.tokens),
+                    # approximate tokens: scaled to what the engine counts (router/calibrate.py)
+                    len(p.tokens)
+                    if p.exact_tokens
+                    else self.calibration.prompt_tokens(p.model, len(p.tokens)),
                     p.max_tokens,
                     block_size,
                     pool,
@@ -829,6 +837,9 @@ class RouterService:
                 self.metrics.stalled_clients.inc()
             if relay.status == "ok":
                 self.gate.observe_output(tenant, p.model, relay.output_tokens // p.sequences)
+                engine_prompt = (relay.usage or {}).get("prompt_tokens")
+                if not p.exact_tokens and isinstance(engine_prompt, int):
+                    self.calibration.observe(p.model, len(p.tokens), engine_prompt)
             await self._publish_outcome(request_id, node.node_id, relay, p, started, reroutes)
 
     def _route(
@@ -983,6 +994,8 @@ class RouterService:
         )
         if status == "ok":
             self.gate.observe_output(tenant, p.model, output_tokens // p.sequences)
+            if body.prompt_tokens is not None and not p.exact_tokens:
+                self.calibration.observe(p.model, len(p.tokens), body.prompt_tokens)
             self._prefilled(node, hashes)
         await self._publish_outcome(rid, node, relay, p, started)
         return _json({"released": rid}, 200)
@@ -1090,6 +1103,7 @@ class RouterService:
                 "policy": self.policy.name,
                 "weights_version": self.policy.weights_version,
                 "weights_refused": self.control.refused if self.control else 0,
+                "token_calibration": self.calibration.report(),
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
                 "reservations": reservations,
