@@ -102,7 +102,9 @@ class KvTranslator:
             return "offloaded"
         if ev.lora_id is not None or ev.lora_name is not None:
             return "lora"
-        if ev.extra_keys and any(k is not None for k in ev.extra_keys):
+        if ev.cache_salt is not None or (
+            ev.extra_keys and any(k is not None for k in ev.extra_keys)
+        ):
             return "extra_keys"  # cache_salt or multimodal: not in kvgate's hash (yet)
         return None
 

@@ -11,9 +11,10 @@ its batch):
 * **array** (vLLM up to ~0.25, SGLang): the batch ``[ts, events, data_parallel_rank]`` and each
   event a tagged array ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
   lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind, …]``;
-* **map** (vLLM ≥ 0.26): each event a map with named fields and a ``type`` tag
+* **map** (vLLM ≥ 0.26, SGLang 0.5): each event a map with named fields and a ``type`` tag
   (``{"type": "BlockStored", "block_hashes": …}``), defaults omitted; the batch stays an array
-  in the releases seen (0.33), and a map is read too.
+  in the releases seen (vLLM 0.33, SGLang 0.5.23), and a map is read too. SGLang names the
+  rank ``attn_dp_rank`` and writes ``cache_salt`` as a field of its own.
 
 Fields kvgate does not know are ignored. Block hashes are ints or bytes. The simulated engine
 publishes the map shape by default (``engine.kv_events_shape: array`` for the legacy one); the
@@ -67,6 +68,7 @@ class StoredEvent:
     extra_keys: list[Any] | None = None  # per block: multimodal keys, cache_salt, LoRA name
     group_idx: int | None = None  # KV cache group (hybrid models)
     kv_cache_spec_kind: str | None = None  # full_attention, sliding_window, mamba…
+    cache_salt: str | None = None  # SGLang writes the salt itself (vLLM: in extra_keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,7 @@ _STORED_FIELDS: list[Any] = [
     ("ownership", str | None, None),  # secondary offloading tier
     ("session_id", str | None, None),  # the request context that stored it
     ("lookahead_token_ids", list[list[int]] | None, None),
+    ("cache_salt", str | None, None),  # SGLang: the salt of the request that stored them
 ]
 _REMOVED_FIELDS: list[Any] = [
     ("block_hashes", list[EngineHash]),
@@ -189,6 +192,7 @@ def _event(msg: Any) -> EngineEvent:
             msg.extra_keys,
             msg.group_idx,
             msg.kv_cache_spec_kind,
+            msg.cache_salt,
         )
     if name == "BlockRemoved":
         return RemovedEvent(list(msg.block_hashes), msg.medium, msg.group_idx)

@@ -1,6 +1,7 @@
-"""Golden KV-event batches made by vLLM's own event classes (an oracle kvgate did not write).
+"""Golden KV-event batches made by the engines' own event classes (an oracle kvgate did not
+write): vLLM's and SGLang's.
 
-    python -m tests.oracles.vllm_kv_events --version 0.33.0 --version 0.11.0
+    python -m tests.oracles.vllm_kv_events --version 0.33.0 --version 0.11.0 --sglang 0.5.23
 
 For each version: downloads the vLLM wheel from PyPI (``pip download --no-deps``), takes
 ``vllm/distributed/kv_events.py`` out of it, loads that module with stand-ins for the few vLLM
@@ -44,7 +45,10 @@ def _stub(name: str, **attrs: Any) -> types.ModuleType:
     return mod
 
 
-def load_kv_events(version: str, workdir: Path) -> types.ModuleType:
+def _module_from_wheel(
+    package: str, version: str, member: str, workdir: Path, stubs: dict[str, types.ModuleType]
+) -> types.ModuleType:
+    """``member`` of ``package``'s wheel, loaded on its own with ``stubs`` for its imports."""
     subprocess.run(
         [
             sys.executable,
@@ -53,18 +57,29 @@ def load_kv_events(version: str, workdir: Path) -> types.ModuleType:
             "download",
             "--no-deps",
             "--only-binary=:all:",
-            f"vllm=={version}",
+            f"{package}=={version}",
             "-d",
             str(workdir),
         ],
         check=True,
         capture_output=True,
     )
-    (wheel,) = workdir.glob(f"vllm-{version}-*.whl")
+    (wheel,) = workdir.glob(f"{package}-{version}-*.whl")
     with zipfile.ZipFile(wheel) as z:
-        source = z.read("vllm/distributed/kv_events.py")
-    path = workdir / f"kv_events_{version.replace('.', '_')}.py"
+        source = z.read(member)
+    name = f"{package}_kv_events_{version.replace('.', '_')}"
+    path = workdir / f"{name}.py"
     path.write_bytes(source)
+    sys.modules.update(stubs)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_kv_events(version: str, workdir: Path) -> types.ModuleType:
     import logging
 
     stubs = {
@@ -80,13 +95,21 @@ def load_kv_events(version: str, workdir: Path) -> types.ModuleType:
             "vllm.v1.core.kv_cache_utils", ExternalBlockHash=bytes | int
         ),
     }
-    sys.modules.update(stubs)
-    spec = importlib.util.spec_from_file_location(f"vllm_kv_events_{version}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return _module_from_wheel("vllm", version, "vllm/distributed/kv_events.py", workdir, stubs)
+
+
+def load_sglang_kv_events(version: str, workdir: Path) -> types.ModuleType:
+    names = (
+        "sglang",
+        "sglang.srt",
+        "sglang.srt.runtime_context",
+        "sglang.srt.utils",
+        "sglang.srt.utils.network",
+    )
+    stubs = {name: _stub(name) for name in names}
+    return _module_from_wheel(
+        "sglang", version, "sglang/srt/disaggregation/kv_events.py", workdir, stubs
+    )
 
 
 def _fields(cls: Any) -> set[str]:
@@ -96,6 +119,8 @@ def _fields(cls: Any) -> set[str]:
 def _stored(m: Any, hashes: list[Any], parent: Any, tokens: list[int], **extra: Any) -> Any:
     known = {k: v for k, v in extra.items() if k in _fields(m.BlockStored)}
     base: dict[str, Any] = {"lora_id": None, "medium": "GPU"}
+    if "cache_salt" in _fields(m.BlockStored):  # SGLang: optional fields default to None
+        base = {"lora_id": None}
     if "lora_name" in _fields(m.BlockStored):
         base["lora_name"] = None
     base.update(known)
@@ -112,6 +137,7 @@ def _removed(m: Any, hashes: list[Any], **extra: Any) -> Any:
 def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
     """Case name -> (events, data_parallel_rank)."""
     toks = list(range(48))
+    cpu = "CPU_PINNED" if "cache_salt" in _fields(m.BlockStored) else "CPU"  # SGLang / vLLM
     h = [bytes([i]) * 32 for i in range(1, 4)]
     out: dict[str, tuple[list[Any], int]] = {
         "chain_int": (
@@ -122,13 +148,9 @@ def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
             ],
             0,
         ),
-        "chain_bytes": (
-            [_stored(m, h[:2], None, toks[:32]), _stored(m, h[2:], h[1], toks[32:])],
-            0,
-        ),
         "cleared": ([m.AllBlocksCleared(), _stored(m, [7], None, toks[:16])], 0),
         "dp_rank_1": ([_stored(m, [201], None, toks[:16])], 1),
-        "offloaded": ([_stored(m, [301], None, toks[:16], medium="CPU")], 0),
+        "offloaded": ([_stored(m, [301], None, toks[:16], medium=cpu)], 0),
     }
     if "lora_name" in _fields(m.BlockStored):
         out["lora"] = (
@@ -145,6 +167,13 @@ def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
             ],
             0,
         )
+    if "cache_salt" not in _fields(m.BlockStored):  # vLLM's hashes may be bytes, SGLang's not
+        out["chain_bytes"] = (
+            [_stored(m, h[:2], None, toks[:32]), _stored(m, h[2:], h[1], toks[32:])],
+            0,
+        )
+    if "cache_salt" in _fields(m.BlockStored):  # SGLang: the salt is a field of its own
+        out["cache_salt"] = ([_stored(m, [501, 502], None, toks[:32], cache_salt="salt-1")], 0)
     if "extra_keys" in _fields(m.BlockStored):
         out["cache_salt"] = (
             [_stored(m, [501, 502], None, toks[:32], extra_keys=[("salt-1",), None])],
@@ -184,18 +213,19 @@ def _describe(ev: Any) -> dict[str, Any]:
     return d
 
 
-def write(version: str, m: Any) -> None:
-    target = OUT / f"vllm-{version}"
+def write(engine: str, version: str, m: Any) -> None:
+    target = OUT / f"{engine}-{version}"
     target.mkdir(parents=True, exist_ok=True)
     encoder = msgspec.msgpack.Encoder()
     manifest: dict[str, Any] = {
-        "engine": f"vllm {version}",
+        "engine": f"{engine} {version}",
         "made_by": "python -m tests.oracles.vllm_kv_events",
         "cases": {},
     }
     for name, (events, rank) in cases(m).items():
         batch = m.KVEventBatch(ts=TS, events=events)
-        batch.data_parallel_rank = rank  # what ZmqEventPublisher.publish does
+        # what ZmqEventPublisher.publish does (SGLang calls the field attn_dp_rank)
+        setattr(batch, "attn_dp_rank" if engine == "sglang" else "data_parallel_rank", rank)
         (target / f"{name}.msgpack").write_bytes(encoder.encode(batch))
         manifest["cases"][name] = {
             "ts": TS,
@@ -208,11 +238,15 @@ def write(version: str, m: Any) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="append", required=True)
+    p.add_argument("--version", action="append", default=[], help="a vLLM version")
+    p.add_argument("--sglang", action="append", default=[], help="an SGLang version")
     args = p.parse_args()
     for version in args.version:
         with tempfile.TemporaryDirectory() as tmp:
-            write(version, load_kv_events(version, Path(tmp)))
+            write("vllm", version, load_kv_events(version, Path(tmp)))
+    for version in args.sglang:
+        with tempfile.TemporaryDirectory() as tmp:
+            write("sglang", version, load_sglang_kv_events(version, Path(tmp)))
 
 
 if __name__ == "__main__":
