@@ -6,9 +6,11 @@ agent recomputes kvgate's chained hash of every stored block from the token ids 
 set of blocks and, at each flush, emits only the net change since the last flush.
 
 Only blocks a request can hit as a prefix enter: GPU blocks of full-attention groups whose hash
-kvgate can reproduce. Blocks offloaded to CPU or disk, blocks of sliding-window or mamba groups
-(hybrid models), and blocks hashed with a LoRA adapter, a ``cache_salt`` or multimodal keys are
-counted in ``skipped_blocks`` and never claimed as hits. A parent hash of ``0`` or empty bytes is
+kvgate can reproduce. A salted request's blocks are chained from its salt, as the router hashes
+a request with the same ``cache_salt`` (:func:`streams.blocks.salt_root`), so salted tenants
+never share hits. Blocks offloaded to CPU or disk, blocks of sliding-window or mamba groups
+(hybrid models), and blocks hashed with a LoRA adapter or multimodal keys are counted in
+``skipped_blocks`` and never claimed as hits. A parent hash of ``0`` or empty bytes is
 the root, as some publishers write it.
 """
 
@@ -24,7 +26,7 @@ from agents.vllm_events import (
     RemovedEvent,
     StoredEvent,
 )
-from streams.blocks import block_hash
+from streams.blocks import block_hash, salt_root
 
 __all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator"]
 
@@ -102,11 +104,20 @@ class KvTranslator:
             return "offloaded"
         if ev.lora_id is not None or ev.lora_name is not None:
             return "lora"
-        if ev.cache_salt is not None or (
-            ev.extra_keys and any(k is not None for k in ev.extra_keys)
-        ):
-            return "extra_keys"  # cache_salt or multimodal: not in kvgate's hash (yet)
+        for keys in ev.extra_keys or ():
+            if keys and any(isinstance(k, list | tuple) for k in keys):
+                return "multimodal"  # image / audio identifiers: not in kvgate's hash
         return None
+
+    @staticmethod
+    def _salt(ev: StoredEvent) -> str | None:
+        """The request's ``cache_salt``: SGLang's field, or a string in vLLM's extra keys of the
+        first block (vLLM salts only the first block; the chain carries it on)."""
+        if ev.cache_salt is not None:
+            return ev.cache_salt
+        first = (ev.extra_keys or [None])[0]
+        strings = [k for k in first or () if isinstance(k, str)]
+        return strings[-1] if strings else None
 
     def _stored(self, ev: StoredEvent) -> None:
         why = self._skip(ev)
@@ -115,7 +126,7 @@ class KvTranslator:
             return
         bs = ev.block_size or self.block_size
         if ev.parent_block_hash is None or ev.parent_block_hash in _ROOTS:
-            parent: int | None = None
+            parent: int | None = salt_root(self._salt(ev))
         elif (ev.group_idx, ev.parent_block_hash) in self._by_engine:
             parent = self._by_engine[(ev.group_idx, ev.parent_block_hash)]
         else:  # the parent was never seen (events lost): cannot chain these blocks

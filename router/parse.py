@@ -28,6 +28,7 @@ class ParsedRequest:
     min_tokens: int = 0
     ignore_eos: bool = False  # the engine generates max_tokens, whatever it learned
     sequences: int = 1  # n / best_of
+    cache_salt: str | None = None  # hashes are chained from it (streams.blocks.salt_root)
 
     @property
     def path(self) -> str:
@@ -73,6 +74,7 @@ def parse_request(
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         sequences=req.sequences,
+        cache_salt=req.cache_salt,
     )
 
 

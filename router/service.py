@@ -56,7 +56,7 @@ from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record
 from router.settings import RouterSettings
-from streams.blocks import chain_hashes
+from streams.blocks import chain_hashes, salt_root
 from streams.codec import encode
 from streams.kafka import KafkaBus
 from streams.openai import error_body
@@ -74,7 +74,9 @@ log = logging.getLogger(__name__)
 
 def attempt_fingerprint(tenant: Tenant, p: ParsedRequest) -> str:
     """The same request from the same tenant: retries of one attempt share this."""
-    h = blake2b(f"{tenant.name}|{p.model}|{p.max_tokens}|".encode(), digest_size=12)
+    h = blake2b(
+        f"{tenant.name}|{p.model}|{p.max_tokens}|{p.cache_salt or ''}|".encode(), digest_size=12
+    )
     h.update(array("I", p.tokens).tobytes())
     return h.hexdigest()
 
@@ -854,7 +856,7 @@ class RouterService:
     ) -> tuple[RouteRequest, RouteDecision]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs)."""
-        hashes = chain_hashes(p.tokens, block_size)
+        hashes = chain_hashes(p.tokens, block_size, salt_root(p.cache_salt))
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
@@ -862,7 +864,8 @@ class RouterService:
             return rreq, self._load_policy.decide(rreq, nodes, {}, now)
         matches = self._matches(hashes, now)
         decision = self.policy.decide(rreq, nodes, matches, now)
-        if advise and self.hot is not None and decision.chosen is not None:
+        # salted prefixes are one tenant's: no pre-warming others' engines with them
+        if advise and self.hot is not None and decision.chosen is not None and not p.cache_salt:
             advice = self.hot.observe(now, hashes, matches, nodes)
             if advice is not None:
                 self._advise(advice, p, block_size, now)

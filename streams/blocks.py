@@ -19,6 +19,7 @@ __all__ = [
     "block_hash",
     "chain_hashes",
     "detokenize_approx",
+    "salt_root",
 ]
 
 APPROX_BYTES_PER_TOKEN = 4
@@ -38,6 +39,16 @@ def approx_tokenize(text: str) -> list[int]:
 def detokenize_approx(token_ids: Sequence[int]) -> str:
     """Inverse of :func:`approx_tokenize` for ids it produced."""
     return array("I", token_ids).tobytes().decode("utf-8", errors="replace")
+
+
+def salt_root(cache_salt: str | None) -> int | None:
+    """The parent of a salted request's first block (None: unsalted). Engines put a request's
+    ``cache_salt`` into its first block's hash, so the whole chain of a salted request differs
+    from everyone else's: kvgate does the same by seeding the chain with the salt."""
+    if not cache_salt:
+        return None
+    digest = blake2b(b"kvgate-cache-salt\0" + cache_salt.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & HASH_MASK
 
 
 def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:

@@ -39,6 +39,12 @@ class _Base(BaseModel):
     best_of: int | None = Field(default=None, ge=1, le=128)
     min_tokens: int = Field(default=0, ge=0, le=1_000_000)
     ignore_eos: bool = False
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="vLLM's per-request salt: only requests with the same salt share cache",
+    )
     user: str | None = None
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ from agents.vllm_events import (
     decode_batch,
     encode_batch,
 )
-from streams.blocks import chain_hashes
+from streams.blocks import chain_hashes, salt_root
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kv_events"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
@@ -84,14 +84,14 @@ INDEXED = {
     "dp_rank_1": chain_hashes(TOKENS[:16], 16),
     "offloaded": [],  # a CPU copy is not a GPU hit
     "lora": [],  # hashed with the adapter: not kvgate's base-model hash
-    "cache_salt": [],  # salted (and its child, chained to a salted parent)
+    # chained from the salt, as the router hashes a request with that cache_salt
+    "cache_salt": chain_hashes(TOKENS[:32], 16, salt_root("salt-1")),
     "hybrid": chain_hashes(TOKENS[:16], 16),  # the full-attention group's; the
     # sliding-window group's copy and its removal do not touch it
 }
 SKIPPED = {
     "offloaded": {"offloaded": 1},
     "lora": {"lora": 1},
-    "cache_salt": {"extra_keys": 2},
     "hybrid": {"non_prefix_group": 1},
 }
 
@@ -156,3 +156,26 @@ def test_a_silent_or_untranslatable_event_feed_is_degraded() -> None:
     assert not h.degraded(34.0)
     h.scraped(40.0, 10.0)  # a counter going back: the engine restarted, not prefilling
     assert not h.degraded(60.0)
+
+
+def test_a_salted_request_hits_only_its_salts_blocks() -> None:
+    """The router's hashes of a request with ``cache_salt`` are the blocks the agent indexed from
+    the engines' salted events (vLLM's extra keys, SGLang's field), and no one else's."""
+    import orjson
+
+    from router.parse import parse_request
+
+    body = {"model": "m", "prompt": TOKENS[:32], "max_tokens": 1}
+    salted = parse_request(orjson.dumps({**body, "cache_salt": "salt-1"}), False, 16)
+    other = parse_request(orjson.dumps({**body, "cache_salt": "salt-2"}), False, 16)
+    plain = parse_request(orjson.dumps(body), False, 16)
+    hashes = {
+        p.cache_salt: chain_hashes(p.tokens, 16, salt_root(p.cache_salt))
+        for p in (salted, other, plain)
+    }
+    assert len({tuple(h) for h in hashes.values()}) == 3  # nobody shares a block
+    for version in (v for v in VERSIONS if (DATA / v / "cache_salt.msgpack").exists()):
+        raw, _ = _vector(version, "cache_salt")
+        t = KvTranslator(block_size=16)
+        t.apply(decode_batch(raw))
+        assert sorted(t.snapshot()) == sorted(hashes["salt-1"]), version
