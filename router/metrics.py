@@ -72,6 +72,13 @@ class RouterMetrics:
             "Engine KV event batches the nodes' agents lost (sum over nodes in the replica)",
             registry=self.registry,
         )
+        self.nodes_kv_index = Gauge(
+            "kvgate_router_nodes_kv_index",
+            "Nodes by where their prefix index comes from: events, approximate (no events), "
+            "degraded (events expected but not arriving or not translating)",
+            ["kv_index"],
+            registry=self.registry,
+        )
         self.kv_agent = Gauge(
             "kvgate_router_kv_agent",
             "What the nodes' agents report of their engines' KV events (sums over nodes): "

@@ -1264,6 +1264,8 @@ class RouterService:
         m.kv_events_lost.set(sum(hb.kv_events_lost for hb in beats))
         for name in _COUNTERS[2:]:
             m.kv_agent.labels(name).set(sum(getattr(hb, name) for hb in beats))
+        for kind in ("events", "approximate", "degraded"):
+            m.nodes_kv_index.labels(kind).set(sum(1 for hb in beats if hb.kv_index == kind))
         healthy = sum(1 for v in views if v.healthy and v.alive(now))
         m.nodes.labels("healthy").set(healthy)
         m.nodes.labels("unhealthy").set(len(views) - healthy)
