@@ -130,7 +130,7 @@ class SimEngine:
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, ChatRequest)
-        return await self._serve(request, body, self.tokenization.encode_chat(body.messages), True)
+        return await self._serve(request, body, self.tokenization.encode_chat(body), True)
 
     async def _parse(
         self, request: web.Request, model: type[CompletionRequest] | type[ChatRequest]

@@ -51,7 +51,7 @@ def parse_request(
     if chat:
         req = ChatRequest.model_validate(body)
         tk = tokenization(req.model)
-        tokens = tk.encode_chat(req.messages)
+        tokens = tk.encode_chat(req)
     else:
         req = CompletionRequest.model_validate(body)
         tk = tokenization(req.model)

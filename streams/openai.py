@@ -108,8 +108,48 @@ class ChatMessage(BaseModel):
         return "".join(str(part.get("text", "")) for part in self.content)
 
 
+# arguments of the chat template that a request's chat_template_kwargs may not replace
+_RESERVED_TEMPLATE_ARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "chat_template",
+        "return_dict",
+    }
+)
+
+
 class ChatRequest(_Base):
     messages: list[ChatMessage] = Field(min_length=1)
+    # what reaches the chat template, as vLLM passes it (see streams.tokenization)
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _template_options(self) -> ChatRequest:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        reserved = set(self.chat_template_kwargs or {}) & _RESERVED_TEMPLATE_ARGS
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
+        return self
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as the chat template sees them: every field the client sent, content
+        parts joined into one string (the string content format)."""
+        return [
+            {**m.model_dump(exclude_none=True), "content": m.text()}
+            if m.content is not None
+            else m.model_dump(exclude_none=True)
+            for m in self.messages
+        ]
 
 
 def render_chat(messages: list[ChatMessage]) -> str:

@@ -1,12 +1,14 @@
 """Turning a request into token ids the way the engine does.
 
 With a model's tokenizer configured (:class:`TokenizerSpec`: an HF ``tokenizer.json`` and the
-model's chat template), the router tokenizes exactly like vLLM does — chat requests: the chat
-template rendered with ``add_generation_prompt``, then encoded without special tokens (the
-template carries them); completion requests: the prompt encoded with special tokens — so its block
-hashes are the engine's block for block. Without one, both the router and the simulated engine
-fall back to 4-byte text chunks (:func:`streams.blocks.approx_tokenize`), which decisions mark as
-approximate.
+model's chat template), the router tokenizes exactly like vLLM does. Chat requests: the template
+rendered by transformers' ``apply_chat_template`` — the same call vLLM makes, so ``strftime_now``,
+loop controls, ``tojson``, ``tools``, ``chat_template_kwargs`` (e.g. ``enable_thinking``),
+``add_generation_prompt`` and ``continue_final_message`` behave as in the engine — then encoded
+without special tokens (the template carries them). Completion requests: the prompt encoded with
+special tokens. Its block hashes are then the engine's, block for block. Without a tokenizer, both
+the router and the simulated engine fall back to 4-byte text chunks
+(:func:`streams.blocks.approx_tokenize`), which decisions mark as approximate.
 
 A tokenizer file is named ``file:/path/tokenizer.json`` or ``package:<package>/<resource>`` (a
 file shipped inside an installed Python package); nothing is downloaded at run time.
@@ -15,6 +17,7 @@ file shipped inside an installed Python package); nothing is downloaded at run t
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.resources
 import json
 from collections.abc import Callable, Sequence
@@ -25,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from streams.blocks import approx_tokenize, detokenize_approx
-from streams.openai import ChatMessage, render_chat
+from streams.openai import ChatRequest, render_chat
 
 __all__ = ["APPROXIMATE", "Tokenization", "TokenizerSpec", "load_tokenization", "read_source"]
 
@@ -55,7 +58,7 @@ class Tokenization:
     """How one model's requests become token ids."""
 
     encode_prompt: Callable[[str], list[int]]  # a completion prompt
-    encode_chat: Callable[[Sequence[ChatMessage]], list[int]]
+    encode_chat: Callable[[ChatRequest], list[int]]
     decode: Callable[[Sequence[int]], str]
     exact: bool  # False: approximate (text chunks), marked so in decision records
     vocab_size: int = 1 << 32
@@ -63,7 +66,7 @@ class Tokenization:
 
 APPROXIMATE = Tokenization(
     encode_prompt=approx_tokenize,
-    encode_chat=lambda messages: approx_tokenize(render_chat(list(messages))),
+    encode_chat=lambda req: approx_tokenize(render_chat(req.messages)),
     decode=detokenize_approx,
     exact=False,
 )
@@ -110,12 +113,37 @@ def _token_text(v: Any) -> str:
     return str(v or "")
 
 
+def _hf_renderer(tok: Any, template: str, bos: str, eos: str) -> Callable[[ChatRequest], str]:
+    """A chat request rendered by transformers' ``apply_chat_template``, as vLLM calls it."""
+    tf: Any = importlib.import_module("transformers")
+    tf.utils.logging.set_verbosity_error()  # "no PyTorch found": nothing here needs it
+    hf: Any = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos or None, eos_token=eos or None
+    )
+    hf.chat_template = template
+
+    def render(req: ChatRequest) -> str:
+        try:
+            text = hf.apply_chat_template(
+                req.template_messages(),
+                tools=req.tools,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                tokenize=False,
+                **(req.chat_template_kwargs or {}),
+            )
+        except Exception as exc:  # the template refused the conversation (raise_exception…)
+            raise ValueError(f"chat template: {exc}") from exc
+        return str(text)
+
+    return render
+
+
 @functools.cache
 def load_tokenization(spec: TokenizerSpec | None) -> Tokenization:
     """The tokenization of ``spec`` (cached per spec); :data:`APPROXIMATE` for None."""
     if spec is None:
         return APPROXIMATE
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
     from tokenizers import Tokenizer
 
     try:
@@ -127,32 +155,14 @@ def load_tokenization(spec: TokenizerSpec | None) -> Tokenization:
     def encode_prompt(text: str) -> list[int]:
         return list(tok.encode(text, add_special_tokens=True).ids)
 
-    if template_text is None:
+    render: Callable[[ChatRequest], str] = (
+        (lambda req: render_chat(req.messages))
+        if template_text is None
+        else _hf_renderer(tok, template_text, bos, eos)
+    )
 
-        def render(messages: Sequence[ChatMessage]) -> str:
-            return render_chat(list(messages))
-
-    else:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message: str) -> None:
-            raise ValueError(f"chat template: {message}")
-
-        env.globals["raise_exception"] = raise_exception
-        compiled = env.from_string(template_text)
-
-        def render(messages: Sequence[ChatMessage]) -> str:
-            return compiled.render(
-                messages=[
-                    {**m.model_dump(exclude_none=True), "content": m.text()} for m in messages
-                ],
-                add_generation_prompt=True,
-                bos_token=bos,
-                eos_token=eos,
-            )
-
-    def encode_chat(messages: Sequence[ChatMessage]) -> list[int]:
-        return list(tok.encode(render(messages), add_special_tokens=False).ids)
+    def encode_chat(req: ChatRequest) -> list[int]:
+        return list(tok.encode(render(req), add_special_tokens=False).ids)
 
     vocab = tok.get_vocab_size()
 

@@ -12,7 +12,7 @@ import pytest
 
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
-from streams.openai import ChatMessage
+from streams.openai import ChatMessage, ChatRequest
 from streams.settings import KafkaSettings
 from streams.tokenization import TokenizerSpec, load_tokenization
 from tests.conftest import wait_until
@@ -36,7 +36,7 @@ def test_tokenization_is_the_models() -> None:
     ids = tk.encode_prompt(text)
     assert tk.decode(ids) == text
     assert len(ids) < len(text) / 2  # real subword tokens, not 4-byte chunks
-    chat = tk.encode_chat([ChatMessage(role="user", content=text)])
+    chat = tk.encode_chat(ChatRequest(model="m", messages=[ChatMessage(role="user", content=text)]))
     assert chat[: len(tk.encode_prompt("<|im_start|>user"))] == tk.encode_prompt("<|im_start|>user")
     with pytest.raises(ValueError, match=r"no_such\.json"):
         load_tokenization(TokenizerSpec(tokenizer="package:anthropic/no_such.json"))

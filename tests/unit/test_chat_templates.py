@@ -1,0 +1,193 @@
+"""Chat templates rendered the way the engine renders them: golden tests against transformers'
+``apply_chat_template`` (what vLLM calls), on templates that use what real models' templates
+use — tools and ``tojson``, ``strftime_now``, loop controls, ``chat_template_kwargs``,
+``continue_final_message``, tool calls. kvgate's token ids must equal the reference's."""
+
+from __future__ import annotations
+
+import importlib.resources
+from typing import Any
+
+import orjson
+import pytest
+
+from router.parse import parse_request
+from streams.tokenization import TokenizerSpec, load_tokenization
+
+TOKENIZER = "package:anthropic/tokenizer.json"
+
+CHATML_TOOLS = """{%- if tools %}<|im_start|>system
+# Tools
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}
+{% if m.tool_calls is defined %}{% for c in m.tool_calls %}\
+<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\
+{% else %}{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+LLAMA32_DATED = """{{- bos_token }}<|start_header_id|>system<|end_header_id|>
+
+Cutting Knowledge Date: December 2023
+Today Date: {{ strftime_now("%d %b %Y") }}
+
+{% if messages[0].role == 'system' %}{{ messages[0].content | trim }}{% endif %}<|eot_id|>
+{%- for m in messages %}{% if m.role != 'system' %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{{ m.content | trim }}<|eot_id|>{% endif %}{% endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
+LOOP_CONTROLS = """{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}\
+{% if loop.index > 4 %}{% break %}{% endif %}[{{ loop.index }}:{{ m.role }}] {{ m.content }}
+{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"""
+
+THINKING = """{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}\
+{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and \
+enable_thinking is false %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""
+
+CONTINUE = """{% for m in messages %}<|{{ m.role }}|>
+{{ m.content }}<|end|>
+{% endfor %}{% if add_generation_prompt %}<|assistant|>
+{% endif %}"""
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather <today> & 'tomorrow'",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "chatml_tools",
+        CHATML_TOOLS,
+        {
+            "messages": [
+                {"role": "user", "content": "What is the weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": {"city": "<Paris>"}},
+                        }
+                    ],
+                },
+                {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+            ],
+            "tools": TOOLS,
+        },
+    ),
+    (
+        "llama32_dated",
+        LLAMA32_DATED,
+        {
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Hello!"},
+            ]
+        },
+    ),
+    (
+        "loop_controls",
+        LOOP_CONTROLS,
+        {
+            "messages": [{"role": "system", "content": "s"}]
+            + [{"role": "user", "content": f"turn {i}"} for i in range(7)]
+        },
+    ),
+    (
+        "thinking_off",
+        THINKING,
+        {
+            "messages": [{"role": "user", "content": "2+2?"}],
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    ),
+    (
+        "continue_final_message",
+        CONTINUE,
+        {
+            "messages": [
+                {"role": "user", "content": "Write a haiku."},
+                {"role": "assistant", "content": "Autumn moonlight -"},
+            ],
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
+    ),
+]
+
+
+def _reference(template: str, body: dict[str, Any]) -> list[int]:
+    """What transformers makes of the same request (vLLM's call: render, then encode without
+    special tokens)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    raw = importlib.resources.files("anthropic").joinpath("tokenizer.json").read_text()
+    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(raw))  # type: ignore[no-untyped-call]
+    hf.chat_template = template
+    text = hf.apply_chat_template(
+        body["messages"],
+        tools=body.get("tools"),
+        add_generation_prompt=body.get("add_generation_prompt", True),
+        continue_final_message=body.get("continue_final_message", False),
+        tokenize=False,
+        **body.get("chat_template_kwargs", {}),
+    )
+    return list(hf.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize(("name", "template", "body"), CASES, ids=[c[0] for c in CASES])
+def test_kvgate_renders_like_transformers(name: str, template: str, body: dict[str, Any]) -> None:
+    spec = TokenizerSpec(tokenizer=TOKENIZER, chat_template=template)
+    tk = load_tokenization(spec)
+    p = parse_request(orjson.dumps({"model": "m", **body}), True, 16, lambda _: tk)
+    assert p.exact_tokens and p.tokens == _reference(template, body)
+
+
+def test_what_the_templates_see() -> None:
+    """The features are really exercised (not rendered away)."""
+    tk = load_tokenization(TokenizerSpec(tokenizer=TOKENIZER, chat_template=CHATML_TOOLS))
+    body = CASES[0][2]
+    p = parse_request(orjson.dumps({"model": "m", **body}), True, 16, lambda _: tk)
+    text = tk.decode(p.tokens)
+    assert "get_weather" in text and "<Paris>" in text and "<today>" in text  # tojson: no escapes
+    dated = load_tokenization(TokenizerSpec(tokenizer=TOKENIZER, chat_template=LLAMA32_DATED))
+    import time
+
+    p = parse_request(orjson.dumps({"model": "m", **CASES[1][2]}), True, 16, lambda _: dated)
+    assert time.strftime("%d %b %Y") in dated.decode(p.tokens)
+    think = load_tokenization(TokenizerSpec(tokenizer=TOKENIZER, chat_template=THINKING))
+    on = parse_request(
+        orjson.dumps({"model": "m", **CASES[3][2], "chat_template_kwargs": {}}),
+        True,
+        16,
+        lambda _: think,
+    )
+    off = parse_request(orjson.dumps({"model": "m", **CASES[3][2]}), True, 16, lambda _: think)
+    assert "<think>" in think.decode(off.tokens) and "<think>" not in think.decode(on.tokens)
+
+
+def test_template_options_are_validated() -> None:
+    tk = load_tokenization(TokenizerSpec(tokenizer=TOKENIZER, chat_template=CONTINUE))
+    base = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    for bad in (
+        {"add_generation_prompt": True, "continue_final_message": True},
+        {"chat_template_kwargs": {"messages": []}},
+    ):
+        with pytest.raises(ValueError):
+            parse_request(orjson.dumps({**base, **bad}), True, 16, lambda _: tk)
