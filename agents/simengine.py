@@ -57,6 +57,7 @@ class SimEngine:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset)
         # what SGLang's model gateway asks a worker when it registers it (it falls back from
@@ -282,6 +283,20 @@ class SimEngine:
                 "chunked_prefill_size": p.max_num_batched_tokens,
             }
         )
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: a completion prompt or chat messages → token ids."""
+        try:
+            data = orjson.loads(await request.read())
+            if isinstance(data, dict) and "messages" in data:
+                tokens = self.tokenization.encode_chat(ChatRequest.model_validate(data))
+            else:
+                prompt = CompletionRequest.model_validate(data)
+                tokens = prompt.prompt_tokens(self.tokenization.encode_prompt)
+        except (orjson.JSONDecodeError, ValueError) as exc:  # ValidationError is a ValueError
+            return _json(error_body(str(exc).splitlines()[0]), 400)
+        max_len = self.core.cache.num_blocks * self.settings.profile.block_size
+        return _json({"count": len(tokens), "max_model_len": max_len, "tokens": tokens})
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200)

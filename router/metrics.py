@@ -115,6 +115,18 @@ class RouterMetrics:
             "Refusals before admission beyond refusal_records_per_s: counted, not recorded",
             registry=self.registry,
         )
+        self.token_checks = Counter(
+            "kvgate_tokenization_checks",
+            "Requests whose token ids were compared with the engine's /tokenize",
+            ["model"],
+            registry=self.registry,
+        )
+        self.token_mismatches = Counter(
+            "kvgate_tokenization_mismatches",
+            "Of those, the ones where the engine's token ids differed from the router's",
+            ["model"],
+            registry=self.registry,
+        )
         self.stalled_clients = Counter(
             "kvgate_router_stalled_clients",
             "Streams cut off because the client stopped reading or the request ran too long",

@@ -56,6 +56,7 @@ from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record
 from router.settings import RouterSettings
+from router.tokencheck import TokenCheck
 from streams.blocks import chain_hashes, salt_root
 from streams.codec import encode
 from streams.kafka import KafkaBus
@@ -237,6 +238,12 @@ class RouterService:
         self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
         self._loops_failing: dict[str, str] = {}
         self.calibration = TokenCalibration()
+        self.tokencheck = TokenCheck(
+            settings.tokenize_check_every,
+            settings.tokenize_check_min,
+            settings.tokenize_mismatch_share,
+        )
+        self._checks: set[asyncio.Task[None]] = set()
         self._refusal_bucket = _TokenBucket(settings.refusal_records_per_s)
         self._started_at = time.time()
         self._feed: FeedState = "live"
@@ -423,7 +430,7 @@ class RouterService:
         ]
 
     async def _stop(self, _: web.Application) -> None:
-        for task in (self._sweeper, self._pumper, self._prober):
+        for task in (self._sweeper, self._pumper, self._prober, *self._checks):
             if task is not None:
                 task.cancel()
         if self._http is not None:
@@ -559,8 +566,74 @@ class RouterService:
         return parse_request(raw, chat, self.settings.default_max_tokens, self._tokenization)
 
     def _tokenization(self, model: str) -> Tokenization:
-        """The model's tokenizer when configured (engine-exact hashes), else approximate."""
+        """The model's tokenizer when configured (engine-exact hashes) and not found to differ
+        from the engine's, else approximate."""
+        if model in self.tokencheck.approximate:
+            return APPROXIMATE
         return self._tokenizations.get(model, APPROXIMATE)
+
+    def _check_tokens(self, node: NodeView, p: ParsedRequest) -> None:
+        """Now and then, the engine tokenizes the same request: do the token ids agree?"""
+        if not p.exact_tokens or p.model not in self._tokenizations:
+            return
+        if not self.tokencheck.due(p.model):
+            return
+        task = asyncio.create_task(self._compare_tokens(node, p))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _compare_tokens(self, node: NodeView, p: ParsedRequest) -> None:
+        if self._http is None:
+            return
+        keys = (
+            (
+                "model",
+                "messages",
+                "tools",
+                "chat_template_kwargs",
+                "add_generation_prompt",
+                "continue_final_message",
+            )
+            if p.chat
+            else ("model", "prompt")
+        )
+        body = {k: p.body[k] for k in keys if k in p.body}
+        try:
+            async with self._http.post(
+                node.endpoint.rstrip("/") + "/tokenize",
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as r:
+                if r.status != 200:
+                    return  # the engine has no /tokenize (or refused): nothing learned
+                theirs = (orjson.loads(await r.read()) or {}).get("tokens")
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return
+        if not isinstance(theirs, list):
+            return
+        matched = theirs == p.tokens
+        self.metrics.token_checks.labels(p.model).inc()
+        if not matched:
+            self.metrics.token_mismatches.labels(p.model).inc()
+            at = next(
+                (i for i, (a, b) in enumerate(zip(theirs, p.tokens, strict=False)) if a != b),
+                min(len(theirs), len(p.tokens)),
+            )
+            log.warning(
+                "tokenization of %s differs from %s's from token %d (%d vs %d tokens)",
+                p.model[:100],
+                node.node_id,
+                at,
+                len(p.tokens),
+                len(theirs),
+            )
+        if self.tokencheck.record(p.model, matched):
+            log.error(
+                "tokenization of %s marked approximate: the configured tokenizer or chat "
+                "template is not the engine's",
+                p.model[:100],
+            )
 
     def _refuse(self, reason: str, resp: web.Response) -> web.Response:
         """A refusal before admission: counted, and tagged for its decision record."""
@@ -759,6 +832,7 @@ class RouterService:
         self.ledger.dispatch(
             request_id, node.node_id, time.time(), max(0, rreq.prompt_tokens - hit * block_size)
         )
+        self._check_tokens(node, p)
         return rreq, decision, node
 
     async def _admitted(
@@ -1107,6 +1181,7 @@ class RouterService:
                 "weights_version": self.policy.weights_version,
                 "weights_refused": self.control.refused if self.control else 0,
                 "token_calibration": self.calibration.report(),
+                "tokenization_checks": self.tokencheck.report(),
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
                 "reservations": reservations,

@@ -98,6 +98,19 @@ class RouterSettings(BaseModel):
         description="model -> its tokenizer and chat template (engine-exact block hashes); "
         "models without one are tokenized approximately",
     )
+    tokenize_check_every: int = Field(
+        default=100,
+        ge=0,
+        description="one request in this many of a model with a tokenizer is also tokenized by "
+        "its engine (POST /tokenize) and compared (0: never)",
+    )
+    tokenize_check_min: int = Field(default=5, ge=1, description="checks before a verdict")
+    tokenize_mismatch_share: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="above this share of mismatches the model's tokenization is approximate",
+    )
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)
     max_queue: int = Field(

@@ -3,6 +3,8 @@ reserve KV for tokens that are not there."""
 
 from __future__ import annotations
 
+import asyncio
+
 from router.calibrate import TokenCalibration
 from streams.tokenization import TokenizerSpec
 from tests.edgekit import ADMIN, GATEWAY, bearer, completion, edge
@@ -38,3 +40,45 @@ async def test_an_approximate_router_learns_the_engines_token_counts() -> None:
         status, after, _ = await e.call("POST", "/v1/kvgate/route", completion(TEXT), gw)
         assert status == 200
         assert after["kv_blocks_reserved"] < before["kv_blocks_reserved"]
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WRONG = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+
+
+async def test_a_wrong_tokenizer_is_caught_by_the_engines_tokenize() -> None:
+    """The engine renders ChatML; a router configured with another template disagrees on every
+    checked request, and after tokenize_check_min checks the model is marked approximate."""
+    engine_spec = TokenizerSpec(tokenizer="package:anthropic/tokenizer.json", chat_template=CHATML)
+    for template, wrong in ((WRONG, True), (CHATML, False)):
+        router_spec = TokenizerSpec(
+            tokenizer="package:anthropic/tokenizer.json", chat_template=template
+        )
+        router = {
+            "tokenizers": {"llama-3.1-8b": router_spec},
+            "tokenize_check_every": 1,
+            "tokenize_check_min": 3,
+        }
+        async with edge(engines=1, engine={"tokenizer": engine_spec}, router=router) as e:
+            for i in range(4):
+                body = {
+                    "model": "llama-3.1-8b",
+                    "messages": [{"role": "user", "content": f"question {i}: {TEXT}"}],
+                    "max_tokens": 2,
+                }
+                status, _, _ = await e.call("POST", "/v1/chat/completions", body)
+                assert status == 200
+                await asyncio.sleep(0.2)  # the check runs beside the request
+            status, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
+            report = state["tokenization_checks"]["llama-3.1-8b"]
+            assert report["checks"] >= 3
+            assert report["approximate"] is wrong
+            assert (report["mismatches"] == report["checks"]) is wrong
+            assert (report["mismatches"] == 0) is not wrong
+            metrics = (await e.call("GET", "/metrics"))[1]
+            assert "kvgate_tokenization_mismatches_total" in metrics or not wrong
+            # once marked, decisions say the tokens are approximate
+            assert e.decisions()[-1].approximate_tokens is wrong
