@@ -65,29 +65,51 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = AL
 
 
 async def _align_cleanup_policy(
-    admin: AIOKafkaAdminClient, namespace: str, specs: list[TopicSpec]
+    admin: AIOKafkaAdminClient, namespace: str, specs: list[TopicSpec], wait_s: float = 10.0
 ) -> None:
     """Topics that must never lose data to retention (the control topic's weights) are
     compacted only; an existing one created with another policy (an older kvgate made the
-    control topic ``compact,delete``) is set right."""
+    control topic ``compact,delete``) is set right. Returns once the broker reports the policy
+    (a config change reaches the broker a moment after the controller accepted it)."""
     names = {s.name(namespace): s for s in specs}
+    altered: set[str] = set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        wrong, unknown = await _policies_differing(admin, names)
+        for name in wrong - altered:
+            spec = names[name]
+            log.warning("topic %s: cleanup.policy -> %s", name, spec.cleanup_policy)
+            await admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, configs=spec.configs())]
+            )
+            altered.add(name)
+        if (not wrong & altered and not unknown) or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _policies_differing(
+    admin: AIOKafkaAdminClient, names: dict[str, TopicSpec]
+) -> tuple[set[str], set[str]]:
+    """The topics of ``names`` whose cleanup.policy is not their spec's, and those the broker
+    does not know yet (just created)."""
     resources = [
         ConfigResource(ConfigResourceType.TOPIC, name, configs={"cleanup.policy": None})
         for name in names
     ]
+    wrong: set[str] = set()
+    unknown: set[str] = set()
     for response in await admin.describe_configs(resources):
         for resource in response.resources:
             if resource[0]:  # an error code: not (yet) known to the broker
+                unknown.add(resource[3])
                 continue
             name, entries = resource[3], resource[4]
             current = next((e[1] for e in entries if e[0] == "cleanup.policy"), None)
             spec = names.get(name)
-            if spec is None or current == spec.cleanup_policy:
-                continue
-            log.warning("topic %s: cleanup.policy %s -> %s", name, current, spec.cleanup_policy)
-            await admin.alter_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, name, configs=spec.configs())]
-            )
+            if spec is not None and current != spec.cleanup_policy:
+                wrong.add(name)
+    return wrong, unknown
 
 
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str]) -> None:

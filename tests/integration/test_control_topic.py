@@ -10,6 +10,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
 from streams.topics import CONTROL
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,12 @@ async def test_an_old_control_topic_becomes_compacted_only(kafka_settings: Kafka
                 )
             ]
         )
-        assert await _policy(admin, name) == "compact,delete"
+
+        # the broker knows a new topic's config a moment after it accepted the creation
+        async def created() -> bool:
+            return await _policy(admin, name) == "compact,delete"
+
+        await wait_until(created, 10, "the old-style topic visible", 0.1)
         await ensure_topics(kafka_settings)
         assert await _policy(admin, name) == "compact"
         await ensure_topics(kafka_settings)  # idempotent
