@@ -10,6 +10,41 @@ from streams.schemas import CandidateScore, Decision, Outcome
 __all__ = ["decision_record", "outcome_record"]
 
 
+def refusal_record(
+    request_id: str,
+    started: float,
+    reason: str,
+    p: ParsedRequest | None,
+    *,
+    router_id: str,
+    tenant: str,
+    policy: str,
+    weights_version: int,
+    block_size: int,
+    client_request_id: str | None,
+) -> Decision:
+    """The record of a request refused before admission (bad input, credentials, unknown
+    model, unhealthy cluster): what is known of it, no candidates."""
+    return Decision(
+        request_id=request_id,
+        ts=started,
+        router_id=router_id,
+        tenant=tenant,
+        model=(p.model if p is not None else "")[:200],
+        prompt_tokens=len(p.tokens) if p is not None else 0,
+        max_tokens=p.max_tokens if p is not None else 0,
+        block_size=block_size,
+        admission="rejected",
+        admission_reason=reason,
+        policy=policy,
+        weights_version=weights_version,
+        chosen_node=None,
+        reason="refused_before_admission",
+        decision_us=0.0,
+        client_request_id=client_request_id,
+    )
+
+
 def decision_record(
     rreq: RouteRequest,
     p: ParsedRequest,

@@ -47,6 +47,7 @@ from router.edge import (
     read_body,
 )
 from router.errors import rejection_response, rejection_status
+from router.feed import FeedWatch
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
@@ -54,21 +55,18 @@ from router.parse import ParsedRequest, parse_request
 from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
-from router.records import decision_record, outcome_record
+from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
-from router.tokencheck import TokenCheck
+from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from streams.blocks import chain_hashes, salt_root
-from streams.codec import encode
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
-from streams.schemas import ControlMessage, Decision, Heartbeat
+from streams.schemas import ControlMessage, Heartbeat
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
 
-__all__ = ["FeedState", "RouterService"]
-
-FeedState = Literal["live", "last_known", "load_only"]
+__all__ = ["RouterService"]
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +244,7 @@ class RouterService:
         self._checks: set[asyncio.Task[None]] = set()
         self._refusal_bucket = _TokenBucket(settings.refusal_records_per_s)
         self._started_at = time.time()
-        self._feed: FeedState = "live"
-        self._probe_down: set[str] = set()  # nodes that failed a probe while degraded
+        self.feed = FeedWatch(settings, replica)
         self._prober: asyncio.Task[None] | None = None
         self._load_policy = LeastRequestsPolicy()
 
@@ -346,35 +343,12 @@ class RouterService:
         while True:
             await asyncio.sleep(self.settings.probe_interval_s)
             try:
-                await self._probe_once(time.time())
+                if self._http is not None:
+                    await self.feed.probe(self._http, time.time())
                 self._loops_failing.pop("prober", None)
             except Exception as exc:  # the loop goes on; /ready says so meanwhile
                 self._loops_failing["prober"] = f"{type(exc).__name__}: {exc}"[:300]
                 log.exception("engine probes failed")
-
-    async def _probe_once(self, now: float) -> None:
-        state = self.feed_state(now)
-        self._note_feed(state, now)
-        if state == "live" or self._http is None:
-            return
-        beats = list(self.replica.load.values())
-        results = await asyncio.gather(
-            *(self._probe(hb.endpoint) for hb in beats), return_exceptions=True
-        )
-        for hb, ok in zip(beats, results, strict=True):
-            if ok is True:
-                self._probe_down.discard(hb.node_id)
-            else:
-                self._probe_down.add(hb.node_id)
-
-    async def _probe(self, endpoint: str) -> bool:
-        assert self._http is not None
-        timeout = aiohttp.ClientTimeout(total=min(2.0, self.settings.probe_interval_s))
-        try:
-            async with self._http.get(endpoint.rstrip("/") + "/health", timeout=timeout) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
 
     async def _sweep_reservations(self) -> None:
         """The requests this router is serving keep their leases (renewed as they run out);
@@ -437,38 +411,11 @@ class RouterService:
             await self._http.close()
 
     # --- snapshot ------------------------------------------------------------------------
-    def feed_state(self, now: float) -> FeedState:
-        """``live``; ``last_known`` once no heartbeat from any node arrived for
-        ``feed_stale_s`` (Kafka is away, not every node at once: the router routes on its last
-        view, nodes that fail its probes left out); ``load_only`` after ``degraded_view_s`` more
-        (the view is too old to trust: its own in-flight count over the probed nodes)."""
-        rx = self.replica.last_heartbeat_rx
-        if rx is None or not self.replica.load:
-            return "live"
-        silent = now - rx - self.settings.feed_stale_s
-        if silent <= 0:
-            return "live"
-        return "last_known" if silent <= self.settings.degraded_view_s else "load_only"
-
-    def _note_feed(self, state: FeedState, now: float) -> None:
-        if state == self._feed:
-            return
-        log.warning(
-            "feed %s -> %s (newest heartbeat %.1f s ago)",
-            self._feed,
-            state,
-            now - (self.replica.last_heartbeat_rx or now),
-        )
-        self._feed = state
-        if state == "live":
-            self._probe_down.clear()
-
     def nodes(self, now: float) -> list[NodeView]:
         if now - self._last_sweep > 30.0:
             self.ledger.sweep(now)
             self._last_sweep = now
-        feed = self.feed_state(now)
-        self._note_feed(feed, now)
+        feed = self.feed.update(now)
         rx = self.replica.last_heartbeat_rx or now
         received = self.replica.received
         out = []
@@ -502,7 +449,7 @@ class RouterService:
             if gap:
                 view = replace(view, kv_index_gap=gap, kv_index_age_s=age)
             if feed != "live":
-                if rx - view.heartbeat_ts > view.lease_s or hb.node_id in self._probe_down:
+                if rx - view.heartbeat_ts > view.lease_s or hb.node_id in self.feed.down:
                     continue  # dead before the feed stopped, or does not answer now
                 # alive as far as anyone can tell; load_only: only this router's own count
                 view = replace(view, heartbeat_ts=now, kv_index_gap=0, kv_index_age_s=0.0)
@@ -585,46 +532,18 @@ class RouterService:
     async def _compare_tokens(self, node: NodeView, p: ParsedRequest) -> None:
         if self._http is None:
             return
-        keys = (
-            (
-                "model",
-                "messages",
-                "tools",
-                "chat_template_kwargs",
-                "add_generation_prompt",
-                "continue_final_message",
-            )
-            if p.chat
-            else ("model", "prompt")
-        )
-        body = {k: p.body[k] for k in keys if k in p.body}
-        try:
-            async with self._http.post(
-                node.endpoint.rstrip("/") + "/tokenize",
-                data=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=5.0),
-            ) as r:
-                if r.status != 200:
-                    return  # the engine has no /tokenize (or refused): nothing learned
-                theirs = (orjson.loads(await r.read()) or {}).get("tokens")
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-            return
-        if not isinstance(theirs, list):
-            return
+        theirs = await engine_tokens(self._http, node.endpoint, p)
+        if theirs is None:
+            return  # the engine has no /tokenize (or refused): nothing learned
         matched = theirs == p.tokens
         self.metrics.token_checks.labels(p.model).inc()
         if not matched:
             self.metrics.token_mismatches.labels(p.model).inc()
-            at = next(
-                (i for i, (a, b) in enumerate(zip(theirs, p.tokens, strict=False)) if a != b),
-                min(len(theirs), len(p.tokens)),
-            )
             log.warning(
                 "tokenization of %s differs from %s's from token %d (%d vs %d tokens)",
                 p.model[:100],
                 node.node_id,
-                at,
+                first_difference(theirs, p.tokens),
                 len(p.tokens),
                 len(theirs),
             )
@@ -660,26 +579,19 @@ class RouterService:
         if not self._refusal_bucket.take(started):
             self.metrics.refusals_unrecorded.inc()
             return
-        p = who.parsed
-        decision = Decision(
-            request_id=request_id,
-            ts=started,
+        record = refusal_record(
+            request_id,
+            started,
+            reason,
+            who.parsed,
             router_id=self.router_id,
             tenant=who.tenant,
-            model=(p.model if p is not None else "")[:200],
-            prompt_tokens=len(p.tokens) if p is not None else 0,
-            max_tokens=p.max_tokens if p is not None else 0,
-            block_size=self.settings.block_size,
-            admission="rejected",
-            admission_reason=reason,
             policy=self.policy.name,
             weights_version=self.policy.weights_version,
-            chosen_node=None,
-            reason="refused_before_admission",
-            decision_us=0.0,
+            block_size=self.settings.block_size,
             client_request_id=who.client_request_id,
         )
-        self.bus.enqueue(self.bus.topic(DECISIONS), request_id.encode(), encode(decision))
+        self.bus.post(DECISIONS, request_id, record)
 
     async def _intake(
         self, request: web.Request, chat: bool | None
@@ -869,8 +781,8 @@ class RouterService:
                     send_buffer_bytes=self.settings.stream_send_buffer_bytes,
                     max_duration_s=max(0.0, self.settings.max_stream_s - (time.time() - started)),
                 )
-                if self._feed != "live" and relay.http_status == 502 and not resp.prepared:
-                    self._probe_down.add(target.node_id)  # until it answers a probe again
+                if self.feed.state != "live" and relay.http_status == 502 and not resp.prepared:
+                    self.feed.down.add(target.node_id)  # until it answers a probe again
                 if reroutes or not _reroutable(resp, relay):
                     return resp
                 # the node could not take it (no room for its KV, or gone) before anything
@@ -934,7 +846,7 @@ class RouterService:
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
-        if self._feed == "load_only":  # the index is too old to claim hits on
+        if self.feed.state == "load_only":  # the index is too old to claim hits on
             return rreq, self._load_policy.decide(rreq, nodes, {}, now)
         matches = self._matches(hashes, now)
         decision = self.policy.decide(rreq, nodes, matches, now)
@@ -985,9 +897,9 @@ class RouterService:
                 "router_id": self.router_id,
             },
         )
-        self.bus.enqueue(self.bus.topic(CONTROL), msg.subject.encode(), encode(msg))
+        self.bus.post(CONTROL, msg.subject, msg)
         # advice is for now: its tombstone lets compaction remove it from the control topic
-        self.bus.enqueue(self.bus.topic(CONTROL), msg.subject.encode(), None)
+        self.bus.post(CONTROL, msg.subject, None)
 
     # --- decision-only API for gateways ----------------------------------------------------
     async def _gateway_route(self, request: web.Request) -> web.Response:
@@ -1317,8 +1229,8 @@ class RouterService:
             {
                 "ready": ready,
                 "failing": failing,
-                # degraded routers stay ready: they serve on what they know (feed_state)
-                "feed": self._feed,
+                # degraded routers stay ready: they serve on what they know (router/feed.py)
+                "feed": self.feed.state,
                 "kafka_queued": self.bus.queued,
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "admission_store_ready": store_ready,
@@ -1350,5 +1262,5 @@ class RouterService:
         for topic, n in self.bus.dropped.items():
             m.kafka_dropped.labels(topic).set(n)
         for mode in ("last_known", "load_only"):
-            m.degraded.labels(mode).set(1 if self._feed == mode else 0)
+            m.degraded.labels(mode).set(1 if self.feed.state == mode else 0)
         return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")

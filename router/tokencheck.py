@@ -10,9 +10,55 @@ claiming exact hits for it and its decisions say ``approximate_tokens``.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["TokenCheck"]
+import aiohttp
+import orjson
+
+from router.parse import ParsedRequest
+
+__all__ = ["TokenCheck", "engine_tokens", "first_difference"]
+
+# what reaches the engine's chat template (streams.openai.ChatRequest), as /tokenize takes it
+_CHAT_FIELDS = (
+    "model",
+    "messages",
+    "tools",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+)
+
+
+async def engine_tokens(
+    http: aiohttp.ClientSession, endpoint: str, p: ParsedRequest, timeout_s: float = 5.0
+) -> list[int] | None:
+    """The engine's token ids for ``p`` from its ``POST /tokenize`` (None: no answer)."""
+    keys = _CHAT_FIELDS if p.chat else ("model", "prompt")
+    body = {k: p.body[k] for k in keys if k in p.body}
+    try:
+        async with http.post(
+            endpoint.rstrip("/") + "/tokenize",
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as r:
+            if r.status != 200:
+                return None
+            answer = orjson.loads(await r.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        return None
+    return tokens
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 @dataclass(slots=True)

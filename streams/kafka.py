@@ -229,7 +229,13 @@ class KafkaBus:
 
     async def publish(self, spec: TopicSpec, key: str | None, value: BaseModel) -> None:
         """Queue the message for the broker; returns at once (see the class docstring)."""
-        self.enqueue(self.topic(spec), encode_key(key), encode(value))
+        self.post(spec, key, value)
+
+    def post(self, spec: TopicSpec, key: str | None, value: BaseModel | None) -> bool:
+        """:meth:`publish` for code that is not a coroutine (None: a tombstone)."""
+        return self.enqueue(
+            self.topic(spec), encode_key(key), encode(value) if value is not None else None
+        )
 
     async def publish_raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.enqueue(topic, key, value)

@@ -60,6 +60,21 @@ class Cluster:
         self.engines[node_id] = url
         return url
 
+    def add_agent(self, node_id: str, engine_url: str, *kv_events: str) -> None:
+        """An agent of one's own for ``node_id`` (its KV-event arguments as given), in place of
+        the one :meth:`add_engine` started."""
+        if f"agent-{node_id}" in self.sup.procs:
+            self.sup.kill(f"agent-{node_id}")
+        self.sup.spawn(
+            f"agent-{node_id}",
+            "agent",
+            "--node-id",
+            node_id,
+            "--engine-url",
+            engine_url,
+            *kv_events,
+        )
+
     def add_worker(self, name: str = "worker") -> None:
         self.sup.spawn(name, "worker")
 

@@ -190,17 +190,7 @@ async def test_an_agent_whose_events_go_nowhere_says_so(
     supervisor.env["KVGATE_AGENT__KV_SILENCE_S"] = "2"
     c = Cluster(supervisor)
     url = c.add_engine("n1")
-    supervisor.kill("agent-n1")
-    supervisor.spawn(
-        "agent-n1",
-        "agent",
-        "--node-id",
-        "n1",
-        "--engine-url",
-        url,
-        "--kv-events",
-        f"tcp://127.0.0.1:{free_port()}",  # nobody publishes here
-    )
+    c.add_agent("n1", url, "--kv-events", f"tcp://127.0.0.1:{free_port()}")  # nobody publishes
     c.add_worker()
     router = c.add_router()
     await c.wait_ready("router", 1)
@@ -238,17 +228,7 @@ async def test_an_engine_that_dials_out_to_its_agent_is_indexed(
         "--kv-events-connect",
     )
     url = f"http://127.0.0.1:{http_port}"
-    supervisor.spawn(
-        "agent-n1",
-        "agent",
-        "--node-id",
-        "n1",
-        "--engine-url",
-        url,
-        "--kv-events",
-        f"tcp://127.0.0.1:{port}",
-        "--kv-events-bind",
-    )
+    c.add_agent("n1", url, "--kv-events", f"tcp://127.0.0.1:{port}", "--kv-events-bind")
     c.add_worker()
     router = c.add_router()
     await c.wait_ready("router", 1)
