@@ -51,9 +51,7 @@ async def test_router_serves_through_a_silent_feed_and_recovers() -> None:
         assert [m["id"] for m in models["data"]] == ["llama-3.1-8b"]
 
         e.feeding = True
-        t0 = time.monotonic()
         await wait_until(lambda: feed_is("live"), 5, "live again")
-        assert time.monotonic() - t0 < 5
         metrics = (await e.call("GET", "/metrics"))[1]
         assert 'kvgate_router_degraded{mode="load_only"} 0.0' in metrics
 
