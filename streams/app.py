@@ -43,14 +43,32 @@ def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
     first draining its own producer buffer: ``Consumer._commit_offsets`` calls
     ``producer.flush()`` only outside transactions. Changelog records still in that buffer are
     sent after the commit, into the next transaction, so a worker that dies in between has
-    committed input offsets whose table writes are lost. This waits, before each commit, until
-    the record that was last in the (FIFO) buffer when the commit started has reached Kafka: every
-    record buffered before it has then been handed to aiokafka, which sends what it holds before
-    it ends a transaction. Records buffered later belong to later offsets and go to the next
-    transaction. (Faust's own ``flush()`` would wait for an empty buffer, which under steady
-    table writes holds every commit back.) Idempotent.
+    committed input offsets whose table writes are lost. This waits, before each commit
+    (periodic, rebalance and the final one at shutdown alike), until the record that was
+    buffered last when the commit started has reached Kafka: the buffer is FIFO, so every record
+    buffered before it has then been handed to aiokafka, which sends what it holds before it ends
+    a transaction. Records buffered later belong to later offsets and go to the next transaction.
+    (Faust's own ``flush()`` would wait for an empty buffer, which under steady table writes
+    holds every commit back.)
+
+    The record to wait for is remembered when it is buffered, not looked up in the buffer's
+    queue: the buffer's sender takes a record off the queue *before* handing it to aiokafka
+    (which can wait when a partition's batch is full), so a queue that looks empty may still have
+    a record in flight. If that record fails or is not sent in time, the commit is refused (the
+    worker stops and the input is folded again): committing would lose table writes. Idempotent.
     """
     from faust.transport.consumer import TransactionManager
+    from faust.transport.producer import ProducerBuffer
+
+    put = ProducerBuffer.put
+    if not getattr(put, "remembers_last", False):
+
+        def remembering_put(self: ProducerBuffer, fut: Any) -> None:
+            self.last_buffered = fut  # type: ignore[attr-defined]
+            put(self, fut)
+
+        remembering_put.remembers_last = True  # type: ignore[attr-defined]
+        ProducerBuffer.put = remembering_put  # type: ignore[method-assign]
 
     commit = TransactionManager.commit
     if getattr(commit, "flushes_first", False):
@@ -66,27 +84,110 @@ def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
     TransactionManager.commit = flushed_commit  # type: ignore[method-assign]
 
 
+def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
+    """Make Faust's table recovery read every committed changelog record.
+
+    With exactly-once the worker reads changelogs ``read_committed``, and Faust takes the
+    partitions' end offsets at the start of recovery as the point where the tables are restored.
+    For a ``read_committed`` reader that end is the *last stable offset*: it stops at the first
+    transaction still open. A worker that just committed its last transaction and stopped
+    (SIGTERM) leaves that transaction committed at the coordinator but its markers not yet
+    written to every partition; the input offsets it committed are visible a moment before its
+    table writes are. A successor that restores in that moment stops short of the writes yet
+    resumes the input after them: the writes are never folded again (a KV cursor behind its
+    input, blocks whose removals were committed still in the index). This waits, before
+    recovery reads the end offsets, until no transaction is open on the changelog partitions
+    (the last stable offset equals the high watermark). Open transactions of a dead worker are
+    aborted when this worker's transactional producers start, which Faust does before recovery,
+    so the wait is short; it gives up after ``timeout_s`` (recovery then proceeds as before).
+    Idempotent."""
+    from faust.tables.recovery import Recovery
+
+    build = Recovery._build_highwaters
+    if getattr(build, "waits_for_settled", False):
+        return
+
+    async def settled_highwaters(
+        self: Recovery, consumer: Any, tps: Any, destination: Any, title: str
+    ) -> None:
+        if tps:
+            await changelogs_settled(kafka, consumer, set(tps), timeout_s)
+        await build(self, consumer, tps, destination, title)
+
+    settled_highwaters.waits_for_settled = True  # type: ignore[attr-defined]
+    Recovery._build_highwaters = settled_highwaters  # type: ignore[method-assign]
+
+
+async def changelogs_settled(
+    kafka: KafkaSettings, consumer: Any, tps: set[Any], timeout_s: float
+) -> None:
+    """Wait until ``consumer``'s (read_committed) end offsets of ``tps`` reach their high
+    watermarks (see :func:`restore_only_settled_changelogs`)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    probe = AIOKafkaConsumer(
+        **kafka.client_options(),
+        client_id="kvgate-worker-recovery-probe",
+        isolation_level="read_uncommitted",
+        enable_auto_commit=False,
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        await probe.start()
+        unsettled: list[Any] = []
+        while True:
+            stable = await consumer.highwaters(*tps)
+            ends = await probe.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
+            unsettled = [
+                tp
+                for tp in tps
+                if (stable.get(tp) or 0) < ends.get(TopicPartition(tp.topic, tp.partition), 0)
+            ]
+            if not unsettled or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        if unsettled:
+            log.warning(
+                "changelog partitions still have open transactions after %.0f s, restoring "
+                "what is committed: %s",
+                timeout_s,
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unsettled)),
+            )
+    except Exception as exc:  # the probe is a safeguard: recovery goes on without it
+        log.warning("could not compare changelog end offsets before recovery: %s", exc)
+    finally:
+        await probe.stop()
+
+
+class UnsentTableWrite(RuntimeError):
+    """A table write buffered before a commit was not sent: the commit must not happen."""
+
+
 async def buffered_records_sent(producer: Any, timeout_s: float) -> None:
-    """Wait until the records in ``producer``'s buffer now have been sent (see above)."""
+    """Wait until the record buffered last in ``producer`` has been sent (see above)."""
     if producer.app.conf.producer_threaded:  # another queue: drain the whole buffer
         await producer.flush()
         return
-    queued = getattr(producer.buffer.pending, "_queue", None)
-    if not queued:
+    last = getattr(producer.buffer, "last_buffered", None)
+    if last is None:
         return
-    last = queued[-1]
+    if last.cancelled():
+        raise UnsentTableWrite("a buffered table write was cancelled; not committing")
     try:
         await asyncio.wait_for(asyncio.shield(last), timeout_s)
     except TimeoutError:
-        log.warning("a buffered table write was not sent within %.0f s; committing", timeout_s)
+        raise UnsentTableWrite(
+            f"a buffered table write was not sent within {timeout_s:.0f} s; not committing"
+        ) from None
     except Exception as exc:
-        log.warning("a buffered table write failed before the commit: %s", exc)
+        raise UnsentTableWrite(f"a buffered table write failed; not committing: {exc}") from exc
 
 
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     if worker.exactly_once:
         flush_before_transaction_commit()
+        restore_only_settled_changelogs(kafka)
     # Faust creates its data directory without parents: started anywhere, it must exist
     Path(worker.data_dir).mkdir(parents=True, exist_ok=True)
     app = faust.App(

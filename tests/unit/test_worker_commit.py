@@ -1,59 +1,110 @@
 """The worker's exactly-once commit waits for the table writes buffered before it
-(streams.app.flush_before_transaction_commit), and only for those."""
+(streams.app.flush_before_transaction_commit), and only for those; a write that fails refuses
+the commit. Faust's own producer buffer runs here, with a slow sender standing for aiokafka."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.transport.consumer import TransactionManager
+from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 
-from streams.app import flush_before_transaction_commit
+from streams.app import UnsentTableWrite, flush_before_transaction_commit
+
+CONF = SimpleNamespace(producer_threaded=False, id="kvgate-worker")
+
+
+class _Write(asyncio.Future[None]):
+    """A buffered table write: how long aiokafka takes to accept it, and whether it fails."""
+
+    def __init__(self, name: str, send_s: float, fails: bool = False) -> None:
+        super().__init__()
+        self.name, self.send_s, self.fails = name, send_s, fails
+
+
+class _Buffer(ProducerBuffer):
+    """Faust's buffer (its queue and its sender task); only the hand-off to Kafka is slow."""
+
+    sent: list[str]
+
+    async def _send_pending(self, fut: Any) -> None:
+        await asyncio.sleep(fut.send_s)
+        if fut.fails:
+            fut.set_exception(ConnectionError("broker gone"))
+            return
+        self.sent.append(fut.name)
+        fut.set_result(None)
 
 
 class _Producer:
-    """Faust's producer as the transaction manager sees it: a FIFO buffer of table writes (each
-    a future resolved once Kafka has it), and the commit of the transactions."""
-
-    def __init__(self) -> None:
-        self.app = SimpleNamespace(conf=SimpleNamespace(producer_threaded=False))
-        self.buffer = SimpleNamespace(pending=SimpleNamespace(_queue=deque()))
-        self.sent: list[str] = []
+    def __init__(self, buffer: _Buffer) -> None:
+        self.app = SimpleNamespace(conf=CONF)
+        self.buffer = buffer
         self.committed_with: list[list[str]] = []
 
-    def buffer_write(self, name: str, delay_s: float | None) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.buffer.pending._queue.append(fut)
-
-        def send() -> None:
-            self.sent.append(name)
-            fut.set_result(None)
-
-        if delay_s is not None:
-            asyncio.get_running_loop().call_later(delay_s, send)
-
     async def commit_transactions(self, by_id: Any, group_id: str, **_: Any) -> None:
-        self.committed_with.append(list(self.sent))
+        self.committed_with.append(list(self.buffer.sent))
 
 
-async def test_a_transaction_commits_after_the_table_writes_buffered_before_it() -> None:
-    flush_before_transaction_commit()
+@pytest.fixture
+async def parts() -> AsyncIterator[tuple[TransactionManager, _Producer, _Buffer]]:
+    flush_before_transaction_commit(timeout_s=2.0)
     flush_before_transaction_commit()  # idempotent: wrapped once
     assert getattr(TransactionManager.commit, "flushes_first", False)
-    producer = _Producer()
+    buffer = _Buffer()
+    buffer.app = SimpleNamespace(conf=CONF)  # type: ignore[assignment]
+    buffer.sent = []
+    producer = _Producer(buffer)
     app = SimpleNamespace(
-        conf=SimpleNamespace(id="kvgate-worker"),
-        assignor=SimpleNamespace(group_for_topic=lambda topic: 0),
-        producer=producer,
+        conf=CONF, assignor=SimpleNamespace(group_for_topic=lambda topic: 0), producer=producer
     )
     tm = TransactionManager(SimpleNamespace(app=app), consumer=None, producer=producer)  # type: ignore[arg-type]
-    producer.buffer_write("write 1", 0.02)
-    producer.buffer_write("write 2", 0.05)
-    commit = asyncio.create_task(tm.commit({TP("kvgate.kv-events", 0): 42}))
+    await buffer.start()
+    try:
+        yield tm, producer, buffer
+    finally:
+        await buffer.stop()
+
+
+OFFSETS = {TP("kvgate.kv-events", 0): 42}
+
+
+async def test_a_transaction_commits_after_the_table_writes_buffered_before_it(
+    parts: tuple[TransactionManager, _Producer, _Buffer],
+) -> None:
+    tm, producer, buffer = parts
+    buffer.put(_Write("write 1", 0.02))
+    buffer.put(_Write("write 2", 0.05))
+    commit = asyncio.create_task(tm.commit(OFFSETS))
     await asyncio.sleep(0.01)
-    producer.buffer_write("write 3, after the commit began", None)  # never sent: not waited for
+    buffer.put(_Write("write 3, after the commit began", 10))  # not waited for
     assert await asyncio.wait_for(commit, 5)
     assert producer.committed_with == [["write 1", "write 2"]]
+
+
+async def test_a_write_already_taken_off_the_queue_is_still_waited_for(
+    parts: tuple[TransactionManager, _Producer, _Buffer],
+) -> None:
+    """The sender takes a record off the queue before aiokafka accepts it: an empty queue does
+    not mean every write was sent (the case that lost table writes at shutdown)."""
+    tm, producer, buffer = parts
+    buffer.put(_Write("in flight", 0.2))
+    await asyncio.sleep(0.02)
+    assert buffer.size == 0 and not buffer.sent  # off the queue, not yet with Kafka
+    assert await asyncio.wait_for(tm.commit(OFFSETS, start_new_transaction=False), 5)
+    assert producer.committed_with == [["in flight"]]
+
+
+async def test_a_failed_table_write_refuses_the_commit(
+    parts: tuple[TransactionManager, _Producer, _Buffer],
+) -> None:
+    tm, producer, buffer = parts
+    buffer.put(_Write("lost", 0.01, fails=True))
+    with pytest.raises(UnsentTableWrite, match="failed"):
+        await tm.commit(OFFSETS)
+    assert producer.committed_with == []
