@@ -5,19 +5,27 @@ agent recomputes kvgate's chained hash of every stored block from the token ids 
 ``BlockStored`` carries, so the two sides cannot silently disagree. It keeps the node's current
 set of blocks and, at each flush, emits only the net change since the last flush.
 
-Only blocks a request can hit as a prefix enter: GPU blocks of full-attention groups whose hash
-kvgate can reproduce. A salted request's blocks are chained from its salt, as the router hashes
-a request with the same ``cache_salt`` (:func:`streams.blocks.salt_root`), so salted tenants
-never share hits. Blocks offloaded to CPU or disk, blocks of sliding-window or mamba groups
-(hybrid models), and blocks hashed with a LoRA adapter or multimodal keys are counted in
-``skipped_blocks`` and never claimed as hits. A parent hash of ``0`` or empty bytes is
-the root, as some publishers write it.
+**Block sizes.** kvgate's blocks have the index's size (``block_size``, what the router hashes
+with), whatever the engine's: SGLang's pages are often 1 token, vLLM's blocks 16 or more. Engine
+blocks are re-chunked: a kvgate block is held while every engine block holding part of it is
+(the engine can only reuse a prefix it holds whole); tokens past the last full kvgate block
+wait for the engine's next block in the chain.
+
+**What enters.** Only blocks a request can hit as a prefix: GPU blocks of full-attention groups
+whose hash kvgate can reproduce. A salted request's chain starts from its salt and an adapter
+request's from its LoRA adapter name (:func:`streams.blocks.chain_root`), as the router hashes a
+request with the same ``cache_salt`` and ``model``: salted tenants and adapters never share hits
+with anyone else. Blocks offloaded to CPU or disk, blocks of sliding-window or mamba groups
+(hybrid models), blocks with multimodal or prompt-embedding keys, and LoRA blocks whose adapter
+has no name (older releases send only ``lora_id``) are counted in ``skipped_blocks`` and never
+claimed as hits. A parent hash of ``0`` or empty bytes is the root, as some publishers write it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from agents.vllm_events import (
     ClearedEvent,
@@ -26,13 +34,16 @@ from agents.vllm_events import (
     RemovedEvent,
     StoredEvent,
 )
-from streams.blocks import block_hash, salt_root
+from streams.blocks import block_hash, chain_root
 
 __all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator"]
 
 # KV cache groups whose blocks are reused by prefix (vLLM's KVCacheSpecKind values)
 PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _ROOTS: tuple[EngineHash, ...] = (0, b"")
+
+EngineKey = tuple[int | None, EngineHash]  # (KV cache group, engine hash)
+Instance = tuple[EngineKey, int]  # one kvgate block completed by an engine block: (it, index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +58,22 @@ class KvDelta:
 
 
 @dataclass(slots=True)
+class _EngineBlock:
+    """What kvgate knows of one engine block: where its chain stands in kvgate's blocks."""
+
+    parent: EngineKey | None
+    n_tokens: int
+    boundary: int | None  # kvgate hash of the last full kvgate block ending in it or before
+    tail: tuple[int, ...]  # its chain's tokens after that boundary (< one kvgate block)
+    instances: list[Instance]  # kvgate blocks it is (part of) a copy of
+
+
+@dataclass(slots=True)
 class KvTranslator:
-    block_size: int
-    # (group, engine hash) -> kvgate hash: hybrid models' groups store the same hashes
-    _by_engine: dict[tuple[int | None, EngineHash], int] = field(default_factory=dict)
+    block_size: int  # kvgate's block size: the unit the router hashes and the index holds
+    _by_engine: dict[EngineKey, _EngineBlock] = field(default_factory=dict)
+    _live: dict[Instance, int] = field(default_factory=dict)  # intact copies -> kvgate hash
+    _copies: Counter[int] = field(default_factory=Counter)  # kvgate hash -> intact copies
     _blocks: set[int] = field(default_factory=set)  # kvgate hashes the engine holds now
     _published: set[int] = field(default_factory=set)  # what consumers were last told
     _touched: set[int] = field(default_factory=set)
@@ -76,16 +99,15 @@ class KvTranslator:
                 if ev.medium is not None and ev.medium.upper() != "GPU":
                     continue  # an offloaded copy went away; the GPU block (if any) stays
                 for eh in ev.block_hashes:
-                    kh = self._by_engine.pop((ev.group_idx, eh), None)
-                    if kh is not None:
-                        self._blocks.discard(kh)
-                        self._touched.add(kh)
+                    self._removed((ev.group_idx, eh))
             elif isinstance(ev, ClearedEvent):
                 self.reset()
 
     def reset(self) -> None:
         """Forget everything (engine cleared its cache or restarted)."""
         self._by_engine.clear()
+        self._live.clear()
+        self._copies.clear()
         self._blocks.clear()
         self._published.clear()
         self._touched.clear()
@@ -102,21 +124,27 @@ class KvTranslator:
             return "non_prefix_group"
         if ev.medium is not None and ev.medium.upper() != "GPU":
             return "offloaded"
-        if ev.lora_id is not None or ev.lora_name is not None:
-            return "lora"
+        if ev.lora_id is not None and not ev.lora_name:
+            return "lora"  # hashed with an adapter kvgate cannot name
         for keys in ev.extra_keys or ():
-            if keys and any(isinstance(k, list | tuple) for k in keys):
-                return "multimodal"  # image / audio identifiers: not in kvgate's hash
+            for k in keys or ():
+                if isinstance(k, list | tuple):
+                    return "multimodal"  # (image / audio identifier, offset): not reproducible
+                if isinstance(k, bytes):
+                    return "prompt_embeds"  # a digest of embeddings the router never sees
         return None
 
     @staticmethod
     def _salt(ev: StoredEvent) -> str | None:
-        """The request's ``cache_salt``: SGLang's field, or a string in vLLM's extra keys of the
-        first block (vLLM salts only the first block; the chain carries it on)."""
+        """The request's ``cache_salt``: SGLang's field, or the string in vLLM's extra keys of
+        the first block that is not the adapter's name (vLLM writes the LoRA name first, then
+        multimodal keys, then the salt, and salts only the first block)."""
         if ev.cache_salt is not None:
             return ev.cache_salt
-        first = (ev.extra_keys or [None])[0]
+        first: Any = (ev.extra_keys or [None])[0]
         strings = [k for k in first or () if isinstance(k, str)]
+        if ev.lora_name and strings and strings[0] == ev.lora_name:
+            strings = strings[1:]
         return strings[-1] if strings else None
 
     def _stored(self, ev: StoredEvent) -> None:
@@ -124,24 +152,73 @@ class KvTranslator:
         if why is not None:
             self.skipped_blocks[why] += len(ev.block_hashes)
             return
-        bs = ev.block_size or self.block_size
+        ebs = ev.block_size or self.block_size
+        parent_key: EngineKey | None = None
+        boundary: int | None
+        tail: tuple[int, ...]
         if ev.parent_block_hash is None or ev.parent_block_hash in _ROOTS:
-            parent: int | None = salt_root(self._salt(ev))
-        elif (ev.group_idx, ev.parent_block_hash) in self._by_engine:
-            parent = self._by_engine[(ev.group_idx, ev.parent_block_hash)]
-        else:  # the parent was never seen (events lost): cannot chain these blocks
-            self.untranslatable_blocks += len(ev.block_hashes)
-            return
+            boundary, tail = chain_root(self._salt(ev), ev.lora_name), ()
+        else:
+            parent_key = (ev.group_idx, ev.parent_block_hash)
+            parent = self._by_engine.get(parent_key)
+            if parent is None:  # the parent was never seen (events lost): cannot chain these
+                self.untranslatable_blocks += len(ev.block_hashes)
+                return
+            boundary, tail = parent.boundary, parent.tail
         for i, eh in enumerate(ev.block_hashes):
-            tokens = ev.token_ids[i * bs : (i + 1) * bs]
-            if len(tokens) < bs:
+            own = tuple(ev.token_ids[i * ebs : (i + 1) * ebs])
+            if len(own) < ebs:
                 self.untranslatable_blocks += len(ev.block_hashes) - i
                 return
-            parent = block_hash(parent, tokens)
+            key = (ev.group_idx, eh)
+            if key in self._by_engine:  # stored again: the engine holds one copy per hash
+                self._removed(key)
+            block = _EngineBlock(parent_key, ebs, boundary, tail, [])
+            tokens = tail + own
+            full = len(tokens) // self.block_size
+            for j in range(full):
+                chunk = tokens[j * self.block_size : (j + 1) * self.block_size]
+                boundary = block_hash(boundary, chunk)
+                self._add_copy((key, j), boundary, block)
+                if j == 0 and tail:  # the first one spans the engine blocks before this one
+                    self._spans_back((key, j), parent_key, len(tail))
+            tail = tokens[full * self.block_size :]
+            block.boundary, block.tail = boundary, tail
+            self._by_engine[key] = block
             self.translated_blocks += 1
-            self._by_engine[(ev.group_idx, eh)] = parent
-            self._blocks.add(parent)
-            self._touched.add(parent)
+            parent_key = key
+
+    def _add_copy(self, inst: Instance, kh: int, holder: _EngineBlock) -> None:
+        self._live[inst] = kh
+        holder.instances.append(inst)
+        self._copies[kh] += 1
+        if kh not in self._blocks:
+            self._blocks.add(kh)
+            self._touched.add(kh)
+
+    def _spans_back(self, inst: Instance, key: EngineKey | None, tokens: int) -> None:
+        """Record ``inst`` on the engine blocks holding its first ``tokens`` tokens."""
+        while tokens > 0 and key is not None:
+            block = self._by_engine.get(key)
+            if block is None:
+                return
+            block.instances.append(inst)
+            tokens -= block.n_tokens
+            key = block.parent
+
+    def _removed(self, key: EngineKey) -> None:
+        block = self._by_engine.pop(key, None)
+        if block is None:
+            return
+        for inst in block.instances:
+            kh = self._live.pop(inst, None)
+            if kh is None:
+                continue  # gone already with another engine block it spanned
+            self._copies[kh] -= 1
+            if self._copies[kh] <= 0:
+                del self._copies[kh]
+                self._blocks.discard(kh)
+                self._touched.add(kh)
 
     def take_delta(self) -> KvDelta:
         """Net change since the previous call."""

@@ -28,7 +28,7 @@ class ParsedRequest:
     min_tokens: int = 0
     ignore_eos: bool = False  # the engine generates max_tokens, whatever it learned
     sequences: int = 1  # n / best_of
-    cache_salt: str | None = None  # hashes are chained from it (streams.blocks.salt_root)
+    cache_salt: str | None = None  # hashes are chained from it (streams.blocks.chain_root)
 
     @property
     def path(self) -> str:

@@ -58,7 +58,7 @@ from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
-from streams.blocks import chain_hashes, salt_root
+from streams.blocks import chain_hashes, chain_root
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
@@ -842,7 +842,7 @@ class RouterService:
     ) -> tuple[RouteRequest, RouteDecision]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs)."""
-        hashes = chain_hashes(p.tokens, block_size, salt_root(p.cache_salt))
+        hashes = chain_hashes(p.tokens, block_size, chain_root(p.cache_salt))
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())

@@ -17,9 +17,9 @@ __all__ = [
     "HASH_MASK",
     "approx_tokenize",
     "block_hash",
+    "chain_root",
     "chain_hashes",
     "detokenize_approx",
-    "salt_root",
 ]
 
 APPROX_BYTES_PER_TOKEN = 4
@@ -41,13 +41,19 @@ def detokenize_approx(token_ids: Sequence[int]) -> str:
     return array("I", token_ids).tobytes().decode("utf-8", errors="replace")
 
 
-def salt_root(cache_salt: str | None) -> int | None:
-    """The parent of a salted request's first block (None: unsalted). Engines put a request's
-    ``cache_salt`` into its first block's hash, so the whole chain of a salted request differs
-    from everyone else's: kvgate does the same by seeding the chain with the salt."""
-    if not cache_salt:
+def chain_root(cache_salt: str | None = None, adapter: str | None = None) -> int | None:
+    """The parent of a request's first block (None: an unsalted base-model request).
+
+    Engines hash a request's ``cache_salt`` into its first block and its LoRA adapter into every
+    block, so a salted or adapter request's whole chain differs from everyone else's; kvgate
+    does the same by seeding the chain with both. Equal roots, equal tokens: equal hashes."""
+    if not cache_salt and not adapter:
         return None
-    digest = blake2b(b"kvgate-cache-salt\0" + cache_salt.encode(), digest_size=8).digest()
+    if adapter:
+        seed = b"kvgate-chain-root\0" + adapter.encode() + b"\0" + (cache_salt or "").encode()
+    else:  # a salt alone: kept as it always was, so salted hashes do not change
+        seed = b"kvgate-cache-salt\0" + (cache_salt or "").encode()
+    digest = blake2b(seed, digest_size=8).digest()
     return int.from_bytes(digest, "little") & HASH_MASK
 
 

@@ -48,22 +48,24 @@ def _stub(name: str, **attrs: Any) -> types.ModuleType:
 def _module_from_wheel(
     package: str, version: str, member: str, workdir: Path, stubs: dict[str, types.ModuleType]
 ) -> types.ModuleType:
-    """``member`` of ``package``'s wheel, loaded on its own with ``stubs`` for its imports."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            f"{package}=={version}",
-            "-d",
-            str(workdir),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    """``member`` of ``package``'s wheel, loaded on its own with ``stubs`` for its imports. The
+    wheel is downloaded into ``workdir`` unless it is there already."""
+    if not any(workdir.glob(f"{package}-{version}-*.whl")):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                f"{package}=={version}",
+                "-d",
+                str(workdir),
+            ],
+            check=True,
+            capture_output=True,
+        )
     (wheel,) = workdir.glob(f"{package}-{version}-*.whl")
     with zipfile.ZipFile(wheel) as z:
         source = z.read(member)
@@ -116,7 +118,9 @@ def _fields(cls: Any) -> set[str]:
     return set(cls.__struct_fields__)
 
 
-def _stored(m: Any, hashes: list[Any], parent: Any, tokens: list[int], **extra: Any) -> Any:
+def _stored(
+    m: Any, hashes: list[Any], parent: Any, tokens: list[int], bs: int = 16, **extra: Any
+) -> Any:
     known = {k: v for k, v in extra.items() if k in _fields(m.BlockStored)}
     base: dict[str, Any] = {"lora_id": None, "medium": "GPU"}
     if "cache_salt" in _fields(m.BlockStored):  # SGLang: optional fields default to None
@@ -125,7 +129,7 @@ def _stored(m: Any, hashes: list[Any], parent: Any, tokens: list[int], **extra: 
         base["lora_name"] = None
     base.update(known)
     return m.BlockStored(
-        block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=16, **base
+        block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=bs, **base
     )
 
 
@@ -167,6 +171,43 @@ def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
             ],
             0,
         )
+    # an adapter without a name (what releases before lora_name sent): not reproducible
+    out["lora_id_only"] = ([_stored(m, [451], None, toks[:16], lora_id=3)], 0)
+    # SGLang's default page size is one token: 32 pages chained in two events, the last evicted
+    pages = list(range(1001, 1033))
+    out["page_1"] = (
+        [
+            _stored(m, pages[:20], None, toks[:20], bs=1),
+            _stored(m, pages[20:], pages[19], toks[20:32], bs=1),
+            _removed(m, [pages[-1]]),
+        ],
+        0,
+    )
+    if {"lora_name", "extra_keys"} <= _fields(m.BlockStored):
+        # vLLM's extra keys: the adapter name in every block, the salt in the first only
+        out["lora_salt"] = (
+            [
+                _stored(
+                    m,
+                    [461, 462],
+                    None,
+                    toks[:32],
+                    lora_id=3,
+                    lora_name="adapter-a",
+                    extra_keys=[("adapter-a", "salt-1"), ("adapter-a",)],
+                )
+            ],
+            0,
+        )
+    if "extra_keys" in _fields(m.BlockStored):
+        out["multimodal"] = (
+            [_stored(m, [471], None, toks[:16], extra_keys=[(("mm-hash-1", 0),)])],
+            0,
+        )
+        out["prompt_embeds"] = (
+            [_stored(m, [481], None, toks[:16], extra_keys=[(bytes(range(32)),)])],
+            0,
+        )
     if "cache_salt" not in _fields(m.BlockStored):  # vLLM's hashes may be bytes, SGLang's not
         out["chain_bytes"] = (
             [_stored(m, h[:2], None, toks[:32]), _stored(m, h[2:], h[1], toks[32:])],
@@ -201,15 +242,19 @@ def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
     return out
 
 
+def _plain(v: Any) -> Any:
+    """JSON for a field value: bytes as ``{"hex": ...}`` wherever they are, tuples as lists."""
+    if isinstance(v, bytes):
+        return {"hex": v.hex()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
 def _describe(ev: Any) -> dict[str, Any]:
     d: dict[str, Any] = {"type": type(ev).__name__}
     for name in ev.__struct_fields__:
-        v = getattr(ev, name)
-        if isinstance(v, bytes):
-            v = {"hex": v.hex()}
-        elif isinstance(v, list):
-            v = [{"hex": x.hex()} if isinstance(x, bytes) else x for x in v]
-        d[name] = v
+        d[name] = _plain(getattr(ev, name))
     return d
 
 
@@ -240,13 +285,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--version", action="append", default=[], help="a vLLM version")
     p.add_argument("--sglang", action="append", default=[], help="an SGLang version")
+    p.add_argument("--wheels", type=Path, help="a directory to keep (and reuse) the wheels in")
     args = p.parse_args()
-    for version in args.version:
-        with tempfile.TemporaryDirectory() as tmp:
-            write("vllm", version, load_kv_events(version, Path(tmp)))
-    for version in args.sglang:
-        with tempfile.TemporaryDirectory() as tmp:
-            write("sglang", version, load_sglang_kv_events(version, Path(tmp)))
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = args.wheels or Path(tmp)
+        wheels.mkdir(parents=True, exist_ok=True)
+        for version in args.version:
+            write("vllm", version, load_kv_events(version, wheels))
+        for version in args.sglang:
+            write("sglang", version, load_sglang_kv_events(version, wheels))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from agents.vllm_events import (
     decode_batch,
     encode_batch,
 )
-from streams.blocks import chain_hashes, salt_root
+from streams.blocks import chain_hashes, chain_root
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kv_events"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
@@ -83,15 +83,24 @@ INDEXED = {
     "cleared": chain_hashes(TOKENS[:16], 16),
     "dp_rank_1": chain_hashes(TOKENS[:16], 16),
     "offloaded": [],  # a CPU copy is not a GPU hit
-    "lora": [],  # hashed with the adapter: not kvgate's base-model hash
+    # chained from the adapter's name, as the router hashes a request for that adapter
+    "lora": chain_hashes(TOKENS[:16], 16, chain_root(None, "adapter-a")),
+    "lora_salt": chain_hashes(TOKENS[:32], 16, chain_root("salt-1", "adapter-a")),
+    "lora_id_only": [],  # an adapter without a name: not reproducible
+    "multimodal": [],  # an image's identifier is in the engine's hash
+    "prompt_embeds": [],  # so is a digest of the prompt's embeddings
+    # 32 one-token pages make two kvgate blocks; evicting the last page loses the second
+    "page_1": chain_hashes(TOKENS[:16], 16),
     # chained from the salt, as the router hashes a request with that cache_salt
-    "cache_salt": chain_hashes(TOKENS[:32], 16, salt_root("salt-1")),
+    "cache_salt": chain_hashes(TOKENS[:32], 16, chain_root("salt-1")),
     "hybrid": chain_hashes(TOKENS[:16], 16),  # the full-attention group's; the
     # sliding-window group's copy and its removal do not touch it
 }
 SKIPPED = {
     "offloaded": {"offloaded": 1},
-    "lora": {"lora": 1},
+    "lora_id_only": {"lora": 1},
+    "multimodal": {"multimodal": 1},
+    "prompt_embeds": {"prompt_embeds": 1},
     "hybrid": {"non_prefix_group": 1},
 }
 
@@ -170,7 +179,7 @@ def test_a_salted_request_hits_only_its_salts_blocks() -> None:
     other = parse_request(orjson.dumps({**body, "cache_salt": "salt-2"}), False, 16)
     plain = parse_request(orjson.dumps(body), False, 16)
     hashes = {
-        p.cache_salt: chain_hashes(p.tokens, 16, salt_root(p.cache_salt))
+        p.cache_salt: chain_hashes(p.tokens, 16, chain_root(p.cache_salt))
         for p in (salted, other, plain)
     }
     assert len({tuple(h) for h in hashes.values()}) == 3  # nobody shares a block

@@ -1,3 +1,8 @@
+from itertools import pairwise
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored
 from agents.kvtranslate import KvTranslator
 from agents.vllm_events import decode_batch, encode_batch
@@ -100,3 +105,65 @@ def test_newer_vllm_batches_with_bytes_hashes_and_extra_fields_decode() -> None:
     t = KvTranslator(block_size=2)
     t.apply(decode_batch(raw))
     assert t.blocks == 0 and t.take_delta().empty  # stored then removed
+
+
+def _page_events(tokens: list[int], page: int, cuts: list[int]) -> tuple[list[object], list[int]]:
+    """One chain of engine pages of ``page`` tokens (hashes 1, 2, …), stored in events cut at
+    ``cuts`` (page indices), as an engine with that page size would publish them."""
+    from agents.vllm_events import StoredEvent
+
+    n = len(tokens) // page
+    hashes = list(range(1, n + 1))
+    bounds = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+    events: list[object] = []
+    for a, b in pairwise(bounds):
+        events.append(
+            StoredEvent(
+                hashes[a:b], hashes[a - 1] if a else None, tokens[a * page : b * page], page
+            )
+        )
+    return events, hashes
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    page=st.sampled_from([1, 2, 4, 8, 16, 24, 32, 48]),
+    n_tokens=st.integers(0, 200),
+    cuts=st.lists(st.integers(0, 200), max_size=6),
+    evict=st.lists(st.integers(1, 200), max_size=12),
+)
+def test_engine_pages_of_any_size_make_the_routers_blocks(
+    page: int, n_tokens: int, cuts: list[int], evict: list[int]
+) -> None:
+    """Whatever the engine's page size, the index holds exactly the router's 16-token blocks
+    whose every token sits in a page the engine still holds."""
+    from agents.vllm_events import EngineBatch, RemovedEvent
+
+    tokens = [(7 * i + 3) % 50_000 for i in range(n_tokens)]
+    events, hashes = _page_events(tokens, page, cuts)
+    gone = {h for h in evict if h <= len(hashes)}
+    events.append(RemovedEvent(sorted(gone), None, None))
+    t = KvTranslator(block_size=16)
+    t.apply(EngineBatch(1.0, events, 0, 0))  # type: ignore[arg-type]
+    held_tokens = len(hashes) * page
+    want = {
+        h
+        for k, h in enumerate(chain_hashes(tokens[:held_tokens], 16))
+        # pages holding tokens 16k .. 16k+15
+        if not any(p + 1 in gone for p in range(16 * k // page, (16 * k + 15) // page + 1))
+    }
+    assert set(t.snapshot()) == want
+    assert t.untranslatable_blocks == 0
+
+
+def test_a_page_stored_again_after_its_eviction_restores_the_block() -> None:
+    from agents.vllm_events import EngineBatch, RemovedEvent, StoredEvent
+
+    tokens = list(range(32))
+    events, hashes = _page_events(tokens, 4, [])
+    t = KvTranslator(block_size=16)
+    t.apply(EngineBatch(1.0, events, 0, 0))  # type: ignore[arg-type]
+    t.apply(EngineBatch(2.0, [RemovedEvent([hashes[-1]], None, None)], 0, 0))
+    assert set(t.snapshot()) == set(chain_hashes(tokens[:16], 16))
+    t.apply(EngineBatch(3.0, [StoredEvent([hashes[-1]], hashes[-2], tokens[28:], 4)], 0, 0))
+    assert set(t.snapshot()) == set(chain_hashes(tokens, 16))
