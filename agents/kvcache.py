@@ -20,6 +20,8 @@ class BlockStored:
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
+    lora_name: str | None = None  # the adapter of the request that computed them
+    cache_salt: str | None = None  # its salt, when the first block is the request's first
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +107,19 @@ class KvCache:
             self.events.append(BlockRemoved(tuple(removed)))
         self._anon += n
 
-    def commit(self, hashes: Sequence[int], parent: int | None, token_ids: Sequence[int]) -> None:
+    def commit(
+        self,
+        hashes: Sequence[int],
+        parent: int | None,
+        token_ids: Sequence[int],
+        lora: str | None = None,
+        salt: str | None = None,
+    ) -> None:
         """Turn ``len(hashes)`` filled anonymous blocks into cached, referenced blocks.
 
         A hash already cached (another request computed the same block) keeps the existing
-        block and frees the duplicate.
+        block and frees the duplicate. ``lora`` / ``salt``: the request's adapter and
+        ``cache_salt`` (they are in its hashes; events name them as the engine does).
         """
         new: list[int] = []
         for h in hashes:
@@ -122,14 +132,18 @@ class KvCache:
                 new.append(h)
         if new:
             if len(new) == len(hashes):
-                self.events.append(BlockStored(tuple(new), parent, tuple(token_ids)))
+                first_salt = salt if parent is None else None
+                self.events.append(
+                    BlockStored(tuple(new), parent, tuple(token_ids), lora, first_salt)
+                )
             else:  # rare: split so that each event's tokens match its blocks
                 bs = self.block_size
                 prev = parent
                 for i, h in enumerate(hashes):
                     if h in new:
                         toks = tuple(token_ids[i * bs : (i + 1) * bs])
-                        self.events.append(BlockStored((h,), prev, toks))
+                        first_salt = salt if prev is None else None
+                        self.events.append(BlockStored((h,), prev, toks, lora, first_salt))
                     prev = h
 
     def commit_each(self, blocks: Sequence[tuple[int, int | None]]) -> None:

@@ -42,7 +42,7 @@ __all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator"]
 PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 _ROOTS: tuple[EngineHash, ...] = (0, b"")
 
-EngineKey = tuple[int | None, EngineHash]  # (KV cache group, engine hash)
+EngineKey = tuple[int, EngineHash]  # (KV cache group, 0 when unnamed; engine hash)
 Instance = tuple[EngineKey, int]  # one kvgate block completed by an engine block: (it, index)
 
 
@@ -99,7 +99,7 @@ class KvTranslator:
                 if ev.medium is not None and ev.medium.upper() != "GPU":
                     continue  # an offloaded copy went away; the GPU block (if any) stays
                 for eh in ev.block_hashes:
-                    self._removed((ev.group_idx, eh))
+                    self._removed((ev.group_idx or 0, eh))
             elif isinstance(ev, ClearedEvent):
                 self.reset()
 
@@ -159,7 +159,7 @@ class KvTranslator:
         if ev.parent_block_hash is None or ev.parent_block_hash in _ROOTS:
             boundary, tail = chain_root(self._salt(ev), ev.lora_name), ()
         else:
-            parent_key = (ev.group_idx, ev.parent_block_hash)
+            parent_key = (ev.group_idx or 0, ev.parent_block_hash)
             parent = self._by_engine.get(parent_key)
             if parent is None:  # the parent was never seen (events lost): cannot chain these
                 self.untranslatable_blocks += len(ev.block_hashes)
@@ -170,7 +170,7 @@ class KvTranslator:
             if len(own) < ebs:
                 self.untranslatable_blocks += len(ev.block_hashes) - i
                 return
-            key = (ev.group_idx, eh)
+            key = (ev.group_idx or 0, eh)
             if key in self._by_engine:  # stored again: the engine holds one copy per hash
                 self._removed(key)
             block = _EngineBlock(parent_key, ebs, boundary, tail, [])

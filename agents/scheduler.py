@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from agents.kvcache import CacheEvent, KvCache
 from agents.profile import EngineProfile
-from streams.blocks import approx_tokenize, chain_hashes
+from streams.blocks import approx_tokenize, chain_hashes, chain_root
 
 __all__ = ["VOCAB", "DecodeRun", "EngineCore", "Sequence", "StepResult"]
 
@@ -69,12 +69,16 @@ class Sequence:
     first_token_s: float | None = None
     finished: bool = False
     aborted: bool = False
+    lora: str | None = None  # the LoRA adapter it runs with (in its block hashes, as vLLM's)
+    cache_salt: str | None = None  # its cache_salt (in its first block's hash, as vLLM's)
     n_prompt: int = field(init=False)
     salt: int = field(init=False)
+    root: int | None = field(init=False)  # the parent of its first block
 
     def __post_init__(self) -> None:
         self.n_prompt = len(self.prompt)
         self.salt = self.rng.randrange(len(VOCAB))
+        self.root = chain_root(self.cache_salt, self.lora)
 
     @property
     def tokens(self) -> int:
@@ -109,7 +113,7 @@ class Sequence:
             return have
         start = len(have) * block_size
         tail = self.tokens_between(start, blocks * block_size)
-        return have + chain_hashes(tail, block_size, have[-1] if have else None)
+        return have + chain_hashes(tail, block_size, have[-1] if have else self.root)
 
     @property
     def prefilling(self) -> bool:
@@ -173,7 +177,7 @@ class EngineCore:
     def add(self, seq: Sequence) -> None:
         if not seq.prompt_hashes and len(seq.prompt) >= self.profile.block_size:
             # a replayed trace brings its own block hashes
-            seq.prompt_hashes = chain_hashes(seq.prompt, self.profile.block_size)
+            seq.prompt_hashes = chain_hashes(seq.prompt, self.profile.block_size, seq.root)
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -390,7 +394,7 @@ class EngineCore:
         hashes = seq.block_hashes(full, bs)[have:]
         parent = seq.held[-1] if seq.held else None
         tokens = seq.tokens_between(have * bs, full * bs) if self.token_ids_in_events else ()
-        self.cache.commit(hashes, parent, tokens)
+        self.cache.commit(hashes, parent, tokens, seq.lora, seq.cache_salt)
         seq.held.extend(hashes)
         seq.anon -= len(hashes)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -219,31 +219,61 @@ def encode_batch(
     ts: float | None = None,
     shape: Shape = "map",
     data_parallel_rank: int = 0,
+    lora_ids: Mapping[str, int] | None = None,
 ) -> bytes:
     """A batch as vLLM publishes it: ``map`` events in an array batch (vLLM ≥ 0.26), or all
-    arrays (``array``, earlier releases)."""
+    arrays (``array``, earlier releases). ``lora_ids``: the engine's integer id of each
+    adapter. Map events name a request's adapter (``lora_name``) and carry vLLM's per-block
+    extra keys: the adapter's name on every block, the ``cache_salt`` on the request's first;
+    the array releases had only ``lora_id``. Like vLLM's block pool, map events always carry
+    one extra-keys entry per block (``None`` when it has none) and the KV cache group."""
     w = _MAP_OUT if shape == "map" else _ARRAY_OUT
     msgs: list[Any] = []
     for ev in events:
         if isinstance(ev, BlockStored):
-            msgs.append(
-                w.stored(
-                    list[EngineHash](ev.block_hashes),
-                    ev.parent_block_hash,
-                    list(ev.token_ids),
-                    block_size,
-                    None,
-                    "GPU",
-                    *([None] if shape == "map" else []),  # lora_name
+            lora_id = (lora_ids or {}).get(ev.lora_name) if ev.lora_name else None
+            if shape == "map":
+                msgs.append(
+                    w.stored(
+                        list[EngineHash](ev.block_hashes),
+                        ev.parent_block_hash,
+                        list(ev.token_ids),
+                        block_size,
+                        lora_id,
+                        "GPU",
+                        ev.lora_name,
+                        [_block_keys(ev, i) for i in range(len(ev.block_hashes))],
+                        0,  # the KV cache group (one full-attention group)
+                    )
                 )
-            )
+            else:
+                msgs.append(
+                    w.stored(
+                        list[EngineHash](ev.block_hashes),
+                        ev.parent_block_hash,
+                        list(ev.token_ids),
+                        block_size,
+                        lora_id,
+                        "GPU",
+                    )
+                )
         elif isinstance(ev, BlockRemoved):
-            msgs.append(w.removed(list[EngineHash](ev.block_hashes), "GPU"))
+            group = [0] if shape == "map" else []
+            msgs.append(w.removed(list[EngineHash](ev.block_hashes), "GPU", *group))
         elif isinstance(ev, AllCleared):
             msgs.append(w.cleared())
     raw = [msgspec.Raw(_encoder.encode(m)) for m in msgs]
     now = ts if ts is not None else time.time()
     return _encoder.encode(_ARRAY_OUT.batch(now, raw, data_parallel_rank))
+
+
+def _block_keys(ev: BlockStored, i: int) -> tuple[str, ...] | None:
+    """vLLM's extra keys of the ``i``-th block of ``ev`` as its events write them: the adapter's
+    name, then (on a request's first block) its salt."""
+    keys = ([ev.lora_name] if ev.lora_name else []) + (
+        [ev.cache_salt] if i == 0 and ev.cache_salt else []
+    )
+    return tuple(keys) or None
 
 
 class KvEventPublisher:

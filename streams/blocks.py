@@ -17,8 +17,8 @@ __all__ = [
     "HASH_MASK",
     "approx_tokenize",
     "block_hash",
-    "chain_root",
     "chain_hashes",
+    "chain_root",
     "detokenize_approx",
 ]
 

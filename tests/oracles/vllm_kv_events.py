@@ -127,6 +127,10 @@ def _stored(
         base = {"lora_id": None}
     if "lora_name" in _fields(m.BlockStored):
         base["lora_name"] = None
+    if "extra_keys" in _fields(m.BlockStored) and "cache_salt" not in _fields(m.BlockStored):
+        # what vLLM's block pool writes: one entry per block (to_event_extra_keys), the group
+        base["extra_keys"] = [None] * len(hashes)
+        base["group_idx"] = 0
     base.update(known)
     return m.BlockStored(
         block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=bs, **base
@@ -135,7 +139,10 @@ def _stored(
 
 def _removed(m: Any, hashes: list[Any], **extra: Any) -> Any:
     known = {k: v for k, v in extra.items() if k in _fields(m.BlockRemoved)}
-    return m.BlockRemoved(block_hashes=hashes, **{"medium": "GPU", **known})
+    base: dict[str, Any] = {"medium": "GPU"}
+    if "group_idx" in _fields(m.BlockRemoved) and "cache_salt" not in _fields(m.BlockStored):
+        base["group_idx"] = 0  # vLLM's block pool names the group of an evicted block
+    return m.BlockRemoved(block_hashes=hashes, **{**base, **known})
 
 
 def cases(m: Any) -> dict[str, tuple[list[Any], int]]:

@@ -188,3 +188,9 @@ def test_a_salted_request_hits_only_its_salts_blocks() -> None:
         t = KvTranslator(block_size=16)
         t.apply(decode_batch(raw))
         assert sorted(t.snapshot()) == sorted(hashes["salt-1"]), version
+
+
+def test_the_simulated_engine_names_adapters_and_salts_as_vllm_does() -> None:
+    raw, case = _vector("vllm-0.33.0", "lora_salt")
+    events = [BlockStored((461, 462), None, tuple(TOKENS[:32]), "adapter-a", "salt-1")]
+    assert encode_batch(events, 16, ts=case["ts"], lora_ids={"adapter-a": 3}) == raw  # type: ignore[arg-type]

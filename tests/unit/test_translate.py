@@ -36,7 +36,8 @@ def test_current_vllm_wire_format_has_map_events() -> None:
 
     raw = encode_batch([BlockStored((1,), None, (5,) * 4), BlockRemoved((1,))], 4, ts=1.5)
     # vLLM >= 0.26: events are maps with a "type" tag; lora_id, medium and lora_name have no
-    # default (always written), the rest are omitted when None; the batch stays an array
+    # default (always written), the rest are omitted when None; the batch stays an array. The
+    # block pool always fills the per-block extra keys and the KV cache group
     assert msgspec.msgpack.decode(raw) == [
         1.5,
         [
@@ -49,8 +50,10 @@ def test_current_vllm_wire_format_has_map_events() -> None:
                 "lora_id": None,
                 "medium": "GPU",
                 "lora_name": None,
+                "extra_keys": [None],
+                "group_idx": 0,
             },
-            {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"},
+            {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 0},
         ],
         0,
     ]
