@@ -58,6 +58,8 @@ class NodeAgent:
         self._kv_lock = asyncio.Lock()
         self.prewarmed = 0
         self._warned_degraded = False
+        self.adapters: list[str] = []  # LoRA adapters the engine serves
+        self._models_read_s = -float("inf")
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -126,6 +128,36 @@ class NodeAgent:
         self._last_stats, self._last_scrape_s = stats, now
         return stats
 
+    async def _read_adapters(self, http: aiohttp.ClientSession) -> None:
+        """The engine's LoRA adapters: its ``/v1/models`` entries that name a parent (vLLM lists
+        each adapter with the base model as its parent). Kept as they were when the read
+        fails; at most 256 names of at most 200 characters."""
+        now = time.monotonic()
+        if now - self._models_read_s < self.settings.models_interval_s:
+            return
+        self._models_read_s = now
+        try:
+            async with http.get(self.settings.engine_url.rstrip("/") + "/v1/models") as resp:
+                resp.raise_for_status()
+                listing = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("reading the models of %s failed: %s", self.settings.engine_url, exc)
+            return
+        data = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(data, list):
+            return
+        self.adapters = sorted(
+            {
+                m["id"]
+                for m in data
+                if isinstance(m, dict)
+                and isinstance(m.get("id"), str)
+                and 0 < len(m["id"]) <= 200
+                and isinstance(m.get("parent"), str)
+                and m["parent"]
+            }
+        )[:256]
+
     async def _sglang_blocks(self, http: aiohttp.ClientSession, stats: EngineStats) -> int:
         if self._server_blocks is None:
             base = self.settings.engine_url.rstrip("/")
@@ -145,6 +177,8 @@ class NodeAgent:
         while True:
             started = time.monotonic()
             stats = await self._scrape(http)
+            if stats is not None:
+                await self._read_adapters(http)
             last = stats or self._last_stats
             if last is not None:
                 hb = Heartbeat(
@@ -172,6 +206,7 @@ class NodeAgent:
                     kv_events_undecodable=self.undecodable,
                     kv_blocks_untranslatable=self.translator.untranslatable_blocks,
                     kv_blocks_skipped=sum(self.translator.skipped_blocks.values()),
+                    adapters=self.adapters,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agents.profile import EngineProfile
 from streams.tokenization import TokenizerSpec
@@ -32,6 +32,11 @@ class EngineSettings(BaseModel):
         description="map: events as vLLM >= 0.26 writes them (named fields); array: the "
         "positional events of earlier releases",
     )
+    lora_modules: list[str] = Field(
+        default_factory=list,
+        description="LoRA adapters it serves, as vLLM's --lora-modules: name=path; a request "
+        "whose model is an adapter's name runs with it (its blocks are hashed with it)",
+    )
     default_max_tokens: int = Field(default=256, ge=1)
     metrics_format: Literal["vllm", "sglang"] = Field(
         default="vllm", description="whose /metrics names to serve (the agent reads both)"
@@ -41,6 +46,20 @@ class EngineSettings(BaseModel):
     )
     seed: int = 0
     profile: EngineProfile = EngineProfile()
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _lora_modules(cls, v: list[str]) -> list[str]:
+        for item in v:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"a LoRA module is name=path, not {item!r}")
+        return v
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Adapter name -> path, in the order given (vLLM numbers them 1, 2, … that way)."""
+        return dict(item.partition("=")[::2] for item in self.lora_modules)
 
 
 class AgentSettings(BaseModel):
@@ -78,6 +97,9 @@ class AgentSettings(BaseModel):
         "long: heartbeats say kv_index: degraded",
     )
     snapshot_interval_s: float = Field(default=30.0, gt=0)
+    models_interval_s: float = Field(
+        default=10.0, gt=0, description="how often to read the engine's /v1/models (adapters)"
+    )
     lease_s: float = Field(default=2.0, gt=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     prewarm: bool = Field(default=True, description="act on pre-warm advice from kvgate.control")

@@ -47,6 +47,8 @@ class SimEngine:
         self._wake = asyncio.Event()
         self._queues: dict[str, asyncio.Queue[object]] = {}
         self._rng = random.Random(settings.seed)
+        # vLLM numbers the adapters it was started with 1, 2, … (its lora_int_id)
+        self._lora_ids = {name: i + 1 for i, name in enumerate(settings.adapters)}
         self._publisher: KvEventPublisher | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -113,7 +115,10 @@ class SimEngine:
         if events and self._publisher is not None:
             await self._publisher.publish(
                 encode_batch(
-                    events, self.settings.profile.block_size, shape=self.settings.kv_events_shape
+                    events,
+                    self.settings.profile.block_size,
+                    shape=self.settings.kv_events_shape,
+                    lora_ids=self._lora_ids,
                 )
             )
 
@@ -142,7 +147,7 @@ class SimEngine:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             return _json(error_body(f"{where}: {first['msg']}"), 400)
-        if body.model != self.settings.served_model_name:
+        if body.model != self.settings.served_model_name and body.model not in self._lora_ids:
             return _json(
                 error_body(f"The model `{body.model}` does not exist.", "NotFoundError", 404), 404
             )
@@ -172,6 +177,8 @@ class SimEngine:
             body.output_limit(self.settings.default_max_tokens),
             time.time(),
             random.Random(self._rng.random()),
+            lora=body.model if body.model in self._lora_ids else None,
+            cache_salt=body.cache_salt,
         )
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[rid] = queue
@@ -252,21 +259,19 @@ class SimEngine:
         return resp
 
     async def _models(self, _: web.Request) -> web.Response:
+        """vLLM's listing: the base model, then each LoRA adapter with the base as its parent."""
         name = self.settings.served_model_name
+        max_len = self.core.cache.num_blocks * self.settings.profile.block_size
+        entry = {"object": "model", "created": int(self.started_s), "owned_by": "kvgate"}
+        base = {**entry, "id": name, "root": self.settings.profile.model, "parent": None}
+        adapters = [
+            {**entry, "id": lora, "root": path, "parent": name}
+            for lora, path in self.settings.adapters.items()
+        ]
         return _json(
             {
                 "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": int(self.started_s),
-                        "owned_by": "kvgate",
-                        "root": self.settings.profile.model,
-                        "max_model_len": self.core.cache.num_blocks
-                        * self.settings.profile.block_size,
-                    }
-                ],
+                "data": [{**m, "max_model_len": max_len} for m in [base, *adapters]],
             }
         )
 

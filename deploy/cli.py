@@ -50,6 +50,10 @@ def engine(
             "--kv-events-connect", help="dial out to the KV-event port (a collector binds it)"
         ),
     ] = False,
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option("--lora-modules", help="a LoRA adapter it serves: name=path (repeatable)"),
+    ] = None,
 ) -> None:
     """Run one simulated inference engine (vLLM-compatible HTTP, metrics and KV events)."""
     from aiohttp import web
@@ -73,6 +77,11 @@ def engine(
     if kv_events_connect:
         updates["kv_events_connect"] = True
     s = s.model_copy(update=updates)
+    if lora_modules:
+        try:
+            s = type(s).model_validate({**s.model_dump(), "lora_modules": lora_modules})
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
     _logging()
     web.run_app(SimEngine(s).app(), host=s.host, port=s.port, print=None, access_log=None)
 

@@ -43,6 +43,7 @@ class NodeView:
     prefill_backlog_tokens: int = 0  # this router's uncached prompt tokens awaiting prefill
     kv_index_gap: int = 0  # KV batches the node announced that the index has not applied
     kv_index_age_s: float = 0.0  # since the index last applied a KV batch of this node
+    adapters: frozenset[str] = frozenset()  # LoRA adapters it serves besides its model
 
     @property
     def kv_used_ratio(self) -> float:
@@ -51,6 +52,10 @@ class NodeView:
     @property
     def queue_len(self) -> int:
         return self.waiting + self.pending
+
+    def serves(self, model: str) -> bool:
+        """A request for ``model`` (the base model or one of its adapters) may run here."""
+        return model == self.model or model in self.adapters
 
     def alive(self, now: float) -> bool:
         return now - self.heartbeat_ts <= self.lease_s
@@ -78,6 +83,7 @@ class NodeView:
             prefill_backlog_tokens,
             self.kv_index_gap,
             self.kv_index_age_s,
+            self.adapters,
         )
 
 
@@ -155,5 +161,6 @@ class PolicyBase:
 
 
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:
-    """Nodes that serve ``model``, are healthy, not draining and whose lease has not expired."""
-    return [n for n in nodes if n.model == model and n.healthy and not n.draining and n.alive(now)]
+    """Nodes that serve ``model`` (or have it as an adapter), are healthy, not draining and
+    whose lease has not expired."""
+    return [n for n in nodes if n.serves(model) and n.healthy and not n.draining and n.alive(now)]

@@ -228,6 +228,7 @@ class RouterService:
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
+        self._adapter_base: dict[str, str] = {}  # LoRA adapter -> its base model (heartbeats)
         self.approx = ApproxIndex()
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # requests routed for a gateway: id -> (gateway, node, request, its block hashes,
@@ -422,9 +423,12 @@ class RouterService:
         cache = self._views
         approx = self._approx_nodes
         approx.clear()
+        adapters: dict[str, str] = {}
         for hb in self.replica.load.values():
             if hb.kv_index != "events":  # approximate, or events that do not arrive
                 approx.add(hb.node_id)
+            for name in hb.adapters:
+                adapters.setdefault(name, hb.model)
             gap, age = self._index_lag(hb, now)
             cached = cache.get(hb.node_id)
             if cached is None or cached[0] is not hb:
@@ -442,6 +446,7 @@ class RouterService:
                     draining=hb.draining,
                     heartbeat_ts=received.get(hb.node_id, hb.ts),
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
+                    adapters=frozenset(hb.adapters),
                 )
                 cache[hb.node_id] = (hb, view)
             else:
@@ -461,6 +466,9 @@ class RouterService:
                     self.ledger.prefill_backlog(hb.node_id),
                 )
             )
+        if adapters or self._adapter_base:  # a base model's name is never an adapter's
+            bases = {hb.model for hb in self.replica.load.values()}
+            self._adapter_base = {a: m for a, m in adapters.items() if a not in bases}
         if len(cache) > 2 * len(self.replica.load) + 16:  # retired nodes
             for node in set(cache) - set(self.replica.load):
                 del cache[node]
@@ -475,7 +483,7 @@ class RouterService:
         piling requests onto the few nodes that are left."""
         nodes = eligible(all_nodes, model, now)
         open_nodes = [n for n in nodes if n.waiting <= self.settings.max_queue]
-        known = sum(n.kv_blocks_total for n in all_nodes if n.model == model)
+        known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
         share = sum(n.kv_blocks_total for n in open_nodes) / known if known else 0.0
         if nodes and share < self.gate.settings.min_healthy_share:
             return Rejection(
@@ -515,6 +523,8 @@ class RouterService:
     def _tokenization(self, model: str) -> Tokenization:
         """The model's tokenizer when configured (engine-exact hashes) and not found to differ
         from the engine's, else approximate."""
+        if model not in self._tokenizations:  # an adapter: its base model's tokenizer
+            model = self._adapter_base.get(model, model)
         if model in self.tokencheck.approximate:
             return APPROXIMATE
         return self._tokenizations.get(model, APPROXIMATE)
@@ -663,7 +673,7 @@ class RouterService:
         """
         now = time.time()
         all_nodes = self.nodes(now)
-        if not any(n.model == p.model for n in all_nodes):
+        if not any(n.serves(p.model) for n in all_nodes):
             missing = f"The model `{p.model[:200]}` does not exist."
             return self._refuse(
                 "unknown_model", _json(error_body(missing, "NotFoundError", 404), 404)
@@ -842,7 +852,8 @@ class RouterService:
     ) -> tuple[RouteRequest, RouteDecision]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs)."""
-        hashes = chain_hashes(p.tokens, block_size, chain_root(p.cache_salt))
+        adapter = p.model if p.model in self._adapter_base else None
+        hashes = chain_hashes(p.tokens, block_size, chain_root(p.cache_salt, adapter))
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
@@ -850,8 +861,14 @@ class RouterService:
             return rreq, self._load_policy.decide(rreq, nodes, {}, now)
         matches = self._matches(hashes, now)
         decision = self.policy.decide(rreq, nodes, matches, now)
-        # salted prefixes are one tenant's: no pre-warming others' engines with them
-        if advise and self.hot is not None and decision.chosen is not None and not p.cache_salt:
+        # salted prefixes are one tenant's, an adapter's only where it is loaded: no
+        # pre-warming other engines with them
+        if (
+            advise
+            and self.hot is not None
+            and decision.chosen is not None
+            and not (p.cache_salt or adapter)
+        ):
             advice = self.hot.observe(now, hashes, matches, nodes)
             if advice is not None:
                 self._advise(advice, p, block_size, now)
@@ -1044,7 +1061,7 @@ class RouterService:
         t0 = time.perf_counter()
         now = time.time()
         all_nodes = self.nodes(now)
-        if not any(n.model == p.model for n in all_nodes):
+        if not any(n.serves(p.model) for n in all_nodes):
             return _json(
                 error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
             )
@@ -1203,11 +1220,15 @@ class RouterService:
     async def _models(self, request: web.Request) -> web.Response:
         self._tenant(request)  # what a cluster serves is for its tenants
         now = time.time()
-        models = sorted({n.model for n in self.nodes(now) if n.alive(now)})
+        live = [n for n in self.nodes(now) if n.alive(now)]
+        bases = {n.model for n in live}
+        adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
+        entry = {"object": "model", "owned_by": "kvgate"}
         return _json(
             {
                 "object": "list",
-                "data": [{"id": m, "object": "model", "owned_by": "kvgate"} for m in models],
+                "data": [{**entry, "id": m, "root": m, "parent": None} for m in sorted(bases)]
+                + [{**entry, "id": a, "root": a, "parent": adapters[a]} for a in sorted(adapters)],
             }
         )
 

@@ -8,7 +8,7 @@ produced by :mod:`streams.blocks`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,6 +27,7 @@ __all__ = [
 
 NodeRole = Literal["mixed", "prefill", "decode"]
 NodeId = str
+AdapterName = Annotated[str, Field(min_length=1, max_length=200)]
 
 
 class Message(BaseModel):
@@ -95,7 +96,14 @@ class Heartbeat(Message):
         default=0,
         ge=0,
         description="stored blocks kept out of the index on purpose: offloaded to CPU/disk, "
-        "non-prefix groups of hybrid models, LoRA / cache_salt / multimodal hashes",
+        "non-prefix groups of hybrid models, unnamed LoRA adapters, multimodal and "
+        "prompt-embedding hashes",
+    )
+    adapters: list[AdapterName] = Field(
+        default_factory=list,
+        max_length=256,
+        description="LoRA adapters the engine serves (its /v1/models entries with a parent): a "
+        "request whose model is one of them may run here, its blocks chained from the adapter",
     )
 
 
