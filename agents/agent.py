@@ -59,6 +59,10 @@ class NodeAgent:
         self.prewarmed = 0
         self._warned_degraded = False
         self.adapters: list[str] = []  # LoRA adapters the engine serves
+        rank = settings.data_parallel_rank
+        # one data-parallel rank of an engine: its metrics samples, its requests pinned to it
+        self._engine_label = str(rank) if rank is not None else None
+        self._rank_header = {"X-data-parallel-rank": str(rank)} if rank is not None else {}
         self._models_read_s = -float("inf")
 
     async def run(self) -> None:
@@ -92,7 +96,7 @@ class NodeAgent:
         try:
             async with http.get(self.settings.engine_url.rstrip("/") + "/metrics") as resp:
                 resp.raise_for_status()
-                stats = parse_metrics(await resp.text())
+                stats = parse_metrics(await resp.text(), self._engine_label)
             if stats.kind == "sglang" and not stats.num_gpu_blocks:
                 # older SGLang has no max_total_num_tokens gauge: its server info has it
                 stats = replace(stats, num_gpu_blocks=await self._sglang_blocks(http, stats))
@@ -207,6 +211,7 @@ class NodeAgent:
                     kv_blocks_untranslatable=self.translator.untranslatable_blocks,
                     kv_blocks_skipped=sum(self.translator.skipped_blocks.values()),
                     adapters=self.adapters,
+                    data_parallel_rank=s.data_parallel_rank,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)
@@ -251,7 +256,9 @@ class NodeAgent:
             "max_tokens": 1,
         }
         try:
-            async with http.post(f"{self.settings.engine_url}/v1/completions", json=body) as r:
+            async with http.post(
+                f"{self.settings.engine_url}/v1/completions", json=body, headers=self._rank_header
+            ) as r:
                 await r.read()
                 if r.status == 200:
                     self.prewarmed += 1

@@ -8,6 +8,7 @@ vLLM adapter reads a real vLLM and the simulated engine alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,48 +18,93 @@ from agents.scheduler import EngineCore
 __all__ = ["EngineStats", "parse_metrics", "render_metrics", "render_sglang_metrics"]
 
 
-def render_metrics(core: EngineCore, model_name: str, started_s: float | None = None) -> bytes:
-    p = core.profile
-    lbl = f'engine="0",model_name="{model_name}"'
-    usage = core.cache.usage()
+_VLLM_ROWS: list[tuple[str, str, str, Callable[[EngineCore], float]]] = [
+    # (name, type, help, value of one engine core)
+    (
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        lambda c: len(c.running),
+    ),
+    (
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        lambda c: len(c.waiting),
+    ),
+    (
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        lambda c: c.cache.usage(),
+    ),
+    (
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "GPU KV-cache usage. 1 means 100 percent usage.",
+        lambda c: c.cache.usage(),
+    ),
+    (
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in number of queried tokens.",
+        lambda c: c.prefix_queries_tokens,
+    ),
+    (
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        lambda c: c.prefix_hits_tokens,
+    ),
+    (
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        lambda c: c.prompt_tokens_total,
+    ),
+    (
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        lambda c: c.generation_tokens_total,
+    ),
+    (
+        "vllm:num_preemptions_total",
+        "counter",
+        "Cumulative number of preemption from the engine.",
+        lambda c: c.preemptions_total,
+    ),
+]
+
+
+def render_metrics(
+    cores: Sequence[EngineCore], model_name: str, started_s: float | None = None
+) -> bytes:
+    """vLLM's ``/metrics``: one sample per engine core (``engine`` label = its data-parallel
+    rank) under each metric."""
     lines = [
         # prometheus_client's process collector, which vLLM's /metrics includes
         "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
         "# TYPE process_start_time_seconds gauge",
         f"process_start_time_seconds {started_s if started_s is not None else 0.0}",
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-        "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{lbl}}} {len(core.running)}",
-        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-        "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{lbl}}} {len(core.waiting)}",
-        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-        "# TYPE vllm:kv_cache_usage_perc gauge",
-        f"vllm:kv_cache_usage_perc{{{lbl}}} {usage}",
-        "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
-        "# TYPE vllm:gpu_cache_usage_perc gauge",
-        f"vllm:gpu_cache_usage_perc{{{lbl}}} {usage}",
-        "# HELP vllm:prefix_cache_queries Prefix cache queries, in number of queried tokens.",
-        "# TYPE vllm:prefix_cache_queries counter",
-        f"vllm:prefix_cache_queries_total{{{lbl}}} {core.prefix_queries_tokens}",
-        "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.",
-        "# TYPE vllm:prefix_cache_hits counter",
-        f"vllm:prefix_cache_hits_total{{{lbl}}} {core.prefix_hits_tokens}",
-        "# HELP vllm:prompt_tokens Number of prefill tokens processed.",
-        "# TYPE vllm:prompt_tokens counter",
-        f"vllm:prompt_tokens_total{{{lbl}}} {core.prompt_tokens_total}",
-        "# HELP vllm:generation_tokens Number of generation tokens processed.",
-        "# TYPE vllm:generation_tokens counter",
-        f"vllm:generation_tokens_total{{{lbl}}} {core.generation_tokens_total}",
-        "# HELP vllm:num_preemptions Cumulative number of preemption from the engine.",
-        "# TYPE vllm:num_preemptions counter",
-        f"vllm:num_preemptions_total{{{lbl}}} {core.preemptions_total}",
+    ]
+    for name, kind, help_text, value in _VLLM_ROWS:
+        family = name[: -len("_total")] if kind == "counter" else name
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}"]
+        for rank, core in enumerate(cores):
+            lbl = f'engine="{rank}",model_name="{model_name}"'
+            lines.append(f"{name}{{{lbl}}} {value(core)}")
+    lines += [
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="{p.block_size}",enable_prefix_caching="True",'
-        f'engine="0",gpu_memory_utilization="{p.gpu_memory_utilization}",'
-        f'num_gpu_blocks="{core.cache.num_blocks}"}} 1.0',
     ]
+    for rank, core in enumerate(cores):
+        p = core.profile
+        lines.append(
+            f'vllm:cache_config_info{{block_size="{p.block_size}",enable_prefix_caching="True",'
+            f'engine="{rank}",gpu_memory_utilization="{p.gpu_memory_utilization}",'
+            f'num_gpu_blocks="{core.cache.num_blocks}"}} 1.0'
+        )
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -109,9 +155,11 @@ def _sglang(values: dict[str, float], model: str | None, block_size: int = 16) -
 
 
 def render_sglang_metrics(
-    core: EngineCore, model_name: str, started_s: float | None = None
+    cores: Sequence[EngineCore], model_name: str, started_s: float | None = None
 ) -> bytes:
-    """What an SGLang server's ``/metrics`` shows (the names of its metrics collector)."""
+    """What an SGLang server's ``/metrics`` shows (the names of its metrics collector); a
+    simulated SGLang has one engine core."""
+    core = cores[0]
     p = core.profile
     lbl = f'model_name="{model_name}"'
     used = core.cache.used_blocks * p.block_size
@@ -136,19 +184,33 @@ def render_sglang_metrics(
     return ("\n".join(lines) + "\n").encode()
 
 
-def parse_metrics(text: str) -> EngineStats:
-    """Sum each metric over its label sets (several engines behind one data-parallel server)."""
+_MEANS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # shares: averaged
+
+
+def parse_metrics(text: str, engine: str | None = None) -> EngineStats:
+    """One engine's figures. ``engine``: only that data-parallel rank's samples (vLLM labels
+    each engine core's samples ``engine="<rank>"``); None: the whole server — counts summed over
+    the engine cores, KV usage averaged."""
     values: dict[str, float] = {}
+    seen: dict[str, int] = {}
     info: dict[str, str] = {}
     model: str | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
-            if name == "vllm:cache_config_info":
-                info = dict(sample.labels)
+            if engine is not None and sample.labels.get("engine", engine) != engine:
+                continue
+            if name == "vllm:cache_config_info":  # per engine core: capacities add up
+                blocks = float(sample.labels.get("num_gpu_blocks", "0") or 0)
+                info = info or dict(sample.labels)
+                values[name] = values.get(name, 0.0) + blocks
                 continue
             model = model or sample.labels.get("model_name")
             values[name] = values.get(name, 0.0) + sample.value
+            seen[name] = seen.get(name, 0) + 1
+    for name in _MEANS:
+        if seen.get(name, 0) > 1:
+            values[name] /= seen[name]
     if "sglang:num_running_reqs" in values:
         return _sglang(values, model)
     usage = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
@@ -157,7 +219,7 @@ def parse_metrics(text: str) -> EngineStats:
         waiting=int(values.get("vllm:num_requests_waiting", 0)),
         kv_usage=usage,
         block_size=int(info.get("block_size", "16")),
-        num_gpu_blocks=int(float(info.get("num_gpu_blocks", "0") or 0)),
+        num_gpu_blocks=int(values.get("vllm:cache_config_info", 0.0)),
         prompt_tokens_total=values.get("vllm:prompt_tokens_total", 0.0),
         generation_tokens_total=values.get("vllm:generation_tokens_total", 0.0),
         prefix_queries_total=values.get("vllm:prefix_cache_queries_total", 0.0),

@@ -32,6 +32,14 @@ class EngineSettings(BaseModel):
         description="map: events as vLLM >= 0.26 writes them (named fields); array: the "
         "positional events of earlier releases",
     )
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="engine cores behind the one HTTP server, each with its own KV cache and its "
+        "KV events on the endpoint's port + rank (vLLM's --data-parallel-size); a request goes "
+        "to the rank in its X-data-parallel-rank header, else to the least loaded",
+    )
     lora_modules: list[str] = Field(
         default_factory=list,
         description="LoRA adapters it serves, as vLLM's --lora-modules: name=path; a request "
@@ -87,6 +95,17 @@ class AgentSettings(BaseModel):
         "batches are fetched from it",
     )
     pool: str = "default"
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="the engine's data-parallel ranks (vLLM's --data-parallel-size): each is a "
+        "node of its own (<node_id>-dp<rank>) with its own KV events (the endpoint's port + "
+        "rank) and load (its engine label); routers pin its requests with X-data-parallel-rank",
+    )
+    data_parallel_rank: int | None = Field(
+        default=None, ge=0, description="set per rank by the agent itself; not configured"
+    )
     heartbeat_interval_s: float = Field(default=0.5, gt=0)
     kv_flush_interval_s: float = Field(default=0.1, gt=0)
     kv_flush_max_blocks: int = Field(default=2000, gt=0)
@@ -103,3 +122,23 @@ class AgentSettings(BaseModel):
     lease_s: float = Field(default=2.0, gt=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     prewarm: bool = Field(default=True, description="act on pre-warm advice from kvgate.control")
+
+    def ranks(self) -> list[AgentSettings]:
+        """One agent's settings per data-parallel rank (itself when there is one rank)."""
+        from agents.vllm_events import rank_endpoint
+
+        if self.data_parallel_size == 1:
+            return [self]
+        return [
+            self.model_copy(
+                update={
+                    "node_id": f"{self.node_id}-dp{rank}",
+                    "kv_events_endpoint": rank_endpoint(self.kv_events_endpoint, rank),
+                    "kv_events_replay_endpoint": rank_endpoint(
+                        self.kv_events_replay_endpoint, rank
+                    ),
+                    "data_parallel_rank": rank,
+                }
+            )
+            for rank in range(self.data_parallel_size)
+        ]

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from agents.enginemetrics import render_metrics, render_sglang_metrics
 from agents.scheduler import EngineCore, Sequence
 from agents.settings import EngineSettings
-from agents.vllm_events import KvEventPublisher, encode_batch
+from agents.vllm_events import KvEventPublisher, encode_batch, rank_endpoint
 from streams.openai import ChatRequest, CompletionRequest, error_body
 from streams.tokenization import load_tokenization
 
@@ -41,15 +41,16 @@ def _json(data: Any, status: int = 200) -> web.Response:
 class SimEngine:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.core = EngineCore(settings.profile)
+        # one engine core per data-parallel rank (vLLM's --data-parallel-size)
+        self.cores = [EngineCore(settings.profile) for _ in range(settings.data_parallel_size)]
         self.tokenization = load_tokenization(settings.tokenizer)
         self.started_s = time.time()
-        self._wake = asyncio.Event()
+        self._wakes = [asyncio.Event() for _ in self.cores]
         self._queues: dict[str, asyncio.Queue[object]] = {}
         self._rng = random.Random(settings.seed)
         # vLLM numbers the adapters it was started with 1, 2, … (its lora_int_id)
         self._lora_ids = {name: i + 1 for i, name in enumerate(settings.adapters)}
-        self._publisher: KvEventPublisher | None = None
+        self._publishers: list[KvEventPublisher | None] = [None] * len(self.cores)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -70,14 +71,23 @@ class SimEngine:
         app.on_cleanup.append(self._stop)
         return app
 
+    @property
+    def core(self) -> EngineCore:
+        """The first (with one rank: the only) engine core."""
+        return self.cores[0]
+
     async def _start(self, _: web.Application) -> None:
         s = self.settings
-        if s.kv_events_endpoint:
-            self._publisher = KvEventPublisher(
-                s.kv_events_endpoint, s.kv_events_replay_endpoint, connect=s.kv_events_connect
-            )
-            self._tasks.append(asyncio.create_task(self._publisher.serve_replay()))
-        self._tasks.append(asyncio.create_task(self._loop()))
+        for rank in range(len(self.cores)):
+            if s.kv_events_endpoint:
+                publisher = KvEventPublisher(
+                    rank_endpoint(s.kv_events_endpoint, rank) or s.kv_events_endpoint,
+                    rank_endpoint(s.kv_events_replay_endpoint, rank),
+                    connect=s.kv_events_connect,
+                )
+                self._publishers[rank] = publisher
+                self._tasks.append(asyncio.create_task(publisher.serve_replay()))
+            self._tasks.append(asyncio.create_task(self._loop(rank)))
 
     async def _stop(self, _: web.Application) -> None:
         for t in self._tasks:
@@ -85,20 +95,22 @@ class SimEngine:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        if self._publisher is not None:
-            self._publisher.close()
+        for publisher in self._publishers:
+            if publisher is not None:
+                publisher.close()
 
     # --- the engine loop -----------------------------------------------------------------
-    async def _loop(self) -> None:
+    async def _loop(self, rank: int) -> None:
         loop = asyncio.get_running_loop()
+        core, wake = self.cores[rank], self._wakes[rank]
         while True:
-            if self.core.idle:
-                self._wake.clear()
-                await self._publish_events()
-                await self._wake.wait()
+            if core.idle:
+                wake.clear()
+                await self._publish_events(rank)
+                await wake.wait()
             started = loop.time()
-            result = self.core.step(time.time())
-            await self._publish_events()
+            result = core.step(time.time())
+            await self._publish_events(rank)
             # sleep the rest of the simulated step (our own bookkeeping time counts towards it)
             await asyncio.sleep(max(0.0, result.duration_s - (loop.time() - started)))
             for seq, tok in result.tokens:
@@ -110,17 +122,31 @@ class SimEngine:
                 if q is not None:
                     q.put_nowait(_DONE)
 
-    async def _publish_events(self) -> None:
-        events = self.core.drain_events()
-        if events and self._publisher is not None:
-            await self._publisher.publish(
+    async def _publish_events(self, rank: int) -> None:
+        events = self.cores[rank].drain_events()
+        publisher = self._publishers[rank]
+        if events and publisher is not None:
+            await publisher.publish(
                 encode_batch(
                     events,
                     self.settings.profile.block_size,
                     shape=self.settings.kv_events_shape,
+                    data_parallel_rank=rank,
                     lora_ids=self._lora_ids,
                 )
             )
+
+    def _rank_for(self, request: web.Request) -> int | web.Response:
+        """The rank named by ``X-data-parallel-rank`` (vLLM's header), else the least loaded
+        (vLLM's internal balancing scores waiting requests 4× running ones)."""
+        named = request.headers.get("X-data-parallel-rank")
+        if named is not None:
+            if not named.isdigit() or int(named) >= len(self.cores):
+                msg = f"X-data-parallel-rank must be 0..{len(self.cores) - 1}"
+                return _json(error_body(msg), 400)
+            return int(named)
+        loads = [4 * len(c.waiting) + len(c.running) for c in self.cores]
+        return loads.index(min(loads))
 
     # --- HTTP ----------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -162,11 +188,15 @@ class SimEngine:
     ) -> web.StreamResponse:
         if not tokens:
             return _json(error_body("prompt is empty"), 400)
-        if not self.core.fits(len(tokens)):
+        rank = self._rank_for(request)
+        if isinstance(rank, web.Response):
+            return rank
+        core = self.cores[rank]
+        if not core.fits(len(tokens)):
             return _json(
                 error_body(
                     f"prompt of {len(tokens)} tokens exceeds the KV cache "
-                    f"({self.core.cache.num_blocks} blocks of {self.settings.profile.block_size})"
+                    f"({core.cache.num_blocks} blocks of {self.settings.profile.block_size})"
                 ),
                 400,
             )
@@ -182,8 +212,8 @@ class SimEngine:
         )
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[rid] = queue
-        self.core.add(seq)
-        self._wake.set()
+        core.add(seq)
+        self._wakes[rank].set()
         try:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -215,7 +245,7 @@ class SimEngine:
             )
         finally:
             self._queues.pop(rid, None)
-            self.core.abort(seq)  # no-op when finished; frees blocks when the client left
+            core.abort(seq)  # no-op when finished; frees blocks when the client left
 
     async def _stream(
         self,
@@ -309,12 +339,14 @@ class SimEngine:
     async def _metrics(self, _: web.Request) -> web.Response:
         sglang = self.settings.metrics_format == "sglang"
         render = render_sglang_metrics if sglang else render_metrics
-        body = render(self.core, self.settings.served_model_name, self.started_s)
+        body = render(self.cores, self.settings.served_model_name, self.started_s)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _reset(self, _: web.Request) -> web.Response:
-        ok = self.core.cache.clear()
-        await self._publish_events()
+        ok = True
+        for rank, core in enumerate(self.cores):
+            ok = core.cache.clear() and ok
+            await self._publish_events(rank)
         return _json({"reset": ok}, 200 if ok else 409)
 
 

@@ -267,6 +267,20 @@ def encode_batch(
     return _encoder.encode(_ARRAY_OUT.batch(now, raw, data_parallel_rank))
 
 
+def rank_endpoint(endpoint: str | None, data_parallel_rank: int) -> str | None:
+    """The KV-event endpoint of one data-parallel rank, as vLLM derives it: a tcp port moves up
+    by the rank (port 0 stays for the OS to pick), an inproc/ipc name gets a ``_dp<rank>``
+    suffix; rank 0 keeps the endpoint."""
+    if not endpoint or data_parallel_rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        if not port.isdigit():
+            raise ValueError(f"a tcp endpoint needs a port: {endpoint!r}")
+        return endpoint if int(port) == 0 else f"{base}:{int(port) + data_parallel_rank}"
+    return f"{endpoint}_dp{data_parallel_rank}"
+
+
 def _block_keys(ev: BlockStored, i: int) -> tuple[str, ...] | None:
     """vLLM's extra keys of the ``i``-th block of ``ev`` as its events write them: the adapter's
     name, then (on a request's first block) its salt."""

@@ -50,6 +50,9 @@ def engine(
             "--kv-events-connect", help="dial out to the KV-event port (a collector binds it)"
         ),
     ] = False,
+    data_parallel_size: Annotated[
+        int | None, typer.Option(help="engine cores (data-parallel ranks), each its own cache")
+    ] = None,
     lora_modules: Annotated[
         list[str] | None,
         typer.Option("--lora-modules", help="a LoRA adapter it serves: name=path (repeatable)"),
@@ -76,6 +79,8 @@ def engine(
         updates.update(metrics_format="sglang", kv_events_endpoint=None)
     if kv_events_connect:
         updates["kv_events_connect"] = True
+    if data_parallel_size is not None:
+        updates["data_parallel_size"] = data_parallel_size
     s = s.model_copy(update=updates)
     if lora_modules:
         try:
@@ -110,6 +115,10 @@ def agent(
             help="bind the KV-event endpoint; the engine dials in (collector style, as in llm-d)",
         ),
     ] = False,
+    data_parallel_size: Annotated[
+        int | None,
+        typer.Option(help="the engine's data-parallel ranks: one node each (<node-id>-dp<rank>)"),
+    ] = None,
 ) -> None:
     """Run the node agent (sidecar) for one engine."""
     from agents.agent import NodeAgent
@@ -134,12 +143,15 @@ def agent(
     )
     _logging()
 
+    if data_parallel_size is not None:
+        a = a.model_copy(update={"data_parallel_size": data_parallel_size})
+
     async def main() -> None:
         await ensure_topics(s.kafka)
         bus = KafkaBus(s.kafka, f"agent-{a.node_id}")
         await bus.start()
-        try:
-            await NodeAgent(a, bus).run()
+        try:  # one agent per data-parallel rank, sharing the producer
+            await asyncio.gather(*(NodeAgent(rank, bus).run() for rank in a.ranks()))
         finally:
             await bus.stop()
 

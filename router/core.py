@@ -44,6 +44,12 @@ class NodeView:
     kv_index_gap: int = 0  # KV batches the node announced that the index has not applied
     kv_index_age_s: float = 0.0  # since the index last applied a KV batch of this node
     adapters: frozenset[str] = frozenset()  # LoRA adapters it serves besides its model
+    dp_rank: int | None = None  # the engine's data-parallel rank this node is
+
+    @property
+    def engine_headers(self) -> dict[str, str]:
+        """Headers that pin a request to this node's engine core (vLLM's DP rank header)."""
+        return {} if self.dp_rank is None else {"X-data-parallel-rank": str(self.dp_rank)}
 
     @property
     def kv_used_ratio(self) -> float:
@@ -84,6 +90,7 @@ class NodeView:
             self.kv_index_gap,
             self.kv_index_age_s,
             self.adapters,
+            self.dp_rank,
         )
 
 

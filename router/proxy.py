@@ -122,7 +122,11 @@ async def forward(
             http.post(
                 node.endpoint.rstrip("/") + p.path,
                 data=orjson.dumps(body),
-                headers={"Content-Type": "application/json", "X-Request-Id": request_id},
+                headers={
+                    "Content-Type": "application/json",
+                    "X-Request-Id": request_id,
+                    **node.engine_headers,
+                },
             ) as up,
         ):
             relay.http_status = up.status

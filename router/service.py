@@ -447,6 +447,7 @@ class RouterService:
                     heartbeat_ts=received.get(hb.node_id, hb.ts),
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
                     adapters=frozenset(hb.adapters),
+                    dp_rank=hb.data_parallel_rank,
                 )
                 cache[hb.node_id] = (hb, view)
             else:
@@ -962,6 +963,7 @@ class RouterService:
                 "lease_expires_at": held.expires_at if held is not None else None,
                 "node_id": node.node_id,
                 "endpoint": node.endpoint,
+                "headers": node.engine_headers,  # to send with the request (a DP rank)
                 "path": p.path,
                 "model": p.model,
                 "reason": decision.reason,

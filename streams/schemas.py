@@ -99,6 +99,14 @@ class Heartbeat(Message):
         "non-prefix groups of hybrid models, unnamed LoRA adapters, multimodal and "
         "prompt-embedding hashes",
     )
+    data_parallel_rank: int | None = Field(
+        default=None,
+        ge=0,
+        le=1023,
+        description="the engine's data-parallel rank this node is (one HTTP server, several "
+        "engine cores with their own KV caches): routers send its requests with "
+        "X-data-parallel-rank",
+    )
     adapters: list[AdapterName] = Field(
         default_factory=list,
         max_length=256,

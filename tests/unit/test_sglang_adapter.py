@@ -44,7 +44,7 @@ def test_sglang_metrics_are_read() -> None:
 
 def test_the_simulated_engine_speaks_sglang_metrics() -> None:
     core = EngineCore(EngineProfile(num_gpu_blocks_override=1000))
-    s = parse_metrics(render_sglang_metrics(core, "m", 123.0).decode())
+    s = parse_metrics(render_sglang_metrics([core], "m", 123.0).decode())
     assert s.kind == "sglang" and s.num_gpu_blocks == 1000 and s.block_size == 16
     assert s.start_time_s == 123.0 and s.running == 0
 
