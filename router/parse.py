@@ -11,7 +11,7 @@ import orjson
 from streams.openai import ChatRequest, CompletionRequest
 from streams.tokenization import APPROXIMATE, Tokenization
 
-__all__ = ["ParsedRequest", "parse_request", "request_session"]
+__all__ = ["ParsedRequest", "common_prefix", "parse_request", "request_session"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,13 @@ class ParsedRequest:
     ignore_eos: bool = False  # the engine generates max_tokens, whatever it learned
     sequences: int = 1  # n / best_of
     cache_salt: str | None = None  # hashes are chained from it (streams.blocks.chain_root)
+    # tokens that may be hashed and claimed as hits: all of them, except in a request with
+    # images (or other media), whose blocks past the first one the router cannot reproduce
+    hashable_tokens: int | None = None
+
+    @property
+    def hashable(self) -> list[int]:
+        return self.tokens if self.hashable_tokens is None else self.tokens[: self.hashable_tokens]
 
     @property
     def path(self) -> str:
@@ -51,10 +58,20 @@ def parse_request(
     if chat:
         req = ChatRequest.model_validate(body)
         tk = tokenization(req.model)
-        tokens = tk.encode_chat(req)
+        if req.has_media:
+            # the engine puts the media's own tokens (and hashes) where a part is: rendered with
+            # two different stand-ins, the ids agree up to the first media part. A margin keeps
+            # off the boundary, where the text before it may tokenize differently next to the
+            # engine's placeholder than next to a stand-in.
+            tokens = tk.encode_chat(req.media_as(_MEDIA_A))
+            other = tk.encode_chat(req.media_as(_MEDIA_B))
+            hashable: int | None = max(0, common_prefix(tokens, other) - _MEDIA_MARGIN)
+        else:
+            tokens, hashable = tk.encode_chat(req), None
     else:
         req = CompletionRequest.model_validate(body)
         tk = tokenization(req.model)
+        hashable = None
         tokens = req.prompt_tokens(tk.encode_prompt)
         given_ids = req.prompt_text() is None  # token ids: exact whatever the tokenizer
     if req.max_tokens is None and req.max_completion_tokens is None:
@@ -70,12 +87,23 @@ def parse_request(
         max_tokens=req.output_limit(default_max_tokens),
         chat=chat,
         session_id=body.get("user") or request_session(body),
-        exact_tokens=tk.exact or (not chat and given_ids),
+        exact_tokens=(tk.exact or (not chat and given_ids)) and hashable is None,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         sequences=req.sequences,
         cache_salt=req.cache_salt,
+        hashable_tokens=hashable,
     )
+
+
+_MEDIA_A, _MEDIA_B = "<media:a>", "<media:b>"
+_MEDIA_MARGIN = 8  # tokens
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def request_session(body: dict[str, Any]) -> str | None:

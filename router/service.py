@@ -854,7 +854,7 @@ class RouterService:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs)."""
         adapter = p.model if p.model in self._adapter_base else None
-        hashes = chain_hashes(p.tokens, block_size, chain_root(p.cache_salt, adapter))
+        hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
         rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())

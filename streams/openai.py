@@ -107,6 +107,23 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(str(part.get("text", "")) for part in self.content)
 
+    @property
+    def has_media(self) -> bool:
+        """An image, audio, video or file part (anything but text)."""
+        return isinstance(self.content, list) and any(not _is_text(p) for p in self.content)
+
+    def media_as(self, marker: str) -> ChatMessage:
+        """This message with each media part replaced by the text ``marker``."""
+        if not self.has_media:
+            return self
+        assert isinstance(self.content, list)
+        parts = [p if _is_text(p) else {"type": "text", "text": marker} for p in self.content]
+        return self.model_copy(update={"content": parts})
+
+
+def _is_text(part: dict[str, Any]) -> bool:
+    return bool(part.get("type", "text") == "text")
+
 
 # arguments of the chat template that a request's chat_template_kwargs may not replace
 _RESERVED_TEMPLATE_ARGS = frozenset(
@@ -140,6 +157,14 @@ class ChatRequest(_Base):
         if reserved:
             raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
         return self
+
+    @property
+    def has_media(self) -> bool:
+        return any(m.has_media for m in self.messages)
+
+    def media_as(self, marker: str) -> ChatRequest:
+        """This request with every media part replaced by the text ``marker``."""
+        return self.model_copy(update={"messages": [m.media_as(marker) for m in self.messages]})
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template sees them: every field the client sent, content

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from router.parse import parse_request
+from streams.openai import ChatRequest
 from streams.tokenization import TokenizerSpec, load_tokenization
 
 TOKENIZER = "package:anthropic/tokenizer.json"
@@ -191,3 +192,42 @@ def test_template_options_are_validated() -> None:
     ):
         with pytest.raises(ValueError):
             parse_request(orjson.dumps({**base, **bad}), True, 16, lambda _: tk)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_request_with_an_image_claims_no_block_past_it(exact: bool) -> None:
+    """The router cannot reproduce the engine's image tokens and hashes: it hashes the prompt up
+    to the first media part only (so two requests that differ only after the image share their
+    blocks, and a text-only request never lends its later blocks), and says it is approximate."""
+    from streams.blocks import chain_hashes
+    from streams.tokenization import APPROXIMATE
+
+    tk = (
+        load_tokenization(TokenizerSpec(tokenizer=TOKENIZER, chat_template=CHATML_TOOLS))
+        if exact
+        else APPROXIMATE
+    )
+    before = "You describe pictures for the kvgate catalogue, plainly and briefly. " * 12
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+    def chat(*parts: dict[str, Any]) -> bytes:
+        body = {"model": "m", "messages": [{"role": "user", "content": list(parts)}]}
+        return orjson.dumps(body)
+
+    text = {"type": "text", "text": before}
+    p1 = parse_request(
+        chat(text, image, {"type": "text", "text": "What is it?"}), True, 8, lambda _: tk
+    )
+    p2 = parse_request(
+        chat(text, image, {"type": "text", "text": "Colours?"}), True, 8, lambda _: tk
+    )
+    plain = parse_request(
+        chat(text, {"type": "text", "text": "What is it?"}), True, 8, lambda _: tk
+    )
+    assert p1.hashable_tokens is not None and not p1.exact_tokens
+    assert plain.hashable_tokens is None and plain.exact_tokens == exact
+    h1, h2 = chain_hashes(p1.hashable, 16), chain_hashes(p2.hashable, 16)
+    assert len(h1) >= 4 and h1 == h2  # the text before the image: shared blocks
+    full = chain_hashes(plain.tokens, 16)
+    assert full[: len(h1)] == h1  # which a text-only request with that text has too
+    assert len(h1) * 16 <= len(tk.encode_chat(ChatRequest.model_validate(orjson.loads(chat(text)))))
