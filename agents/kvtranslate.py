@@ -34,7 +34,7 @@ from agents.vllm_events import (
     RemovedEvent,
     StoredEvent,
 )
-from streams.blocks import block_hash, chain_root
+from streams.blocks import block_hash, chain_root, offloaded
 
 __all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator"]
 
@@ -82,6 +82,8 @@ class KvTranslator:
     untranslatable_blocks: int = 0  # parent unknown (events lost) or tokens missing
     translated_blocks: int = 0
     skipped_blocks: Counter[str] = field(default_factory=Counter)  # why, -> blocks
+    _offload: KvTranslator | None = None  # the copies in offloaded tiers (CPU, disk)
+    _gpu: KvTranslator | None = field(default=None, repr=False)  # set on that tier: the GPU's
 
     @property
     def blocks(self) -> int:
@@ -94,18 +96,55 @@ class KvTranslator:
     def apply(self, batch: EngineBatch) -> None:
         for ev in batch.events:
             if isinstance(ev, StoredEvent):
-                self._stored(ev)
+                if _on_gpu(ev.medium):
+                    self._stored(ev)
+                else:
+                    self._offload_stored(ev)
             elif isinstance(ev, RemovedEvent):
-                if ev.medium is not None and ev.medium.upper() != "GPU":
-                    continue  # an offloaded copy went away; the GPU block (if any) stays
-                for eh in ev.block_hashes:
-                    self._removed((ev.group_idx or 0, eh))
+                target = self if _on_gpu(ev.medium) else self._offload
+                if target is not None:
+                    for eh in ev.block_hashes:
+                        target._removed((ev.group_idx or 0, eh))
             elif isinstance(ev, ClearedEvent):
                 self.reset()
+
+    def _offload_stored(self, ev: StoredEvent) -> None:
+        """A copy in an offloaded tier (CPU, disk): indexed under :func:`offloaded` keys. A
+        self-describing event (tokens, parent) is chained like a GPU one; a bare one (hash only,
+        as vLLM's offloading connector sends when it has no more) names the GPU block it is a
+        copy of."""
+        why = self._skip(ev)
+        if why is not None:
+            self.skipped_blocks[why] += len(ev.block_hashes)
+            return
+        if self._offload is None:
+            self._offload = KvTranslator(self.block_size, _gpu=self)
+        tier = self._offload
+        if ev.token_ids and ev.block_size:
+            tier._stored(ev)
+            return
+        for eh in ev.block_hashes:
+            key = (ev.group_idx or 0, eh)
+            gpu = self._by_engine.get(key)
+            done = (
+                [self._live[i] for i in gpu.instances if i[0] == key and i in self._live]
+                if gpu
+                else []
+            )
+            if gpu is None or not done:
+                self.skipped_blocks["offloaded_unknown"] += 1
+                continue
+            tier._removed(key)
+            copy = _EngineBlock(None, gpu.n_tokens, gpu.boundary, gpu.tail, [])
+            for j, kh in enumerate(done):
+                tier._add_copy((key, j), kh, copy)
+            tier._by_engine[key] = copy
 
     def reset(self) -> None:
         """Forget everything (engine cleared its cache or restarted)."""
         self._by_engine.clear()
+        if self._offload is not None:
+            self._offload.reset()
         self._live.clear()
         self._copies.clear()
         self._blocks.clear()
@@ -122,8 +161,6 @@ class KvTranslator:
         )
         if kind is not None and kind not in PREFIX_KINDS:
             return "non_prefix_group"
-        if ev.medium is not None and ev.medium.upper() != "GPU":
-            return "offloaded"
         if ev.lora_id is not None and not ev.lora_name:
             return "lora"  # hashed with an adapter kvgate cannot name
         for keys in ev.extra_keys or ():
@@ -161,6 +198,8 @@ class KvTranslator:
         else:
             parent_key = (ev.group_idx or 0, ev.parent_block_hash)
             parent = self._by_engine.get(parent_key)
+            if parent is None and self._gpu is not None:  # an offloaded copy's parent on GPU
+                parent = self._gpu._by_engine.get(parent_key)
             if parent is None:  # the parent was never seen (events lost): cannot chain these
                 self.untranslatable_blocks += len(ev.block_hashes)
                 return
@@ -220,10 +259,26 @@ class KvTranslator:
                 self._blocks.discard(kh)
                 self._touched.add(kh)
 
+    def _held(self) -> set[int]:
+        """Index keys of what the engine holds: its GPU blocks and its offloaded copies."""
+        tier = self._offload
+        if tier is None or not tier._blocks:
+            return self._blocks
+        return self._blocks | {offloaded(h) for h in tier._blocks}
+
+    def _take_touched(self) -> set[int]:
+        touched = self._touched
+        tier = self._offload
+        if tier is not None and tier._touched:
+            touched = touched | {offloaded(h) for h in tier._touched}
+            tier._touched.clear()
+        return touched
+
     def take_delta(self) -> KvDelta:
         """Net change since the previous call."""
-        stored = [h for h in self._touched if h in self._blocks and h not in self._published]
-        removed = [h for h in self._touched if h not in self._blocks and h in self._published]
+        held, touched = self._held(), self._take_touched()
+        stored = [h for h in touched if h in held and h not in self._published]
+        removed = [h for h in touched if h not in held and h in self._published]
         self._published.update(stored)
         self._published.difference_update(removed)
         delta = KvDelta(stored, removed, self._cleared)
@@ -233,10 +288,15 @@ class KvTranslator:
 
     def snapshot(self) -> list[int]:
         """The full current set; consumers replace the node's entries with it."""
+        self._take_touched()
         self._touched.clear()
         self._cleared = False
-        self._published = set(self._blocks)
-        return list(self._blocks)
+        self._published = set(self._held())
+        return list(self._published)
+
+
+def _on_gpu(medium: str | None) -> bool:
+    return medium is None or medium.upper() == "GPU"
 
 
 @dataclass(slots=True)

@@ -58,7 +58,7 @@ from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
-from streams.blocks import chain_hashes, chain_root
+from streams.blocks import chain_hashes, chain_root, offloaded
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
@@ -877,7 +877,13 @@ class RouterService:
 
     def _matches(self, hashes: Sequence[int], now: float) -> dict[str, int]:
         """Per node, the prefix it holds: the index, plus what this router just had prefilled."""
-        matches = self.replica.index.match(hashes)
+        gpu, tier = self.replica.index.match_tiers(hashes, [offloaded(h) for h in hashes])
+        matches = gpu
+        if tier:  # blocks in an offloaded tier after the GPU prefix: a cheaper miss
+            value = self.settings.offload_hit_value
+            matches = {
+                n: gpu.get(n, 0) + int(value * tier.get(n, 0)) for n in gpu.keys() | tier.keys()
+            }
         if self.recent is not None:
             matches = merge_matches(matches, self.recent.match(hashes, now))
         if self._approx_nodes:  # nodes without KV events: what this router sent them

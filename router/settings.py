@@ -98,6 +98,13 @@ class RouterSettings(BaseModel):
         description="model -> its tokenizer and chat template (engine-exact block hashes); "
         "models without one are tokenized approximately",
     )
+    offload_hit_value: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="what a prompt block a node holds only in an offloaded tier (CPU, disk) is "
+        "worth in routing, as a share of a GPU hit: loaded, not computed, but not free",
+    )
     tokenize_check_every: int = Field(
         default=100,
         ge=0,

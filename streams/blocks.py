@@ -20,6 +20,7 @@ __all__ = [
     "chain_hashes",
     "chain_root",
     "detokenize_approx",
+    "offloaded",
 ]
 
 APPROX_BYTES_PER_TOKEN = 4
@@ -55,6 +56,15 @@ def chain_root(cache_salt: str | None = None, adapter: str | None = None) -> int
         seed = b"kvgate-cache-salt\0" + (cache_salt or "").encode()
     digest = blake2b(seed, digest_size=8).digest()
     return int.from_bytes(digest, "little") & HASH_MASK
+
+
+OFFLOADED_MARK = 0x5A0F_F10A_DED0_0C0D  # fixed bits: a block's offloaded copy has its own key
+
+
+def offloaded(block: int) -> int:
+    """The index key of ``block``'s copy in an engine's offloaded tier (CPU or disk): an
+    offloaded copy is a cheaper miss, not a GPU hit, so it is indexed apart from the block."""
+    return block ^ OFFLOADED_MARK
 
 
 def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:

@@ -122,6 +122,34 @@ class PrefixIndex:
             self._credit(alive, depth, out)
         return out
 
+    def match_tiers(
+        self, hashes: Sequence[int], copies: Sequence[int]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Per node: the leading blocks of ``hashes`` it holds (as :meth:`match`), and how many
+        of the blocks right after those it holds as ``copies`` (the same blocks' keys in an
+        offloaded tier, position by position): the prefix an engine reuses from its GPU cache,
+        then loads from CPU or disk instead of computing. Nodes with 0 omitted."""
+        gpu = self.match(hashes)
+        by_block = self._by_block
+        masks = [by_block.get(c, 0) for c in copies]
+        holders = 0
+        for m in masks:
+            holders |= m
+        tier: dict[str, int] = {}
+        names = self._names
+        while holders:
+            low = holders & -holders
+            holders ^= low
+            name = names[low.bit_length() - 1]
+            if name is None:
+                continue
+            start = i = gpu.get(name, 0)
+            while i < len(masks) and masks[i] & low:
+                i += 1
+            if i > start:
+                tier[name] = i - start
+        return gpu, tier
+
     def _credit(self, mask: int, depth: int, out: dict[str, int]) -> None:
         names = self._names
         while mask:

@@ -206,6 +206,27 @@ def cases(m: Any) -> dict[str, tuple[list[Any], int]]:
             ],
             0,
         )
+    if "ownership" in _fields(m.BlockStored) and "cache_salt" not in _fields(m.BlockStored):
+        # vLLM's offloading connector: a bare copy (hash only) of a GPU block, which the GPU
+        # then evicts; a self-describing copy of another
+        out["offload_cycle"] = (
+            [
+                _stored(m, [701, 702], None, toks[:32]),
+                m.BlockStored(
+                    block_hashes=[702],
+                    parent_block_hash=None,
+                    token_ids=[],
+                    lora_id=None,
+                    block_size=0,
+                    medium=cpu,
+                    lora_name=None,
+                    group_idx=0,
+                ),
+                _removed(m, [702]),
+                _stored(m, [703], 702, toks[32:48], medium=cpu),
+            ],
+            0,
+        )
     if "extra_keys" in _fields(m.BlockStored):
         out["multimodal"] = (
             [_stored(m, [471], None, toks[:16], extra_keys=[(("mm-hash-1", 0),)])],

@@ -20,7 +20,7 @@ from agents.vllm_events import (
     decode_batch,
     encode_batch,
 )
-from streams.blocks import chain_hashes, chain_root
+from streams.blocks import chain_hashes, chain_root, offloaded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kv_events"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
@@ -82,7 +82,11 @@ INDEXED = {
     "chain_bytes": chain_hashes(TOKENS, 16),
     "cleared": chain_hashes(TOKENS[:16], 16),
     "dp_rank_1": chain_hashes(TOKENS[:16], 16),
-    "offloaded": [],  # a CPU copy is not a GPU hit
+    # a CPU copy is not a GPU hit: indexed apart, as a cheaper miss
+    "offloaded": [offloaded(h) for h in chain_hashes(TOKENS[:16], 16)],
+    # GPU keeps the first block; the second lives on in CPU, and the third was stored there
+    "offload_cycle": chain_hashes(TOKENS[:16], 16)
+    + [offloaded(h) for h in chain_hashes(TOKENS, 16)[1:]],
     # chained from the adapter's name, as the router hashes a request for that adapter
     "lora": chain_hashes(TOKENS[:16], 16, chain_root(None, "adapter-a")),
     "lora_salt": chain_hashes(TOKENS[:32], 16, chain_root("salt-1", "adapter-a")),
@@ -97,7 +101,6 @@ INDEXED = {
     # sliding-window group's copy and its removal do not touch it
 }
 SKIPPED = {
-    "offloaded": {"offloaded": 1},
     "lora_id_only": {"lora": 1},
     "multimodal": {"multimodal": 1},
     "prompt_embeds": {"prompt_embeds": 1},
