@@ -56,3 +56,15 @@ async def test_each_rank_is_a_node_and_requests_stay_on_their_rank(
     for i, home in homes.items():  # served again: the router claims the hit, the core has it
         status, out = await post(url, "/v1/completions", body(i))
         assert status == 200 and out["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, home
+    # a gateway that forwards itself gets the header with the route, and the engine honours it
+    home_of_1 = next(i for i, home in homes.items() if home == "n1-dp1")
+    status, routed = await post(url, "/v1/kvgate/route", body(home_of_1))
+    assert status == 200, routed
+    assert routed["node_id"] == "n1-dp1"
+    assert routed["headers"] == {"X-data-parallel-rank": "1"}
+    status, out = await post(routed["endpoint"], routed["path"], body(home_of_1), routed["headers"])
+    assert status == 200 and out["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    status, _ = await post(
+        url, "/v1/kvgate/release", {"reservation_id": routed["reservation_id"], "output_tokens": 2}
+    )
+    assert status == 200
