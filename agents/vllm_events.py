@@ -232,31 +232,27 @@ def encode_batch(
     for ev in events:
         if isinstance(ev, BlockStored):
             lora_id = (lora_ids or {}).get(ev.lora_name) if ev.lora_name else None
-            if shape == "map":
-                msgs.append(
-                    w.stored(
-                        list[EngineHash](ev.block_hashes),
-                        ev.parent_block_hash,
-                        list(ev.token_ids),
-                        block_size,
-                        lora_id,
-                        "GPU",
-                        ev.lora_name,
-                        [_block_keys(ev, i) for i in range(len(ev.block_hashes))],
-                        0,  # the KV cache group (one full-attention group)
-                    )
+            # the fields after medium exist in the map releases only
+            later = (
+                [
+                    ev.lora_name,
+                    [_block_keys(ev, i) for i in range(len(ev.block_hashes))],
+                    0,  # the KV cache group (one full-attention group)
+                ]
+                if shape == "map"
+                else []
+            )
+            msgs.append(
+                w.stored(
+                    list[EngineHash](ev.block_hashes),
+                    ev.parent_block_hash,
+                    list(ev.token_ids),
+                    block_size,
+                    lora_id,
+                    "GPU",
+                    *later,
                 )
-            else:
-                msgs.append(
-                    w.stored(
-                        list[EngineHash](ev.block_hashes),
-                        ev.parent_block_hash,
-                        list(ev.token_ids),
-                        block_size,
-                        lora_id,
-                        "GPU",
-                    )
-                )
+            )
         elif isinstance(ev, BlockRemoved):
             group = [0] if shape == "map" else []
             msgs.append(w.removed(list[EngineHash](ev.block_hashes), "GPU", *group))
