@@ -35,6 +35,7 @@ def _logging(level: str = "INFO") -> None:
 def engine(
     config: ConfigOpt = None,
     port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
+    host: Annotated[str | None, typer.Option(help="address to listen on")] = None,
     kv_events_port: Annotated[int | None, typer.Option(help="ZMQ PUB port for KV events")] = None,
     kv_events_replay_port: Annotated[
         int | None, typer.Option(help="ZMQ ROUTER port answering replay requests")
@@ -67,6 +68,8 @@ def engine(
     updates: dict[str, object] = {}
     if port is not None:
         updates["port"] = port
+    if host is not None:
+        updates["host"] = host
     if kv_events_port is not None:
         updates["kv_events_endpoint"] = f"tcp://127.0.0.1:{kv_events_port}"
     if kv_events_replay_port is not None:
@@ -206,13 +209,17 @@ def show_settings(config: ConfigOpt = None) -> None:
 def router(
     config: ConfigOpt = None,
     port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="address to listen on (default loopback; 0.0.0.0 in pods)")
+    ] = None,
 ) -> None:
     """Run a stateless router (OpenAI-compatible proxy) with replicas of the tables."""
     from router.serve import run_router
 
     s = _settings(config)
-    if port is not None:
-        s = s.model_copy(update={"router": s.router.model_copy(update={"port": port})})
+    given = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
+    if given:
+        s = s.model_copy(update={"router": s.router.model_copy(update=given)})
     _logging()
     run_router(s)
 

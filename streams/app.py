@@ -97,21 +97,29 @@ def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 30.
     resumes the input after them: the writes are never folded again (a KV cursor behind its
     input, blocks whose removals were committed still in the index). This waits, before
     recovery reads the end offsets, until no transaction is open on the changelog partitions
-    (the last stable offset equals the high watermark). Open transactions of a dead worker are
-    aborted when this worker's transactional producers start, which Faust does before recovery,
-    so the wait is short; it gives up after ``timeout_s`` (recovery then proceeds as before).
-    Idempotent."""
+    this worker was newly given (the last stable offset equals the high watermark; on the
+    partitions it kept, an open transaction is its own and would never settle). Open
+    transactions of a dead worker are aborted when this worker's transactional producers start,
+    which Faust does before recovery, so the wait is short; it gives up after ``timeout_s``
+    (recovery then proceeds as before). Idempotent."""
     from faust.tables.recovery import Recovery
 
     build = Recovery._build_highwaters
     if getattr(build, "waits_for_settled", False):
         return
 
+    owned: dict[tuple[int, str], set[Any]] = {}  # (recovery, title) -> partitions last time
+
     async def settled_highwaters(
         self: Recovery, consumer: Any, tps: Any, destination: Any, title: str
     ) -> None:
-        if tps:
-            await changelogs_settled(kafka, consumer, set(tps), timeout_s)
+        # only partitions this worker did not hold at its previous recovery can have someone
+        # else's transaction open; on the ones it kept, an open transaction is its own
+        before = owned.get((id(self), title), set())
+        new = set(tps) - before
+        if new:
+            await changelogs_settled(kafka, consumer, new, timeout_s)
+        owned[(id(self), title)] = set(tps)
         await build(self, consumer, tps, destination, title)
 
     settled_highwaters.waits_for_settled = True  # type: ignore[attr-defined]
