@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything kvgate needs on a fresh Debian machine, idempotently:
 # Java 17 and Maven (for the Kafka jars), redis-server, a Python 3.11 virtualenv in .venv with
-# kvgate and its dev tools, and the Kafka broker jars resolved from Maven Central.
+# kvgate and its dev tools, the Go modules of the compose validator, and the Kafka broker jars
+# resolved from Maven Central.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -33,6 +34,17 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
+
+# Go builds the compose validator (compose-go, the loader docker compose uses) the tests run
+if ! command -v go >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null
+  else
+    echo "missing Go (install golang-go, or Go from go.dev)" >&2; exit 1
+  fi
+fi
+# an older distribution Go fetches the toolchain go.mod asks for from the module proxy
+(cd deploy/compose/check && GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" go mod download)
 
 bash deploy/kafka/kafka.sh install
 echo "kvgate installed: .venv/bin/kvgate"
