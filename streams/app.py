@@ -84,7 +84,7 @@ def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
     TransactionManager.commit = flushed_commit  # type: ignore[method-assign]
 
 
-def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 30.0) -> None:
+def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
     """Make Faust's table recovery read every committed changelog record.
 
     With exactly-once the worker reads changelogs ``read_committed``, and Faust takes the
@@ -100,8 +100,8 @@ def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 30.
     this worker was newly given (the last stable offset equals the high watermark; on the
     partitions it kept, an open transaction is its own and would never settle). Open
     transactions of a dead worker are aborted when this worker's transactional producers start,
-    which Faust does before recovery, so the wait is short; it gives up after ``timeout_s``
-    (recovery then proceeds as before). Idempotent."""
+    which Faust does before recovery, so the wait is short (commit markers take milliseconds); it
+    gives up after ``timeout_s`` (recovery then proceeds as before, and says so). Idempotent."""
     from faust.tables.recovery import Recovery
 
     build = Recovery._build_highwaters
