@@ -190,7 +190,7 @@ class NodeAgent:
                     epoch=self.epoch,
                     seq=self._hb_seq,
                     ts=time.time(),
-                    endpoint=s.engine_url,
+                    endpoint=s.advertise_url or s.engine_url,
                     pool=s.pool,
                     model=last.model_name or "unknown",
                     block_size=last.block_size,

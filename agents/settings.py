@@ -94,6 +94,11 @@ class AgentSettings(BaseModel):
         description="the engine's KV-event replay socket (vLLM's `replay_endpoint`): lost "
         "batches are fetched from it",
     )
+    advertise_url: str | None = Field(
+        default=None,
+        description="the engine's URL as routers reach it, when it differs from engine_url (a "
+        "sidecar scrapes http://127.0.0.1:8000 and advertises http://<pod IP>:8000)",
+    )
     pool: str = "default"
     data_parallel_size: int = Field(
         default=1,

@@ -99,6 +99,10 @@ def agent(
     config: ConfigOpt = None,
     node_id: Annotated[str | None, typer.Option(help="node id")] = None,
     engine_url: Annotated[str | None, typer.Option(help="engine base URL")] = None,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(help="the engine's URL for routers, when not --engine-url (a sidecar's)"),
+    ] = None,
     kv_events: Annotated[str | None, typer.Option(help="engine KV-event ZMQ endpoint")] = None,
     kv_events_replay: Annotated[
         str | None, typer.Option(help="engine KV-event replay endpoint (fills sequence gaps)")
@@ -133,6 +137,7 @@ def agent(
         for k, v in {
             "node_id": node_id,
             "engine_url": engine_url,
+            "advertise_url": advertise_url,
             "kv_events_endpoint": kv_events,
             "kv_events_replay_endpoint": kv_events_replay,
             "engine_kind": engine_kind,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything kvgate needs on a fresh Debian machine, idempotently:
 # Java 17 and Maven (for the Kafka jars), redis-server, a Python 3.11 virtualenv in .venv with
-# kvgate and its dev tools, the Go modules of the compose validator, and the Kafka broker jars
-# resolved from Maven Central.
+# kvgate and its dev tools, Helm and the Go modules of the deployment validators, and the Kafka
+# broker jars resolved from Maven Central.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -44,7 +44,16 @@ if ! command -v go >/dev/null; then
   fi
 fi
 # an older distribution Go fetches the toolchain go.mod asks for from the module proxy
-(cd deploy/compose/check && GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" go mod download)
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+(cd deploy/compose/check && go mod download)
+(cd deploy/helm/check && go mod download)
+# Helm, built from its Go module (the chart's lint and template tests run it)
+helm_version=v3.22.0
+bin="${KVGATE_LOCAL:-$repo/.local}/bin"
+if ! "$bin/helm" version --short 2>/dev/null | grep -q "^${helm_version%.*}"; then
+  mkdir -p "$bin"
+  GOBIN="$bin" go install "helm.sh/helm/v3/cmd/helm@$helm_version"
+fi
 
 bash deploy/kafka/kafka.sh install
 echo "kvgate installed: .venv/bin/kvgate"

@@ -9,7 +9,14 @@ import yaml
 
 from router.metrics import RouterMetrics
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "kvgate-rules.yaml"
+RULES = (
+    Path(__file__).resolve().parents[2]
+    / "deploy"
+    / "helm"
+    / "kvgate"
+    / "files"
+    / "kvgate-rules.yaml"
+)
 
 
 def test_every_rule_names_exported_metrics() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import tomllib
 from collections.abc import Iterator
@@ -22,26 +21,19 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-import typer
 import yaml
 
-from deploy.cli import app
-from deploy.settings import Settings, load_settings
+from deploy.settings import load_settings
+from tests.deploykit import ROOT, assert_known_sections, assert_real_command, go_build, options
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
 CHECKER = ROOT / "deploy" / "compose" / "check"
 IMAGE = "kvgate:local"
-NOT_SETTINGS = {"KVGATE_HEALTH_URL", "KVGATE_LOCAL", "KVGATE_CONFIG"}  # read outside Settings
 
 
 @pytest.fixture(scope="module")
 def checker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    assert go is not None, "Go is needed to validate the compose file (deploy/setup.sh)"
-    out = tmp_path_factory.mktemp("bin") / "composecheck"
-    subprocess.run([go, "build", "-o", str(out), "."], cwd=CHECKER, check=True)
-    return out
+    return go_build(CHECKER, tmp_path_factory.mktemp("bin") / "composecheck")
 
 
 def load(checker: Path, path: Path) -> subprocess.CompletedProcess[str]:
@@ -89,38 +81,9 @@ def test_the_whole_system_is_there(project: dict[str, Any]) -> None:
     )
 
 
-def _command(name: str) -> Any:
-    """The click command typer builds for ``kvgate <name>``."""
-    group: Any = typer.main.get_command(app)
-    cmd = group.commands.get(name)
-    assert cmd is not None, f"kvgate has no command {name!r}"
-    return cmd
-
-
-def _options(argv: list[str]) -> dict[str, str]:
-    """``--flag value`` / ``--flag=value`` pairs of a command line (flags map to "")."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--"):
-            flag, eq, value = arg.partition("=")
-            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                value = argv[i + 1]
-                i += 1
-            out[flag] = value
-        i += 1
-    return out
-
-
-def test_every_service_runs_a_real_command_with_real_options(project: dict[str, Any]) -> None:
+def test_every_service_runs_a_real_command_with_realoptions(project: dict[str, Any]) -> None:
     for name, svc in kvgate_services(project):
-        cmd = _command(svc["command"][0])
-        known = {opt for p in cmd.params for opt in p.opts}
-        ctx = cmd.make_context(cmd.name, list(svc["command"][1:]), resilient_parsing=False)
-        assert ctx is not None, name
-        for flag in _options(svc["command"][1:]):
-            assert flag in known, f"{name}: kvgate {cmd.name} has no {flag}"
+        assert_real_command(svc["command"], name)
 
 
 def test_every_environment_is_valid_settings(
@@ -134,9 +97,7 @@ def test_every_environment_is_valid_settings(
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         s = load_settings()  # raises on an unknown field or a bad value
-        for key in env:  # an unknown section would be ignored: catch typos here
-            section = key.removeprefix("KVGATE_").split("__")[0].lower()
-            assert section in Settings.model_fields or key in NOT_SETTINGS, (name, key)
+        assert_known_sections(env, name)
         if "KVGATE_KAFKA__BOOTSTRAP_SERVERS" in env:
             assert s.kafka.bootstrap_servers.split(":")[0] in project["services"], name
         if "KVGATE_REDIS__URL" in env:
@@ -146,7 +107,7 @@ def test_every_environment_is_valid_settings(
 
 
 def _port(svc: dict[str, Any]) -> int:
-    return int(_options(svc["command"][1:])["--port"])
+    return int(options(svc["command"][1:])["--port"])
 
 
 def test_ports_endpoints_and_scrape_targets_agree(project: dict[str, Any]) -> None:
@@ -157,13 +118,13 @@ def test_ports_endpoints_and_scrape_targets_agree(project: dict[str, Any]) -> No
         assert svc.get("read_only") is True and "/tmp" in svc.get("tmpfs", []), name
         if kind in ("router", "engine"):
             port = http_port[name] = _port(svc)
-            assert _options(svc["command"][1:])["--host"] == "0.0.0.0", name
+            assert options(svc["command"][1:])["--host"] == "0.0.0.0", name
             health = urlparse(svc["environment"]["KVGATE_HEALTH_URL"])
             assert health.port == port and health.path == "/health", name
             for published in svc.get("ports", []):
                 assert published["target"] == port, name
         if kind == "agent":
-            opts = _options(svc["command"][1:])
+            opts = options(svc["command"][1:])
             engine = urlparse(opts["--engine-url"])
             assert engine.hostname in services, name
             target = services[engine.hostname]
