@@ -17,7 +17,7 @@ COPY analytics ./analytics
 COPY deploy ./deploy
 COPY router ./router
 COPY streams ./streams
-RUN /opt/kvgate/bin/pip install . \
+RUN /opt/kvgate/bin/pip install ".[all]" \
  && /opt/kvgate/bin/kvgate --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

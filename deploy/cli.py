@@ -18,6 +18,27 @@ ConfigOpt = Annotated[
 ]
 
 
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"kvgate {version('kvgate')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("kvgate (not installed)")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """kvgate: KV-cache-aware routing and admission control for LLM inference clusters."""
+
+
 def _settings(config: Path | None) -> Settings:
     try:
         return load_settings(config)
@@ -703,5 +724,27 @@ def grafana_push(
         typer.echo(f"dashboard: {d}")
 
 
+# modules of the extras -> the extra that installs them
+EXTRAS = {
+    "faust": "worker",
+    "mode": "worker",
+    "chdb": "analytics",
+    "clickhouse_connect": "analytics",
+    "grafana_client": "analytics",
+    "matplotlib": "analytics",
+}
+
+
 def main() -> None:
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        typer.echo(
+            f"kvgate: this command needs the {extra!r} extra ({exc.name} is not installed): "
+            f"pip install 'kvgate[{extra}]'",
+            err=True,
+        )
+        raise SystemExit(2) from None

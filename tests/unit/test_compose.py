@@ -186,6 +186,7 @@ def test_the_image_is_multi_stage_non_root_and_health_checked() -> None:
         if line.startswith("COPY ") and not line.startswith("COPY --")
     }
     assert packages <= copied, packages - copied
+    assert any('pip install ".[all]"' in line for line in stages[0])  # every component's extras
     for src in copied:
         assert (ROOT / src).exists(), src
     ignored = (ROOT / ".dockerignore").read_text().split()

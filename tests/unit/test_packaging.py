@@ -1,0 +1,67 @@
+"""Packaging: the base install (router, agent, simulated engine) works without the extras'
+packages (faust, chDB, ClickHouse's client, Grafana's client, matplotlib), a command that needs an
+extra says which, and the CLI knows its version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+from tests.deploykit import ROOT
+
+BLOCK = "import sys\nfor m in {mods!r}: sys.modules[m] = None\n"
+EXTRA_MODULES = ("faust", "mode", "chdb", "clickhouse_connect", "grafana_client", "matplotlib")
+
+
+def _kvgate_without_extras(*argv: str) -> subprocess.CompletedProcess[str]:
+    code = BLOCK.format(mods=EXTRA_MODULES) + (
+        f"from deploy.cli import main\nsys.argv = ['kvgate', *{list(argv)!r}]\nmain()\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+
+
+def test_the_base_install_runs_router_agent_and_engine() -> None:
+    for command in ("router", "agent", "engine"):
+        done = _kvgate_without_extras(command, "--help")
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+    code = BLOCK.format(mods=EXTRA_MODULES) + (
+        "import router.serve, router.service, agents.agent, agents.simengine, streams.replica\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_command_that_needs_an_extra_says_which() -> None:
+    done = _kvgate_without_extras("worker")
+    assert done.returncode == 2
+    assert "pip install 'kvgate[worker]'" in done.stderr and "faust" in done.stderr
+
+
+def test_extras_declare_what_the_code_imports() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = " ".join(project["dependencies"])
+    extras = project["optional-dependencies"]
+    for package in ("faust", "chdb", "clickhouse-connect", "grafana-client", "matplotlib"):
+        assert package not in base, package
+    assert any(d.startswith("faust-streaming") for d in extras["worker"])
+    assert {d.split(">")[0] for d in extras["analytics"]} == {
+        "chdb",
+        "clickhouse-connect",
+        "grafana-client",
+        "matplotlib",
+    }
+    assert extras["all"] == ["kvgate[worker,analytics]"] and "kvgate[all]" in extras["dev"]
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+    assert project["license"] == "Apache-2.0"
+
+
+def test_the_cli_knows_its_version() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run(
+        [sys.executable, "-m", "deploy", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"kvgate {version('kvgate')}"
