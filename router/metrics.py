@@ -4,7 +4,28 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["RouterMetrics"]
+from streams.schemas import Outcome
+
+__all__ = ["MAX_MODELS", "BoundedLabels", "RouterMetrics"]
+
+MAX_MODELS = 32
+
+
+class BoundedLabels:
+    """Label values for an unbounded set (model names come from requests): the first ``limit``
+    distinct values are kept, the rest share ``other`` — a series per value, never unbounded."""
+
+    def __init__(self, limit: int, other: str = "other") -> None:
+        self.limit, self.other = limit, other
+        self._seen: set[str] = set()
+
+    def get(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return value
+        return self.other
 
 
 class RouterMetrics:
@@ -30,7 +51,7 @@ class RouterMetrics:
         )
         self._latency = Histogram(
             "kvgate_router_decision_seconds",
-            "Admission + routing decision time",
+            "Admission + routing decision time, without the time queued for admission",
             buckets=(50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 1e-2),
             registry=self.registry,
         )
@@ -132,6 +153,80 @@ class RouterMetrics:
             "Streams cut off because the client stopped reading or the request ran too long",
             registry=self.registry,
         )
+
+        # request latencies and tokens, per model (at most MAX_MODELS label values)
+        self._models = BoundedLabels(MAX_MODELS)
+        self.ttft = Histogram(
+            "kvgate_router_ttft_seconds",
+            "Time to first token, from the router's receipt of the request",
+            ["model"],
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "kvgate_router_tpot_seconds",
+            "Time per output token after the first",
+            ["model"],
+            buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64),
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "kvgate_router_request_duration_seconds",
+            "End-to-end request time at the router, by outcome",
+            ["model", "status"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "kvgate_router_tokens",
+            "Tokens of finished requests: prompt, generated, and prompt tokens the engine had "
+            "cached",
+            ["model", "kind"],
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "kvgate_router_admission_queue_wait_seconds",
+            "Time a request waited in the admission queue (admitted or refused after waiting)",
+            ["priority"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "kvgate_router_admission_queue_depth",
+            "Requests waiting in this router's admission queue, by priority",
+            ["priority"],
+            registry=self.registry,
+        )
+        self.inflight = Gauge(
+            "kvgate_router_inflight_requests",
+            "Requests this router is serving now (admitted, not finished), by priority",
+            ["priority"],
+            registry=self.registry,
+        )
+        self.budget_used = Gauge(
+            "kvgate_router_kv_budget_used_ratio",
+            "Share of a pool's KV budget held by reservations (all routers sharing the store)",
+            ["pool"],
+            registry=self.registry,
+        )
+
+    def model(self, name: str) -> str:
+        """``name`` as a label value: the first MAX_MODELS models seen keep theirs."""
+        return self._models.get(name)
+
+    def finished(self, o: Outcome, model: str) -> None:
+        """A finished request's latencies and tokens."""
+        m = self.model(model)
+        self.outcome(o.status)
+        if o.ttft_s is not None:
+            self.ttft.labels(m).observe(o.ttft_s)
+        if o.tpot_s is not None:
+            self.tpot.labels(m).observe(o.tpot_s)
+        self.e2e.labels(m, o.status).observe(o.e2e_s)
+        self.tokens.labels(m, "prompt").inc(o.prompt_tokens)
+        self.tokens.labels(m, "generated").inc(o.output_tokens)
+        if o.cached_tokens:
+            self.tokens.labels(m, "cached").inc(o.cached_tokens)
 
     def decided(self, reason: str, decision_us: float) -> None:
         self._decisions.labels(reason).inc()

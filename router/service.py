@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from array import array
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
+from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
@@ -229,6 +231,7 @@ class RouterService:
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self._adapter_base: dict[str, str] = {}  # LoRA adapter -> its base model (heartbeats)
+        self._inflight: Counter[str] = Counter()  # proxied requests being served, by priority
         self.approx = ApproxIndex()
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # requests routed for a gateway: id -> (gateway, node, request, its block hashes,
@@ -660,9 +663,12 @@ class RouterService:
         if isinstance(taken, web.Response):
             return taken
         request_id, started, p, g, t0 = taken
+        priority = g.tenant.priority
+        self._inflight[priority] += 1
         try:
             return await self._admitted(request, request_id, p, g, started, t0)
         finally:
+            self._inflight[priority] -= 1
             if g.verdict is not None and g.verdict.admitted:
                 await self.gate.release(request_id, time.time())
 
@@ -726,8 +732,11 @@ class RouterService:
         request then counts in this router's in-flight ledger until ``ledger.finish``."""
         tenant, nodes, block_size, verdict = g.tenant, g.nodes, g.block_size, g.verdict
         rreq, decision = self._route(request_id, p, nodes, block_size, g.now, verdict)
-        decision_us = (time.perf_counter() - t0) * 1e6
+        waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
+        decision_us = max(0.0, (time.perf_counter() - t0 - waited) * 1e6)  # without the queue
         self.metrics.decided(decision.reason, decision_us)
+        if waited:
+            self.metrics.queue_wait.labels(tenant.priority).observe(waited)
         await self._publish_decision(
             rreq,
             p,
@@ -1208,21 +1217,18 @@ class RouterService:
         started: float,
         reroutes: int = 0,
     ) -> None:
-        self.metrics.outcome(relay.status)
-        await self.bus.publish(
-            OUTCOMES,
+        record = outcome_record(
             request_id,
-            outcome_record(
-                request_id,
-                node,
-                relay,
-                p,
-                router_id=self.router_id,
-                started=started,
-                now=time.time(),
-                reroutes=reroutes,
-            ),
+            node,
+            relay,
+            p,
+            router_id=self.router_id,
+            started=started,
+            now=time.time(),
+            reroutes=reroutes,
         )
+        self.metrics.finished(record, p.model)
+        await self.bus.publish(OUTCOMES, request_id, record)
 
     # --- introspection -------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
@@ -1292,4 +1298,17 @@ class RouterService:
             m.kafka_dropped.labels(topic).set(n)
         for mode in ("last_known", "load_only"):
             m.degraded.labels(mode).set(1 if self.feed.state == mode else 0)
+        gateway = Counter(entry[4].priority for entry in self._gateway.values())
+        depth: Counter[str] = Counter()
+        for pool in self.gate.queues.pools():
+            depth.update(self.gate.queues.depth(pool))
+        for priority in PRIORITIES:
+            m.inflight.labels(priority).set(self._inflight[priority] + gateway[priority])
+            m.queue_depth.labels(priority).set(depth[priority])
+        if self.gate.settings.enabled:
+            for pool in sorted({v.pool for v in views}):
+                total = sum(v.kv_blocks_total for v in views if v.pool == pool)
+                with contextlib.suppress(AdmissionError):
+                    held = (await self.gate.store.snapshot(pool, now))[0]
+                    m.budget_used.labels(pool).set(held / total if total else 0.0)
         return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
