@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from deploy.logs import configure
 from deploy.settings import Settings, load_settings, public_dump
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -35,8 +36,25 @@ def _root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
     ] = False,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            help="DEBUG, INFO, WARNING or ERROR (default: INFO; the worker's Faust: WARNING)",
+        ),
+    ] = None,
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="text, or json: one JSON object per line")
+    ] = "text",
 ) -> None:
     """kvgate: KV-cache-aware routing and admission control for LLM inference clusters."""
+    if log_level is not None:
+        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+        _LOG["level"] = log_level.upper()
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("text or json", param_hint="--log-format")
+    _LOG["format"] = log_format
 
 
 def _settings(config: Path | None) -> Settings:
@@ -46,10 +64,12 @@ def _settings(config: Path | None) -> Settings:
         raise typer.BadParameter(str(exc)) from exc
 
 
+_LOG: dict[str, str] = {}  # --log-level / --log-format, from the root options
+
+
 def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("aiokafka", "faust", "mode", "aiohttp.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """The process's logging: ``level`` unless ``--log-level`` was given."""
+    configure(_LOG.get("level", level), "json" if _LOG.get("format") == "json" else "text")
 
 
 @app.command()

@@ -37,6 +37,7 @@ __all__ = [
     "match_key",
     "mint_id",
     "read_body",
+    "trace_headers",
 ]
 
 log = logging.getLogger(__name__)
@@ -183,3 +184,24 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
         return json_error(500, "internal error in the router", "internal_error")
+
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACESTATE_MAX = 512
+
+
+def trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """W3C trace context to forward to the engine: ``traceparent`` when well formed (version
+    ``ff`` and all-zero ids are invalid), with its ``tracestate`` when that is printable ASCII of
+    at most 512 characters; anything else is dropped, never forwarded."""
+    parent = headers.get("traceparent", "").strip().lower()
+    if not _TRACEPARENT.match(parent):
+        return {}
+    version, trace_id, span_id, _ = parent.split("-")
+    if version == "ff" or set(trace_id) == {"0"} or set(span_id) == {"0"}:
+        return {}
+    out = {"traceparent": parent}
+    state = headers.get("tracestate", "")
+    if state and len(state) <= _TRACESTATE_MAX and state.isascii() and state.isprintable():
+        out["tracestate"] = state
+    return out

@@ -28,6 +28,7 @@ import orjson
 from aiohttp import web
 
 from router.core import NodeView
+from router.edge import trace_headers
 from router.parse import ParsedRequest
 from streams.openai import error_body
 
@@ -125,6 +126,7 @@ async def forward(
                 headers={
                     "Content-Type": "application/json",
                     "X-Request-Id": request_id,
+                    **trace_headers(request.headers),
                     **node.engine_headers,
                 },
             ) as up,

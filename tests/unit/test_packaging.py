@@ -65,3 +65,48 @@ def test_the_cli_knows_its_version() -> None:
         [sys.executable, "-m", "deploy", "--version"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.returncode == 0 and done.stdout.strip() == f"kvgate {version('kvgate')}"
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    import json
+    import logging
+
+    from deploy.logs import JsonFormatter
+
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys as _sys
+
+        record = logging.LogRecord(
+            "kvgate.x", logging.ERROR, __file__, 1, "a %s", ("b",), _sys.exc_info()
+        )
+    line = JsonFormatter().format(record)
+    assert "\n" not in line.replace("\\n", "")
+    out = json.loads(line)
+    assert out["level"] == "ERROR" and out["logger"] == "kvgate.x" and out["message"] == "a b"
+    assert "ValueError: boom" in out["exc"] and out["ts"].endswith("Z")
+
+
+def test_log_options_are_checked() -> None:
+    for argv in (["--log-level", "chatty", "settings"], ["--log-format", "xml", "settings"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "deploy", *argv], capture_output=True, text=True, cwd=ROOT
+        )
+        assert done.returncode == 2, argv
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deploy",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+            "settings",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
