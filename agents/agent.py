@@ -63,6 +63,8 @@ class NodeAgent:
         # one data-parallel rank of an engine: its metrics samples, its requests pinned to it
         self._engine_label = str(rank) if rank is not None else None
         self._rank_header = {"X-data-parallel-rank": str(rank)} if rank is not None else {}
+        key = settings.engine_api_key
+        self._auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self._models_read_s = -float("inf")
 
     async def run(self) -> None:
@@ -141,7 +143,8 @@ class NodeAgent:
             return
         self._models_read_s = now
         try:
-            async with http.get(self.settings.engine_url.rstrip("/") + "/v1/models") as resp:
+            url = self.settings.engine_url.rstrip("/") + "/v1/models"
+            async with http.get(url, headers=self._auth) as resp:
                 resp.raise_for_status()
                 listing = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -257,7 +260,9 @@ class NodeAgent:
         }
         try:
             async with http.post(
-                f"{self.settings.engine_url}/v1/completions", json=body, headers=self._rank_header
+                f"{self.settings.engine_url}/v1/completions",
+                json=body,
+                headers={**self._rank_header, **self._auth},
             ) as r:
                 await r.read()
                 if r.status == 200:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from agents.profile import EngineProfile
 from streams.tokenization import TokenizerSpec
@@ -31,6 +31,10 @@ class EngineSettings(BaseModel):
         default="map",
         description="map: events as vLLM >= 0.26 writes them (named fields); array: the "
         "positional events of earlier releases",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="as vLLM's --api-key: /v1 endpoints want Authorization: Bearer <key>",
     )
     data_parallel_size: int = Field(
         default=1,
@@ -93,6 +97,10 @@ class AgentSettings(BaseModel):
         default=None,
         description="the engine's KV-event replay socket (vLLM's `replay_endpoint`): lost "
         "batches are fetched from it",
+    )
+    engine_api_key: SecretStr | None = Field(
+        default=None,
+        description="the engine's --api-key, for its /v1 endpoints (adapters, pre-warming)",
     )
     advertise_url: str | None = Field(
         default=None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import random
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 from aiohttp import ClientConnectionResetError, web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from agents.enginemetrics import render_metrics, render_sglang_metrics
@@ -53,9 +55,20 @@ class SimEngine:
         self._publishers: list[KvEventPublisher | None] = [None] * len(self.cores)
         self._tasks: list[asyncio.Task[None]] = []
 
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """vLLM's --api-key: every /v1 path wants ``Authorization: Bearer <key>``."""
+        key = self.settings.api_key
+        if key is not None and request.path.startswith("/v1"):
+            given = request.headers.get("Authorization", "")
+            want = f"Bearer {key.get_secret_value()}"
+            if not hmac.compare_digest(given.encode(), want.encode()):
+                return _json({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
     # --- lifecycle -----------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._auth])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)

@@ -34,11 +34,13 @@ def rejection_status(rej: Rejection) -> int:
 def rejection_response(rej: Rejection) -> web.Response:
     status = rejection_status(rej)
     body = error_body(rej.message, str(rej.reason), status)
+    body["error"]["kvgate_reason"] = str(rej.reason)
     body["error"]["retriable"] = rej.retriable
     headers = {}
     if rej.retry_after_s is not None:
         body["error"]["retry_after_s"] = rej.retry_after_s
         headers["Retry-After"] = str(max(1, math.ceil(rej.retry_after_s)))
+        headers["retry-after-ms"] = str(max(1, math.ceil(rej.retry_after_s * 1000)))
     return web.Response(
         body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
     )

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +88,12 @@ def _bound_send_buffer(request: web.Request, size: int) -> None:
 
 
 def _has_text(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice carries the first generated token: text, content, reasoning
+    (vLLM's ``reasoning_content``, newer ``reasoning``) or a tool call."""
     if choice.get("text"):
         return True
     delta = choice.get("delta") or {}
-    return bool(delta.get("content"))
+    return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
 
 
 async def forward(
@@ -106,6 +108,7 @@ async def forward(
     write_timeout_s: float = 30.0,
     max_duration_s: float = 3600.0,
     send_buffer_bytes: int = 64 << 10,
+    upstream_headers: Mapping[str, str] | None = None,
 ) -> tuple[web.StreamResponse, Relay]:
     relay = Relay()
     deadline = asyncio.timeout(max_duration_s)
@@ -128,6 +131,7 @@ async def forward(
                     "X-Request-Id": request_id,
                     **trace_headers(request.headers),
                     **node.engine_headers,
+                    **(upstream_headers or {}),
                 },
             ) as up,
         ):
@@ -142,6 +146,10 @@ async def forward(
                         on_first_token()
                 else:
                     relay.error = data[:500].decode("utf-8", "replace")
+                if up.status in (401, 403):  # the engine refused the router, not the client
+                    relay.http_status = 502
+                    msg = f"node {node.node_id} refused the router's credentials"
+                    return _json(error_body(msg, "upstream_auth", 502), 502), relay
                 return web.Response(
                     body=data,
                     status=up.status,

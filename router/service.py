@@ -232,6 +232,9 @@ class RouterService:
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self._adapter_base: dict[str, str] = {}  # LoRA adapter -> its base model (heartbeats)
         self._inflight: Counter[str] = Counter()  # proxied requests being served, by priority
+        key = settings.upstream_api_key
+        # engines started with --api-key (vLLM) want it on every /v1 call
+        self._upstream_auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self.approx = ApproxIndex()
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # requests routed for a gateway: id -> (gateway, node, request, its block hashes,
@@ -546,7 +549,7 @@ class RouterService:
     async def _compare_tokens(self, node: NodeView, p: ParsedRequest) -> None:
         if self._http is None:
             return
-        theirs = await engine_tokens(self._http, node.endpoint, p)
+        theirs = await engine_tokens(self._http, node.endpoint, p, headers=self._upstream_auth)
         if theirs is None:
             return  # the engine has no /tokenize (or refused): nothing learned
         matched = theirs == p.tokens
@@ -800,6 +803,7 @@ class RouterService:
                     write_timeout_s=self.settings.stream_write_timeout_s,
                     send_buffer_bytes=self.settings.stream_send_buffer_bytes,
                     max_duration_s=max(0.0, self.settings.max_stream_s - (time.time() - started)),
+                    upstream_headers=self._upstream_auth,
                 )
                 if self.feed.state != "live" and relay.http_status == 502 and not resp.prepared:
                     self.feed.down.add(target.node_id)  # until it answers a probe again

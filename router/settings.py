@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from streams.tokenization import TokenizerSpec
 
@@ -122,6 +122,11 @@ class RouterSettings(BaseModel):
     max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)
     max_queue: int = Field(
         default=64, ge=0, description="waiting requests above which a node is skipped"
+    )
+    upstream_api_key: SecretStr | None = Field(
+        default=None,
+        description="the key engines were started with (vLLM --api-key): sent to them as "
+        "Authorization: Bearer",
     )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
     upstream_idle_timeout_s: float = Field(default=300.0, gt=0)

@@ -10,7 +10,7 @@ claiming exact hits for it and its decisions say ``approximate_tokens``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -32,7 +32,11 @@ _CHAT_FIELDS = (
 
 
 async def engine_tokens(
-    http: aiohttp.ClientSession, endpoint: str, p: ParsedRequest, timeout_s: float = 5.0
+    http: aiohttp.ClientSession,
+    endpoint: str,
+    p: ParsedRequest,
+    timeout_s: float = 5.0,
+    headers: Mapping[str, str] | None = None,
 ) -> list[int] | None:
     """The engine's token ids for ``p`` from its ``POST /tokenize`` (None: no answer)."""
     keys = _CHAT_FIELDS if p.chat else ("model", "prompt")
@@ -41,7 +45,7 @@ async def engine_tokens(
         async with http.post(
             endpoint.rstrip("/") + "/tokenize",
             data=orjson.dumps(body),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as r:
             if r.status != 200:

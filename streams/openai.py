@@ -8,7 +8,7 @@ model tokenizer is configured: the router and the simulated engine render identi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -97,7 +97,8 @@ class CompletionRequest(_Base):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    # vLLM takes any role (custom roles reach the chat template as they are)
+    role: str = Field(min_length=1, max_length=64)
     content: str | list[dict[str, Any]] | None = None
 
     def text(self) -> str:
@@ -187,5 +188,5 @@ def render_chat(messages: list[ChatMessage]) -> str:
 def error_body(
     message: str, type_: str = "invalid_request_error", code: int = 400
 ) -> dict[str, Any]:
-    """An OpenAI-style error object."""
-    return {"error": {"message": message, "type": type_, "code": code}}
+    """An error in vLLM's (OpenAI's) shape: ``{"error": {message, type, param, code}}``."""
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
