@@ -47,6 +47,7 @@ from router.edge import (
     match_key,
     mint_id,
     read_body,
+    trace_headers,
 )
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
@@ -54,6 +55,7 @@ from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
+from router.passthrough import pick_node, relay, request_model
 from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
@@ -269,6 +271,8 @@ class RouterService:
         app.router.add_post("/v1/kvgate/renew", self._gateway_renew)
         app.router.add_get("/v1/kvgate/state", self._admin_only(self._state))
         app.router.add_get("/v1/models", self._models)
+        # the rest of the engines' API (embeddings, score, rerank…): passed through by model
+        app.router.add_post("/v1/{tail:.+}", self._passthrough)
         self._add_probes(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -1233,6 +1237,31 @@ class RouterService:
         )
         self.metrics.finished(record, p.model)
         await self.bus.publish(OUTCOMES, request_id, record)
+
+    async def _passthrough(self, request: web.Request) -> web.StreamResponse:
+        """Any other ``POST /v1/…`` of the OpenAI API, to a node serving its model."""
+        if request.match_info["tail"].startswith("kvgate/"):
+            raise Refusal(404, f"no such endpoint: {request.path[:200]}", "NotFoundError")
+        self._tenant(request)
+        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
+        model = request_model(raw)
+        now = time.time()
+        all_nodes = self.nodes(now)
+        if not any(n.serves(model) for n in all_nodes):
+            raise Refusal(404, f"The model `{model[:200]}` does not exist.", "NotFoundError")
+        nodes = [n for n in eligible(all_nodes, model, now) if n.waiting <= self.settings.max_queue]
+        if not nodes:
+            raise Refusal(503, f"no healthy node serves `{model[:200]}` now", "service_unavailable")
+        node = pick_node(nodes)
+        headers = {
+            "X-Request-Id": mint_id(),
+            **trace_headers(request.headers),
+            **node.engine_headers,
+            **self._upstream_auth,
+        }
+        if self._http is None:  # not started yet
+            raise Refusal(503, "the router is starting", "service_unavailable")
+        return await relay(self._http, request, node, raw, headers)
 
     # --- introspection -------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -58,6 +59,7 @@ async def test_the_engine_receives_the_clients_trace_context() -> None:
                 status, _, _ = await e.call("POST", "/v1/completions", completion(), headers)
                 if seen:
                     break
+                await asyncio.sleep(0.05)
             assert seen, "no request reached the capturing engine"
             assert seen[-1]["traceparent"] == PARENT and seen[-1]["tracestate"] == "k=v"
             bad = {**bearer("sk-alpha"), "traceparent": "not-a-trace"}

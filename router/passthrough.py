@@ -1,0 +1,71 @@
+"""The rest of an engine's OpenAI API (``/v1/embeddings``, ``/v1/score``, ``/v1/rerank``…),
+passed through to a node that serves the request's model.
+
+These requests hold no long generation and no reusable prefix: they are not admitted against
+the KV budget and not routed by cache, only sent to the least loaded node serving their model.
+The tenant's key is checked first, the body is bounded, the engine's answer is streamed back as
+it comes, and the client sees which node answered (``X-Kvgate-Node``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from router.core import NodeView
+from router.edge import Refusal
+
+__all__ = ["pick_node", "relay", "request_model"]
+
+
+def request_model(raw: bytes) -> str:
+    """The ``model`` a pass-through request names (a 400 when the body has none)."""
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Refusal(400, f"the body is not JSON: {exc}") from None
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise Refusal(400, "model: a model name is required to route this request")
+    return model
+
+
+def pick_node(nodes: Sequence[NodeView]) -> NodeView:
+    """The least loaded of ``nodes`` (queue, then KV use; ties by id for stability)."""
+    return min(nodes, key=lambda n: (n.queue_len, n.kv_used_ratio, n.node_id))
+
+
+async def relay(
+    http: aiohttp.ClientSession,
+    request: web.Request,
+    node: NodeView,
+    raw: bytes,
+    headers: Mapping[str, str],
+) -> web.StreamResponse:
+    """POST ``raw`` to the same path on ``node`` and stream its answer back."""
+    url = node.endpoint.rstrip("/") + request.path_qs
+    try:
+        async with http.post(
+            url, data=raw, headers={"Content-Type": "application/json", **headers}
+        ) as up:
+            if up.status in (401, 403):  # the engine refused the router, not the client
+                msg = f"node {node.node_id} refused the router's credentials"
+                raise Refusal(502, msg, "upstream_auth")
+            resp = web.StreamResponse(
+                status=up.status,
+                headers={
+                    "Content-Type": up.headers.get("Content-Type", "application/json"),
+                    "X-Kvgate-Node": node.node_id,
+                },
+            )
+            await resp.prepare(request)
+            async for chunk in up.content.iter_chunked(64 << 10):
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise Refusal(502, f"node {node.node_id} did not answer: {type(exc).__name__}") from None

@@ -1,0 +1,68 @@
+"""The rest of the engines' OpenAI API passes through the router to a node serving the model:
+authenticated, bounded, streamed back, with the node named; kvgate's own paths and unknown
+models are not passed on."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from tests.edgekit import MODEL, _serve, bearer, edge
+
+
+async def test_embeddings_and_other_endpoints_reach_a_node_of_the_model() -> None:
+    seen: list[tuple[str, dict[str, Any], Any]] = []
+
+    async def embeddings(request: web.Request) -> web.Response:
+        seen.append((request.path_qs, await request.json(), request.headers.copy()))
+        body = {"object": "list", "data": [{"index": 0, "embedding": [0.1, 0.2]}]}
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/score", embeddings)
+    runner, url = await _serve(app)
+    try:
+        async with edge(router={"upstream_api_key": "engine-key-0123"}) as e:
+            for node in e.engines:
+                e.engines[node] = url
+            body = {"model": MODEL, "input": "hello"}
+            for _ in range(50):  # until a heartbeat carried the capturing endpoint
+                status, out, headers = await e.call(
+                    "POST", "/v1/embeddings", body, bearer("sk-alpha")
+                )
+                if seen:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 200 and out["data"][0]["embedding"] == [0.1, 0.2]
+            assert headers["X-Kvgate-Node"] in e.engines
+            path, sent, sent_headers = seen[-1]
+            assert path == "/v1/embeddings" and sent == body
+            assert sent_headers["Authorization"] == "Bearer engine-key-0123"
+            assert len(sent_headers["X-Request-Id"]) == 32  # minted by kvgate
+            status, out, _ = await e.call(
+                "POST", "/v1/score?verbose=1", {"model": MODEL, "text_1": "a"}, bearer("sk-alpha")
+            )
+            assert status == 200 and seen[-1][0] == "/v1/score?verbose=1"
+
+            # refusals: no key, no model, unknown model, kvgate's own namespace
+            status, _, _ = await e.call("POST", "/v1/embeddings", body, bearer("sk-wrong"))
+            assert status == 401
+            status, out, _ = await e.call(
+                "POST", "/v1/embeddings", {"input": "x"}, bearer("sk-alpha")
+            )
+            assert status == 400 and "model" in out["error"]["message"]
+            status, _, _ = await e.call(
+                "POST", "/v1/embeddings", {"model": "nope", "input": "x"}, bearer("sk-alpha")
+            )
+            assert status == 404
+            status, _, _ = await e.call("POST", "/v1/kvgate/unknown", body, bearer("sk-alpha"))
+            assert status == 404
+            status, _, _ = await e.call(
+                "POST", "/v1/embeddings", data=b"not json", headers=bearer("sk-alpha")
+            )
+            assert status == 400
+    finally:
+        await runner.cleanup()
