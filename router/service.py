@@ -16,7 +16,7 @@ import socket
 import time
 from array import array
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from hashlib import blake2b
 from typing import Any, Literal, TypeVar
@@ -312,7 +312,11 @@ class RouterService:
 
     def _tenant(self, request: web.Request) -> Tenant:
         """The calling tenant, from its API key, before anything of the body is read."""
-        tenant = self.gate.tenant(bearer_key(request.headers))
+        return self.tenant_of(request.headers)
+
+    def tenant_of(self, headers: Mapping[str, str]) -> Tenant:
+        """The tenant a request's headers authenticate (a 401 refusal when none)."""
+        tenant = self.gate.tenant(bearer_key(headers))
         if isinstance(tenant, Rejection):
             self.metrics.rejected(tenant.reason)
             raise Refusal(401, tenant.message, "unauthorized")
@@ -621,11 +625,25 @@ class RouterService:
         has ``messages``) and gate a request: a refusal, or (request id, start time, request,
         gate result, decision clock start). The request id is minted here; nothing a client
         chose names state. Refusals before admission are recorded as decisions too."""
+        return await self.intake(
+            request.headers,
+            lambda: read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
+            chat,
+        )
+
+    async def intake(
+        self,
+        headers: Mapping[str, str],
+        read: Callable[[], Awaitable[bytes]],
+        chat: bool | None,
+    ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
+        """:meth:`_intake` of a request known by its headers and a reader of its body (what an
+        Envoy external processor gets)."""
         started = time.time()
         request_id = mint_id()
         who = _Intake()
         try:
-            taken = await self._intake_checked(request, chat, request_id, started, who)
+            taken = await self._intake_checked(headers, read, chat, request_id, started, who)
         except Refusal as exc:
             self._record_refusal(request_id, started, exc.reason, who)
             raise
@@ -635,19 +653,20 @@ class RouterService:
 
     async def _intake_checked(
         self,
-        request: web.Request,
+        headers: Mapping[str, str],
+        read: Callable[[], Awaitable[bytes]],
         chat: bool | None,
         request_id: str,
         started: float,
         who: _Intake,
     ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
         n = self.settings.client_id_max_len
-        client_id = client_label(request.headers, "X-Request-Id", n)
+        client_id = client_label(headers, "X-Request-Id", n)
         who.client_request_id = client_id
-        idempotency_key = client_label(request.headers, "Idempotency-Key", n)
-        tenant = self._tenant(request)
+        idempotency_key = client_label(headers, "Idempotency-Key", n)
+        tenant = self.tenant_of(headers)
         who.tenant = tenant.name
-        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
+        raw = await read()
         if chat is None:
             try:
                 chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
@@ -953,6 +972,33 @@ class RouterService:
         taken = await self._intake(request, None)
         if isinstance(taken, web.Response):
             return taken
+        routed = await self.route_external(gateway, taken)
+        if isinstance(routed, web.Response):
+            return routed
+        request_id, rreq, decision, node, p = routed
+        held = self.gate.held.get(request_id)
+        return _json(
+            {
+                "request_id": request_id,
+                "reservation_id": request_id if held is not None else None,
+                "lease_expires_at": held.expires_at if held is not None else None,
+                "node_id": node.node_id,
+                "endpoint": node.endpoint,
+                "headers": node.engine_headers,  # to send with the request (a DP rank)
+                "path": p.path,
+                "model": p.model,
+                "reason": decision.reason,
+                "prompt_blocks": len(rreq.block_hashes),
+                "kv_blocks_reserved": held.kv_blocks if held is not None else 0,
+            }
+        )
+
+    async def route_external(
+        self, gateway: str, taken: tuple[str, float, ParsedRequest, Gated, float]
+    ) -> web.Response | tuple[str, RouteRequest, RouteDecision, NodeView, ParsedRequest]:
+        """Route an admitted request that ``gateway`` forwards itself: the decision is recorded
+        and the request is held (reservation, in-flight ledger) until :meth:`finish_external`
+        or its lease runs out. A refusal releases what was held."""
         request_id, started, p, g, t0 = taken
         tenant = g.tenant
         admitted = g.verdict is not None and g.verdict.admitted
@@ -979,21 +1025,7 @@ class RouterService:
         self._gateway_until[request_id] = (
             held.expires_at if held is not None else started + self.gate.settings.lease_s
         )
-        return _json(
-            {
-                "request_id": request_id,
-                "reservation_id": request_id if held is not None else None,
-                "lease_expires_at": held.expires_at if held is not None else None,
-                "node_id": node.node_id,
-                "endpoint": node.endpoint,
-                "headers": node.engine_headers,  # to send with the request (a DP rank)
-                "path": p.path,
-                "model": p.model,
-                "reason": decision.reason,
-                "prompt_blocks": len(rreq.block_hashes),
-                "kv_blocks_reserved": held.kv_blocks if held is not None else 0,
-            }
-        )
+        return request_id, rreq, decision, node, p
 
     async def _gateway_release(self, request: web.Request) -> web.Response:
         """The gateway finished a routed request: release its reservation and record the
@@ -1002,11 +1034,33 @@ class RouterService:
         body = await _read_model(request, GatewayRelease)
         if isinstance(body, web.Response):
             return body
-        rid, status, output_tokens = body.reservation_id, body.status, body.output_tokens
-        ttft, cached = body.ttft_s, body.cached_tokens
-        entry = self._owned(gateway, rid)
+        entry = self._owned(gateway, body.reservation_id)
         if isinstance(entry, web.Response):
             return entry
+        await self.finish_external(
+            body.reservation_id,
+            body.status,
+            body.output_tokens,
+            body.ttft_s,
+            body.cached_tokens,
+            body.prompt_tokens,
+        )
+        return _json({"released": body.reservation_id}, 200)
+
+    async def finish_external(
+        self,
+        rid: str,
+        status: Literal["ok", "error", "cancelled"],
+        output_tokens: int,
+        ttft: float | None,
+        cached: int | None,
+        prompt_tokens: int | None,
+    ) -> bool:
+        """A request routed by :meth:`route_external` finished: release what it held and record
+        its outcome (False when it was not held, e.g. finished already)."""
+        entry = self._gateway.get(rid)
+        if entry is None:
+            return False
         del self._gateway[rid]
         self._gateway_until.pop(rid, None)
         _, node, p, hashes, tenant, started = entry
@@ -1025,11 +1079,11 @@ class RouterService:
         )
         if status == "ok":
             self.gate.observe_output(tenant, p.model, output_tokens // p.sequences)
-            if body.prompt_tokens is not None and not p.exact_tokens:
-                self.calibration.observe(p.model, len(p.tokens), body.prompt_tokens)
+            if prompt_tokens is not None and not p.exact_tokens:
+                self.calibration.observe(p.model, len(p.tokens), prompt_tokens)
             self._prefilled(node, hashes)
         await self._publish_outcome(rid, node, relay, p, started)
-        return _json({"released": rid}, 200)
+        return True
 
     async def _gateway_renew(self, request: web.Request) -> web.Response:
         """A gateway's routed request runs longer than its lease: renew it (call again before
