@@ -258,12 +258,18 @@ def router(
     host: Annotated[
         str | None, typer.Option(help="address to listen on (default loopback; 0.0.0.0 in pods)")
     ] = None,
+    epp_port: Annotated[
+        int | None,
+        typer.Option(help="also serve the endpoint picker (Envoy ext_proc gRPC) on this port"),
+    ] = None,
 ) -> None:
     """Run a stateless router (OpenAI-compatible proxy) with replicas of the tables."""
     from router.serve import run_router
 
     s = _settings(config)
-    given = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
+    given = {
+        k: v for k, v in {"port": port, "host": host, "epp_port": epp_port}.items() if v is not None
+    }
     if given:
         s = s.model_copy(update={"router": s.router.model_copy(update=given)})
     _logging()
@@ -746,6 +752,9 @@ def grafana_push(
 
 # modules of the extras -> the extra that installs them
 EXTRAS = {
+    "grpc": "epp",
+    "grpc_health": "epp",
+    "envoy": "epp",
     "faust": "worker",
     "mode": "worker",
     "chdb": "analytics",

@@ -128,9 +128,18 @@ def run_router(s: Settings) -> None:
             s.router.port,
             s.router.admin_port,
         )
+        epp = None
+        if s.router.epp_port is not None:  # the Gateway API Inference Extension's picker
+            from router.epp import serve_epp
+
+            epp = await serve_epp(app["service"], s.router.host, s.router.epp_port)
+            log.info("endpoint picker (ext_proc gRPC) on %s:%s", s.router.host, epp.port)
         try:
             await stop.wait()
         finally:
+            if epp is not None:
+                with contextlib.suppress(Exception):
+                    await epp.stop()
             with contextlib.suppress(Exception):
                 await listeners.stop()
 

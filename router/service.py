@@ -1336,6 +1336,17 @@ class RouterService:
     async def _health(self, _: web.Request) -> web.Response:
         return _json({"status": "ok", "router_id": self.router_id})
 
+    def is_ready(self, now: float) -> bool:
+        """Tables caught up, a healthy node, no background loop failing (the admission store
+        is checked by ``/ready``)."""
+        healthy = any(n.healthy and n.alive(now) for n in self.nodes(now))
+        return self.replica.caught_up.is_set() and healthy and not self.failing_loops()
+
+    @property
+    def upstream_auth(self) -> dict[str, str]:
+        """Headers engines started with an API key want (empty without one)."""
+        return dict(self._upstream_auth)
+
     async def _ready(self, _: web.Request) -> web.Response:
         now = time.time()
         healthy = [n.node_id for n in self.nodes(now) if n.healthy and n.alive(now)]

@@ -123,6 +123,13 @@ class RouterSettings(BaseModel):
     max_queue: int = Field(
         default=64, ge=0, description="waiting requests above which a node is skipped"
     )
+    epp_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc "
+        "gRPC) on this port too (needs the epp extra); off when unset",
+    )
     upstream_api_key: SecretStr | None = Field(
         default=None,
         description="the key engines were started with (vLLM --api-key): sent to them as "

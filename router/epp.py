@@ -1,0 +1,373 @@
+"""kvgate as the endpoint picker (EPP) of the Gateway API Inference Extension.
+
+An Envoy ``ext_proc`` gRPC service (``envoy.service.ext_proc.v3.ExternalProcessor``, the protos
+of the ``xds-protos`` package). For each HTTP request the gateway streams the request's headers
+and body; kvgate runs admission and routing exactly as its HTTP router does (the same intake,
+the same gate, the same decision record — :meth:`RouterService.route_external`) and answers
+with the chosen endpoint, as the EPP protocol asks, in the ``x-gateway-destination-endpoint``
+header and in the dynamic metadata ``envoy.lb`` → ``x-gateway-destination-endpoint``
+(``ip:port``). A refusal becomes an ``ImmediateResponse`` with the router's status (429, 503…),
+body and ``Retry-After``. Then it watches the response: headers (status), body chunks (the
+first token, ``usage``), and at the end releases the reservation and records the outcome
+(:meth:`RouterService.finish_external`); a stream that ends early (the client went away, Envoy
+reset it) is released as cancelled — nothing is left held.
+
+Request bodies must reach the EPP whole before it can pick: ``request_body_mode`` BUFFERED (the
+body in one message, answered with the header mutation) or FULL_DUPLEX_STREAMED (chunks, then
+the headers answer and the body sent back). Responses may come in any mode; in
+FULL_DUPLEX_STREAMED the chunks are sent back unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import grpc
+import orjson
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from multidict import CIMultiDict
+
+from router.edge import Refusal
+
+__all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
+
+log = logging.getLogger(__name__)
+
+DESTINATION = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"
+BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+MAX_BODY_CHUNKS = 4096
+HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+
+
+def _headers(msg: ep.HttpHeaders) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for h in msg.headers.headers:
+        out.add(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+    return out
+
+
+def host_port(endpoint: str) -> str:
+    """``http://10.0.0.5:8000/`` → ``10.0.0.5:8000`` (the EPP protocol's ``ip:port``)."""
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+def immediate(status: int, body: bytes, headers: dict[str, str]) -> ep.ProcessingResponse:
+    """A refusal, answered by the gateway without reaching any engine."""
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            headers=ep.HeaderMutation(
+                set_headers=[_set("content-type", "application/json")]
+                + [_set(k.lower(), v) for k, v in headers.items()]
+            ),
+            body=body,
+            details=f"kvgate_{status}",
+        )
+    )
+
+
+@dataclass
+class _Watch:
+    """What the response says so far."""
+
+    status: int = 0
+    first_token_s: float | None = None
+    output_tokens: int = 0
+    usage: dict[str, Any] | None = None
+    buffer: bytes = b""
+
+    def chunk(self, data: bytes, now: float) -> None:
+        """An SSE or JSON piece of the response body."""
+        self.buffer += data
+        if b"\n\n" not in self.buffer and not data.strip().endswith(b"}"):
+            return
+        events, _, rest = self.buffer.rpartition(b"\n\n")
+        if not events and not rest.lstrip().startswith(b"{"):
+            return
+        self.buffer = rest if events else b""
+        for raw in events.split(b"\n\n") if events else [rest]:
+            line = raw.strip()
+            if line.startswith(b"data:"):
+                line = line[5:].strip()
+            if not line or line == b"[DONE]":
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if isinstance(obj.get("usage"), dict):
+                self.usage = obj["usage"]
+            for choice in obj.get("choices") or ():
+                if not isinstance(choice, dict):
+                    continue
+                delta = choice.get("delta") or choice.get("message") or {}
+                text = choice.get("text") or (
+                    delta.get("content") if isinstance(delta, dict) else None
+                )
+                more = isinstance(delta, dict) and any(
+                    delta.get(k) for k in ("reasoning_content", "reasoning", "tool_calls")
+                )
+                if text or more:
+                    self.output_tokens += 1
+                    if self.first_token_s is None:
+                        self.first_token_s = now
+
+
+@dataclass
+class _Exchange:
+    """One HTTP request through the gateway."""
+
+    service: Any
+    request_body_mode: int = BUFFERED
+    response_body_mode: int = 0
+    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
+    body: list[bytes] = field(default_factory=list)
+    request_id: str | None = None
+    started: float = field(default_factory=time.time)
+    watch: _Watch = field(default_factory=_Watch)
+    done: bool = False
+
+    async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        if req.HasField("protocol_config"):
+            self.request_body_mode = req.protocol_config.request_body_mode or BUFFERED
+            self.response_body_mode = req.protocol_config.response_body_mode
+        kind = req.WhichOneof("request")
+        if kind == "request_headers":
+            self.headers = _headers(req.request_headers)
+            if req.request_headers.end_of_stream:  # no body to route by
+                return await self._route()
+            if self.request_body_mode == FULL_DUPLEX:
+                return []  # the headers are answered once the body is in
+            if self.request_body_mode != BUFFERED:
+                return [
+                    immediate(
+                        500,
+                        _error(
+                            "kvgate's EPP needs request_body_mode BUFFERED or FULL_DUPLEX_STREAMED"
+                        ),
+                        {},
+                    )
+                ]
+            return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
+        if kind == "request_body":
+            self.body.append(req.request_body.body)
+            if len(self.body) > MAX_BODY_CHUNKS:
+                return [immediate(413, _error("request body in too many pieces"), {})]
+            if not req.request_body.end_of_stream:
+                return []
+            return await self._route()
+        if kind == "request_trailers":
+            return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
+        if kind == "response_headers":
+            h = _headers(req.response_headers)
+            with contextlib.suppress(ValueError):
+                self.watch.status = int(h.get(":status", "0"))
+            out = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
+            if req.response_headers.end_of_stream:
+                await self._finish()
+            return out
+        if kind == "response_body":
+            chunk = req.response_body
+            self.watch.chunk(chunk.body, time.time())
+            if self.response_body_mode == FULL_DUPLEX:
+                out = ep.ProcessingResponse(
+                    response_body=ep.BodyResponse(
+                        response=ep.CommonResponse(
+                            body_mutation=ep.BodyMutation(
+                                streamed_response=ep.StreamedBodyResponse(
+                                    body=chunk.body, end_of_stream=chunk.end_of_stream
+                                )
+                            )
+                        )
+                    )
+                )
+            else:
+                out = ep.ProcessingResponse(response_body=ep.BodyResponse())
+            if chunk.end_of_stream:
+                await self._finish()
+            return [out]
+        if kind == "response_trailers":
+            await self._finish()
+            return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
+        return []
+
+    async def _route(self) -> list[ep.ProcessingResponse]:
+        raw = b"".join(self.body)
+        limit = self.service.settings.max_body_bytes
+        if len(raw) > limit:
+            return [immediate(413, _error(f"the body is over {limit} bytes"), {})]
+
+        async def read() -> bytes:
+            return raw
+
+        try:
+            taken = await self.service.intake(self.headers, read, None)
+            if not isinstance(taken, tuple):
+                return [_refused(taken)]
+            routed = await self.service.route_external("epp", taken)
+        except Refusal as exc:
+            return [_refused(exc.response())]
+        if not isinstance(routed, tuple):
+            return [_refused(routed)]
+        self.request_id, _, decision, node, p = routed
+        dest = host_port(node.endpoint)
+        mutation = ep.HeaderMutation(
+            set_headers=[_set(DESTINATION, dest), _set("x-kvgate-node", node.node_id)]
+            + [_set(k.lower(), v) for k, v in node.engine_headers.items()]
+            + [_set(k.lower(), v) for k, v in self.service.upstream_auth.items()]
+        )
+        body = orjson.dumps(p.body)  # what the engine is asked (default max_tokens added)
+        metadata = struct_pb2.Struct()
+        metadata.update({LB_NAMESPACE: {DESTINATION: dest}})
+        log.debug("EPP %s -> %s (%s)", self.request_id, dest, decision.reason)
+        if self.request_body_mode == FULL_DUPLEX:
+            return [
+                ep.ProcessingResponse(
+                    request_headers=ep.HeadersResponse(
+                        response=ep.CommonResponse(header_mutation=mutation)
+                    ),
+                    dynamic_metadata=metadata,
+                ),
+                ep.ProcessingResponse(
+                    request_body=ep.BodyResponse(
+                        response=ep.CommonResponse(
+                            body_mutation=ep.BodyMutation(
+                                streamed_response=ep.StreamedBodyResponse(
+                                    body=body, end_of_stream=True
+                                )
+                            )
+                        )
+                    )
+                ),
+            ]
+        common = ep.CommonResponse(header_mutation=mutation)
+        if body != raw:
+            common.body_mutation.body = body
+            common.header_mutation.remove_headers.append("content-length")
+        kind = "request_body" if self.body else "request_headers"
+        answer = ep.HeadersResponse(response=common) if kind == "request_headers" else None
+        if answer is not None:
+            return [ep.ProcessingResponse(request_headers=answer, dynamic_metadata=metadata)]
+        return [
+            ep.ProcessingResponse(
+                request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
+            )
+        ]
+
+    async def _finish(self, cancelled: bool = False) -> None:
+        if self.done or self.request_id is None:
+            return
+        self.done = True
+        w = self.watch
+        status: Literal["ok", "error", "cancelled"] = (
+            "cancelled" if cancelled else "ok" if 200 <= w.status < 300 else "error"
+        )
+        usage = w.usage or {}
+        output = usage.get("completion_tokens", w.output_tokens)
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        prompt = usage.get("prompt_tokens")
+        await self.service.finish_external(
+            self.request_id,
+            status,
+            int(output) if isinstance(output, int) else w.output_tokens,
+            None if w.first_token_s is None else w.first_token_s - self.started,
+            cached if isinstance(cached, int) else None,
+            prompt if isinstance(prompt, int) else None,
+        )
+
+    async def close(self) -> None:
+        """The gRPC stream ended: whatever is still held is released (as cancelled)."""
+        await self._finish(cancelled=True)
+
+
+def _error(message: str, type_: str = "invalid_request_error") -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None}})
+
+
+def _refused(resp: Any) -> ep.ProcessingResponse:
+    """A refusal the router built as an HTTP response, as the gateway's immediate answer."""
+    headers = {
+        k: v for k, v in resp.headers.items() if k.lower() in ("retry-after", "retry-after-ms")
+    }
+    return immediate(resp.status, resp.body or b"", headers)
+
+
+class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    async def Process(
+        self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        ex = _Exchange(self.service)
+        try:
+            async for req in request_iterator:
+                for resp in await ex.on(req):
+                    yield resp
+        finally:
+            await asyncio.shield(ex.close())
+
+
+@dataclass
+class EppServer:
+    server: grpc.aio.Server
+    port: int
+    _health: asyncio.Task[None]
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        self._health.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._health
+        await self.server.stop(grace_s)
+
+
+async def serve_epp(service: Any, host: str, port: int) -> EppServer:
+    """Start the EPP and the gRPC health services (``liveness`` always serving; ``readiness``
+    and the ext_proc service while the router is ready) on ``host:port`` (0: any free port)."""
+    server = grpc.aio.server()
+    ep_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(service), server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    await checker.set("liveness", serving)
+
+    async def follow() -> None:
+        while True:
+            state = serving if service.is_ready(time.time()) else not_serving
+            for name in HEALTH_SERVICES[1:]:
+                await checker.set(name, state)
+            await asyncio.sleep(1.0)
+
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    return EppServer(server, bound, asyncio.create_task(follow()))

@@ -1,0 +1,256 @@
+"""kvgate as the Gateway API Inference Extension's endpoint picker: full ext_proc exchanges as
+Envoy sends them, from a gRPC client built from Envoy's own protos (``xds-protos``), against a
+real router and simulated engines. The test plays Envoy: it sends the request's headers and
+body, forwards the request to the endpoint the picker names, and streams the engine's answer
+back through the processor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import grpc
+import orjson
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from router.epp import DESTINATION, EppServer, host_port, serve_epp
+from streams.codec import decode
+from streams.schemas import Outcome
+from streams.topics import OUTCOMES
+from tests.edgekit import MODEL, Edge, completion, edge
+
+BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+
+
+def headers(*pairs: tuple[str, str], end: bool = False) -> ep.HttpHeaders:
+    return ep.HttpHeaders(
+        headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
+        ),
+        end_of_stream=end,
+    )
+
+
+def request_headers(key: str = "sk-alpha", path: str = "/v1/completions") -> ep.HttpHeaders:
+    return headers(
+        (":method", "POST"),
+        (":path", path),
+        (":authority", "gateway"),
+        ("content-type", "application/json"),
+        ("authorization", f"Bearer {key}"),
+    )
+
+
+class Envoy:
+    """One ext_proc stream, driven as Envoy's ext_proc filter drives it."""
+
+    def __init__(self, stub: Any, request_mode: int, response_mode: int) -> None:
+        self.call = stub.Process()
+        self.config = ep.ProtocolConfiguration(
+            request_body_mode=request_mode, response_body_mode=response_mode
+        )
+        self.first = True
+
+    async def send(self, **kind: Any) -> None:
+        req = ep.ProcessingRequest(**kind)
+        if self.first:
+            req.protocol_config.CopyFrom(self.config)
+            self.first = False
+        await self.call.write(req)
+
+    async def read(self) -> ep.ProcessingResponse:
+        resp = await asyncio.wait_for(self.call.read(), 10)
+        assert resp is not grpc.aio.EOF
+        return resp
+
+
+@pytest.fixture
+async def picker() -> AsyncIterator[tuple[Edge, Any, EppServer]]:
+    async with edge(admission={"tenants": TENANTS}) as e:
+        server = await serve_epp(e.service, "127.0.0.1", 0)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+        try:
+            yield e, channel, server
+        finally:
+            await channel.close()
+            await server.stop(0)
+
+
+TENANTS = {
+    "sk-alpha": {"name": "alpha", "priority": "normal"},
+    "sk-one": {"name": "one", "priority": "normal", "max_concurrency": 1},
+}
+
+
+def destination(resp: ep.ProcessingResponse, field: str) -> str:
+    common = getattr(resp, field).response
+    set_headers = {
+        h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
+    }
+    meta = json_format.MessageToDict(resp.dynamic_metadata)
+    assert meta["envoy.lb"][DESTINATION] == set_headers[DESTINATION]  # the same in both
+    return set_headers[DESTINATION]
+
+
+def outcomes(e: Edge) -> list[Outcome]:
+    return [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
+
+
+async def upstream(dest: str, path: str, body: bytes) -> tuple[int, list[bytes]]:
+    """What Envoy does with the picked endpoint: send the request there."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"http://{dest}{path}", data=body, headers={"Content-Type": "application/json"}
+        ) as r,
+    ):
+        return r.status, [chunk async for chunk in r.content.iter_any()]
+
+
+async def test_a_buffered_request_is_picked_served_and_released(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    e, channel, _ = picker
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), BUFFERED, BUFFERED)
+    body = orjson.dumps({"model": MODEL, "prompt": "hello " * 40})  # no max_tokens
+    await envoy.send(request_headers=request_headers())
+    assert (await envoy.read()).HasField("request_headers")  # continue: the body decides
+    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    picked = await envoy.read()
+    dest = destination(picked, "request_body")
+    assert dest in {host_port(u) for u in e.engines.values()}
+    assert await e.reservations() == 1
+    # the router adds the default max_tokens it reserved for: the body is mutated to say so
+    sent = picked.request_body.response.body_mutation.body
+    assert orjson.loads(sent)["max_tokens"] > 0
+    assert "content-length" in picked.request_body.response.header_mutation.remove_headers
+    status, chunks = await upstream(dest, "/v1/completions", sent)
+    assert status == 200
+    await envoy.send(
+        response_headers=headers((":status", "200"), ("content-type", "application/json"))
+    )
+    assert (await envoy.read()).HasField("response_headers")
+    await envoy.send(response_body=ep.HttpBody(body=b"".join(chunks), end_of_stream=True))
+    assert (await envoy.read()).HasField("response_body")
+    await envoy.call.done_writing()
+    assert await e.reservations() == 0
+    (out,) = outcomes(e)
+    assert out.status == "ok" and out.output_tokens > 0 and out.node_id is not None
+    assert [d.request_id for d in e.decisions()] == [out.request_id]
+
+
+async def test_a_full_duplex_stream_is_picked_echoed_and_observed(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    e, channel, _ = picker
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), FULL_DUPLEX, FULL_DUPLEX)
+    body = orjson.dumps(completion("stream me " * 40, stream=True))
+    await envoy.send(request_headers=request_headers())
+    await envoy.send(request_body=ep.HttpBody(body=body[:50], end_of_stream=False))
+    await envoy.send(request_body=ep.HttpBody(body=body[50:], end_of_stream=True))
+    picked = await envoy.read()
+    dest = destination(picked, "request_headers")
+    echoed = await envoy.read()
+    streamed = echoed.request_body.response.body_mutation.streamed_response
+    assert streamed.end_of_stream and orjson.loads(streamed.body)["prompt"] == "stream me " * 40
+    status, chunks = await upstream(dest, "/v1/completions", streamed.body)
+    assert status == 200 and len(chunks) >= 1
+    await envoy.send(
+        response_headers=headers((":status", "200"), ("content-type", "text/event-stream"))
+    )
+    assert (await envoy.read()).HasField("response_headers")
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        await envoy.send(response_body=ep.HttpBody(body=chunk, end_of_stream=last))
+        back = (await envoy.read()).response_body.response.body_mutation.streamed_response
+        assert back.body == chunk and back.end_of_stream == last  # passed on unchanged
+    await envoy.call.done_writing()
+    assert await e.reservations() == 0
+    (out,) = outcomes(e)
+    assert out.status == "ok" and out.ttft_s is not None and out.output_tokens == 4
+
+
+async def test_refusals_are_immediate_responses(picker: tuple[Edge, Any, EppServer]) -> None:
+    e, channel, _ = picker
+    stub = ep_grpc.ExternalProcessorStub(channel)
+
+    async def refused(key: str, body: dict[str, Any]) -> ep.ImmediateResponse:
+        envoy = Envoy(stub, BUFFERED, BUFFERED)
+        await envoy.send(request_headers=request_headers(key))
+        first = await envoy.read()
+        if first.HasField("immediate_response"):
+            return first.immediate_response
+        await envoy.send(request_body=ep.HttpBody(body=orjson.dumps(body), end_of_stream=True))
+        resp = await envoy.read()
+        assert resp.HasField("immediate_response"), resp
+        await envoy.call.done_writing()
+        return resp.immediate_response
+
+    unknown = await refused("sk-nobody", completion())
+    assert unknown.status.code == 401
+    missing = await refused("sk-alpha", {**completion(), "model": "no-such-model"})
+    assert missing.status.code == 404 and b"no-such-model" in missing.body
+    # a tenant at its concurrency limit: 429 with Retry-After
+    holder = Envoy(stub, BUFFERED, BUFFERED)
+    await holder.send(request_headers=request_headers("sk-one"))
+    await holder.read()
+    await holder.send(request_body=ep.HttpBody(body=orjson.dumps(completion()), end_of_stream=True))
+    assert (await holder.read()).HasField("request_body")
+    busy = await refused("sk-one", completion())
+    assert busy.status.code == 429
+    set_headers = {h.header.key: h.header.raw_value.decode() for h in busy.headers.set_headers}
+    assert int(set_headers["retry-after"]) >= 1 and "retry-after-ms" in set_headers
+    assert orjson.loads(busy.body)["error"]["kvgate_reason"]
+    holder.call.cancel()  # the held one goes away: released, not leaked
+    for _ in range(100):
+        if await e.reservations() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await e.reservations() == 0
+
+
+async def test_a_client_gone_mid_stream_leaves_nothing_held(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    e, channel, _ = picker
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), FULL_DUPLEX, FULL_DUPLEX)
+    await envoy.send(request_headers=request_headers())
+    body = orjson.dumps(completion("going away " * 40, stream=True, max_tokens=64))
+    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    await envoy.read()
+    await envoy.read()
+    await envoy.send(response_headers=headers((":status", "200")))
+    await envoy.read()
+    await envoy.send(response_body=ep.HttpBody(body=b'data: {"choices": [{"text": "a"}]}\n\n'))
+    await envoy.read()
+    assert await e.reservations() == 1
+    envoy.call.cancel()  # Envoy resets the stream: the downstream client left
+    for _ in range(100):
+        if outcomes(e):
+            break
+        await asyncio.sleep(0.05)
+    assert await e.reservations() == 0
+    (out,) = outcomes(e)
+    assert out.status == "cancelled"
+
+
+async def test_health_services_answer(picker: tuple[Edge, Any, EppServer]) -> None:
+    _, channel, _ = picker
+    stub = health_pb2_grpc.HealthStub(channel)
+    live = await stub.Check(health_pb2.HealthCheckRequest(service="liveness"))
+    assert live.status == health_pb2.HealthCheckResponse.SERVING
+    for _ in range(40):  # readiness follows the router's (feed caught up, a healthy node)
+        ready = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
+        if ready.status == health_pb2.HealthCheckResponse.SERVING:
+            break
+        await asyncio.sleep(0.1)
+    assert ready.status == health_pb2.HealthCheckResponse.SERVING
