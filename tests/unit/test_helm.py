@@ -37,7 +37,13 @@ ALL_ON = [
     'secrets.gatewayKeys={"gw-key-0123": "envoy"}',
     "--set",
     "secrets.clickhousePassword=pw",
+    "--set",
+    "epp.enabled=true",
+    "--set",
+    "inferencePool.enabled=true",
 ]
+# custom resources without Go types here: checked against their documented API below
+UNTYPED = ["InferencePool"]
 
 
 def _helm() -> str:
@@ -88,7 +94,11 @@ def test_the_chart_lints_and_renders_into_kubernetes_types(k8scheck: Path) -> No
         rendered = helm("template", "kv", str(CHART), *extra)
         assert rendered.returncode == 0, rendered.stderr
         checked = subprocess.run(
-            [str(k8scheck)], input=rendered.stdout, capture_output=True, text=True, check=False
+            [str(k8scheck), *UNTYPED],
+            input=rendered.stdout,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert checked.returncode == 0, checked.stderr
     # and the checker is strict: a field Kubernetes does not have is an error
@@ -114,11 +124,15 @@ def test_every_object_is_there(objects: list[dict[str, Any]]) -> None:
         ("ServiceMonitor", "kv-kvgate-router"),
         ("PrometheusRule", "kv-kvgate"),
         ("StatefulSet", "kv-kvgate-sim-engine"),
+        ("InferencePool", "kv-kvgate"),
     ]:
         assert (kind, name) in kinds
     # off by default: monitoring CRDs (they need prometheus-operator) and simulated engines
     default = {o["kind"] for o in render()}
-    assert not default & {"ServiceMonitor", "PrometheusRule", "StatefulSet"}
+    assert not default & {"ServiceMonitor", "PrometheusRule", "StatefulSet", "InferencePool"}
+    # a pool without the picker it points at is refused at render time
+    done = helm("template", "kv", str(CHART), "--set", "inferencePool.enabled=true")
+    assert done.returncode != 0 and "epp.enabled" in done.stderr
 
 
 def test_every_container_runs_a_real_command_securely(objects: list[dict[str, Any]]) -> None:
@@ -142,7 +156,7 @@ def test_the_router_is_probed_served_and_selected(objects: list[dict[str, Any]])
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     port = int(options(c["args"][1:])["--port"])
     assert options(c["args"][1:])["--host"] == "0.0.0.0"
-    assert c["ports"] == [{"name": "http", "containerPort": port}]
+    assert {"name": "http", "containerPort": port} in c["ports"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     svc = one(objects, "Service", "kv-kvgate-router")
@@ -244,3 +258,28 @@ def test_monitoring_carries_kvgates_rules_and_dashboards(
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         ((name, body),) = cm["data"].items()
         assert json.loads(body) == generated[name]
+
+
+def test_the_inference_pool_points_at_the_routers_picker(objects: list[dict[str, Any]]) -> None:
+    """Fields as the inference.networking.k8s.io/v1 API reference defines them (InferencePool:
+    spec.selector.matchLabels, targetPorts[].number, endpointPickerRef {name, port.number,
+    failureMode FailOpen|FailClose}); no Go types of it are available to decode into."""
+    pool = one(objects, "InferencePool", "kv-kvgate")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    spec = pool["spec"]
+    assert set(spec) <= {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
+    assert spec["selector"] == {"matchLabels": {"app": "vllm"}}
+    assert spec["targetPorts"] == [{"number": 8000}]
+    ref = spec["endpointPickerRef"]
+    assert set(ref) == {"name", "port", "failureMode"} and ref["failureMode"] in (
+        "FailOpen",
+        "FailClose",
+    )
+    svc = one(objects, "Service", ref["name"])
+    grpc_port = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc-epp")
+    assert ref["port"] == {"number": grpc_port["port"]}
+    assert grpc_port["appProtocol"] == "kubernetes.io/h2c"
+    dep = one(objects, "Deployment", "kv-kvgate-router")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert options(c["args"][1:])["--epp-port"] == str(grpc_port["port"])
+    assert {"name": "grpc-epp", "containerPort": grpc_port["port"]} in c["ports"]
