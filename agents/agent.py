@@ -59,6 +59,8 @@ class NodeAgent:
         self.prewarmed = 0
         self._warned_degraded = False
         self.adapters: list[str] = []  # LoRA adapters the engine serves
+        self.scrape_failures = 0
+        self.kv_index_state: Literal["events", "approximate", "degraded"] = "events"
         rank = settings.data_parallel_rank
         # one data-parallel rank of an engine: its metrics samples, its requests pinned to it
         self._engine_label = str(rank) if rank is not None else None
@@ -104,6 +106,7 @@ class NodeAgent:
                 stats = replace(stats, num_gpu_blocks=await self._sglang_blocks(http, stats))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("scrape of %s failed: %s", self.settings.engine_url, exc)
+            self.scrape_failures += 1
             return None
         now = time.time()
         prev = self._last_stats
@@ -207,7 +210,7 @@ class NodeAgent:
                     healthy=stats is not None,
                     lease_s=s.lease_s,
                     kv_seq=self._kv_seq - 1 if self._kv_seq else None,
-                    kv_index=self._kv_index(),
+                    kv_index=self._kv_state(),
                     engine_restarts=self.engine_restarts,
                     kv_events_lost=self.engine_gaps,
                     kv_events_undecodable=self.undecodable,
@@ -295,6 +298,20 @@ class NodeAgent:
             )
             if self.translator.pending >= self.settings.kv_flush_max_blocks:
                 self._flush_now.set()
+
+    def _kv_state(self) -> Literal["events", "approximate", "degraded"]:
+        self.kv_index_state = self._kv_index()
+        return self.kv_index_state
+
+    @property
+    def heartbeats(self) -> int:
+        """Heartbeats published by this incarnation."""
+        return self._hb_seq
+
+    @property
+    def kv_batches(self) -> int:
+        """KV batches published by this incarnation."""
+        return self._kv_seq
 
     def _kv_index(self) -> Literal["events", "approximate", "degraded"]:
         if not self.settings.kv_events_endpoint:

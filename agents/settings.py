@@ -129,6 +129,10 @@ class AgentSettings(BaseModel):
         "long: heartbeats say kv_index: degraded",
     )
     snapshot_interval_s: float = Field(default=30.0, gt=0)
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve /metrics and /health here (off: unset)"
+    )
+    metrics_host: str = "127.0.0.1"
     models_interval_s: float = Field(
         default=10.0, gt=0, description="how often to read the engine's /v1/models (adapters)"
     )

@@ -29,6 +29,10 @@ class SinkSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     group_id: str = "kvgate-sink"
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve /metrics and /health here (off: unset)"
+    )
+    metrics_host: str = "127.0.0.1"
     batch_rows: int = Field(default=5000, gt=0)
     batch_interval_s: float = Field(default=1.0, gt=0)
     commit_every: int = Field(

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from aiokafka.errors import KafkaError
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from analytics.clickhouse import ClickHouse
 from analytics.rows import decision_row, ledger_row, node_row, outcome_row, snapshot_bucket
@@ -51,6 +53,9 @@ class Sink:
         }
         self.inserted = {table: 0 for _, table in self.specs.values()}
         self.dead_lettered = 0
+        self.insert_errors = 0
+        self.batches = 0
+        self.last_lag = -1  # refreshed by refresh_lag (for /metrics)
         self._consumer: Any = None
         self._snapshot_at: dict[str, int] = {}  # node -> bucket of its last snapshot row
         self._uncommitted = 0
@@ -119,8 +124,13 @@ class Sink:
     ) -> None:
         for table, batch in rows.items():
             if batch:
-                self.ch.insert_json(f"{self.db}.{table}", batch)
+                try:
+                    self.ch.insert_json(f"{self.db}.{table}", batch)
+                except Exception:
+                    self.insert_errors += 1
+                    raise
                 self.inserted[table] += len(batch)
+                self.batches += 1
                 batch.clear()
         await self.bus.flush()  # dead letters are durable before their offsets are committed
         self._uncommitted += 1
@@ -146,3 +156,39 @@ class Sink:
             committed = await consumer.committed(tp)
             total += max(0, ends[tp] - (committed or 0))
         return total
+
+    async def refresh_lag(self) -> None:
+        try:
+            self.last_lag = await self.lag()
+        except KafkaError:
+            self.last_lag = -1
+
+
+class SinkCollector:
+    """The sink's figures for Prometheus, read at scrape time."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sink
+        rows = CounterMetricFamily(
+            "kvgate_sink_rows_inserted", "Rows inserted into ClickHouse", labels=["table"]
+        )
+        for table, n in sorted(s.inserted.items()):
+            rows.add_metric([table], n)
+        yield rows
+        yield CounterMetricFamily("kvgate_sink_batches", "Batches inserted", value=s.batches)
+        yield CounterMetricFamily(
+            "kvgate_sink_insert_errors", "Inserts ClickHouse refused", value=s.insert_errors
+        )
+        yield CounterMetricFamily(
+            "kvgate_sink_dead_lettered",
+            "Messages sent to the dead-letter topic",
+            value=s.dead_lettered,
+        )
+        yield GaugeMetricFamily(
+            "kvgate_sink_consumer_lag",
+            "Messages on its topics not yet committed (-1: not assigned yet)",
+            value=s.last_lag,
+        )

@@ -199,9 +199,18 @@ def agent(
         await ensure_topics(s.kafka)
         bus = KafkaBus(s.kafka, f"agent-{a.node_id}")
         await bus.start()
-        try:  # one agent per data-parallel rank, sharing the producer
-            await asyncio.gather(*(NodeAgent(rank, bus).run() for rank in a.ranks()))
+        agents = [NodeAgent(rank, bus) for rank in a.ranks()]  # one per data-parallel rank
+        runner = None
+        if a.metrics_port is not None:
+            from agents.metrics import agent_registry
+            from streams.metrics_http import serve_metrics
+
+            runner, _ = await serve_metrics(a.metrics_host, a.metrics_port, agent_registry(agents))
+        try:
+            await asyncio.gather(*(agent.run() for agent in agents))
         finally:
+            if runner is not None:
+                await runner.cleanup()
             await bus.stop()
 
     asyncio.run(main())
@@ -316,9 +325,24 @@ def sink(config: ConfigOpt = None) -> None:
         apply_identity_retention(ch, s.clickhouse.database, s.sink.identity_retention_days)
         bus = KafkaBus(s.kafka, "kvgate-sink")
         await bus.start()
+        sink = Sink(s.kafka, s.sink, ch, s.clickhouse.database, bus)
+        runner = None
+        if s.sink.metrics_port is not None:
+            from prometheus_client import CollectorRegistry
+
+            from analytics.sink import SinkCollector
+            from streams.metrics_http import serve_metrics
+
+            registry = CollectorRegistry()
+            registry.register(SinkCollector(sink))
+            runner, _ = await serve_metrics(
+                s.sink.metrics_host, s.sink.metrics_port, registry, sink.refresh_lag
+            )
         try:
-            await Sink(s.kafka, s.sink, ch, s.clickhouse.database, bus).run()
+            await sink.run()
         finally:
+            if runner is not None:
+                await runner.cleanup()
             await bus.stop()
             ch.close()
 

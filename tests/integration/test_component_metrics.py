@@ -1,0 +1,77 @@
+"""The agent and the sink serve Prometheus metrics of their own (the router's are tested with
+the router): what the agent read from its engine and published, what the sink inserted and how
+far behind it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.procs import Supervisor, free_port
+from streams.kafka import ensure_topics
+from streams.settings import KafkaSettings
+from tests.conftest import wait_until
+from tests.integration.cluster import MODEL, Cluster, long_prompt, post
+
+pytestmark = pytest.mark.integration
+
+
+async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics") as r,
+    ):
+        text = await r.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_agent_and_sink_metrics(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    await ensure_topics(kafka_settings)
+    agent_port, sink_port = free_port(), free_port()
+    supervisor.env["KVGATE_AGENT__METRICS_PORT"] = str(agent_port)
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    supervisor.env.pop("KVGATE_AGENT__METRICS_PORT")
+    c.add_worker()
+    supervisor.spawn("sink", "sink", env={"KVGATE_SINK__METRICS_PORT": str(sink_port)})
+    url = c.add_router()
+    await c.wait_ready("router", 1)
+    for i in range(3):
+        status, _ = await post(
+            url,
+            "/v1/completions",
+            {"model": MODEL, "prompt": long_prompt(f"m{i}"), "max_tokens": 2},
+        )
+        assert status == 200
+    node = (("node", "n1"),)
+
+    async def agent_counted() -> dict[Any, float] | None:
+        m = await scrape(agent_port)
+        ok = (
+            m.get(("kvgate_agent_heartbeats_total", node), 0) > 0
+            and m.get(("kvgate_agent_kv_batches_total", node), 0) > 0
+            and m.get(("kvgate_agent_kv_blocks_translated_total", node), 0) > 0
+            and m.get(("kvgate_agent_kv_blocks", node), 0) > 0
+        )
+        return m if ok else None
+
+    m = await wait_until(agent_counted, 30, "the agent's metrics", 0.25)
+    assert m[("kvgate_agent_kv_index_degraded", node)] == 0
+
+    async def sink_counted() -> dict[Any, float] | None:
+        s = await scrape(sink_port)
+        rows = s.get(("kvgate_sink_rows_inserted_total", (("table", "decisions"),)), 0)
+        return s if rows >= 3 and s.get(("kvgate_sink_consumer_lag", ()), -1) == 0 else None
+
+    s = await wait_until(sink_counted, 60, "the sink's metrics", 0.5)
+    assert s[("kvgate_sink_insert_errors_total", ())] == 0
+    assert s[("kvgate_sink_batches_total", ())] >= 1
