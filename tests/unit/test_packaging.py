@@ -57,6 +57,7 @@ def test_extras_declare_what_the_code_imports() -> None:
     assert any(d.startswith("xds-protos") for d in extras["epp"])
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
     assert project["license"] == "Apache-2.0"
+    assert project["requires-python"] == ">=3.11,<3.14"  # CI tests 3.11, 3.12 and 3.13
 
 
 def test_the_cli_knows_its_version() -> None:
