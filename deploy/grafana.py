@@ -416,11 +416,15 @@ def build(d: Dashboard, db: str = "kvgate") -> dict[str, Any]:
 
 
 def write_dashboards(out: Path = HERE / "dashboards", db: str = "kvgate") -> list[Path]:
+    """The ClickHouse dashboards and the Prometheus one (:mod:`deploy.grafana_prom`)."""
+    from deploy.grafana_prom import UID, build_prometheus
+
     out.mkdir(parents=True, exist_ok=True)
+    models = [(d.uid, build(d, db)) for d in DASHBOARDS] + [(UID, build_prometheus())]
     paths = []
-    for d in DASHBOARDS:
-        path = out / f"{d.uid}.json"
-        path.write_text(json.dumps(build(d, db), indent=2, ensure_ascii=False) + "\n")
+    for uid, model in models:
+        path = out / f"{uid}.json"
+        path.write_text(json.dumps(model, indent=2, ensure_ascii=False) + "\n")
         paths.append(path)
     return paths
 
