@@ -283,3 +283,23 @@ def test_the_inference_pool_points_at_the_routers_picker(objects: list[dict[str,
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert options(c["args"][1:])["--epp-port"] == str(grpc_port["port"])
     assert {"name": "grpc-epp", "containerPort": grpc_port["port"]} in c["ports"]
+
+
+def test_components_serve_metrics_the_pod_monitor_finds(objects: list[dict[str, Any]]) -> None:
+    monitor = one(objects, "PodMonitor", "kv-kvgate-components")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    found = set()
+    for o in objects:
+        if o["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        labels = o["spec"]["template"]["metadata"]["labels"]
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            env = {v["name"]: v.get("value") for v in c.get("env", [])}
+            for p in c.get("ports", []):
+                if p["name"] in ports:
+                    assert selector.items() <= labels.items(), o["metadata"]["name"]
+                    port_vars = [k for k in env if k.endswith("__METRICS_PORT")]
+                    assert [env[k] for k in port_vars] == [str(p["containerPort"])], c["name"]
+                    found.add(c["name"])
+    assert {"sink", "kvgate-agent"} <= found

@@ -84,7 +84,14 @@ advertises the pod's IP to the routers.
       valueFrom: {fieldRef: {fieldPath: metadata.name}}
     - name: POD_IP
       valueFrom: {fieldRef: {fieldPath: status.podIP}}
+    - name: KVGATE_AGENT__METRICS_HOST
+      value: 0.0.0.0
+    - name: KVGATE_AGENT__METRICS_PORT
+      value: {{ .root.Values.agent.metricsPort | quote }}
     {{- include "kvgate.env" .root | nindent 4 }}
+  ports:
+    - name: agent-metrics
+      containerPort: {{ .root.Values.agent.metricsPort }}
   resources: {{- toYaml .root.Values.agent.resources | nindent 4 }}
   securityContext: {{- toYaml .root.Values.securityContext | nindent 4 }}
   volumeMounts: {{- include "kvgate.volumeMounts" .root | nindent 4 }}
@@ -125,9 +132,22 @@ spec:
           args: [{{ .component | quote }}]
           env:
             {{- include "kvgate.env" $root | nindent 12 }}
+            {{- with .spec.metricsPort }}
+            - name: KVGATE_{{ upper $.component }}__METRICS_HOST
+              value: 0.0.0.0
+            - name: KVGATE_{{ upper $.component }}__METRICS_PORT
+              value: {{ . | quote }}
+            {{- end }}
             {{- with .spec.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+          {{- with .spec.metricsPort }}
+          ports:
+            - name: metrics
+              containerPort: {{ . }}
+          readinessProbe:
+            httpGet: {path: /health, port: metrics}
+          {{- end }}
           resources: {{- toYaml .spec.resources | nindent 12 }}
           securityContext: {{- toYaml $root.Values.securityContext | nindent 12 }}
           volumeMounts: {{- include "kvgate.volumeMounts" $root | nindent 12 }}
