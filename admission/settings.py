@@ -20,7 +20,8 @@ class RedisSettings(BaseModel):
 
 
 class Tenant(BaseModel):
-    """A client, known by its API key; its priority comes from here, never from a header."""
+    """A client, known by its API key; its priority comes from here (a request may lower its
+    own with a criticality or InferenceObjective header, never raise it)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

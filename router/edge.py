@@ -37,6 +37,7 @@ __all__ = [
     "match_key",
     "mint_id",
     "read_body",
+    "requested_priority",
     "trace_headers",
 ]
 
@@ -205,3 +206,33 @@ def trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
     if state and len(state) <= _TRACESTATE_MAX and state.isascii() and state.isprintable():
         out["tracestate"] = state
     return out
+
+
+# the Gateway API Inference Extension's criticality names, and kvgate's own priority names
+_CRITICALITY = {
+    "critical": "high",
+    "standard": "normal",
+    "sheddable": "low",
+    "high": "high",
+    "normal": "normal",
+    "low": "low",
+}
+_PRIORITY_ORDER = ("high", "normal", "low")
+
+
+def requested_priority(
+    headers: Mapping[str, str], objectives: Mapping[str, str], granted: str
+) -> str:
+    """The priority a request runs at: its tenant's (``granted``), or a lower one it asks for —
+    by InferenceObjective name (``x-gateway-inference-objective``, mapped by ``objectives``) or
+    by criticality (``x-gateway-criticality``: Critical / Standard / Sheddable, or kvgate's
+    high / normal / low). A header never raises a request above its credential."""
+    asked: str | None = None
+    objective = headers.get("x-gateway-inference-objective", "").strip()
+    if objective:
+        asked = objectives.get(objective[:253])
+    if asked is None:
+        asked = _CRITICALITY.get(headers.get("x-gateway-criticality", "").strip().lower())
+    if asked is None or _PRIORITY_ORDER.index(asked) <= _PRIORITY_ORDER.index(granted):
+        return granted
+    return asked

@@ -47,6 +47,7 @@ from router.edge import (
     match_key,
     mint_id,
     read_body,
+    requested_priority,
     trace_headers,
 )
 from router.errors import rejection_response, rejection_status
@@ -666,6 +667,9 @@ class RouterService:
         idempotency_key = client_label(headers, "Idempotency-Key", n)
         tenant = self.tenant_of(headers)
         who.tenant = tenant.name
+        priority = requested_priority(headers, self.settings.objective_priorities, tenant.priority)
+        if priority != tenant.priority:  # the request asked to be treated as less important
+            tenant = tenant.model_copy(update={"priority": priority})
         raw = await read()
         if chat is None:
             try:

@@ -123,6 +123,11 @@ class RouterSettings(BaseModel):
     max_queue: int = Field(
         default=64, ge=0, description="waiting requests above which a node is skipped"
     )
+    objective_priorities: dict[str, Literal["high", "normal", "low"]] = Field(
+        default_factory=dict,
+        description="InferenceObjective name -> priority, for requests that name one in "
+        "x-gateway-inference-objective (they may lower their tenant's priority, never raise it)",
+    )
     epp_port: int | None = Field(
         default=None,
         ge=0,
