@@ -3,7 +3,8 @@
 An Envoy ``ext_proc`` gRPC service (``envoy.service.ext_proc.v3.ExternalProcessor``, the protos
 of the ``xds-protos`` package). For each HTTP request the gateway streams the request's headers
 and body; kvgate runs admission and routing exactly as its HTTP router does (the same intake,
-the same gate, the same decision record — :meth:`RouterService.route_external`) and answers
+the same gate, the same decision record — :meth:`RouterService.route_external`; only among
+the endpoints the data plane hints at in ``envoy.lb.subset_hint``, when it does) and answers
 with the chosen endpoint, as the EPP protocol asks, in the ``x-gateway-destination-endpoint``
 header and in the dynamic metadata ``envoy.lb`` → ``x-gateway-destination-endpoint``
 (``ip:port``). A refusal becomes an ``ImmediateResponse`` with the router's status (429, 503…),
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 DESTINATION = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
+SUBSET = "x-gateway-destination-endpoint-subset"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 MAX_BODY_CHUNKS = 4096
@@ -153,8 +156,13 @@ class _Exchange:
     started: float = field(default_factory=time.time)
     watch: _Watch = field(default_factory=_Watch)
     done: bool = False
+    subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
 
     async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        hint = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+        if hint is not None and SUBSET in hint.fields:  # the data plane narrows the choice
+            values = hint.fields[SUBSET].list_value.values
+            self.subset = {v.string_value for v in values if v.string_value}
         if req.HasField("protocol_config"):
             self.request_body_mode = req.protocol_config.request_body_mode or BUFFERED
             self.response_body_mode = req.protocol_config.response_body_mode
@@ -231,7 +239,9 @@ class _Exchange:
             taken = await self.service.intake(self.headers, read, None)
             if not isinstance(taken, tuple):
                 return [_refused(taken)]
-            routed = await self.service.route_external("epp", taken)
+            subset = self.subset
+            allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
+            routed = await self.service.route_external("epp", taken, allowed)
         except Refusal as exc:
             return [_refused(exc.response())]
         if not isinstance(routed, tuple):

@@ -998,12 +998,18 @@ class RouterService:
         )
 
     async def route_external(
-        self, gateway: str, taken: tuple[str, float, ParsedRequest, Gated, float]
+        self,
+        gateway: str,
+        taken: tuple[str, float, ParsedRequest, Gated, float],
+        allowed: Callable[[NodeView], bool] | None = None,
     ) -> web.Response | tuple[str, RouteRequest, RouteDecision, NodeView, ParsedRequest]:
         """Route an admitted request that ``gateway`` forwards itself: the decision is recorded
         and the request is held (reservation, in-flight ledger) until :meth:`finish_external`
-        or its lease runs out. A refusal releases what was held."""
+        or its lease runs out. A refusal releases what was held. ``allowed``: only those nodes
+        (a gateway's subset hint; none of them eligible is a 503)."""
         request_id, started, p, g, t0 = taken
+        if allowed is not None:
+            g = replace(g, nodes=[n for n in g.nodes if allowed(n)])
         tenant = g.tenant
         admitted = g.verdict is not None and g.verdict.admitted
         try:

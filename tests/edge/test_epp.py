@@ -254,3 +254,31 @@ async def test_health_services_answer(picker: tuple[Edge, Any, EppServer]) -> No
             break
         await asyncio.sleep(0.1)
     assert ready.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_the_subset_hint_narrows_the_choice(picker: tuple[Edge, Any, EppServer]) -> None:
+    e, channel, _ = picker
+    stub = ep_grpc.ExternalProcessorStub(channel)
+    only = host_port(e.engines["n2"])
+
+    async def pick(subset: list[str]) -> ep.ProcessingResponse:
+        envoy = Envoy(stub, BUFFERED, BUFFERED)
+        hint = base_pb2.Metadata()
+        hint.filter_metadata["envoy.lb.subset_hint"].update({f"{DESTINATION}-subset": subset})
+        await envoy.send(request_headers=request_headers(), metadata_context=hint)
+        await envoy.read()
+        body = orjson.dumps(completion("subset " * 40))
+        await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+        resp = await envoy.read()
+        envoy.call.cancel()
+        return resp
+
+    for _ in range(3):
+        assert destination(await pick([only]), "request_body") == only
+    refused = await pick(["10.9.9.9:8000"])  # none of the hinted endpoints is ours
+    assert refused.immediate_response.status.code == 503
+    for _ in range(100):
+        if await e.reservations() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await e.reservations() == 0
