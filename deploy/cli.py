@@ -444,16 +444,19 @@ def replay(
         if policy not in POLICIES:
             raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         router = router.model_copy(update={"policy": policy})
+    from analytics.progress import status
+
     try:
-        result = run_replay(
-            trace,
-            nodes=nodes,
-            policy=router,
-            load=load,
-            limit=limit,
-            seed=seed,
-            capacity=capacity,
-        )
+        with status(f"replaying {trace} through {nodes} simulated engines"):
+            result = run_replay(
+                trace,
+                nodes=nodes,
+                policy=router,
+                load=load,
+                limit=limit,
+                seed=seed,
+                capacity=capacity,
+            )
     except (FileNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     if json_output:
@@ -561,15 +564,18 @@ def _tuning_report(
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc)) from exc
         node_blocks = {f"node-{i:02d}": 0 for i in range(nodes)}
-    result = compare(
-        rec,
-        tr,
-        as_candidate(current_s),
-        as_candidate(candidate_s),
-        node_blocks,
-        ttft_slo,
-        tpot_slo,
-    )
+    from analytics.progress import status
+
+    with status("replaying the traffic under the current and the candidate settings"):
+        result = compare(
+            rec,
+            tr,
+            as_candidate(current_s),
+            as_candidate(candidate_s),
+            node_blocks,
+            ttft_slo,
+            tpot_slo,
+        )
     if html is not None:
         html.write_text(render_html(result))
     if json_output:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from analytics.progress import status, tracked
 from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import capacity_rps, open_trace, replay_trace
 from router.policies import POLICIES
@@ -78,12 +79,13 @@ def bench_routing(
             for load in loads
             for p in policies
         ]
-        results = list(pool.map(_one, work))
+        results = list(tracked(pool.map(_one, work), len(work), "simulations"))
     # simulator speed on its own (the runs above share the cores two by two), three runs each:
     # this machine is noisy, the median is what to expect and the best what it can do
     speed = {}
     for s, lim in sources:
-        runs = [_one((s, lim, nodes, "kvgate", 0.8, caps[s])) for _ in range(SPEED_RUNS)]
+        with status(f"measuring the simulator's speed on {Path(s).name}"):
+            runs = [_one((s, lim, nodes, "kvgate", 0.8, caps[s])) for _ in range(SPEED_RUNS)]
         per_min = sorted(r["sim_requests_per_min"] for r in runs)
         speed[runs[0]["trace"]] = {
             "median": per_min[len(per_min) // 2],

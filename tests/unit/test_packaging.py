@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from tests.deploykit import ROOT
 
 BLOCK = "import sys\nfor m in {mods!r}: sys.modules[m] = None\n"
@@ -112,3 +114,18 @@ def test_log_options_are_checked() -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_progress_shows_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from analytics import progress
+
+    monkeypatch.setenv("KVGATE_PROGRESS", "0")
+    assert list(progress.tracked(iter([1, 2, 3]), 3, "x")) == [1, 2, 3]
+    monkeypatch.setenv("KVGATE_PROGRESS", "1")
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", captured)
+    assert list(progress.tracked(iter([1, 2]), 2, "simulations")) == [1, 2]
+    with progress.status("working"):
+        pass
