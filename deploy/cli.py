@@ -782,6 +782,7 @@ def grafana_push(
 
 # modules of the extras -> the extra that installs them
 EXTRAS = {
+    "opentelemetry": "otel",
     "grpc": "epp",
     "grpc_health": "epp",
     "envoy": "epp",

@@ -63,6 +63,7 @@ from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
+from router.tracing import Tracing
 from streams.blocks import chain_hashes, chain_root, offloaded
 from streams.kafka import KafkaBus
 from streams.openai import error_body
@@ -218,6 +219,7 @@ class RouterService:
         )
         self._last_sweep = 0.0
         self.metrics = RouterMetrics()
+        self.tracing = Tracing(settings.otlp_endpoint, f"kvgate-router/{self.router_id}")
         self._http: aiohttp.ClientSession | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._pumper: asyncio.Task[None] | None = None
@@ -425,6 +427,8 @@ class RouterService:
                 task.cancel()
         if self._http is not None:
             await self._http.close()
+        # the last spans leave before the process does (bounded by the exporter's timeout)
+        await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     # --- snapshot ------------------------------------------------------------------------
     def nodes(self, now: float) -> list[NodeView]:
@@ -689,7 +693,16 @@ class RouterService:
         return request_id, started, p, replace(g, client_request_id=client_id), t0
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        taken = await self._intake(request, chat)
+        with self.tracing.span("kvgate.request", {"http.route": request.path}, request.headers):
+            return await self._handle_traced(request, chat)
+
+    async def _handle_traced(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        with self.tracing.span("kvgate.admission") as span:
+            taken = await self._intake(request, chat)
+            if span is not None and not isinstance(taken, web.Response):
+                g = taken[3]
+                span.set_attribute("kvgate.admitted", bool(g.verdict and g.verdict.admitted))
+                span.set_attribute("kvgate.tenant", g.tenant.name)
         if isinstance(taken, web.Response):
             return taken
         request_id, started, p, g, t0 = taken
@@ -807,7 +820,12 @@ class RouterService:
         t0: float,
     ) -> web.StreamResponse:
         tenant, nodes = g.tenant, g.nodes
-        routed = await self._decide_and_record(request_id, p, g, started, t0)
+        with self.tracing.span("kvgate.route", {"kvgate.request_id": request_id}) as span:
+            routed = await self._decide_and_record(request_id, p, g, started, t0)
+            if span is not None and not isinstance(routed, web.Response):
+                span.set_attribute("kvgate.node", routed[2].node_id)
+                span.set_attribute("kvgate.reason", routed[1].reason)
+                span.set_attribute("kvgate.prompt_blocks", len(routed[0].block_hashes))
         if isinstance(routed, web.Response):
             return routed
         rreq, _, node = routed
@@ -817,21 +835,30 @@ class RouterService:
         try:
             while True:
                 target = node
-                resp, relay = await forward(
-                    self._http,
-                    request,
-                    request_id,
-                    target,
-                    p,
-                    started,
-                    on_first_token=functools.partial(
-                        self._first_token, request_id, target.node_id, rreq
-                    ),
-                    write_timeout_s=self.settings.stream_write_timeout_s,
-                    send_buffer_bytes=self.settings.stream_send_buffer_bytes,
-                    max_duration_s=max(0.0, self.settings.max_stream_s - (time.time() - started)),
-                    upstream_headers=self._upstream_auth,
-                )
+                with self.tracing.span(
+                    "kvgate.proxy", {"kvgate.node": target.node_id, "kvgate.model": p.model}
+                ) as span:
+                    resp, relay = await forward(
+                        self._http,
+                        request,
+                        request_id,
+                        target,
+                        p,
+                        started,
+                        on_first_token=functools.partial(
+                            self._first_token, request_id, target.node_id, rreq
+                        ),
+                        write_timeout_s=self.settings.stream_write_timeout_s,
+                        send_buffer_bytes=self.settings.stream_send_buffer_bytes,
+                        max_duration_s=max(
+                            0.0, self.settings.max_stream_s - (time.time() - started)
+                        ),
+                        # with tracing on the engine continues this span, not the client's
+                        upstream_headers={**self._upstream_auth, **self.tracing.inject()},
+                    )
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", relay.http_status)
+                        span.set_attribute("kvgate.output_tokens", relay.output_tokens)
                 if self.feed.state != "live" and relay.http_status == 502 and not resp.prepared:
                     self.feed.down.add(target.node_id)  # until it answers a probe again
                 if reroutes or not _reroutable(resp, relay):

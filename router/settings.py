@@ -128,6 +128,12 @@ class RouterSettings(BaseModel):
         description="InferenceObjective name -> priority, for requests that name one in "
         "x-gateway-inference-objective (they may lower their tenant's priority, never raise it)",
     )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="send OpenTelemetry spans (admission, routing, the proxied request) to this "
+        "OTLP/HTTP traces endpoint, e.g. http://otel-collector:4318/v1/traces (needs the otel "
+        "extra); off when unset",
+    )
     epp_port: int | None = Field(
         default=None,
         ge=0,

@@ -55,7 +55,7 @@ def test_extras_declare_what_the_code_imports() -> None:
         "grafana-client",
         "matplotlib",
     }
-    assert extras["all"] == ["kvgate[worker,analytics,epp]"] and "kvgate[all]" in extras["dev"]
+    assert extras["all"] == ["kvgate[worker,analytics,epp,otel]"] and "kvgate[all]" in extras["dev"]
     assert any(d.startswith("xds-protos") for d in extras["epp"])
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
     assert project["license"] == "Apache-2.0"
