@@ -9,8 +9,10 @@ entries. With ``exactly_once`` Faust wraps each commit interval in a Kafka trans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -235,6 +237,9 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     mirror: dict[str, set[int]] = {}
     beats: dict[str, tuple[str, int, float]] = {}
     mirror_ok = False
+    folded: Counter[str] = Counter()  # input messages folded, by source (for /metrics)
+    inputs = {HEARTBEATS.name(ns): "heartbeats", KV_EVENTS.name(ns): "kv_events"}
+    inputs[LEDGER.name(ns)] = "ledger"
 
     @app.on_rebalance_complete.connect
     def _invalidate(*_: Any, **__: Any) -> None:
@@ -256,6 +261,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         mirror_ok = True
 
     async def dead_letter(event: Any, error: str, consumer: str) -> None:
+        folded["dead_lettered"] += 1
         msg = event.message
         log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
         letter = kafka_dead_letter(msg, error, consumer)
@@ -296,6 +302,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             hb = await node_message(event, Heartbeat, "worker.load")
             if hb is None:
                 continue
+            folded["heartbeats"] += 1
             prev = beats.get(hb.node_id)
             if is_newer(None if prev is None else prev[:2], (hb.epoch, hb.seq)):
                 load[hb.node_id.encode()] = event.value
@@ -307,6 +314,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             batch = await node_message(event, KvEventBatch, "worker.prefix_index")
             if batch is None:
                 continue
+            folded["kv_events"] += 1
             node = batch.node_id
             raw = cursors.get(node.encode())
             cursor = KvCursor.decode(raw) if raw else None
@@ -334,6 +342,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             except SchemaError as exc:
                 await dead_letter(event, str(exc), "worker.kv_ledger")
                 continue
+            folded["ledger"] += 1
             key = ev.reservation_id.encode()
             if ev.kind == "reserve":
                 ledger[key] = event.value
@@ -346,6 +355,53 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 del ledger[key]
             else:  # a renew: the open entry with its new lease
                 ledger[key] = entry.model_dump_json().encode()
+
+    @app.page("/metrics")
+    async def metrics(view: Any, request: Any) -> Any:
+        """The worker's figures for Prometheus: input folded by source, dead letters, what its
+        tables hold, and how far its consumer is behind its inputs."""
+        lines = []
+
+        def family(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}"])
+            suffix = "_total" if kind == "counter" else ""
+            lines.extend(f"{name}{suffix}{labels} {value}" for labels, value in samples)
+
+        family(
+            "kvgate_worker_folded",
+            "counter",
+            "Input messages folded into the tables, by source",
+            [(f'{{source="{src}"}}', folded[src]) for src in ("heartbeats", "kv_events", "ledger")],
+        )
+        family(
+            "kvgate_worker_dead_lettered",
+            "counter",
+            "Input messages sent to the dead-letter topic",
+            [("", folded["dead_lettered"])],
+        )
+        family("kvgate_worker_nodes", "gauge", "Nodes in its load table", [("", len(beats))])
+        family(
+            "kvgate_worker_index_entries",
+            "gauge",
+            "(node, block) entries of its prefix index partitions",
+            [("", sum(len(b) for b in mirror.values()))],
+        )
+        lag: Counter[str] = Counter()
+        consumer: Any = app.consumer
+        for tp in consumer.assignment():
+            source = inputs.get(tp.topic)
+            committed = consumer._committed_offset.get(tp)
+            if source is None:
+                continue
+            with contextlib.suppress(Exception):
+                lag[source] += max(0, consumer.highwater(tp) - (committed or 0))
+        family(
+            "kvgate_worker_consumer_lag",
+            "gauge",
+            "Input messages not yet committed, by source",
+            [(f'{{source="{src}"}}', lag[src]) for src in ("heartbeats", "kv_events", "ledger")],
+        )
+        return view.web.text("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
 
     reaper: KafkaBus | None = None
 

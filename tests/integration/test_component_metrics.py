@@ -1,6 +1,6 @@
-"""The agent and the sink serve Prometheus metrics of their own (the router's are tested with
-the router): what the agent read from its engine and published, what the sink inserted and how
-far behind it is."""
+"""The agent, the worker and the sink serve Prometheus metrics of their own (the router's are
+tested with the router): what the agent read from its engine and published, what the worker
+folded and holds, what the sink inserted, and how far behind worker and sink are."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.procs import Supervisor, free_port
 from streams.kafka import ensure_topics
-from streams.settings import KafkaSettings
+from streams.settings import KafkaSettings, WorkerSettings
 from tests.conftest import wait_until
 from tests.integration.cluster import MODEL, Cluster, long_prompt, post
 
@@ -32,8 +32,8 @@ async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
     }
 
 
-async def test_agent_and_sink_metrics(
-    supervisor: Supervisor, kafka_settings: KafkaSettings
+async def test_agent_worker_and_sink_metrics(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings
 ) -> None:
     await ensure_topics(kafka_settings)
     agent_port, sink_port = free_port(), free_port()
@@ -71,6 +71,17 @@ async def test_agent_and_sink_metrics(
         s = await scrape(sink_port)
         rows = s.get(("kvgate_sink_rows_inserted_total", (("table", "decisions"),)), 0)
         return s if rows >= 3 and s.get(("kvgate_sink_consumer_lag", ()), -1) == 0 else None
+
+    async def worker_counted() -> dict[Any, float] | None:
+        w = await scrape(worker_settings.web_port)
+        kv = w.get(("kvgate_worker_folded_total", (("source", "kv_events"),)), 0)
+        beats = w.get(("kvgate_worker_folded_total", (("source", "heartbeats"),)), 0)
+        return w if kv > 0 and beats > 0 and w.get(("kvgate_worker_index_entries", ()), 0) else None
+
+    w = await wait_until(worker_counted, 30, "the worker's metrics", 0.5)
+    assert w[("kvgate_worker_nodes", ())] == 1
+    assert w[("kvgate_worker_dead_lettered_total", ())] == 0
+    assert w[("kvgate_worker_consumer_lag", (("source", "kv_events"),))] >= 0
 
     s = await wait_until(sink_counted, 60, "the sink's metrics", 0.5)
     assert s[("kvgate_sink_insert_errors_total", ())] == 0
