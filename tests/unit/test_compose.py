@@ -137,13 +137,15 @@ def test_ports_endpoints_and_scrape_targets_agree(project: dict[str, Any]) -> No
             ):
                 assert urlparse(opts[flag]).port == urlparse(env[key]).port, (name, flag)
                 assert urlparse(opts[flag]).hostname == engine.hostname, (name, flag)
-        metrics = {k: v for k, v in svc["environment"].items() if k.endswith("__METRICS_PORT")}
-        for key, port in metrics.items():  # agents and the sink serve /metrics on their own
-            section = key.removesuffix("__METRICS_PORT")
-            assert svc["environment"][f"{section}__METRICS_HOST"] == "0.0.0.0", name
+        env = svc["environment"]
+        for key, port in env.items():  # agents, worker and sink serve /metrics on their own
+            if not key.endswith(("__METRICS_PORT", "__WEB_PORT")):
+                continue
+            assert env[key.removesuffix("_PORT") + "_HOST"] == "0.0.0.0", name
             http_port[name] = int(port)
-            health = urlparse(svc["environment"]["KVGATE_HEALTH_URL"])
-            assert health.port == int(port) and health.path == "/health", name
+            if "KVGATE_HEALTH_URL" in env:
+                health = urlparse(env["KVGATE_HEALTH_URL"])
+                assert health.port == int(port) and health.path == "/health", name
     scrape = yaml.safe_load((COMPOSE.parent / "prometheus.yml").read_text())
     targets = {
         t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]

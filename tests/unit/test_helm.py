@@ -299,7 +299,7 @@ def test_components_serve_metrics_the_pod_monitor_finds(objects: list[dict[str, 
             for p in c.get("ports", []):
                 if p["name"] in ports:
                     assert selector.items() <= labels.items(), o["metadata"]["name"]
-                    port_vars = [k for k in env if k.endswith("__METRICS_PORT")]
+                    port_vars = [k for k in env if k.endswith(("__METRICS_PORT", "__WEB_PORT"))]
                     assert [env[k] for k in port_vars] == [str(p["containerPort"])], c["name"]
                     found.add(c["name"])
-    assert {"sink", "kvgate-agent"} <= found
+    assert {"sink", "worker", "kvgate-agent"} <= found

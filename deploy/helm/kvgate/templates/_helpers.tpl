@@ -133,9 +133,11 @@ spec:
           env:
             {{- include "kvgate.env" $root | nindent 12 }}
             {{- with .spec.metricsPort }}
-            - name: KVGATE_{{ upper $.component }}__METRICS_HOST
+            {{- /* the worker's metrics are a page of its Faust web server */}}
+            {{- $key := ternary "WEB" "METRICS" (eq $.component "worker") }}
+            - name: KVGATE_{{ upper $.component }}__{{ $key }}_HOST
               value: 0.0.0.0
-            - name: KVGATE_{{ upper $.component }}__METRICS_PORT
+            - name: KVGATE_{{ upper $.component }}__{{ $key }}_PORT
               value: {{ . | quote }}
             {{- end }}
             {{- with .spec.extraEnv }}
