@@ -167,8 +167,10 @@ class SimEngine:
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, CompletionRequest)
-        tk = self.tokenization
-        return await self._serve(request, body, body.prompt_tokens(tk.encode_prompt), chat=False)
+        prompts = body.prompt_list(self.tokenization.encode_prompt)
+        if len(prompts) > 1:
+            return await self._serve_batch(request, body, prompts)
+        return await self._serve(request, body, prompts[0], chat=False)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._parse(request, ChatRequest)
@@ -192,6 +194,72 @@ class SimEngine:
             )
         return body
 
+    def _submit(
+        self, rank: int, tokens: list[int], body: CompletionRequest | ChatRequest, rid: str
+    ) -> tuple[Sequence, asyncio.Queue[object]]:
+        """A sequence for ``tokens`` on engine core ``rank``; its tokens arrive on the queue."""
+        seq = Sequence(
+            rid,
+            tokens,
+            body.output_limit(self.settings.default_max_tokens),
+            time.time(),
+            random.Random(self._rng.random()),
+            lora=body.model if body.model in self._lora_ids else None,
+            cache_salt=body.cache_salt,
+        )
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        self._queues[rid] = queue
+        self.cores[rank].add(seq)
+        self._wakes[rank].set()
+        return seq, queue
+
+    async def _serve_batch(
+        self, request: web.Request, body: CompletionRequest, prompts: list[list[int]]
+    ) -> web.StreamResponse:
+        """A batched completion (vLLM: one choice per prompt), on one engine core. The
+        simulated engine answers batches whole; it streams one prompt per request."""
+        if body.stream:
+            return _json(error_body("the simulated engine streams one prompt per request"), 400)
+        rank = self._rank_for(request)
+        if isinstance(rank, web.Response):
+            return rank
+        if any(not p or not self.cores[rank].fits(len(p)) for p in prompts):
+            return _json(error_body("a prompt is empty or exceeds the KV cache"), 400)
+        rid = "cmpl-" + uuid.uuid4().hex
+        subs = [self._submit(rank, p, body, f"{rid}-{i}") for i, p in enumerate(prompts)]
+
+        async def collect(queue: asyncio.Queue[object]) -> list[int]:
+            return [t async for t in _drain(queue)]
+
+        try:
+            outs = await asyncio.gather(*(collect(q) for _, q in subs))
+            usages = [_usage(seq) for seq, _ in subs]
+            cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+            usage = {
+                "prompt_tokens": sum(u["prompt_tokens"] for u in usages),
+                "completion_tokens": sum(u["completion_tokens"] for u in usages),
+                "total_tokens": sum(u["total_tokens"] for u in usages),
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
+            choices = [
+                {"index": i, "text": self.tokenization.decode(out), "finish_reason": "length"}
+                for i, out in enumerate(outs)
+            ]
+            return _json(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": int(subs[0][0].arrival_s),
+                    "model": body.model,
+                    "choices": choices,
+                    "usage": usage,
+                }
+            )
+        finally:
+            for seq, _ in subs:
+                self._queues.pop(seq.request_id, None)
+                self.cores[rank].abort(seq)
+
     async def _serve(
         self,
         request: web.Request,
@@ -214,19 +282,7 @@ class SimEngine:
                 400,
             )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        seq = Sequence(
-            rid,
-            tokens,
-            body.output_limit(self.settings.default_max_tokens),
-            time.time(),
-            random.Random(self._rng.random()),
-            lora=body.model if body.model in self._lora_ids else None,
-            cache_salt=body.cache_salt,
-        )
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        self._queues[rid] = queue
-        core.add(seq)
-        self._wakes[rank].set()
+        seq, queue = self._submit(rank, tokens, body, rid)
         try:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -32,6 +32,12 @@ class ParsedRequest:
     # tokens that may be hashed and claimed as hits: all of them, except in a request with
     # images (or other media), whose blocks past the first one the router cannot reproduce
     hashable_tokens: int | None = None
+    other_prompt_tokens: int = 0  # the other prompts of a batched completion (not routed by)
+
+    @property
+    def prompt_tokens_total(self) -> int:
+        """Prompt tokens the engine computes for the whole request (every prompt of a batch)."""
+        return len(self.tokens) + self.other_prompt_tokens
 
     @property
     def hashable(self) -> list[int]:
@@ -57,6 +63,7 @@ def parse_request(
     given_ids = False
     if chat:
         req = ChatRequest.model_validate(body)
+        other_prompts = 0
         tk = tokenization(req.model)
         if req.has_media:
             # the engine puts the media's own tokens (and hashes) where a part is: rendered with
@@ -72,7 +79,9 @@ def parse_request(
         req = CompletionRequest.model_validate(body)
         tk = tokenization(req.model)
         hashable = None
-        tokens = req.prompt_tokens(tk.encode_prompt)
+        # a batch runs on one engine: routed by its first prompt, admitted for all of them
+        prompts = req.prompt_list(tk.encode_prompt)
+        tokens, other_prompts = prompts[0], sum(len(x) for x in prompts[1:])
         given_ids = req.prompt_text() is None  # token ids: exact whatever the tokenizer
     if req.max_tokens is None and req.max_completion_tokens is None:
         # the engine generates no more than the reservation was sized for: the router's
@@ -90,7 +99,8 @@ def parse_request(
         exact_tokens=(tk.exact or (not chat and given_ids)) and hashable is None,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
-        sequences=req.sequences,
+        sequences=req.sequences * (req.batch if isinstance(req, CompletionRequest) else 1),
+        other_prompt_tokens=other_prompts,
         cache_salt=req.cache_salt,
         hashable_tokens=hashable,
     )

@@ -551,8 +551,8 @@ class RouterService:
 
     def _check_tokens(self, node: NodeView, p: ParsedRequest) -> None:
         """Now and then, the engine tokenizes the same request: do the token ids agree?"""
-        if not p.exact_tokens or p.model not in self._tokenizations:
-            return
+        if not p.exact_tokens or p.model not in self._tokenizations or p.other_prompt_tokens:
+            return  # (a batch: the engine's /tokenize takes one prompt)
         if not self.tokencheck.due(p.model):
             return
         task = asyncio.create_task(self._compare_tokens(node, p))
@@ -749,9 +749,9 @@ class RouterService:
                     request_id,
                     tenant,
                     # approximate tokens: scaled to what the engine counts (router/calibrate.py)
-                    len(p.tokens)
+                    p.prompt_tokens_total
                     if p.exact_tokens
-                    else self.calibration.prompt_tokens(p.model, len(p.tokens)),
+                    else self.calibration.prompt_tokens(p.model, p.prompt_tokens_total),
                     p.max_tokens,
                     block_size,
                     pool,
@@ -905,7 +905,7 @@ class RouterService:
                 self.gate.observe_output(tenant, p.model, relay.output_tokens // p.sequences)
                 engine_prompt = (relay.usage or {}).get("prompt_tokens")
                 if not p.exact_tokens and isinstance(engine_prompt, int):
-                    self.calibration.observe(p.model, len(p.tokens), engine_prompt)
+                    self.calibration.observe(p.model, p.prompt_tokens_total, engine_prompt)
             await self._publish_outcome(request_id, node.node_id, relay, p, started, reroutes)
 
     def _route(
@@ -922,7 +922,9 @@ class RouterService:
         may publish pre-warm advice (not for dry runs)."""
         adapter = p.model if p.model in self._adapter_base else None
         hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
-        rreq = RouteRequest(request_id, p.model, hashes, len(p.tokens), p.max_tokens, p.session_id)
+        rreq = RouteRequest(
+            request_id, p.model, hashes, p.prompt_tokens_total, p.max_tokens, p.session_id
+        )
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
         if self.feed.state == "load_only":  # the index is too old to claim hits on
@@ -1117,7 +1119,7 @@ class RouterService:
         if status == "ok":
             self.gate.observe_output(tenant, p.model, output_tokens // p.sequences)
             if prompt_tokens is not None and not p.exact_tokens:
-                self.calibration.observe(p.model, len(p.tokens), prompt_tokens)
+                self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
             self._prefilled(node, hashes)
         await self._publish_outcome(rid, node, relay, p, started)
         return True

@@ -68,26 +68,49 @@ class _Base(BaseModel):
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 
 
+MAX_PROMPTS = 256  # prompts in one batched completion request
+
+
 class CompletionRequest(_Base):
-    prompt: str | list[TokenId] | list[str]
+    # one prompt (text or token ids) or, as vLLM takes them, a batch (texts or token-id lists):
+    # one choice per prompt and n
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
-        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
-            raise ValueError("batched prompts are not supported: send one prompt per request")
+    def _prompts(cls, v: Any) -> Any:
         if isinstance(v, list) and not v:
             raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and isinstance(v[0], str | list):
+            if len(v) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+            if any(isinstance(x, list) and not x for x in v):
+                raise ValueError("prompt must not contain an empty token list")
         return v
 
+    @property
+    def batch(self) -> int:
+        """How many prompts the request carries."""
+        p = self.prompt
+        return len(p) if isinstance(p, list) and isinstance(p[0], str | list) else 1
+
+    def prompt_list(self, tokenize: Callable[[str], list[int]]) -> list[list[int]]:
+        """Token ids of every prompt: given as ids, or ``tokenize`` applied to their text."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [tokenize(p)]
+        if isinstance(p[0], str):
+            return [tokenize(str(x)) for x in p]
+        if isinstance(p[0], list):
+            return [[int(t) for t in x] for x in p]
+        return [[int(t) for t in p]]
+
     def prompt_tokens(self, tokenize: Callable[[str], list[int]]) -> list[int]:
-        """Token ids of the prompt: given as ids, or ``tokenize`` applied to its text."""
-        text = self.prompt_text()
-        if text is not None:
-            return tokenize(text)
-        return [int(t) for t in self.prompt]
+        """Token ids of the (first) prompt."""
+        return self.prompt_list(tokenize)[0]
 
     def prompt_text(self) -> str | None:
+        """The (first) prompt's text; None when given as token ids."""
         if isinstance(self.prompt, str):
             return self.prompt
         if self.prompt and isinstance(self.prompt[0], str):

@@ -46,7 +46,8 @@ def test_parse_completion_chat_and_token_prompts() -> None:
         b'"x"',
         b'{"model": "m"}',
         b'{"model": "m", "prompt": []}',
-        b'{"model": "m", "prompt": ["a", "b"]}',
+        b'{"model": "m", "prompt": [["a"]]}',  # token ids are integers
+        b'{"model": "m", "prompt": [[1], []]}',  # an empty prompt in a batch
     ],
 )
 def test_parse_rejects(raw: bytes) -> None:
