@@ -124,7 +124,13 @@ async def test_malformed_http_requests_get_a_4xx_json_error(
             400,
         ),
         ("/v1/chat/completions", orjson.dumps({"model": MODEL, "messages": []}), 400),
-        ("/v1/chat/completions", orjson.dumps({"model": MODEL, "messages": [{"role": "x"}]}), 400),
+        # any role is taken (as vLLM takes custom roles), but not an empty or a huge one
+        ("/v1/chat/completions", orjson.dumps({"model": MODEL, "messages": [{"role": ""}]}), 400),
+        (
+            "/v1/chat/completions",
+            orjson.dumps({"model": MODEL, "messages": [{"role": "r" * 65, "content": "hi"}]}),
+            400,
+        ),
         ("/v1/completions", orjson.dumps({"model": "nope", "prompt": "x"}), 404),
     ]
     async with aiohttp.ClientSession() as http:
