@@ -23,8 +23,10 @@ __all__ = [
     "Dashboard",
     "Panel",
     "build",
+    "dashboard_json",
     "datasource_model",
     "expand",
+    "grid",
     "panel_queries",
     "push",
     "write_dashboards",
@@ -372,16 +374,54 @@ def _panel(p: Panel, pid: int, x: int, y: int, db: str) -> dict[str, Any]:
     }
 
 
+def grid(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Positions (x, y) of panels of (width, height), left to right in rows of 24 columns."""
+    out = []
+    x = y = row_h = 0
+    for w, h in sizes:
+        if x + w > 24:
+            x, y, row_h = 0, y + row_h, 0
+        out.append((x, y))
+        x += w
+        row_h = max(row_h, h)
+    return out
+
+
+def dashboard_json(
+    uid: str,
+    title: str,
+    description: str,
+    tags: list[str],
+    variables: list[dict[str, Any]],
+    panels: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The dashboard envelope every kvgate dashboard shares."""
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": tags,
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": variables},
+        "annotations": {"list": []},
+        "links": [],
+        "panels": panels,
+    }
+
+
 def build(d: Dashboard, db: str = "kvgate") -> dict[str, Any]:
     """Grafana's dashboard JSON for ``d`` (queries against database ``db``)."""
-    panels = []
-    x = y = row_h = 0
-    for i, p in enumerate(d.panels, start=1):
-        if x + p.w > 24:
-            x, y, row_h = 0, y + row_h, 0
-        panels.append(_panel(p, i, x, y, db))
-        x += p.w
-        row_h = max(row_h, p.h)
+    places = grid([(p.w, p.h) for p in d.panels])
+    panels = [
+        _panel(p, i, x, y, db)
+        for i, (p, (x, y)) in enumerate(zip(d.panels, places, strict=True), start=1)
+    ]
     variables: list[dict[str, Any]] = [
         {
             "type": "datasource",
@@ -396,23 +436,7 @@ def build(d: Dashboard, db: str = "kvgate") -> dict[str, Any]:
         if isinstance(v.get("query"), str):
             v["query"] = v["query"].replace("{db}", db)
         variables.append(v)
-    return {
-        "uid": d.uid,
-        "title": d.title,
-        "description": d.description,
-        "tags": list(d.tags),
-        "timezone": "browser",
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": variables},
-        "annotations": {"list": []},
-        "links": [],
-        "panels": panels,
-    }
+    return dashboard_json(d.uid, d.title, d.description, list(d.tags), variables, panels)
 
 
 def write_dashboards(out: Path = HERE / "dashboards", db: str = "kvgate") -> list[Path]:

@@ -154,39 +154,26 @@ def _panel(p: PromPanel, pid: int, x: int, y: int) -> dict[str, Any]:
 
 def build_prometheus() -> dict[str, Any]:
     """Grafana's dashboard JSON of :data:`PROM_DASHBOARD`."""
-    panels = []
-    x = y = row_h = 0
-    for i, p in enumerate(PROM_DASHBOARD, start=1):
-        if x + p.w > 24:
-            x, y, row_h = 0, y + row_h, 0
-        panels.append(_panel(p, i, x, y))
-        x += p.w
-        row_h = max(row_h, p.h)
-    return {
-        "uid": UID,
-        "title": "kvgate — router (Prometheus)",
-        "description": "The routers' live health from their /metrics: traffic, refusals, "
-        "latencies, queues, KV budget, cache share, feed",
-        "tags": ["kvgate", "prometheus"],
-        "timezone": "browser",
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "templating": {
-            "list": [
-                {
-                    "type": "datasource",
-                    "name": "prometheus",
-                    "label": "Prometheus",
-                    "query": "prometheus",
-                    "current": {"text": "kvgate Prometheus", "value": "kvgate-prometheus"},
-                }
-            ]
-        },
-        "annotations": {"list": []},
-        "links": [],
-        "panels": panels,
+    from deploy.grafana import dashboard_json, grid
+
+    places = grid([(p.w, p.h) for p in PROM_DASHBOARD])
+    panels = [
+        _panel(p, i, x, y)
+        for i, (p, (x, y)) in enumerate(zip(PROM_DASHBOARD, places, strict=True), start=1)
+    ]
+    variable = {
+        "type": "datasource",
+        "name": "prometheus",
+        "label": "Prometheus",
+        "query": "prometheus",
+        "current": {"text": "kvgate Prometheus", "value": "kvgate-prometheus"},
     }
+    return dashboard_json(
+        UID,
+        "kvgate — router (Prometheus)",
+        "The routers' live health from their /metrics: traffic, refusals, latencies, queues, "
+        "KV budget, cache share, feed",
+        ["kvgate", "prometheus"],
+        [variable],
+        panels,
+    )

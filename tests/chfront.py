@@ -144,3 +144,15 @@ class ChdbFront:
             req.send_header("X-ClickHouse-Exception-Code", exception_code)
         req.end_headers()
         req.wfile.write(body)
+
+
+def sink_env(front: ChdbFront, namespace: str, **extra: str) -> dict[str, str]:
+    """Environment for kvgate processes that talk to ``front`` as their ClickHouse server, with
+    a sink group of the test's own."""
+    return {
+        "KVGATE_CLICKHOUSE__BACKEND": "server",
+        "KVGATE_CLICKHOUSE__PORT": str(front.port),
+        "KVGATE_CLICKHOUSE__COMPRESS": "false",
+        "KVGATE_SINK__GROUP_ID": f"{namespace}-sink",
+        **extra,
+    }

@@ -18,7 +18,7 @@ from deploy.procs import Supervisor, free_port
 from router.epp import DESTINATION
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
-from tests.chfront import ChdbFront
+from tests.chfront import ChdbFront, sink_env
 from tests.conftest import wait_until
 from tests.integration.cluster import MODEL, Cluster, get, long_prompt
 
@@ -44,13 +44,7 @@ async def test_picked_requests_land_in_clickhouse(
             return int(front._run(sql, "CSV") or b"0")
 
         supervisor.env.update(
-            {
-                "KVGATE_CLICKHOUSE__BACKEND": "server",
-                "KVGATE_CLICKHOUSE__PORT": str(front.port),
-                "KVGATE_CLICKHOUSE__COMPRESS": "false",
-                "KVGATE_SINK__GROUP_ID": f"{kafka_settings.namespace}-sink",
-                "KVGATE_SINK__BATCH_INTERVAL_S": "0.2",
-            }
+            sink_env(front, kafka_settings.namespace, KVGATE_SINK__BATCH_INTERVAL_S="0.2")
         )
         c = Cluster(supervisor)
         c.add_engine("n1")

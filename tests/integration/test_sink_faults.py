@@ -13,7 +13,7 @@ from deploy.procs import Supervisor
 from streams.kafka import KafkaBus, ensure_topics
 from streams.settings import KafkaSettings
 from streams.topics import DECISIONS, LEDGER, OUTCOMES
-from tests.chfront import ChdbFront
+from tests.chfront import ChdbFront, sink_env
 from tests.conftest import wait_until
 from tests.factories import decision, ledger_event, outcome
 
@@ -44,17 +44,15 @@ async def test_sink_killed_mid_batch_loses_and_duplicates_nothing(
             return int(front._run(sql, "CSV") or b"0")
 
         supervisor.env.update(
-            {
-                "KVGATE_CLICKHOUSE__BACKEND": "server",
-                "KVGATE_CLICKHOUSE__PORT": str(front.port),
-                "KVGATE_CLICKHOUSE__COMPRESS": "false",
-                "KVGATE_SINK__GROUP_ID": f"{kafka_settings.namespace}-sink",
-                "KVGATE_SINK__BATCH_ROWS": "500",
-                "KVGATE_SINK__BATCH_INTERVAL_S": "0.2",
+            sink_env(
+                front,
+                kafka_settings.namespace,
+                KVGATE_SINK__BATCH_ROWS="500",
+                KVGATE_SINK__BATCH_INTERVAL_S="0.2",
                 # offsets only every 1000 batches: whatever the first sink inserted before the
                 # kill is delivered again to the second
-                "KVGATE_SINK__COMMIT_EVERY": "1000",
-            }
+                KVGATE_SINK__COMMIT_EVERY="1000",
+            )
         )
         supervisor.spawn("sink", "sink")
 
