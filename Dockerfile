@@ -18,6 +18,7 @@ COPY deploy ./deploy
 COPY router ./router
 COPY streams ./streams
 RUN /opt/kvgate/bin/pip install ".[all]" \
+ && bash deploy/otel-protos.sh /opt/kvgate/bin/python \
  && /opt/kvgate/bin/kvgate --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

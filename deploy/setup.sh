@@ -34,6 +34,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
+bash deploy/otel-protos.sh .venv/bin/python
 
 # Go builds the compose validator (compose-go, the loader docker compose uses) the tests run
 if ! command -v go >/dev/null; then

@@ -129,3 +129,15 @@ def test_progress_shows_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> N
     assert list(progress.tracked(iter([1, 2]), 2, "simulations")) == [1, 2]
     with progress.status("working"):
         pass
+
+
+def test_the_epp_and_otel_extras_live_together() -> None:
+    """xds-protos bundles an older opentelemetry/proto; deploy/otel-protos.sh restores
+    opentelemetry-proto's files after installing (setup, CI, the image)."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+
+    assert external_processor_pb2.ProcessingRequest and OTLPSpanExporter and InstrumentationScope
+    assert "otel-protos.sh" in (ROOT / "deploy" / "setup.sh").read_text()
+    assert "otel-protos.sh" in (ROOT / "Dockerfile").read_text()
