@@ -634,6 +634,45 @@ def weights(
     typer.echo(json.dumps({"policy": name, "weights": checked}))
 
 
+def _publish_drain(config: Path | None, node: str, drain: bool) -> None:
+    from router.control import drain_message
+    from streams.kafka import KafkaBus, ensure_topics
+    from streams.topics import CONTROL
+
+    s = _settings(config)
+
+    async def publish() -> None:
+        await ensure_topics(s.kafka)
+        bus = KafkaBus(s.kafka, "kvgate-cli")
+        await bus.start()
+        try:
+            msg = drain_message(node, drain)
+            await bus.send(CONTROL, msg.subject, msg)
+        finally:
+            await bus.stop()
+
+    asyncio.run(publish())
+    typer.echo(json.dumps({"node": node, "draining": drain}))
+
+
+@app.command()
+def drain(
+    node: Annotated[str, typer.Argument(help="the node id (as its agent names it)")],
+    config: ConfigOpt = None,
+) -> None:
+    """Drain a node on every router (kvgate.control): no new requests, in-flight ones finish."""
+    _publish_drain(config, node, True)
+
+
+@app.command()
+def undrain(
+    node: Annotated[str, typer.Argument(help="the node id")],
+    config: ConfigOpt = None,
+) -> None:
+    """Take a node back into routing on every router."""
+    _publish_drain(config, node, False)
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write docs/benchmarks/.")
 app.add_typer(bench_app, name="bench")
 

@@ -25,7 +25,7 @@ from streams.schemas import ControlMessage
 from streams.settings import KafkaSettings
 from streams.topics import CONTROL
 
-__all__ = ["ControlFollower", "apply_weights", "weights_message"]
+__all__ = ["ControlFollower", "apply_weights", "drain_message", "weights_message"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,18 @@ def weights_message(
         kind="weights",
         ts=now or time.time(),
         payload={"policy": policy, "weights": weights},
+    )
+
+
+def drain_message(node: str, drain: bool, now: float | None = None) -> ControlMessage:
+    """The control message that drains (or undrains) ``node`` on every router: no new requests
+    go to a draining node, its in-flight requests finish. One subject per node, so that the
+    compacted topic keeps only its latest state."""
+    return ControlMessage(
+        subject=f"drain/{node}",
+        kind="drain" if drain else "undrain",
+        ts=now or time.time(),
+        payload={"node": node},
     )
 
 
@@ -75,9 +87,21 @@ class ControlFollower(Background):
         self.applied = 0
         self.refused = 0
         self.caught_up = asyncio.Event()
+        self.drained: set[str] = set()  # nodes an operator drains (kvgate drain NODE)
 
     def handle(self, msg: ControlMessage) -> str:
         outcome = "ignored"
+        if msg.kind in ("drain", "undrain"):
+            node = msg.payload.get("node")
+            if not isinstance(node, str) or not node or msg.subject != f"drain/{node}":
+                self.refused += 1
+                return "invalid: a drain message names its node as drain/<node>"
+            if msg.kind == "drain":
+                self.drained.add(node)
+            else:
+                self.drained.discard(node)
+            log.info("node %s %sed", node, msg.kind)
+            return msg.kind + "ed"
         if msg.kind == "weights":
             outcome = apply_weights(self.policy, msg)
             if outcome == "applied":

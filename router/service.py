@@ -473,6 +473,8 @@ class RouterService:
                 view = cached[1]
             if gap:
                 view = replace(view, kv_index_gap=gap, kv_index_age_s=age)
+            if self.control is not None and hb.node_id in self.control.drained:
+                view = replace(view, draining=True)  # an operator drains it (kvgate drain)
             if feed != "live":
                 if rx - view.heartbeat_ts > view.lease_s or hb.node_id in self.feed.down:
                     continue  # dead before the feed stopped, or does not answer now
@@ -1227,6 +1229,7 @@ class RouterService:
                 "policy": self.policy.name,
                 "weights_version": self.policy.weights_version,
                 "weights_refused": self.control.refused if self.control else 0,
+                "drained": sorted(self.control.drained) if self.control else [],
                 "token_calibration": self.calibration.report(),
                 "tokenization_checks": self.tokencheck.report(),
                 "replica_caught_up": self.replica.caught_up.is_set(),
