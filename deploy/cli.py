@@ -6,12 +6,15 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from deploy.logs import configure
 from deploy.settings import Settings, load_settings, public_dump
+
+if TYPE_CHECKING:
+    from streams.schemas import ControlMessage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 ConfigOpt = Annotated[
@@ -598,8 +601,6 @@ def weights(
     """Publish new policy weights on kvgate.control: every router applies them at runtime and
     records the version with each decision."""
     from router.control import weights_message
-    from streams.kafka import KafkaBus, ensure_topics
-    from streams.topics import CONTROL
 
     s = _settings(config)
     name = policy or s.router.policy
@@ -620,38 +621,31 @@ def weights(
     except Exception as exc:
         raise typer.BadParameter(str(exc)) from exc
 
+    _send_control(s, weights_message(name, checked))
+    typer.echo(json.dumps({"policy": name, "weights": checked}))
+
+
+def _send_control(s: Settings, msg: ControlMessage) -> None:
+    """Publish ``msg`` on kvgate.control, acknowledged by the broker."""
+    from streams.kafka import KafkaBus, ensure_topics
+    from streams.topics import CONTROL
+
     async def publish() -> None:
         await ensure_topics(s.kafka)
         bus = KafkaBus(s.kafka, "kvgate-cli")
         await bus.start()
         try:
-            msg = weights_message(name, checked)
             await bus.send(CONTROL, msg.subject, msg)
         finally:
             await bus.stop()
 
     asyncio.run(publish())
-    typer.echo(json.dumps({"policy": name, "weights": checked}))
 
 
 def _publish_drain(config: Path | None, node: str, drain: bool) -> None:
     from router.control import drain_message
-    from streams.kafka import KafkaBus, ensure_topics
-    from streams.topics import CONTROL
 
-    s = _settings(config)
-
-    async def publish() -> None:
-        await ensure_topics(s.kafka)
-        bus = KafkaBus(s.kafka, "kvgate-cli")
-        await bus.start()
-        try:
-            msg = drain_message(node, drain)
-            await bus.send(CONTROL, msg.subject, msg)
-        finally:
-            await bus.stop()
-
-    asyncio.run(publish())
+    _send_control(_settings(config), drain_message(node, drain))
     typer.echo(json.dumps({"node": node, "draining": drain}))
 
 
