@@ -54,6 +54,7 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 MAX_BODY_CHUNKS = 4096
+MAX_PENDING_RESPONSE = 1 << 20  # response bytes held while looking for a whole event
 HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
 
 
@@ -107,6 +108,9 @@ class _Watch:
     def chunk(self, data: bytes, now: float) -> None:
         """An SSE or JSON piece of the response body."""
         self.buffer += data
+        if len(self.buffer) > MAX_PENDING_RESPONSE:  # no event boundary in sight: stop reading
+            self.buffer = b""
+            return
         if b"\n\n" not in self.buffer and not data.strip().endswith(b"}"):
             return
         events, _, rest = self.buffer.rpartition(b"\n\n")
@@ -152,6 +156,7 @@ class _Exchange:
     response_body_mode: int = 0
     headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     body: list[bytes] = field(default_factory=list)
+    body_bytes: int = 0
     request_id: str | None = None
     started: float = field(default_factory=time.time)
     watch: _Watch = field(default_factory=_Watch)
@@ -186,6 +191,10 @@ class _Exchange:
             return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
         if kind == "request_body":
             self.body.append(req.request_body.body)
+            self.body_bytes += len(req.request_body.body)
+            limit = self.service.settings.max_body_bytes
+            if self.body_bytes > limit:  # refused as it grows, not once it is all held
+                return [immediate(413, _error(f"the body is over {limit} bytes"), {})]
             if len(self.body) > MAX_BODY_CHUNKS:
                 return [immediate(413, _error("request body in too many pieces"), {})]
             if not req.request_body.end_of_stream:
@@ -228,9 +237,6 @@ class _Exchange:
 
     async def _route(self) -> list[ep.ProcessingResponse]:
         raw = b"".join(self.body)
-        limit = self.service.settings.max_body_bytes
-        if len(raw) > limit:
-            return [immediate(413, _error(f"the body is over {limit} bytes"), {})]
 
         async def read() -> bytes:
             return raw
@@ -248,10 +254,13 @@ class _Exchange:
             return [_refused(routed)]
         self.request_id, _, decision, node, p = routed
         dest = host_port(node.endpoint)
+        upstream = self.service.upstream_auth
         mutation = ep.HeaderMutation(
             set_headers=[_set(DESTINATION, dest), _set("x-kvgate-node", node.node_id)]
             + [_set(k.lower(), v) for k, v in node.engine_headers.items()]
-            + [_set(k.lower(), v) for k, v in self.service.upstream_auth.items()]
+            + [_set(k.lower(), v) for k, v in upstream.items()],
+            # the tenant's key is kvgate's business, never the engine's
+            remove_headers=[] if upstream else ["authorization"],
         )
         body = orjson.dumps(p.body)  # what the engine is asked (default max_tokens added)
         metadata = struct_pb2.Struct()

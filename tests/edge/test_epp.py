@@ -132,7 +132,9 @@ async def test_a_buffered_request_is_picked_served_and_released(
     # the router adds the default max_tokens it reserved for: the body is mutated to say so
     sent = picked.request_body.response.body_mutation.body
     assert orjson.loads(sent)["max_tokens"] > 0
-    assert "content-length" in picked.request_body.response.header_mutation.remove_headers
+    removed = picked.request_body.response.header_mutation.remove_headers
+    assert "content-length" in removed
+    assert "authorization" in removed  # the tenant's key does not travel to the engine
     status, chunks = await upstream(dest, "/v1/completions", sent)
     assert status == 200
     await envoy.send(
@@ -281,4 +283,20 @@ async def test_the_subset_hint_narrows_the_choice(picker: tuple[Edge, Any, EppSe
         if await e.reservations() == 0:
             break
         await asyncio.sleep(0.05)
+    assert await e.reservations() == 0
+
+
+async def test_a_body_over_the_limit_is_refused_as_it_grows(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    e, channel, _ = picker
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), FULL_DUPLEX, FULL_DUPLEX)
+    await envoy.send(request_headers=request_headers())
+    chunk = b"x" * (1 << 20)
+    limit = e.service.settings.max_body_bytes
+    for _ in range(limit // len(chunk)):
+        await envoy.send(request_body=ep.HttpBody(body=chunk, end_of_stream=False))
+    await envoy.send(request_body=ep.HttpBody(body=chunk, end_of_stream=False))  # one too many
+    refused = await envoy.read()
+    assert refused.immediate_response.status.code == 413
     assert await e.reservations() == 0
