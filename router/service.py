@@ -948,7 +948,7 @@ class RouterService:
 
     def _matches(self, hashes: Sequence[int], now: float) -> dict[str, int]:
         """Per node, the prefix it holds: the index, plus what this router just had prefilled."""
-        gpu, tier = self.replica.index.match_tiers(hashes, [offloaded(h) for h in hashes])
+        gpu, tier = self.replica.index.match_tiers(hashes, offloaded)
         matches = gpu
         if tier:  # blocks in an offloaded tier after the GPU prefix: a cheaper miss
             value = self.settings.offload_hit_value

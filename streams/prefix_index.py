@@ -10,7 +10,7 @@ set entry (its node's block set, which snapshot resyncs and retirement need).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 __all__ = ["PrefixIndex"]
 
@@ -123,31 +123,40 @@ class PrefixIndex:
         return out
 
     def match_tiers(
-        self, hashes: Sequence[int], copies: Sequence[int]
+        self, hashes: Sequence[int], copy_of: Callable[[int], int]
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Per node: the leading blocks of ``hashes`` it holds (as :meth:`match`), and how many
-        of the blocks right after those it holds as ``copies`` (the same blocks' keys in an
-        offloaded tier, position by position): the prefix an engine reuses from its GPU cache,
-        then loads from CPU or disk instead of computing. Nodes with 0 omitted."""
+        of the blocks right after those it holds as copies (``copy_of(h)``: the same block's key
+        in an offloaded tier): the prefix an engine reuses from its GPU cache, then loads from
+        CPU or disk instead of computing. Nodes with 0 omitted. Only the runs that can exist are
+        walked: from 0 for nodes without a GPU hit (one lookup when nobody has a copy of the
+        first block), from its GPU prefix for each node with one."""
         gpu = self.match(hashes)
-        by_block = self._by_block
-        masks = [by_block.get(c, 0) for c in copies]
-        holders = 0
-        for m in masks:
-            holders |= m
+        n = len(hashes)
+        if not n:
+            return gpu, {}
+        by_block, slots = self._by_block, self._slot
+        starts: dict[int, int] = {}  # position -> slots whose offloaded run would start there
+        gpu_bits = 0
+        for name, g in gpu.items():
+            bit = 1 << slots[name]
+            gpu_bits |= bit
+            if g < n:
+                starts[g] = starts.get(g, 0) | bit
+        cold = by_block.get(copy_of(hashes[0]), 0) & ~gpu_bits
+        if cold:
+            starts[0] = starts.get(0, 0) | cold
         tier: dict[str, int] = {}
-        names = self._names
-        while holders:
-            low = holders & -holders
-            holders ^= low
-            name = names[low.bit_length() - 1]
-            if name is None:
-                continue
-            start = i = gpu.get(name, 0)
-            while i < len(masks) and masks[i] & low:
+        for start, alive in starts.items():
+            i = start
+            while alive and i < n:
+                held = by_block.get(copy_of(hashes[i]), 0) & alive
+                if held != alive and i > start:
+                    self._credit(alive & ~held, i - start, tier)
+                alive = held
                 i += 1
-            if i > start:
-                tier[name] = i - start
+            if alive and i > start:
+                self._credit(alive, i - start, tier)
         return gpu, tier
 
     def _credit(self, mask: int, depth: int, out: dict[str, int]) -> None:
