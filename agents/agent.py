@@ -218,6 +218,7 @@ class NodeAgent:
                     kv_blocks_skipped=sum(self.translator.skipped_blocks.values()),
                     adapters=self.adapters,
                     data_parallel_rank=s.data_parallel_rank,
+                    engine_started_at=last.start_time_s,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

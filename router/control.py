@@ -19,13 +19,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from router.core import Policy
+from router.fleet import Fleet
 from streams.background import Background
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import ControlMessage
 from streams.settings import KafkaSettings
 from streams.topics import CONTROL
 
-__all__ = ["ControlFollower", "apply_weights", "drain_message", "weights_message"]
+__all__ = [
+    "ControlFollower",
+    "apply_weights",
+    "canary_message",
+    "drain_message",
+    "weights_message",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,34 @@ def drain_message(node: str, drain: bool, now: float | None = None) -> ControlMe
     )
 
 
+def canary_message(
+    group: str, nodes: list[str], share: float, now: float | None = None
+) -> ControlMessage:
+    """The control message that sends ``share`` of requests to ``nodes`` (and only that share)
+    on every router; no nodes or a share of 0 ends the canary. One subject per group."""
+    return ControlMessage(
+        subject=f"canary/{group}",
+        kind="canary",
+        ts=now or time.time(),
+        payload={"group": group, "nodes": nodes, "share": share},
+    )
+
+
+def apply_canary(fleet: Fleet, msg: ControlMessage) -> str:
+    """Apply a ``canary`` message: ``applied``, ``ended`` or ``invalid: ...``."""
+    group, nodes, share = (msg.payload.get(k) for k in ("group", "nodes", "share"))
+    if not isinstance(group, str) or not group or msg.subject != f"canary/{group}":
+        return "invalid: a canary message names its group as canary/<group>"
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
+        return "invalid: payload.nodes must be a list of node ids"
+    if len(nodes) > 10_000:
+        return "invalid: payload.nodes is too long"
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        return "invalid: payload.share must be a number in [0, 1]"
+    fleet.set_canary(group, nodes, float(share))
+    return "applied" if group in fleet.canaries else "ended"
+
+
 def apply_weights(policy: Policy, msg: ControlMessage) -> str:
     """Apply a ``weights`` message to ``policy``; returns what happened (for logs and tests):
     ``applied``, ``other_policy``, ``not_newer``, ``invalid: ...`` or ``fixed_policy``."""
@@ -78,16 +113,18 @@ def apply_weights(policy: Policy, msg: ControlMessage) -> str:
 class ControlFollower(Background):
     """Follows ``kvgate.control`` and applies what concerns this router."""
 
-    def __init__(self, kafka: KafkaSettings, bus: KafkaBus, policy: Policy, client_id: str) -> None:
+    def __init__(
+        self, kafka: KafkaSettings, bus: KafkaBus, policy: Policy, client_id: str, fleet: Fleet
+    ) -> None:
         self.kafka = kafka
         self.bus = bus
         self.policy = policy
         self.client_id = client_id
+        self.fleet = fleet  # drains and canaries land here (kvgate drain / kvgate canary)
         self.topic = CONTROL.name(kafka.namespace)
         self.applied = 0
         self.refused = 0
         self.caught_up = asyncio.Event()
-        self.drained: set[str] = set()  # nodes an operator drains (kvgate drain NODE)
 
     def handle(self, msg: ControlMessage) -> str:
         outcome = "ignored"
@@ -97,11 +134,19 @@ class ControlFollower(Background):
                 self.refused += 1
                 return "invalid: a drain message names its node as drain/<node>"
             if msg.kind == "drain":
-                self.drained.add(node)
+                self.fleet.drained.add(node)
             else:
-                self.drained.discard(node)
+                self.fleet.drained.discard(node)
             log.info("node %s %sed", node, msg.kind)
             return msg.kind + "ed"
+        if msg.kind == "canary":
+            outcome = apply_canary(self.fleet, msg)
+            if outcome.startswith("invalid"):
+                self.refused += 1
+                log.warning("refused canary %s: %s", msg.subject, outcome)
+            else:
+                log.info("canary %s %s: %s", msg.subject, outcome, msg.payload)
+            return outcome
         if msg.kind == "weights":
             outcome = apply_weights(self.policy, msg)
             if outcome == "applied":

@@ -45,6 +45,7 @@ class NodeView:
     kv_index_age_s: float = 0.0  # since the index last applied a KV batch of this node
     adapters: frozenset[str] = frozenset()  # LoRA adapters it serves besides its model
     dp_rank: int | None = None  # the engine's data-parallel rank this node is
+    started_at: float | None = None  # when its engine started (slow start, router/fleet.py)
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -91,6 +92,7 @@ class NodeView:
             self.kv_index_age_s,
             self.adapters,
             self.dp_rank,
+            self.started_at,
         )
 
 

@@ -148,6 +148,26 @@ class RouterMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.ejections = Counter(
+            "kvgate_router_ejections",
+            "Nodes ejected for what this router saw them do (consecutive_5xx, "
+            "consecutive_timeout, consecutive_connect, success_rate, probe)",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.fleet_nodes = Gauge(
+            "kvgate_router_fleet_nodes",
+            "Nodes out of (or limited in) rotation on this router: drained, ejected, probing, "
+            "slow_start, canary",
+            ["state"],
+            registry=self.registry,
+        )
+        self.canary_routed = Counter(
+            "kvgate_router_canary_requests",
+            "Requests that fell in a canary group's share",
+            ["group"],
+            registry=self.registry,
+        )
         self.stalled_clients = Counter(
             "kvgate_router_stalled_clients",
             "Streams cut off because the client stopped reading or the request ran too long",

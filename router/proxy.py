@@ -29,6 +29,7 @@ from aiohttp import web
 
 from router.core import NodeView
 from router.edge import trace_headers
+from router.outlier import Failure
 from router.parse import ParsedRequest
 from streams.openai import error_body
 
@@ -48,6 +49,7 @@ class Relay:
     usage: dict[str, Any] | None = None
     error: str | None = None
     cut_off: bool = False  # the client stopped reading, or the request ran past its limit
+    failure: Failure | None = None  # the engine failed it (outlier ejection counts these)
 
     @property
     def cached_tokens(self) -> int | None:
@@ -136,6 +138,8 @@ async def forward(
             ) as up,
         ):
             relay.http_status = up.status
+            if up.status >= 500:
+                relay.failure = "5xx"
             if not p.stream or up.status != 200:
                 data = await up.read()
                 relay.ttft_s = time.time() - started
@@ -147,7 +151,7 @@ async def forward(
                 else:
                     relay.error = data[:500].decode("utf-8", "replace")
                 if up.status in (401, 403):  # the engine refused the router, not the client
-                    relay.http_status = 502
+                    relay.http_status, relay.failure = 502, "5xx"
                     msg = f"node {node.node_id} refused the router's credentials"
                     return _json(error_body(msg, "upstream_auth", 502), 502), relay
                 return web.Response(
@@ -202,6 +206,8 @@ async def forward(
         overdue = deadline.expired()
         relay.error = f"upstream {node.node_id} failed: {exc!r}"
         public = f"engine {node.node_id} failed while serving this request"
+        if not overdue:
+            relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
         if overdue:
             relay.error = f"request ran past max_duration_s ({max_duration_s:g} s)"
             public = relay.error

@@ -45,7 +45,9 @@ def build_router_app(s: Settings) -> web.Application:
     service = RouterService(
         s.router, replica, bus, make_policy(s.router), s.admission, store, storm_store
     )
-    control = ControlFollower(s.kafka, bus, service.policy, f"{service.router_id}-control")
+    control = ControlFollower(
+        s.kafka, bus, service.policy, f"{service.router_id}-control", service.fleet
+    )
     service.control = control
     ledger = LedgerReplica(s.kafka, s.worker, f"{service.router_id}-ledger")
     reconciler = Reconciler(

@@ -52,9 +52,11 @@ from router.edge import (
 )
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
+from router.fleet import Fleet, Selection
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
+from router.outlier import Failure
 from router.parse import ParsedRequest, parse_request
 from router.passthrough import pick_node, relay, request_model
 from router.policies import LeastRequestsPolicy
@@ -210,6 +212,7 @@ class RouterService:
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
         self.ledger = InflightLedger()
+        self.fleet = Fleet(settings.outlier, settings.slow_start)
         self.gate = AdmissionGate(
             admission or AdmissionSettings(),
             self.router_id,
@@ -467,13 +470,14 @@ class RouterService:
                     lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
                     adapters=frozenset(hb.adapters),
                     dp_rank=hb.data_parallel_rank,
+                    started_at=self.fleet.started(hb.node_id, hb.epoch, hb.engine_started_at, now),
                 )
                 cache[hb.node_id] = (hb, view)
             else:
                 view = cached[1]
             if gap:
                 view = replace(view, kv_index_gap=gap, kv_index_age_s=age)
-            if self.control is not None and hb.node_id in self.control.drained:
+            if hb.node_id in self.fleet.drained:
                 view = replace(view, draining=True)  # an operator drains it (kvgate drain)
             if feed != "live":
                 if rx - view.heartbeat_ts > view.lease_s or hb.node_id in self.feed.down:
@@ -495,6 +499,7 @@ class RouterService:
             for node in set(cache) - set(self.replica.load):
                 del cache[node]
                 self.approx.forget(node)
+            self.fleet.forget(self.replica.load)
         return out
 
     def _candidates(
@@ -861,6 +866,7 @@ class RouterService:
                     if span is not None:
                         span.set_attribute("http.response.status_code", relay.http_status)
                         span.set_attribute("kvgate.output_tokens", relay.output_tokens)
+                self._observe(target.node_id, relay.failure, relay.status == "cancelled")
                 if self.feed.state != "live" and relay.http_status == 502 and not resp.prepared:
                     self.feed.down.add(target.node_id)  # until it answers a probe again
                 if reroutes or not _reroutable(resp, relay):
@@ -872,7 +878,11 @@ class RouterService:
                 if not others:
                     return resp
                 now = time.time()
-                again = self.policy.decide(rreq, others, self._matches(rreq.block_hashes, now), now)
+                sel = self.fleet.select(others, p.session_id or request_id, now)
+                matches = self._matches(rreq.block_hashes, now)
+                again = self._fleet_decision(
+                    self.policy.decide(rreq, sel.nodes, matches, now), sel, matches, now, True
+                )
                 if again.chosen is None:
                     return resp
                 log.warning(
@@ -929,10 +939,14 @@ class RouterService:
         )
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
+        sel = self.fleet.select(nodes, p.session_id or request_id, now)
         if self.feed.state == "load_only":  # the index is too old to claim hits on
-            return rreq, self._load_policy.decide(rreq, nodes, {}, now)
+            decision = self._load_policy.decide(rreq, sel.nodes, {}, now)
+            return rreq, self._fleet_decision(decision, sel, {}, now, advise)
         matches = self._matches(hashes, now)
-        decision = self.policy.decide(rreq, nodes, matches, now)
+        decision = self._fleet_decision(
+            self.policy.decide(rreq, sel.nodes, matches, now), sel, matches, now, advise
+        )
         # salted prefixes are one tenant's, an adapter's only where it is loaded: no
         # pre-warming other engines with them
         if (
@@ -945,6 +959,42 @@ class RouterService:
             if advice is not None:
                 self._advise(advice, p, block_size, now)
         return rreq, decision
+
+    def _fleet_decision(
+        self,
+        decision: RouteDecision,
+        sel: Selection,
+        matches: Mapping[str, int],
+        now: float,
+        dispatch: bool,
+    ) -> RouteDecision:
+        """The decision marked ``ejected/`` when an ejection moved it; a probing node's
+        request counts as its probe (``dispatch``: the request is really sent)."""
+        if sel.canary is not None and dispatch:
+            self.metrics.canary_routed.labels(sel.canary).inc()
+        if decision.chosen is None:
+            return decision
+        if dispatch:
+            self.fleet.detector.sent(decision.chosen, now)
+        reason = self.fleet.reason(decision.reason, decision.chosen, sel, matches)
+        return decision if reason == decision.reason else replace(decision, reason=reason)
+
+    def _observe(self, node: str, failure: Failure | None, cancelled: bool = False) -> None:
+        """An engine's answer to a request (outlier ejection): ``failure`` None is a success;
+        a request the client gave up says nothing about the engine."""
+        if cancelled and failure is None:
+            return
+        cause = self.fleet.detector.observe(node, failure, time.time(), len(self.replica.load))
+        if cause is not None:
+            self.metrics.ejections.labels(cause.removeprefix("probe_")).inc()
+            h = self.fleet.detector.nodes[node]
+            log.warning(
+                "node %s ejected (%s) for %.0f s (ejection %d)",
+                node,
+                cause,
+                (h.ejected_until or 0.0) - time.time(),
+                h.ejections,
+            )
 
     def _matches(self, hashes: Sequence[int], now: float) -> dict[str, int]:
         """Per node, the prefix it holds: the index, plus what this router just had prefilled."""
@@ -1106,6 +1156,7 @@ class RouterService:
         self._gateway_until.pop(rid, None)
         _, node, p, hashes, tenant, started = entry
         now = time.time()
+        self._observe(node, "5xx" if status == "error" else None, status == "cancelled")
         await self.gate.release(rid, now)
         self.ledger.finish(rid)
         usage: dict[str, Any] = {"completion_tokens": output_tokens}
@@ -1229,7 +1280,7 @@ class RouterService:
                 "policy": self.policy.name,
                 "weights_version": self.policy.weights_version,
                 "weights_refused": self.control.refused if self.control else 0,
-                "drained": sorted(self.control.drained) if self.control else [],
+                **self.fleet.state(now),
                 "token_calibration": self.calibration.report(),
                 "tokenization_checks": self.tokencheck.report(),
                 "replica_caught_up": self.replica.caught_up.is_set(),
@@ -1429,6 +1480,9 @@ class RouterService:
         for kind in ("events", "approximate", "degraded"):
             m.nodes_kv_index.labels(kind).set(sum(1 for hb in beats if hb.kv_index == kind))
         healthy = sum(1 for v in views if v.healthy and v.alive(now))
+        fleet = self.fleet.counts(views, now)
+        for state, n in fleet.items():
+            m.fleet_nodes.labels(state).set(n)
         m.nodes.labels("healthy").set(healthy)
         m.nodes.labels("unhealthy").set(len(views) - healthy)
         with contextlib.suppress(AdmissionError):

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from streams.tokenization import TokenizerSpec
 
-__all__ = ["CostWeights", "RouterSettings", "SeedWeights"]
+__all__ = ["CostWeights", "OutlierSettings", "RouterSettings", "SeedWeights", "SlowStartSettings"]
 
 
 class SeedWeights(BaseModel):
@@ -62,6 +62,45 @@ class CostWeights(BaseModel):
     affinity_load_bound: float = Field(
         default=1.25, ge=1, le=100, description="home nodes above this × mean load are skipped"
     )
+
+
+class OutlierSettings(BaseModel):
+    """Outlier ejection on the outcomes the router sees (Envoy's outlier detection; names and
+    defaults follow its ``OutlierDetection`` message, router/outlier.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    consecutive_errors: int = Field(
+        default=5, ge=1, description="5xx, timeouts and connection errors in a row that eject"
+    )
+    interval_s: float = Field(default=10.0, gt=0, description="success-rate analysis interval")
+    base_ejection_time_s: float = Field(default=30.0, gt=0, description="× ejections so far")
+    max_ejection_time_s: float = Field(default=300.0, gt=0)
+    max_ejection_percent: float = Field(
+        default=10.0, ge=0, le=100, description="of the nodes at once (at least one)"
+    )
+    success_rate_minimum_hosts: int = Field(default=5, ge=1)
+    success_rate_request_volume: int = Field(default=100, ge=1, description="per interval")
+    success_rate_stdev_factor: float = Field(default=1.9, gt=0)
+    probe_successes: int = Field(
+        default=1, ge=1, description="successes in a row before a probing node is trusted again"
+    )
+    probe_timeout_s: float = Field(
+        default=60.0, gt=0, description="a probe with no outcome after this long failed"
+    )
+
+
+class SlowStartSettings(BaseModel):
+    """A new replica's ramp-up (Envoy's ``slow_start_config``): offered a request with
+    probability max(min_weight, (age / window_s) ** (1 / aggression)) while younger than
+    window_s."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_s: float = Field(default=60.0, ge=0, description="0: no slow start")
+    aggression: float = Field(default=1.0, gt=0)
+    min_weight: float = Field(default=0.1, gt=0, le=1)
 
 
 class RouterSettings(BaseModel):
@@ -128,6 +167,8 @@ class RouterSettings(BaseModel):
         description="InferenceObjective name -> priority, for requests that name one in "
         "x-gateway-inference-objective (they may lower their tenant's priority, never raise it)",
     )
+    outlier: OutlierSettings = OutlierSettings()
+    slow_start: SlowStartSettings = SlowStartSettings()
     otlp_endpoint: str | None = Field(
         default=None,
         description="send OpenTelemetry spans (admission, routing, the proxied request) to this "

@@ -107,6 +107,13 @@ class Heartbeat(Message):
         "engine cores with their own KV caches): routers send its requests with "
         "X-data-parallel-rank",
     )
+    engine_started_at: float | None = Field(
+        default=None,
+        gt=0,
+        description="when the engine process started (its process_start_time_seconds): a "
+        "replica younger than the routers' slow-start window ramps up instead of taking full "
+        "traffic with an empty cache",
+    )
     adapters: list[AdapterName] = Field(
         default_factory=list,
         max_length=256,
@@ -252,11 +259,11 @@ class Outcome(Message):
 
 
 class ControlMessage(Message):
-    """Operator and pipeline advice: pre-warm, policy weights, node drain, scaling."""
+    """Operator and pipeline advice: pre-warm, policy weights, node drain, canary, scaling."""
 
     schema_version: Literal[1] = 1
     subject: str = Field(min_length=1)
-    kind: Literal["prewarm", "weights", "drain", "undrain", "scale"]
+    kind: Literal["prewarm", "weights", "drain", "undrain", "canary", "scale"]
     ts: float = Field(gt=0)
     payload: dict[str, Any] = Field(default_factory=dict)
 
