@@ -56,6 +56,13 @@ class EngineSettings(BaseModel):
     tokenizer: TokenizerSpec | None = Field(
         default=None, description="tokenize like this model (default: 4-byte text chunks)"
     )
+    fault: Literal["none", "error", "hang"] = Field(
+        default="none",
+        description="a broken engine whose /metrics and /health look fine: error answers "
+        "generation requests with 500, hang accepts them and never answers (fault tests; "
+        "POST /kvgate/fault changes it at runtime)",
+    )
+    fault_share: float = Field(default=1.0, ge=0, le=1, description="of requests that fail")
     seed: int = 0
     profile: EngineProfile = EngineProfile()
 

@@ -54,6 +54,7 @@ class SimEngine:
         self._lora_ids = {name: i + 1 for i, name in enumerate(settings.adapters)}
         self._publishers: list[KvEventPublisher | None] = [None] * len(self.cores)
         self._tasks: list[asyncio.Task[None]] = []
+        self.fault, self.fault_share = settings.fault, settings.fault_share
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -66,9 +67,36 @@ class SimEngine:
                 return _json({"error": "Unauthorized"}, 401)
         return await handler(request)
 
+    @web.middleware
+    async def _faulty(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The configured fault, on generation requests only: metrics and health stay fine."""
+        if (
+            self.fault != "none"
+            and request.path in ("/v1/completions", "/v1/chat/completions")
+            and self._rng.random() < self.fault_share
+        ):
+            if self.fault == "hang":
+                await asyncio.Event().wait()  # until the client gives up
+            return _json(error_body("engine fault (simulated)", "InternalServerError", 500), 500)
+        return await handler(request)
+
+    async def _set_fault(self, request: web.Request) -> web.Response:
+        """Change the simulated fault at runtime: {"fault": "none"|"error"|"hang", "share": x}."""
+        try:
+            body = orjson.loads(await request.read())
+            fault, share = body["fault"], float(body.get("share", 1.0))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return _json(error_body(f"bad fault: {exc}"), 400)
+        if fault not in ("none", "error", "hang") or not 0 <= share <= 1:
+            return _json(error_body("fault is none, error or hang; share in [0, 1]"), 400)
+        self.fault, self.fault_share = fault, share
+        return _json({"fault": fault, "share": share})
+
     # --- lifecycle -----------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._auth])
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[self._auth, self._faulty]
+        )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -76,6 +104,7 @@ class SimEngine:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset)
+        app.router.add_post("/kvgate/fault", self._set_fault)
         # what SGLang's model gateway asks a worker when it registers it (it falls back from
         # the first name to the older one); answering lets the gateway label the model
         for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):

@@ -667,6 +667,29 @@ def undrain(
     _publish_drain(config, node, False)
 
 
+@app.command()
+def canary(
+    group: Annotated[str, typer.Argument(help="the canary group's name, e.g. vllm-0.34")],
+    nodes: Annotated[
+        str, typer.Option(help="comma-separated node ids of the group (empty: end it)")
+    ] = "",
+    share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="of requests sent to the group, and only it")
+    ] = 0.05,
+    off: Annotated[bool, typer.Option("--off", help="end the canary")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Send a share of requests to a group of nodes (e.g. 5 % to a new engine version) on every
+    router (kvgate.control); the other requests avoid the group."""
+    from router.control import canary_message
+
+    members = [] if off else [n.strip() for n in nodes.split(",") if n.strip()]
+    if not off and not members:
+        raise typer.BadParameter("--nodes names the group's nodes (or --off ends the canary)")
+    _send_control(_settings(config), canary_message(group, members, 0.0 if off else share))
+    typer.echo(json.dumps({"group": group, "nodes": members, "share": 0.0 if off else share}))
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write docs/benchmarks/.")
 app.add_typer(bench_app, name="bench")
 

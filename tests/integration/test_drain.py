@@ -78,3 +78,26 @@ async def test_drain_and_undrain(supervisor: Supervisor, kafka_settings: KafkaSe
         return await candidates(url, prompt) == {"n1", "n2"}
 
     await wait_until(back, 20, "n1 back in routing", 0.2)
+
+
+async def test_canary_group_takes_its_share(supervisor: Supervisor) -> None:
+    _, url = await Cluster.two_nodes(supervisor)
+    kvgate(supervisor, "canary", "v2", "--nodes", "n2", "--share", "0.25")
+
+    async def applied() -> bool:
+        state = await get(url, "/v1/kvgate/state")
+        return state["canaries"] == {"v2": {"nodes": ["n2"], "share": 0.25}}
+
+    await wait_until(applied, 20, "the router to apply the canary", 0.2)
+    seen = [await candidates(url, long_prompt(f"canary {i}", 40)) for i in range(120)]
+    # each request falls on one side: the canary alone, or everything but the canary
+    assert all(c in ({"n2"}, {"n1"}) for c in seen)
+    share = sum(c == {"n2"} for c in seen) / len(seen)
+    assert 0.1 < share < 0.4, share  # 0.25 ± 3.8 standard deviations
+    kvgate(supervisor, "canary", "v2", "--off")
+
+    async def ended() -> bool:
+        return (await get(url, "/v1/kvgate/state"))["canaries"] == {}
+
+    await wait_until(ended, 20, "the canary to end", 0.2)
+    assert await candidates(url, long_prompt("after", 40)) == {"n1", "n2"}
