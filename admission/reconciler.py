@@ -16,6 +16,7 @@ from typing import Any
 
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
+from admission.pools import budget_key
 from admission.reconcile import ReconcilePlan, plan_reconcile
 from admission.reservations import Reservation
 from streams.background import Background
@@ -28,15 +29,17 @@ log = logging.getLogger(__name__)
 
 
 def idle_pools(beats: Iterable[Heartbeat], now: float) -> set[str]:
-    """Pools whose every live node reports nothing running and nothing waiting."""
+    """Budgets (admission.pools) whose every live node reports nothing running and nothing
+    waiting."""
     busy: set[str] = set()
     seen: set[str] = set()
     for hb in beats:
         if now - hb.ts > hb.lease_s:
             continue
-        seen.add(hb.pool)
+        key = budget_key(hb.pool, hb.model)
+        seen.add(key)
         if hb.running or hb.waiting:
-            busy.add(hb.pool)
+            busy.add(key)
     return seen - busy
 
 
@@ -132,10 +135,12 @@ class Reconciler(Background):
                 gate.held.pop(r.reservation_id, None)
                 await gate.record("expire", r, now, "reconciler: its pool's nodes are idle")
 
-    def report(self, pool: str, beats: Iterable[Heartbeat], now: float) -> dict[str, Any]:
-        """The three views of one pool side by side (the router's state endpoint shows it)."""
-        live = [hb for hb in beats if hb.pool == pool and now - hb.ts <= hb.lease_s]
-        blocks, slots = self.ledger.book.held(pool)
+    def report(self, beats: Iterable[Heartbeat], now: float) -> dict[str, Any]:
+        """The three views of every budget summed, side by side (the router's state endpoint
+        shows it)."""
+        live = [hb for hb in beats if now - hb.ts <= hb.lease_s]
+        book = self.ledger.book.open.values()
+        blocks, slots = sum(e.kv_blocks for e in book), sum(e.slots for e in book)
         return {
             "ledger_open": len(self.ledger.book.open),
             "ledger_kv_blocks": blocks,

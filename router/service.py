@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
+from admission.pools import budget_key
 from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
@@ -739,7 +740,7 @@ class RouterService:
         if isinstance(nodes, Rejection):
             return self._refuse(nodes.reason, rejection_response(nodes))
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        pool = nodes[0].pool if nodes else "default"
+        pool, budget_nodes = self._budget(all_nodes, nodes, p.model, now)
         verdict = None
         if self.gate.settings.enabled:
             # retries of one attempt: the client's Idempotency-Key, within its tenant only
@@ -762,7 +763,7 @@ class RouterService:
                     p.max_tokens,
                     block_size,
                     pool,
-                    [n.kv_blocks_total for n in nodes],
+                    budget_nodes,
                     now,
                     p.model,
                     OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
@@ -774,6 +775,29 @@ class RouterService:
             fresh = self._candidates(self.nodes(now), p.model, now)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
         return Gated(tenant, nodes, block_size, verdict, now)
+
+    def _budget(
+        self, all_nodes: list[NodeView], nodes: list[NodeView], model: str, now: float
+    ) -> tuple[str, list[int]]:
+        """The admission budget a request for ``model`` draws on (admission.pools): its name
+        and the KV blocks of each of its nodes — the eligible nodes of the candidates' pool
+        that run their base model (an adapter's requests share their base model's KV)."""
+        if not nodes:
+            base = self._adapter_base.get(model, model)
+            return budget_key("default", base), []
+        pool, base = nodes[0].pool, nodes[0].model
+        group = [n for n in eligible(all_nodes, base, now) if n.pool == pool and n.model == base]
+        return budget_key(pool, base), [n.kv_blocks_total for n in group or nodes]
+
+    @staticmethod
+    def _budget_totals(views: Sequence[NodeView], now: float) -> dict[str, int]:
+        """Every (pool, model) budget's KV blocks: its healthy, undrained, live nodes'."""
+        out: dict[str, int] = {}
+        for v in views:
+            key = budget_key(v.pool, v.model)
+            ok = v.healthy and not v.draining and v.alive(now)
+            out[key] = out.get(key, 0) + (v.kv_blocks_total if ok else 0)
+        return out
 
     async def _decide_and_record(
         self, request_id: str, p: ParsedRequest, g: Gated, started: float, t0: float
@@ -1268,11 +1292,25 @@ class RouterService:
     async def _state(self, _: web.Request) -> web.Response:
         """The replica as this router sees it: nodes, their load and indexed blocks."""
         now = time.time()
+        views = self.nodes(now)
+        budgets: dict[str, dict[str, Any]] = {}
         try:
             reservations: int | None = await self.gate.store.count()
-            reserved: int | None = (await self.gate.store.held("default"))[0]
+            for key, total in self._budget_totals(views, now).items():
+                blocks, slots, _drain = await self.gate.store.snapshot(key, now)
+                budgets[key] = {
+                    "kv_blocks_total": total,
+                    "reserved_kv_blocks": blocks,
+                    "reserved_slots": slots,
+                    "used_ratio": round(blocks / total, 4) if total else None,
+                    "queued": self.gate.queues.depth(key),
+                }
+            reserved: int | None = sum(b["reserved_kv_blocks"] for b in budgets.values())
         except AdmissionError:
             reservations = reserved = None  # the store is unreachable
+        queued: Counter[str] = Counter({p: 0 for p in PRIORITIES})
+        for key in self.gate.queues.pools():
+            queued.update(self.gate.queues.depth(key))
         beats = self.replica.load
         return _json(
             {
@@ -1287,10 +1325,11 @@ class RouterService:
                 "indexed_blocks": len(self.replica.index),
                 "reservations": reservations,
                 "reserved_kv_blocks": reserved,
-                "queued": self.gate.queues.depth("default"),
+                "budgets": budgets,
+                "queued": dict(queued),
                 "inflight": len(self.ledger),
                 "reconciler": (
-                    self.reconciler.report("default", self.replica.load.values(), now)
+                    self.reconciler.report(self.replica.load.values(), now)
                     if self.reconciler is not None
                     else None
                 ),
@@ -1309,7 +1348,7 @@ class RouterService:
                         "kv_index": beats[n.node_id].kv_index if n.node_id in beats else None,
                         **_agent_counters(beats.get(n.node_id)),
                     }
-                    for n in self.nodes(now)
+                    for n in views
                 },
             }
         )
@@ -1500,9 +1539,8 @@ class RouterService:
             m.inflight.labels(priority).set(self._inflight[priority] + gateway[priority])
             m.queue_depth.labels(priority).set(depth[priority])
         if self.gate.settings.enabled:
-            for pool in sorted({v.pool for v in views}):
-                total = sum(v.kv_blocks_total for v in views if v.pool == pool)
+            for key, total in sorted(self._budget_totals(views, now).items()):
                 with contextlib.suppress(AdmissionError):
-                    held = (await self.gate.store.snapshot(pool, now))[0]
-                    m.budget_used.labels(pool).set(held / total if total else 0.0)
+                    held = (await self.gate.store.snapshot(key, now))[0]
+                    m.budget_used.labels(key).set(held / total if total else 0.0)
         return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")

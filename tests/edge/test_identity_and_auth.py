@@ -38,7 +38,7 @@ async def test_one_client_request_id_cannot_share_a_reservation() -> None:
         ids = [r["reservation_id"] for r in routed]
         assert len(set(ids)) == len(ids) and "same" not in ids
         needed = sum(r["kv_blocks_reserved"] for r in routed)
-        held_blocks, held_slots = await e.service.gate.store.held("default")
+        held_blocks, held_slots = await e.service.gate.store.held(f"default:{MODEL}")
         assert held_blocks == needed and held_slots == len(routed)
         assert 0 < needed <= 0.9 * 1000  # the red watermark of 2 × 500 blocks
         assert len(routed) < 40

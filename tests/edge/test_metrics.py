@@ -42,7 +42,7 @@ async def test_latencies_tokens_and_load_per_model_and_priority() -> None:
         for priority in ("high", "normal", "low"):
             assert s[("kvgate_router_inflight_requests", (("priority", priority),))] == 0
             assert s[("kvgate_router_admission_queue_depth", (("priority", priority),))] == 0
-        assert ("kvgate_router_kv_budget_used_ratio", (("pool", "default"),)) in s
+        assert ("kvgate_router_kv_budget_used_ratio", (("pool", f"default:{MODEL}"),)) in s
 
 
 def test_label_values_are_bounded() -> None:
