@@ -16,7 +16,7 @@ import itertools
 import random
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Literal, cast
 
 from admission.settings import AdmissionSettings
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
@@ -26,13 +26,15 @@ from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
+from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
 from router.recent import RecentPrefills, merge_matches
+from router.settings import OutlierSettings, SlowStartSettings
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
 
-__all__ = ["Done", "SimConfig", "node_profile", "simulate"]
+__all__ = ["Done", "FleetOp", "SimConfig", "node_profile", "simulate"]
 
 MODEL = "sim"
 
@@ -52,6 +54,27 @@ class SimConfig:
     storm_guard: bool = False  # the retry-storm guard in front of admission
     recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router.recent)
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
+    # the live router's fleet rules (router/fleet.py): outlier ejection, slow start, and the
+    # operations on the fleet over time (drain, join, leave, canary)
+    outlier: OutlierSettings = field(default_factory=lambda: OutlierSettings(enabled=False))
+    slow_start: SlowStartSettings = field(default_factory=lambda: SlowStartSettings(window_s=0))
+    ops: tuple[FleetOp, ...] = ()
+    faults: tuple[tuple[str, float], ...] = ()  # (node, share of its requests answered with 500)
+    fault_latency_s: float = 0.005  # how fast a broken engine answers
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOp:
+    """An operation on the simulated fleet at ``at_s``: ``drain``/``undrain`` a node, ``join``
+    (a node listed only here is absent until it joins, then starts cold, in slow start) or
+    ``leave`` (no new requests; what runs there finishes), ``canary`` (``nodes`` take
+    ``share`` of the requests; share 0 ends it), ``heal`` (its faults stop)."""
+
+    at_s: float
+    kind: Literal["drain", "undrain", "join", "leave", "canary", "heal"]
+    node: str = ""
+    nodes: tuple[str, ...] = ()
+    share: float = 0.0
 
 
 def node_names(cfg: SimConfig) -> list[str]:
@@ -97,7 +120,9 @@ class _Node:
     finishing: list[SimSeq] = field(default_factory=list)  # finished, delivered at run end
 
 
-def _view(n: _Node, now: float, lease_s: float) -> NodeView:
+def _view(
+    n: _Node, now: float, lease_s: float, draining: bool = False, started_at: float | None = None
+) -> NodeView:
     c = n.core
     return NodeView(
         node_id=n.node_id,
@@ -110,9 +135,10 @@ def _view(n: _Node, now: float, lease_s: float) -> NodeView:
         running=len(c.running),
         waiting=len(c.waiting),
         healthy=True,
-        draining=False,
+        draining=draining,
         heartbeat_ts=now,
         lease_s=lease_s,
+        started_at=started_at,
     )
 
 
@@ -180,8 +206,15 @@ def simulate(
     hot = HotPrefixes() if cfg.prewarm else None
     recent = RecentPrefills(cfg.recent_prefill_ttl_s) if cfg.recent_prefill_ttl_s > 0 else None
     profile = node_profile(cfg, trace.block_size)
-    nodes = [_Node(name, SimCore(profile)) for name in node_names(cfg)]
+    initial = node_names(cfg)
+    joining = sorted({op.node for op in cfg.ops if op.kind == "join"} - set(initial))
+    nodes = [_Node(name, SimCore(profile)) for name in initial + joining]
     by_id = {n.node_id: n for n in nodes}
+    fleet = Fleet(cfg.outlier, cfg.slow_start)
+    present = set(initial)
+    started: dict[str, float] = {}  # node -> when it joined (slow start)
+    faults = dict(cfg.faults)
+    stats.setdefault("failed", 0)
     index = PrefixIndex()
     ledger = InflightLedger()
     rng = random.Random(cfg.seed)
@@ -213,6 +246,8 @@ def simulate(
     push(t_start, "heartbeat", None)  # before the first arrival: routers start with a view
     for i, r in enumerate(trace.requests):
         push(r.arrival_s, "arrive", i)
+    for op in cfg.ops:
+        push(op.at_s, "op", op)
 
     remaining = len(trace.requests)
 
@@ -272,12 +307,22 @@ def simulate(
         matches = index.match(r.block_hashes)
         if recent is not None:
             matches = merge_matches(matches, recent.match(r.block_hashes, now))
-        d = policy.decide(req, eligible(views, MODEL, now), matches, now)
-        target = by_id[d.chosen] if d.chosen is not None else rng.choice(nodes)
+        sel = fleet.select(eligible(views, MODEL, now), r.session_id or rid, now)
+        d = policy.decide(req, sel.nodes, matches, now)
+        if d.chosen is not None:
+            fleet.detector.sent(d.chosen, now)
+            target = by_id[d.chosen]
+        else:
+            target = by_id[rng.choice(sorted(present))]
         seen = matches.get(target.node_id, 0)
         ledger.dispatch(rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size))
+        fault = faults.get(target.node_id)
+        if fault and rng.random() < fault:  # a broken engine answers 500 at once
+            push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
+            return
         seq = SimSeq(rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, trace.block_size))
-        meta[rid] = (r, target.node_id, d.reason, matches.get(target.node_id, 0))
+        reason = fleet.reason(d.reason, d.chosen, sel, matches)
+        meta[rid] = (r, target.node_id, reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             waited[rid] = queue_wait_s
         add(target, seq, now)
@@ -286,6 +331,26 @@ def simulate(
             if advice is not None:
                 stats["prewarm_advice"] += 1
                 push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+
+    def operate(op: FleetOp, now: float) -> None:
+        if op.kind == "drain":
+            fleet.drained.add(op.node)
+        elif op.kind == "undrain":
+            fleet.drained.discard(op.node)
+        elif op.kind == "join":
+            present.add(op.node)
+            started[op.node] = now  # its view appears with the next heartbeat
+        elif op.kind == "leave":
+            present.discard(op.node)
+            by_id[op.node].view = None
+        elif op.kind == "canary":
+            fleet.set_canary("canary", op.nodes, op.share)
+        elif op.kind == "heal":
+            faults.pop(op.node, None)
+        if adm is not None:  # the budget follows the nodes that take requests
+            serving = len(present - fleet.drained)
+            adm.kv_blocks_total = profile.num_gpu_blocks * serving
+            adm.slots_total = adm.settings.slots_per_node * serving
 
     def refuse(got: Refused) -> None:
         nonlocal remaining
@@ -328,6 +393,7 @@ def simulate(
                 continue
             r, node, reason, seen = meta.pop(seq.request_id)
             ledger.finish(seq.request_id)
+            fleet.detector.observe(node, None, now, len(present))
             if adm is not None:
                 adm.release(seq.request_id, now)
                 released = True
@@ -357,7 +423,10 @@ def simulate(
         if kind == "heartbeat":
             for n in nodes:
                 catch_up(n, now)
-                n.view = _view(n, now, lease)
+                if n.node_id in present:
+                    n.view = _view(
+                        n, now, lease, n.node_id in fleet.drained, started.get(n.node_id)
+                    )
             pump(now)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive" or kind == "retry":
@@ -379,6 +448,18 @@ def simulate(
                     dispatch(idx, now, None)
                 elif isinstance(got, Refused):
                     retry(r, idx, attempt, got, now)
+        elif kind == "op":
+            operate(cast(FleetOp, data), now)
+        elif kind == "fail":  # a broken engine's 500: the client sees it, the router counts it
+            rid, node_id = cast(tuple[str, str], data)
+            ledger.finish(rid)
+            if fleet.detector.observe(node_id, "5xx", now, len(present)) is not None:
+                stats["ejections"] = stats.get("ejections", 0) + 1
+            stats["failed"] += 1
+            remaining -= 1
+            if adm is not None:
+                adm.release(rid, now)
+                pump(now)
         elif kind == "warm":  # an agent loads a hot prefix into its engine
             advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
             for node_id in advice.targets:
