@@ -745,6 +745,28 @@ def bench_routing(
     typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
 
 
+@bench_app.command("fleet")
+def bench_fleet(
+    nodes: Annotated[int, typer.Option(help="simulated engines")] = 8,
+    requests: Annotated[int, typer.Option(help="requests of the multi_turn workload")] = 20_000,
+    load: Annotated[float, typer.Option(help="offered load, share of capacity")] = 0.8,
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
+) -> None:
+    """Outlier ejection, slow start and drains in simulation, each against the run without."""
+    import sys
+
+    from analytics.sim.fleetbench import bench_fleet as run
+
+    run(
+        out_dir=out,
+        command="kvgate bench " + " ".join(sys.argv[2:]),
+        nodes=nodes,
+        requests=requests,
+        load=load,
+    )
+    typer.echo(f"wrote {out / 'fleet.md'} and {out / 'fleet.json'}")
+
+
 grafana_app = typer.Typer(
     no_args_is_help=True, help="Grafana dashboards on the ClickHouse decision log (as code)."
 )

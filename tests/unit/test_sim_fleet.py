@@ -41,9 +41,7 @@ def test_a_broken_engine_is_ejected_and_a_healed_one_returns() -> None:
     assert without > 100  # the fleet keeps feeding it (it answers fastest)
     outlier = OutlierSettings(consecutive_errors=5, base_ejection_time_s=5)
     ops = (FleetOp(8.0, "heal", "node-02"),)
-    cfg = SimConfig(
-        nodes=4, profile=PROFILE, faults=(("node-02", 1.0),), outlier=outlier, ops=ops
-    )
+    cfg = SimConfig(nodes=4, profile=PROFILE, faults=(("node-02", 1.0),), outlier=outlier, ops=ops)
     stats = {}
     done = simulate(trace(), LeastRequestsPolicy(), cfg, stats)
     # five failures, then one failed probe per ejection until it heals
