@@ -153,7 +153,7 @@ def _markdown(r: dict[str, Any]) -> str:
         "catches it once nodes carry `success_rate_request_volume` requests per interval. Lower "
         "the volume for small fleets or low rates (the `volume_10` row).",
         "* `scale_up`: cost-based routing already sends a cold node only what it can take, so "
-        "slow start changes little here; it matters more for policies that count requests.",
+        "slow start changes little here (measured with the kvgate policy only).",
         "* `drain`: nothing fails; the remaining nodes absorb the drained nodes' share.",
     ]
     return "\n".join(lines) + "\n"
