@@ -100,6 +100,19 @@ PROM_DASHBOARD: tuple[PromPanel, ...] = (
         ),
     ),
     PromPanel(
+        "Fleet: drained, ejected, probing, slow start, canary",
+        (("max by (state) (kvgate_router_fleet_nodes)", "{{state}}"),),
+    ),
+    PromPanel(
+        "Ejections / s by cause",
+        (("sum by (cause) (rate(kvgate_router_ejections_total" + RATE + "))", "{{cause}}"),),
+    ),
+    PromPanel(
+        "Canary requests / s by group",
+        (("sum by (group) (rate(kvgate_router_canary_requests_total" + RATE + "))", "{{group}}"),),
+        "reqps",
+    ),
+    PromPanel(
         "Feed and Kafka",
         (
             ("max(kvgate_router_replica_lag_seconds)", "replica lag (s)"),
@@ -172,7 +185,7 @@ def build_prometheus() -> dict[str, Any]:
         UID,
         "kvgate — router (Prometheus)",
         "The routers' live health from their /metrics: traffic, refusals, latencies, queues, "
-        "KV budget, cache share, feed",
+        "KV budget, cache share, fleet (drains, ejections, canaries), feed",
         ["kvgate", "prometheus"],
         [variable],
         panels,

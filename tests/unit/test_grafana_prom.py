@@ -58,6 +58,9 @@ def test_every_query_names_exported_metrics() -> None:
     m.nodes_kv_index.labels("events").set(1)
     m.degraded.labels("last_known").set(0)
     m.token_mismatches.labels("m").inc()
+    m.fleet_nodes.labels("ejected").set(0)
+    m.ejections.labels("consecutive_5xx").inc()
+    m.canary_routed.labels("v2").inc()
     exported = set(re.findall(r"^(kvgate_[a-z_]+)", m.render().decode(), re.MULTILINE))
     for panel in PROM_DASHBOARD:
         for expr, _ in panel.exprs:
