@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from streams.labels import check_labels
 
 __all__ = ["AdmissionSettings", "Priority", "RedisSettings", "Tenant"]
 
@@ -36,6 +38,17 @@ class Tenant(BaseModel):
     max_kv_share: float | None = Field(
         default=None, gt=0, le=1, description="most of a pool's KV budget held at once"
     )
+    require_labels: dict[str, str] = Field(
+        default_factory=dict, description="its requests run only on nodes with these labels"
+    )
+    prefer_labels: dict[str, str] = Field(
+        default_factory=dict, description="its requests prefer nodes with these labels"
+    )
+
+    @field_validator("require_labels", "prefer_labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
 
 
 _QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 10.0, "low": 0.0}

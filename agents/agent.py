@@ -219,6 +219,7 @@ class NodeAgent:
                     adapters=self.adapters,
                     data_parallel_rank=s.data_parallel_rank,
                     engine_started_at=last.start_time_s,
+                    labels=s.labels,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from agents.profile import EngineProfile
+from streams.labels import check_labels
 from streams.tokenization import TokenizerSpec
 
 __all__ = ["AgentSettings", "EngineSettings"]
@@ -115,6 +116,11 @@ class AgentSettings(BaseModel):
         "sidecar scrapes http://127.0.0.1:8000 and advertises http://<pod IP>:8000)",
     )
     pool: str = "default"
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="the node's labels, e.g. {zone: eu-1a, gpu: h100}: requests and tenants "
+        "may require or prefer them, routers prefer their own zone",
+    )
     data_parallel_size: int = Field(
         default=1,
         ge=1,
@@ -166,3 +172,8 @@ class AgentSettings(BaseModel):
             )
             for rank in range(self.data_parallel_size)
         ]
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)

@@ -88,6 +88,7 @@ class Supervisor:
         sglang: bool = False,
         model: str | None = None,
         engine_env: dict[str, str] | None = None,
+        agent_env: dict[str, str] | None = None,
     ) -> str:
         """A simulated engine and its agent; returns the engine's base URL. ``sglang``: the
         engine looks like SGLang without KV events (SGLang metrics, approximate index)."""
@@ -128,6 +129,7 @@ class Supervisor:
                     f"tcp://127.0.0.1:{replay_port}",
                 ]
             ),
+            env=agent_env,
         )
         return url
 

@@ -46,6 +46,7 @@ class NodeView:
     adapters: frozenset[str] = frozenset()  # LoRA adapters it serves besides its model
     dp_rank: int | None = None  # the engine's data-parallel rank this node is
     started_at: float | None = None  # when its engine started (slow start, router/fleet.py)
+    labels: frozenset[tuple[str, str]] = frozenset()  # (key, value): zone, GPU type, …
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -93,6 +94,7 @@ class NodeView:
             self.adapters,
             self.dp_rank,
             self.started_at,
+            self.labels,
         )
 
 

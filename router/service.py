@@ -60,6 +60,7 @@ from router.metrics import RouterMetrics
 from router.outlier import Failure
 from router.parse import ParsedRequest, parse_request
 from router.passthrough import pick_node, relay, request_model
+from router.placement import FREE, Placement, placement_of
 from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
@@ -263,6 +264,7 @@ class RouterService:
         self.feed = FeedWatch(settings, replica)
         self._prober: asyncio.Task[None] | None = None
         self._load_policy = LeastRequestsPolicy()
+        self._zone = (settings.zone_label, settings.zone) if settings.zone else None
 
     def app(self) -> web.Application:
         """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
@@ -472,6 +474,7 @@ class RouterService:
                     adapters=frozenset(hb.adapters),
                     dp_rank=hb.data_parallel_rank,
                     started_at=self.fleet.started(hb.node_id, hb.epoch, hb.engine_started_at, now),
+                    labels=frozenset(hb.labels.items()),
                 )
                 cache[hb.node_id] = (hb, view)
             else:
@@ -504,11 +507,28 @@ class RouterService:
         return out
 
     def _candidates(
-        self, all_nodes: list[NodeView], model: str, now: float
+        self, all_nodes: list[NodeView], model: str, now: float, placement: Placement = FREE
     ) -> list[NodeView] | Rejection:
         """Eligible nodes without the ones whose queue is over the cap; when what is left is
         less than ``min_healthy_share`` of the model's known KV capacity, a 503 instead of
-        piling requests onto the few nodes that are left."""
+        piling requests onto the few nodes that are left. Then the request's placement: only
+        nodes with its required labels (none: 503), its preferred ones while they have room."""
+        nodes = self._open_candidates(all_nodes, model, now)
+        if isinstance(nodes, Rejection) or placement.free or not nodes:
+            return nodes
+        allowed = placement.allowed(nodes)
+        if not allowed:
+            return Rejection(
+                RejectReason.NO_CAPACITY,
+                True,
+                self.gate.settings.min_retry_after_s,
+                f"no healthy node of this model has the labels {placement.describe()}",
+            )
+        return placement.preferred(allowed)
+
+    def _open_candidates(
+        self, all_nodes: list[NodeView], model: str, now: float
+    ) -> list[NodeView] | Rejection:
         nodes = eligible(all_nodes, model, now)
         open_nodes = [n for n in nodes if n.waiting <= self.settings.max_queue]
         known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
@@ -682,6 +702,17 @@ class RouterService:
         priority = requested_priority(headers, self.settings.objective_priorities, tenant.priority)
         if priority != tenant.priority:  # the request asked to be treated as less important
             tenant = tenant.model_copy(update={"priority": priority})
+        try:
+            placement = placement_of(
+                headers,
+                tenant.require_labels,
+                tenant.prefer_labels,
+                self._zone,
+                self.settings.prefer_spill_kv_ratio,
+                self.settings.prefer_spill_queue,
+            )
+        except ValueError as exc:
+            return self._refuse("bad_labels", _json(error_body(f"labels: {exc}"), 400))
         raw = await read()
         if chat is None:
             try:
@@ -695,7 +726,7 @@ class RouterService:
             return p
         who.parsed = p
         t0 = time.perf_counter()
-        g = await self._gate(tenant, request_id, idempotency_key, p)
+        g = await self._gate(tenant, request_id, idempotency_key, p, placement)
         if isinstance(g, web.Response):
             return g
         return request_id, started, p, replace(g, client_request_id=client_id), t0
@@ -724,7 +755,12 @@ class RouterService:
                 await self.gate.release(request_id, time.time())
 
     async def _gate(
-        self, tenant: Tenant, request_id: str, idempotency_key: str | None, p: ParsedRequest
+        self,
+        tenant: Tenant,
+        request_id: str,
+        idempotency_key: str | None,
+        p: ParsedRequest,
+        placement: Placement = FREE,
     ) -> web.Response | Gated:
         """Model, node health and admission for an authenticated, parsed request: a refusal as
         a response, or what routing needs (admitted requests hold a reservation from here on).
@@ -736,7 +772,7 @@ class RouterService:
             return self._refuse(
                 "unknown_model", _json(error_body(missing, "NotFoundError", 404), 404)
             )
-        nodes = self._candidates(all_nodes, p.model, now)
+        nodes = self._candidates(all_nodes, p.model, now, placement)
         if isinstance(nodes, Rejection):
             return self._refuse(nodes.reason, rejection_response(nodes))
         block_size = nodes[0].block_size if nodes else self.settings.block_size
@@ -772,7 +808,7 @@ class RouterService:
                     await self.gate.refused(attempt, verdict.rejection, now)
         if verdict is not None and verdict.admitted and verdict.queue_wait_s:
             now = time.time()  # it waited: route on the cluster as it is now
-            fresh = self._candidates(self.nodes(now), p.model, now)
+            fresh = self._candidates(self.nodes(now), p.model, now, placement)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
         return Gated(tenant, nodes, block_size, verdict, now)
 
@@ -1336,6 +1372,9 @@ class RouterService:
                 "nodes": {
                     n.node_id: {
                         "model": n.model,
+                        "pool": n.pool,
+                        "labels": dict(sorted(n.labels)),
+                        "started_at": n.started_at,
                         "endpoint": n.endpoint,
                         "alive": n.alive(now),
                         "healthy": n.healthy,

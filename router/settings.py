@@ -167,6 +167,19 @@ class RouterSettings(BaseModel):
         description="InferenceObjective name -> priority, for requests that name one in "
         "x-gateway-inference-objective (they may lower their tenant's priority, never raise it)",
     )
+    zone: str | None = Field(
+        default=None, description="this router's zone: nodes labelled with it are preferred"
+    )
+    zone_label: str = Field(default="zone", description="the node label that names its zone")
+    prefer_spill_kv_ratio: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="preferred nodes (labels, zone) are used while one has KV use below this",
+    )
+    prefer_spill_queue: int = Field(
+        default=4, ge=0, description="… and at most this many requests waiting"
+    )
     outlier: OutlierSettings = OutlierSettings()
     slow_start: SlowStartSettings = SlowStartSettings()
     otlp_endpoint: str | None = Field(

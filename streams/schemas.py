@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from streams.labels import check_labels
 
 __all__ = [
     "CandidateScore",
@@ -114,12 +116,22 @@ class Heartbeat(Message):
         "replica younger than the routers' slow-start window ramps up instead of taking full "
         "traffic with an empty cache",
     )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="the node's labels (zone, GPU type, …): requests and tenants may require "
+        "or prefer them; routers prefer their own zone",
+    )
     adapters: list[AdapterName] = Field(
         default_factory=list,
         max_length=256,
         description="LoRA adapters the engine serves (its /v1/models entries with a parent): a "
         "request whose model is one of them may run here, its blocks chained from the adapter",
     )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
 
 
 class KvEventBatch(Message):

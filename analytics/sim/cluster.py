@@ -29,6 +29,7 @@ from router.core import NodeView, Policy, RouteRequest, eligible
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
+from router.placement import FREE, Placement
 from router.recent import RecentPrefills, merge_matches
 from router.settings import OutlierSettings, SlowStartSettings
 from streams.blocks import HASH_MASK
@@ -61,6 +62,8 @@ class SimConfig:
     ops: tuple[FleetOp, ...] = ()
     faults: tuple[tuple[str, float], ...] = ()  # (node, share of its requests answered with 500)
     fault_latency_s: float = 0.005  # how fast a broken engine answers
+    node_labels: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (node, labels)
+    placement: Placement = FREE  # every request's required and preferred labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +217,7 @@ def simulate(
     present = set(initial)
     started: dict[str, float] = {}  # node -> when it joined (slow start)
     faults = dict(cfg.faults)
+    labels = {node: frozenset(pairs) for node, pairs in cfg.node_labels}
     stats.setdefault("failed", 0)
     index = PrefixIndex()
     ledger = InflightLedger()
@@ -307,7 +311,10 @@ def simulate(
         matches = index.match(r.block_hashes)
         if recent is not None:
             matches = merge_matches(matches, recent.match(r.block_hashes, now))
-        sel = fleet.select(eligible(views, MODEL, now), r.session_id or rid, now)
+        placed = eligible(views, MODEL, now)
+        if not cfg.placement.free:
+            placed = cfg.placement.preferred(cfg.placement.allowed(placed))
+        sel = fleet.select(placed, r.session_id or rid, now)
         d = policy.decide(req, sel.nodes, matches, now)
         if d.chosen is not None:
             fleet.detector.sent(d.chosen, now)
@@ -427,6 +434,8 @@ def simulate(
                     n.view = _view(
                         n, now, lease, n.node_id in fleet.drained, started.get(n.node_id)
                     )
+                    if n.node_id in labels:
+                        n.view = replace(n.view, labels=labels[n.node_id])
             pump(now)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive" or kind == "retry":

@@ -55,8 +55,9 @@ class Cluster:
         sglang: bool = False,
         model: str | None = None,
         engine_env: dict[str, str] | None = None,
+        agent_env: dict[str, str] | None = None,
     ) -> str:
-        url = self.sup.spawn_node(node_id, num_gpu_blocks, sglang, model, engine_env)
+        url = self.sup.spawn_node(node_id, num_gpu_blocks, sglang, model, engine_env, agent_env)
         self.engines[node_id] = url
         return url
 
