@@ -57,6 +57,7 @@ class AdmissionGate:
             storm_store if storm_store is not None else InProcessStormStore(),
             settings.retry_guard_window_s,
             settings.retry_guard_max_s,
+            settings.retry_guard_client_burst,
         )
         self._publish = publish
         self.held: dict[str, Reservation] = {}  # what this router reserved and still holds
@@ -352,20 +353,28 @@ class AdmissionGate:
                 with contextlib.suppress(Exception):
                     await self.pump(clock())
 
-    async def early_retry(self, tenant: Tenant, attempt: str, now: float) -> Rejection | None:
-        """A refusal when this attempt was refused before and came back too early."""
+    async def early_retry(
+        self, tenant: Tenant, attempt: str, now: float, client: str | None = None
+    ) -> Rejection | None:
+        """A refusal when this attempt was refused before and came back too early, or when its
+        client (default: the tenant) keeps sending new requests during its Retry-After."""
         if not self.settings.retry_guard:
             return None
         try:
-            return await self.storm.check(tenant.name, attempt, now)
+            early = await self.storm.check(client or tenant.name, attempt, now)
+            if early is None:
+                early = await self.storm.check_client(client or tenant.name, now)
         except AdmissionError as exc:  # the guard protects; it never takes the service down
             log.warning("retry guard skipped: %s", exc)
             return None
+        return early
 
-    async def refused(self, attempt: str, rejection: Rejection, now: float) -> None:
+    async def refused(
+        self, attempt: str, rejection: Rejection, now: float, client: str | None = None
+    ) -> None:
         if self.settings.retry_guard:
             try:
-                await self.storm.refused(attempt, rejection, now)
+                await self.storm.refused(attempt, rejection, now, client)
             except AdmissionError as exc:
                 log.warning("retry guard not told of a refusal: %s", exc)
 

@@ -108,6 +108,12 @@ class AdmissionSettings(BaseModel):
     retry_guard: bool = True
     retry_guard_window_s: float = Field(default=60.0, gt=0)
     retry_guard_max_s: float = Field(default=600.0, gt=0, description="longest penalty")
+    retry_guard_client_burst: int = Field(
+        default=20,
+        ge=0,
+        description="new requests a refused client (a tenant, or an anonymous address) may send "
+        "before its Retry-After passes; more are refused as a retry storm",
+    )
     fair_share: bool = Field(
         default=True,
         description="above the yellow watermark, a tenant already holding reservations gets no "

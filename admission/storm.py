@@ -5,6 +5,13 @@ An attempt is identified by the ``Idempotency-Key`` header or, without one, by a
 the tenant, the model and the prompt. After a refusal the guard remembers, per attempt, when a
 retry is welcome; early retries count as strikes against the client (its tenant) within a
 window. State lives in a :class:`StormStore`: in process for one router, in Redis for several.
+
+A client that answers a refusal with *new* requests (a new key or prompt each time) is a storm
+too: a refusal also sets the client's own Retry-After, and once a client has sent more than
+``client_burst`` new requests within the window while it runs (a tenant has many users; a few
+keep coming), the next ones are refused with ``retry_storm`` and the time left, without reaching
+admission. The client is the tenant of an
+API key, or an anonymous client's network address — anonymous clients are not one identity.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class StormGuard:
     store: StormStore
     window_s: float = 60.0
     max_retry_after_s: float = 300.0
+    client_burst: int = 20  # new requests a client may send during its Retry-After
 
     async def check(self, client: str, attempt: str, now: float) -> Rejection | None:
         """A refusal if this attempt comes back before it was told to."""
@@ -110,9 +118,33 @@ class StormGuard:
             f"in {self.window_s:.0f} s): back off",
         )
 
-    async def refused(self, attempt: str, rejection: Rejection, now: float) -> None:
-        """Remember when a retry of a refused attempt is welcome."""
+    async def refused(
+        self, attempt: str, rejection: Rejection, now: float, client: str | None = None
+    ) -> None:
+        """Remember when a retry of a refused attempt — and new requests of its client — are
+        welcome."""
         if rejection.retriable and rejection.retry_after_s:
-            await self.store.set_not_before(
-                attempt, now + rejection.retry_after_s, 2 * rejection.retry_after_s + self.window_s
-            )
+            ttl = 2 * rejection.retry_after_s + self.window_s
+            await self.store.set_not_before(attempt, now + rejection.retry_after_s, ttl)
+            if client is not None and rejection.reason != RejectReason.RETRY_STORM:
+                key = "client|" + client
+                at = await self.store.not_before(key)
+                if at is None or at < now + rejection.retry_after_s:
+                    await self.store.set_not_before(key, now + rejection.retry_after_s, ttl)
+
+    async def check_client(self, client: str, now: float) -> Rejection | None:
+        """A refusal if ``client`` keeps sending new requests during its Retry-After (more than
+        ``client_burst`` of them within the window)."""
+        key = "client|" + client
+        at = await self.store.not_before(key)
+        if at is None or now >= at:
+            return None
+        strikes = await self.store.strike("new|" + client, self.window_s)
+        if strikes <= self.client_burst:
+            return None
+        return Rejection(
+            RejectReason.RETRY_STORM,
+            True,
+            at - now,
+            f"{strikes} new requests while told to retry after {at - now:.1f} s: back off",
+        )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import re
 import secrets
@@ -34,6 +35,7 @@ __all__ = [
     "bearer_key",
     "client_label",
     "error_middleware",
+    "forwarded_peer",
     "match_key",
     "mint_id",
     "read_body",
@@ -218,6 +220,16 @@ _CRITICALITY = {
     "low": "low",
 }
 _PRIORITY_ORDER = ("high", "normal", "low")
+
+
+def forwarded_peer(headers: Mapping[str, str]) -> str | None:
+    """The client address a gateway in front appended last to ``X-Forwarded-For`` (Envoy does,
+    and only the gateway reaches the external processor), if it is an IP address."""
+    last = headers.get("x-forwarded-for", "").rsplit(",", 1)[-1].strip()[:64]
+    try:
+        return str(ipaddress.ip_address(last))
+    except ValueError:
+        return None
 
 
 def requested_priority(

@@ -41,7 +41,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
-from router.edge import Refusal
+from router.edge import Refusal, forwarded_peer
 
 __all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
 
@@ -242,7 +242,9 @@ class _Exchange:
             return raw
 
         try:
-            taken = await self.service.intake(self.headers, read, None)
+            taken = await self.service.intake(
+                self.headers, read, None, forwarded_peer(self.headers)
+            )
             if not isinstance(taken, tuple):
                 return [_refused(taken)]
             subset = self.subset

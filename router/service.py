@@ -81,13 +81,19 @@ __all__ = ["RouterService"]
 log = logging.getLogger(__name__)
 
 
-def attempt_fingerprint(tenant: Tenant, p: ParsedRequest) -> str:
-    """The same request from the same tenant: retries of one attempt share this."""
-    h = blake2b(
-        f"{tenant.name}|{p.model}|{p.max_tokens}|{p.cache_salt or ''}|".encode(), digest_size=12
-    )
+def attempt_fingerprint(client: str, p: ParsedRequest) -> str:
+    """The same request from the same client: retries of one attempt share this."""
+    h = blake2b(f"{client}|{p.model}|{p.max_tokens}|{p.cache_salt or ''}|".encode(), digest_size=12)
     h.update(array("I", p.tokens).tobytes())
     return h.hexdigest()
+
+
+def client_identity(tenant: Tenant, anonymous: Tenant, peer: str | None) -> str:
+    """Who the retry-storm guard holds to account: the tenant of an API key, or an anonymous
+    client's network address (anonymous clients are not one identity)."""
+    if tenant.name != anonymous.name or not peer:
+        return tenant.name
+    return f"{tenant.name}@{peer}"
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -662,6 +668,7 @@ class RouterService:
             request.headers,
             lambda: read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
             chat,
+            request.remote,
         )
 
     async def intake(
@@ -669,14 +676,15 @@ class RouterService:
         headers: Mapping[str, str],
         read: Callable[[], Awaitable[bytes]],
         chat: bool | None,
+        peer: str | None = None,
     ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
         """:meth:`_intake` of a request known by its headers and a reader of its body (what an
-        Envoy external processor gets)."""
+        Envoy external processor gets); ``peer``: the client's address, when known."""
         started = time.time()
         request_id = mint_id()
         who = _Intake()
         try:
-            taken = await self._intake_checked(headers, read, chat, request_id, started, who)
+            taken = await self._intake_checked(headers, read, chat, request_id, started, who, peer)
         except Refusal as exc:
             self._record_refusal(request_id, started, exc.reason, who)
             raise
@@ -692,6 +700,7 @@ class RouterService:
         request_id: str,
         started: float,
         who: _Intake,
+        peer: str | None = None,
     ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
         n = self.settings.client_id_max_len
         client_id = client_label(headers, "X-Request-Id", n)
@@ -726,7 +735,8 @@ class RouterService:
             return p
         who.parsed = p
         t0 = time.perf_counter()
-        g = await self._gate(tenant, request_id, idempotency_key, p, placement)
+        client = client_identity(tenant, self.gate.settings.anonymous, peer)
+        g = await self._gate(tenant, request_id, idempotency_key, p, placement, client)
         if isinstance(g, web.Response):
             return g
         return request_id, started, p, replace(g, client_request_id=client_id), t0
@@ -761,6 +771,7 @@ class RouterService:
         idempotency_key: str | None,
         p: ParsedRequest,
         placement: Placement = FREE,
+        client: str | None = None,
     ) -> web.Response | Gated:
         """Model, node health and admission for an authenticated, parsed request: a refusal as
         a response, or what routing needs (admitted requests hold a reservation from here on).
@@ -779,13 +790,15 @@ class RouterService:
         pool, budget_nodes = self._budget(all_nodes, nodes, p.model, now)
         verdict = None
         if self.gate.settings.enabled:
-            # retries of one attempt: the client's Idempotency-Key, within its tenant only
+            # retries of one attempt: the client's Idempotency-Key, within its tenant (or its
+            # address, anonymous) only
+            client = client or tenant.name
             attempt = (
-                f"{tenant.name}|{idempotency_key}"
+                f"{client}|{idempotency_key}"
                 if idempotency_key is not None
-                else attempt_fingerprint(tenant, p)
+                else attempt_fingerprint(client, p)
             )
-            early = await self.gate.early_retry(tenant, attempt, now)
+            early = await self.gate.early_retry(tenant, attempt, now, client)
             if early is not None:
                 verdict = Verdict(False, 0, 0.0, early)
             else:
@@ -805,7 +818,7 @@ class RouterService:
                     OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
                 )
                 if verdict.rejection is not None:
-                    await self.gate.refused(attempt, verdict.rejection, now)
+                    await self.gate.refused(attempt, verdict.rejection, now, client)
         if verdict is not None and verdict.admitted and verdict.queue_wait_s:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now, placement)

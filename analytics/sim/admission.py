@@ -67,23 +67,27 @@ class SimAdmission:
                 InProcessStormStore(clock=lambda: self._clock),
                 self.settings.retry_guard_window_s,
                 self.settings.retry_guard_max_s,
+                self.settings.retry_guard_client_burst,
             )
 
     def early_retry(
         self, client: str, attempt: str, index: int, priority: str, now: float
     ) -> Refused | None:
-        """The storm guard's refusal of an attempt retried before its Retry-After."""
+        """The storm guard's refusal of an attempt retried before its Retry-After, or of a
+        client's new request while it should be backing off."""
         if self._guard is None:
             return None
         self._clock = now
         rej = _now(self._guard.check(client, attempt, now))
+        if rej is None:
+            rej = _now(self._guard.check_client(client, now))
         return None if rej is None else self._refused(index, priority, rej, now)
 
-    def remember(self, attempt: str, refused: Refused, now: float) -> None:
+    def remember(self, attempt: str, refused: Refused, now: float, client: str) -> None:
         if self._guard is not None:
             self._clock = now
             rej = Rejection(refused.reason, True, refused.retry_after_s, "")
-            _now(self._guard.refused(attempt, rej, now))
+            _now(self._guard.refused(attempt, rej, now, client))
 
     def budget(self, now: float) -> Budget:
         held_blocks, held_slots, drain = _now(self.store.snapshot(POOL, now))

@@ -452,7 +452,7 @@ def simulate(
                         idx, f"r{idx}", r.priority, r.prompt_tokens, r.output_tokens, now
                     )
                     if isinstance(got, Refused):
-                        adm.remember(key, got, now)
+                        adm.remember(key, got, now, r.client)
                 if got is True:
                     dispatch(idx, now, None)
                 elif isinstance(got, Refused):

@@ -195,3 +195,21 @@ async def test_refusals_before_admission_are_recorded_within_a_rate() -> None:
         assert len(e.decisions()) < 20
         metrics = (await e.call("GET", "/metrics"))[1]
         assert "kvgate_router_refusals_unrecorded_total" in metrics
+
+
+async def test_an_anonymous_client_storming_new_requests_is_refused_before_admission() -> None:
+    """Refused once, a client that keeps sending new prompts before its Retry-After gets a
+    burst through to admission, then ``retry_storm`` refusals (no reservation touched)."""
+    async with edge(
+        blocks=200, admission={"queue_enabled": False, "retry_guard_client_burst": 2}
+    ) as e:
+        reasons = []
+        for i in range(6):  # a new prompt each time: not retries of one attempt
+            big = completion(f"question {i} " + "word " * 700, max_tokens=6000, ignore_eos=True)
+            status, out, headers = await e.call("POST", "/v1/kvgate/route", big, GW)
+            assert status == 429, out
+            assert "Retry-After" in headers
+            reasons.append(out["error"]["kvgate_reason"])
+        assert reasons[0] != "retry_storm"  # refused by the budget: now backing off is due
+        assert reasons[1:3] == [reasons[0]] * 2  # a burst of new requests still reaches it
+        assert reasons[3:] == ["retry_storm"] * 3
