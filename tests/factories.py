@@ -5,7 +5,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from router.core import NodeView
 from streams.schemas import CandidateScore, Decision, Heartbeat, LedgerEvent, Outcome
+
+NOW = 1000.0  # the clock of tests that build node views
+
+
+def node_view(nid: str, used: int = 0, waiting: int = 0, running: int = 0, **kw: Any) -> NodeView:
+    """A healthy node of model ``m`` as a heartbeat 0.2 s before :data:`NOW` described it."""
+    args: dict[str, Any] = dict(
+        node_id=nid,
+        endpoint=f"http://{nid}",
+        model="m",
+        pool="default",
+        block_size=16,
+        kv_blocks_total=100,
+        kv_blocks_used=used,
+        running=running,
+        waiting=waiting,
+        healthy=True,
+        draining=False,
+        heartbeat_ts=NOW - 0.2,
+        lease_s=2.0,
+    )
+    args.update(kw)
+    return NodeView(**args)
 
 
 def heartbeat(

@@ -10,25 +10,11 @@ from router.core import NodeView
 from router.fleet import Fleet
 from router.outlier import OutlierDetector
 from router.settings import OutlierSettings, SlowStartSettings
+from tests.factories import node_view
 
 
 def view(node: str, started_at: float | None = None) -> NodeView:
-    return NodeView(
-        node_id=node,
-        endpoint=f"http://{node}",
-        model="m",
-        pool="default",
-        block_size=16,
-        kv_blocks_total=100,
-        kv_blocks_used=0,
-        running=0,
-        waiting=0,
-        healthy=True,
-        draining=False,
-        heartbeat_ts=0.0,
-        lease_s=1e9,
-        started_at=started_at,
-    )
+    return node_view(node, started_at=started_at)
 
 
 def test_consecutive_errors_eject_and_ejection_time_grows_with_half_open_probing() -> None:

@@ -1,30 +1,10 @@
-from router.core import NodeView, RouteRequest, eligible
+from router.core import RouteRequest, eligible
 from router.ledger import InflightLedger
 from router.policies import SeedScorePolicy
 from router.settings import SeedWeights
 from streams.prefix_index import PrefixIndex
-
-NOW = 1000.0
-
-
-def node(nid: str, used: int = 0, waiting: int = 0, running: int = 0, **kw: object) -> NodeView:
-    args: dict[str, object] = dict(
-        node_id=nid,
-        endpoint=f"http://{nid}",
-        model="m",
-        pool="default",
-        block_size=16,
-        kv_blocks_total=100,
-        kv_blocks_used=used,
-        running=running,
-        waiting=waiting,
-        healthy=True,
-        draining=False,
-        heartbeat_ts=NOW - 0.2,
-        lease_s=2.0,
-    )
-    args.update(kw)
-    return NodeView(**args)  # type: ignore[arg-type]
+from tests.factories import NOW
+from tests.factories import node_view as node
 
 
 def policy() -> SeedScorePolicy:
