@@ -42,6 +42,7 @@ class RejectReason(StrEnum):
     NODES_UNHEALTHY = "nodes_unhealthy"  # too little of the cluster is healthy: 503
     STORE_UNAVAILABLE = "store_unavailable"  # the reservation store is down or being rebuilt
     TENANT_QUOTA = "tenant_quota"  # the tenant is at its concurrency, KV share or fair share
+    DEADLINE = "deadline"  # its SLO class's TTFT cannot be met: refused early, not served late
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,9 +177,11 @@ class AdmissionGate:
         now: float,
         model: str = "",
         shape: OutputShape = ONE_OUTPUT,
+        ttft_deadline_s: float | None = None,
     ) -> Verdict:
         """Admit (reserving), queue until admitted or refused, or refuse now (503 when the
-        reservation store cannot answer: nothing is admitted that the budget cannot see)."""
+        reservation store cannot answer: nothing is admitted that the budget cannot see).
+        ``ttft_deadline_s``: its SLO class's TTFT, the longest it may wait in the queue."""
         self._asked(tenant, now)
         try:
             self._node_blocks[pool] = list(node_blocks)
@@ -205,7 +207,7 @@ class AdmissionGate:
             if self.queues.waiting_at_or_above(pool, tenant.priority):
                 verdict = self.queues.hold(verdict, tenant.priority, self.settings)
             if verdict.queue:
-                return await self._wait(request_id, tenant, pool, verdict, b, now)
+                return await self._wait(request_id, tenant, pool, verdict, b, now, ttft_deadline_s)
             if not verdict.admitted:
                 return verdict
             # the snapshot may be stale (other routers): the store checks the limit atomically
@@ -252,9 +254,18 @@ class AdmissionGate:
         return verdict
 
     async def _wait(
-        self, request_id: str, tenant: Tenant, pool: str, verdict: Verdict, b: Budget, now: float
+        self,
+        request_id: str,
+        tenant: Tenant,
+        pool: str,
+        verdict: Verdict,
+        b: Budget,
+        now: float,
+        ttft_deadline_s: float | None = None,
     ) -> Verdict:
         timeout = self.settings.queue_timeout_s.get(tenant.priority, 0.0)
+        if ttft_deadline_s is not None:
+            timeout = min(timeout, ttft_deadline_s)
         w = Waiting(
             request_id, pool, tenant.priority, verdict.kv_blocks, now, now + timeout, tenant
         )

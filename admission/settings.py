@@ -8,7 +8,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from streams.labels import check_labels
 
-__all__ = ["AdmissionSettings", "Priority", "RedisSettings", "Tenant"]
+__all__ = [
+    "DEFAULT_SLO_CLASSES",
+    "AdmissionSettings",
+    "Priority",
+    "RedisSettings",
+    "SloClass",
+    "Tenant",
+]
 
 Priority = Literal["high", "normal", "low"]
 
@@ -38,6 +45,14 @@ class Tenant(BaseModel):
     max_kv_share: float | None = Field(
         default=None, gt=0, le=1, description="most of a pool's KV budget held at once"
     )
+    slo_class: str | None = Field(
+        default=None, description="its requests' SLO class (admission.slo_classes)"
+    )
+    slo_classes: list[str] = Field(
+        default_factory=list,
+        description="classes its requests may ask for with X-Kvgate-Slo-Class (default: any "
+        "whose priority is not above the tenant's)",
+    )
     require_labels: dict[str, str] = Field(
         default_factory=dict, description="its requests run only on nodes with these labels"
     )
@@ -50,6 +65,35 @@ class Tenant(BaseModel):
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         return check_labels(v)
 
+
+class SloClass(BaseModel):
+    """A service level a request is held to: its TTFT and TPOT targets, the priority it runs
+    at, and how heavily routing weighs queueing for it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_s: float = Field(gt=0, description="time to first token target")
+    tpot_s: float = Field(gt=0, description="time per output token target")
+    priority: Priority = "normal"
+    queue_weight: float = Field(
+        default=1.0, ge=0, le=100, description="× the queueing term of the routing cost"
+    )
+    hold_queue_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="an admitted request of this class waits in the router while its best "
+        "node has more than this much work queued ahead of it (None: never held): loose "
+        "classes fill the engines only as far as tight classes keep their TTFT",
+    )
+
+
+DEFAULT_SLO_CLASSES = {
+    "interactive": SloClass(ttft_s=2.0, tpot_s=0.1, priority="high", queue_weight=3.0),
+    "standard": SloClass(ttft_s=10.0, tpot_s=0.2, priority="normal"),
+    "batch": SloClass(
+        ttft_s=600.0, tpot_s=1.0, priority="normal", queue_weight=0.3, hold_queue_s=0.1
+    ),
+}
 
 _QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 10.0, "low": 0.0}
 
@@ -123,6 +167,15 @@ class AdmissionSettings(BaseModel):
     fair_share_window_s: float = Field(
         default=10.0, gt=0, description="a tenant that asked this recently counts for fair share"
     )
+    slo_classes: dict[str, SloClass] = Field(
+        default_factory=lambda: dict(DEFAULT_SLO_CLASSES),
+        description="service levels by name: a tenant's slo_class, or X-Kvgate-Slo-Class",
+    )
+    deadline_refusal: bool = Field(
+        default=True,
+        description="refuse at once (429 deadline, with Retry-After) a request whose SLO "
+        "class's TTFT the best node's expected queue and prefill would miss",
+    )
     require_api_key: bool = False
     tenants: dict[str, Tenant] = Field(default_factory=dict, description="API key -> tenant")
     anonymous: Tenant = Tenant(name="anonymous", priority="normal")
@@ -133,4 +186,8 @@ class AdmissionSettings(BaseModel):
             raise ValueError("yellow_watermark must be below red_watermark")
         if self.min_retry_after_s > self.max_retry_after_s:
             raise ValueError("min_retry_after_s must not exceed max_retry_after_s")
+        for t in [*self.tenants.values(), self.anonymous]:
+            for name in [t.slo_class, *t.slo_classes]:
+                if name is not None and name not in self.slo_classes:
+                    raise ValueError(f"tenant {t.name}: unknown SLO class {name!r}")
         return self

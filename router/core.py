@@ -106,6 +106,7 @@ class RouteRequest:
     prompt_tokens: int
     max_tokens: int
     session_id: str | None = None
+    queue_weight: float = 1.0  # × the node's queue in the cost (tight SLO classes: > 1)
 
 
 @dataclass(slots=True)  # treated as immutable

@@ -109,7 +109,7 @@ class CompletionCostPolicy(PolicyBase):
         need = math.ceil((request.prompt_tokens + request.max_tokens) / bs) - hit_tokens / bs
         after = (s.kv_used + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
         return {
-            "queue_s": queued / w.prefill_tokens_per_s,
+            "queue_s": queued / w.prefill_tokens_per_s * request.queue_weight,
             "prefill_s": prefill_s * w.prefill_weight,
             "decode_s": min(request.max_tokens, w.decode_horizon_tokens) * tpot_s,
             "stall_s": prefill_s * s.running * w.interference,
@@ -128,6 +128,7 @@ class CompletionCostPolicy(PolicyBase):
         smoothed = self._smoothed
         prompt = request.prompt_tokens
         inv_rate = 1.0 / w.prefill_tokens_per_s
+        queue_rate = inv_rate * request.queue_weight
         prefill_weight, interference = w.prefill_weight, w.interference
         grace, tau = w.stale_grace_s, w.stale_tau_s
         horizon = min(request.max_tokens, w.decode_horizon_tokens)
@@ -152,7 +153,7 @@ class CompletionCostPolicy(PolicyBase):
             backlog = n.prefill_backlog_tokens
             waiting_tokens = (s.waiting + n.pending) * avg_uncached
             out = (
-                (backlog if backlog > waiting_tokens else waiting_tokens) * inv_rate
+                (backlog if backlog > waiting_tokens else waiting_tokens) * queue_rate
                 + prefill_s * (prefill_weight + running * interference)
                 + horizon
                 * (

@@ -24,6 +24,7 @@ _STATUS = {
     RejectReason.NODES_UNHEALTHY: 503,
     RejectReason.STORE_UNAVAILABLE: 503,
     RejectReason.TENANT_QUOTA: 429,
+    RejectReason.DEADLINE: 429,
 }
 
 

@@ -162,6 +162,19 @@ class RouterMetrics:
             ["state"],
             registry=self.registry,
         )
+        self.slo = Counter(
+            "kvgate_router_slo_requests",
+            "Requests with an SLO class by outcome: met (TTFT and TPOT within the class's "
+            "targets), missed, refused (deadline: it could not have met its TTFT)",
+            ["slo_class", "outcome"],
+            registry=self.registry,
+        )
+        self.held = Gauge(
+            "kvgate_router_held_requests",
+            "Admitted requests of a loose SLO class waiting in the router for the engines' "
+            "queues to drain (hold_queue_s)",
+            registry=self.registry,
+        )
         self.canary_routed = Counter(
             "kvgate_router_canary_requests",
             "Requests that fell in a canary group's share",

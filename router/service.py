@@ -34,6 +34,7 @@ from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
+from admission.slo import Slo, deadline_refusal, expected_ttft_s, held, slo_of
 from admission.storm import StormStore
 from router.approx import ApproxIndex
 from router.calibrate import TokenCalibration
@@ -94,6 +95,10 @@ def client_identity(tenant: Tenant, anonymous: Tenant, peer: str | None) -> str:
     if tenant.name != anonymous.name or not peer:
         return tenant.name
     return f"{tenant.name}@{peer}"
+
+
+def _queue_weight(slo: Slo | None) -> float:
+    return slo[1].queue_weight if slo is not None else 1.0
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -161,6 +166,12 @@ class Gated:
     verdict: Verdict | None  # None: admission is off
     now: float
     client_request_id: str | None = None  # the client's X-Request-Id: a label, never a key
+    slo: Slo | None = None  # its SLO class (admission/slo.py)
+
+
+# a request routed for a gateway: (gateway, node, request, its block hashes, tenant, started,
+# SLO class)
+_Routed = tuple[str, str, ParsedRequest, list[int], Tenant, float, Slo | None]
 
 
 class GatewayRelease(BaseModel):
@@ -255,7 +266,7 @@ class RouterService:
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # requests routed for a gateway: id -> (gateway, node, request, its block hashes,
         # tenant, started); only the gateway that routed it may renew or release it
-        self._gateway: dict[str, tuple[str, str, ParsedRequest, list[int], Tenant, float]] = {}
+        self._gateway: dict[str, _Routed] = {}
         self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
         self._loops_failing: dict[str, str] = {}
         self.calibration = TokenCalibration()
@@ -722,6 +733,10 @@ class RouterService:
             )
         except ValueError as exc:
             return self._refuse("bad_labels", _json(error_body(f"labels: {exc}"), 400))
+        try:
+            slo, tenant = slo_of(headers, tenant, self.gate.settings)
+        except ValueError as exc:
+            return self._refuse("bad_slo_class", _json(error_body(str(exc)), 400))
         raw = await read()
         if chat is None:
             try:
@@ -736,7 +751,7 @@ class RouterService:
         who.parsed = p
         t0 = time.perf_counter()
         client = client_identity(tenant, self.gate.settings.anonymous, peer)
-        g = await self._gate(tenant, request_id, idempotency_key, p, placement, client)
+        g = await self._gate(tenant, request_id, idempotency_key, p, placement, client, slo)
         if isinstance(g, web.Response):
             return g
         return request_id, started, p, replace(g, client_request_id=client_id), t0
@@ -772,6 +787,7 @@ class RouterService:
         p: ParsedRequest,
         placement: Placement = FREE,
         client: str | None = None,
+        slo: Slo | None = None,
     ) -> web.Response | Gated:
         """Model, node health and admission for an authenticated, parsed request: a refusal as
         a response, or what routing needs (admitted requests hold a reservation from here on).
@@ -816,6 +832,7 @@ class RouterService:
                     now,
                     p.model,
                     OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
+                    slo[1].ttft_s if slo is not None else None,
                 )
                 if verdict.rejection is not None:
                     await self.gate.refused(attempt, verdict.rejection, now, client)
@@ -823,7 +840,7 @@ class RouterService:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now, placement)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
-        return Gated(tenant, nodes, block_size, verdict, now)
+        return Gated(tenant, nodes, block_size, verdict, now, slo=slo)
 
     def _budget(
         self, all_nodes: list[NodeView], nodes: list[NodeView], model: str, now: float
@@ -854,8 +871,18 @@ class RouterService:
         """Route, record the decision, and either refuse (a response) or name the node; the
         request then counts in this router's in-flight ledger until ``ledger.finish``."""
         tenant, nodes, block_size, verdict = g.tenant, g.nodes, g.block_size, g.verdict
-        rreq, decision = self._route(request_id, p, nodes, block_size, g.now, verdict)
+        rreq, decision = self._route(
+            request_id, p, nodes, block_size, g.now, verdict, queue_weight=_queue_weight(g.slo)
+        )
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
+        if g.slo is not None and verdict is not None and verdict.admitted:
+            rreq, decision, held_s = await self._hold(request_id, p, g, rreq, decision)
+            waited += held_s
+        late = self._deadline(g.slo, rreq, decision, waited)
+        if late is not None:  # refused early: it would miss its class's TTFT
+            self.metrics.slo.labels(g.slo[0] if g.slo else "", "refused").inc()
+            decision = RouteDecision(None, "deadline", decision.candidates)
+            verdict = Verdict(False, verdict.kv_blocks if verdict else 0, 1.0, late)
         decision_us = max(0.0, (time.perf_counter() - t0 - waited) * 1e6)  # without the queue
         self.metrics.decided(decision.reason, decision_us)
         if waited:
@@ -991,7 +1018,9 @@ class RouterService:
                 engine_prompt = (relay.usage or {}).get("prompt_tokens")
                 if not p.exact_tokens and isinstance(engine_prompt, int):
                     self.calibration.observe(p.model, p.prompt_tokens_total, engine_prompt)
-            await self._publish_outcome(request_id, node.node_id, relay, p, started, reroutes)
+            await self._publish_outcome(
+                request_id, node.node_id, relay, p, started, reroutes, g.slo
+            )
 
     def _route(
         self,
@@ -1002,13 +1031,20 @@ class RouterService:
         now: float,
         verdict: Verdict | None = None,
         advise: bool = True,
+        queue_weight: float = 1.0,
     ) -> tuple[RouteRequest, RouteDecision]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs)."""
         adapter = p.model if p.model in self._adapter_base else None
         hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
         rreq = RouteRequest(
-            request_id, p.model, hashes, p.prompt_tokens_total, p.max_tokens, p.session_id
+            request_id,
+            p.model,
+            hashes,
+            p.prompt_tokens_total,
+            p.max_tokens,
+            p.session_id,
+            queue_weight,
         )
         if verdict is not None and not verdict.admitted:
             return rreq, RouteDecision(None, "admission_rejected", ())
@@ -1032,6 +1068,69 @@ class RouterService:
             if advice is not None:
                 self._advise(advice, p, block_size, now)
         return rreq, decision
+
+    def _chosen_components(self, decision: RouteDecision) -> Mapping[str, float] | None:
+        chosen = next((c for c in decision.candidates if c.node_id == decision.chosen), None)
+        return chosen.components if chosen is not None else None
+
+    async def _hold(
+        self,
+        request_id: str,
+        p: ParsedRequest,
+        g: Gated,
+        rreq: RouteRequest,
+        decision: RouteDecision,
+    ) -> tuple[RouteRequest, RouteDecision, float]:
+        """Keep an admitted request of a loose SLO class in the router while its best node has
+        more than the class's ``hold_queue_s`` queued (admission/slo.py), re-routing on the
+        cluster as it is now, at most until its TTFT target (or half its lease) has passed.
+        Returns the decision it leaves with and how long it was held."""
+        slo = g.slo
+        comps = self._chosen_components(decision)
+        if slo is None or comps is None or not held(slo, comps, rreq.queue_weight):
+            return rreq, decision, 0.0
+        start = time.time()
+        limit = start + min(slo[1].ttft_s, self.gate.settings.lease_s / 2)
+        ids = {n.node_id for n in g.nodes}
+        self.metrics.held.inc()
+        try:
+            while time.time() < limit:
+                await asyncio.sleep(self.settings.hold_poll_s)
+                now = time.time()
+                fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
+                rreq, decision = self._route(
+                    request_id,
+                    p,
+                    fresh or g.nodes,
+                    g.block_size,
+                    now,
+                    g.verdict,
+                    advise=False,
+                    queue_weight=rreq.queue_weight,
+                )
+                comps = self._chosen_components(decision)
+                if comps is None or not held(slo, comps, rreq.queue_weight):
+                    break
+        finally:
+            self.metrics.held.dec()
+        if decision.chosen is not None:
+            self.fleet.detector.sent(decision.chosen, time.time())
+        return rreq, decision, time.time() - start
+
+    def _deadline(
+        self, slo: Slo | None, rreq: RouteRequest, decision: RouteDecision, waited: float
+    ) -> Rejection | None:
+        """The early refusal of a request its chosen node cannot start within its class's TTFT
+        (only policies that give cost components can tell)."""
+        if slo is None or decision.chosen is None:
+            return None
+        comps = self._chosen_components(decision)
+        if comps is None:
+            return None
+        weights = getattr(self.policy, "w", None)
+        prefill_weight = float(getattr(weights, "prefill_weight", 1.0))
+        ttft = expected_ttft_s(comps, prefill_weight, rreq.queue_weight)
+        return deadline_refusal(slo, ttft, waited, self.gate.settings)
 
     def _fleet_decision(
         self,
@@ -1185,6 +1284,7 @@ class RouterService:
             list(rreq.block_hashes),
             tenant,
             started,
+            g.slo,
         )
         self._gateway_until[request_id] = (
             held.expires_at if held is not None else started + self.gate.settings.lease_s
@@ -1227,7 +1327,7 @@ class RouterService:
             return False
         del self._gateway[rid]
         self._gateway_until.pop(rid, None)
-        _, node, p, hashes, tenant, started = entry
+        _, node, p, hashes, tenant, started, slo = entry
         now = time.time()
         self._observe(node, "5xx" if status == "error" else None, status == "cancelled")
         await self.gate.release(rid, now)
@@ -1247,7 +1347,7 @@ class RouterService:
             if prompt_tokens is not None and not p.exact_tokens:
                 self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
             self._prefilled(node, hashes)
-        await self._publish_outcome(rid, node, relay, p, started)
+        await self._publish_outcome(rid, node, relay, p, started, slo=slo)
         return True
 
     async def _gateway_renew(self, request: web.Request) -> web.Response:
@@ -1272,9 +1372,7 @@ class RouterService:
         self._gateway_until[rid] = until
         return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
 
-    def _owned(
-        self, gateway: str, rid: str
-    ) -> tuple[str, str, ParsedRequest, list[int], Tenant, float] | web.Response:
+    def _owned(self, gateway: str, rid: str) -> _Routed | web.Response:
         """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same
         answer as for an unknown id: another gateway's reservations are not even visible)."""
         entry = self._gateway.get(rid)
@@ -1462,6 +1560,7 @@ class RouterService:
         p: ParsedRequest,
         started: float,
         reroutes: int = 0,
+        slo: Slo | None = None,
     ) -> None:
         record = outcome_record(
             request_id,
@@ -1474,6 +1573,15 @@ class RouterService:
             reroutes=reroutes,
         )
         self.metrics.finished(record, p.model)
+        if slo is not None and record.status != "cancelled":
+            name, cls = slo
+            met = (
+                record.status == "ok"
+                and record.ttft_s is not None
+                and record.ttft_s <= cls.ttft_s
+                and (record.tpot_s is None or record.tpot_s <= cls.tpot_s)
+            )
+            self.metrics.slo.labels(name, "met" if met else "missed").inc()
         await self.bus.publish(OUTCOMES, request_id, record)
 
     async def _passthrough(self, request: web.Request) -> web.StreamResponse:

@@ -180,6 +180,9 @@ class RouterSettings(BaseModel):
     prefer_spill_queue: int = Field(
         default=4, ge=0, description="… and at most this many requests waiting"
     )
+    hold_poll_s: float = Field(
+        default=0.05, gt=0, le=5, description="how often a held request looks again"
+    )
     outlier: OutlierSettings = OutlierSettings()
     slow_start: SlowStartSettings = SlowStartSettings()
     otlp_endpoint: str | None = Field(

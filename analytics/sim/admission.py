@@ -108,8 +108,10 @@ class SimAdmission:
         prompt_tokens: int,
         max_tokens: int,
         now: float,
+        ttft_deadline_s: float | None = None,
     ) -> bool | Refused:
-        """True: admitted now; False: queued; or the refusal."""
+        """True: admitted now; False: queued (at most ``ttft_deadline_s``, its SLO class's
+        TTFT); or the refusal."""
         b = self.budget(now)
         v = admit(prompt_tokens, max_tokens, self.block_size, priority, b, self.settings)
         if self.queues.waiting_at_or_above(POOL, priority):
@@ -118,7 +120,10 @@ class SimAdmission:
             self._reserve(rid, v.kv_blocks)
             return True
         if v.queue:
-            deadline = now + self.settings.queue_timeout_s.get(priority, 0.0)
+            timeout = self.settings.queue_timeout_s.get(priority, 0.0)
+            if ttft_deadline_s is not None:
+                timeout = min(timeout, ttft_deadline_s)
+            deadline = now + timeout
             w = Waiting(rid, POOL, priority, v.kv_blocks, now, deadline)
             refused = self.queues.offer(w, b, now)
             if refused is None:
@@ -151,6 +156,14 @@ class SimAdmission:
     def _reserve(self, rid: str, blocks: int) -> None:
         # the verdict already checked the limits on this same snapshot (one router)
         _now(self.store.try_reserve(rid, POOL, blocks, self.kv_blocks_total, 0.0, math.inf))
+
+    def refuse_admitted(
+        self, index: int, rid: str, priority: str, rej: Rejection, now: float
+    ) -> Refused:
+        """An admitted request refused after all (its SLO class's TTFT cannot be met): its
+        reservation goes back."""
+        self.release(rid, now)
+        return self._refused(index, priority, rej, now)
 
     @staticmethod
     def _refused(index: int, priority: str, rej: Rejection, now: float) -> Refused:

@@ -18,7 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast
 
-from admission.settings import AdmissionSettings
+from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
+from admission.slo import deadline_refusal, expected_ttft_s, held
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun
@@ -218,6 +219,9 @@ def simulate(
     started: dict[str, float] = {}  # node -> when it joined (slow start)
     faults = dict(cfg.faults)
     labels = {node: frozenset(pairs) for node, pairs in cfg.node_labels}
+    slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
+    prefill_weight = float(getattr(getattr(policy, "w", None), "prefill_weight", 1.0))
+    holding: deque[tuple[int, float | None]] = deque()  # admitted, held back by their class
     stats.setdefault("failed", 0)
     index = PrefixIndex()
     ledger = InflightLedger()
@@ -294,7 +298,8 @@ def simulate(
             n.gen += 1
             push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
 
-    def dispatch(idx: int, now: float, queue_wait_s: float | None) -> None:
+    def dispatch(idx: int, now: float, queue_wait_s: float | None) -> bool:
+        """Route and send request ``idx``; True when its class holds it back for now."""
         r = trace.requests[idx]
         rid = f"r{idx}"
         views = [
@@ -305,8 +310,15 @@ def simulate(
             for n in nodes
             if n.view is not None
         ]
+        slo = (r.slo_class, slo_classes[r.slo_class]) if r.slo_class else None
         req = RouteRequest(
-            rid, MODEL, r.block_hashes, r.prompt_tokens, r.output_tokens, r.session_id
+            rid,
+            MODEL,
+            r.block_hashes,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.session_id,
+            slo[1].queue_weight if slo else 1.0,
         )
         matches = index.match(r.block_hashes)
         if recent is not None:
@@ -316,6 +328,20 @@ def simulate(
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
         sel = fleet.select(placed, r.session_id or rid, now)
         d = policy.decide(req, sel.nodes, matches, now)
+        if adm is not None and slo is not None and d.chosen is not None:
+            chosen = next((c for c in d.candidates if c.node_id == d.chosen), None)
+            ttft = (
+                expected_ttft_s(chosen.components, prefill_weight, req.queue_weight)
+                if chosen is not None
+                else None
+            )
+            late = deadline_refusal(slo, ttft, now - r.arrival_s, adm.settings)
+            if late is not None:  # refused early: it would miss its class's TTFT
+                refuse(adm.refuse_admitted(idx, rid, r.priority, late, now))
+                return False
+            if chosen is not None and held(slo, chosen.components, req.queue_weight):
+                holding.append((idx, queue_wait_s))  # waits until the engines drain
+                return True
         if d.chosen is not None:
             fleet.detector.sent(d.chosen, now)
             target = by_id[d.chosen]
@@ -326,7 +352,7 @@ def simulate(
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
             push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
-            return
+            return False
         seq = SimSeq(rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, trace.block_size))
         reason = fleet.reason(d.reason, d.chosen, sel, matches)
         meta[rid] = (r, target.node_id, reason, matches.get(target.node_id, 0))
@@ -338,6 +364,16 @@ def simulate(
             if advice is not None:
                 stats["prewarm_advice"] += 1
                 push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+        return False
+
+    def release_held(now: float) -> None:
+        """Held requests go in order while the engines have room (the first held again stops
+        the round: the ones behind it would be too)."""
+        for _ in range(len(holding)):
+            idx, wait = holding.popleft()
+            if dispatch(idx, now, wait):
+                holding.appendleft(holding.pop())
+                break
 
     def operate(op: FleetOp, now: float) -> None:
         if op.kind == "drain":
@@ -420,6 +456,8 @@ def simulate(
             remaining -= 1
         if released:
             pump(now)
+        if holding and finished:
+            release_held(now)
         if not n.core.idle:
             start_step(n, now)
 
@@ -437,6 +475,8 @@ def simulate(
                     if n.node_id in labels:
                         n.view = replace(n.view, labels=labels[n.node_id])
             pump(now)
+            if holding:
+                release_held(now)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive" or kind == "retry":
             idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
@@ -449,7 +489,13 @@ def simulate(
                 got: bool | Refused | None = adm.early_retry(r.client, key, idx, r.priority, now)
                 if got is None:
                     got = adm.arrive(
-                        idx, f"r{idx}", r.priority, r.prompt_tokens, r.output_tokens, now
+                        idx,
+                        f"r{idx}",
+                        r.priority,
+                        r.prompt_tokens,
+                        r.output_tokens,
+                        now,
+                        slo_classes[r.slo_class].ttft_s if r.slo_class else None,
                     )
                     if isinstance(got, Refused):
                         adm.remember(key, got, now, r.client)

@@ -42,6 +42,7 @@ class TraceRequest:
     # (multi-turn chat); otherwise the simulator gives them hashes of their own
     output_block_hashes: tuple[int, ...] = ()
     priority: Priority = "normal"
+    slo_class: str | None = None  # its SLO class (admission.slo_classes)
     client: str = "default"  # who sends it (retry behaviour, retry-storm guard)
     request_id: str | None = None  # a recorded request's id (replay from the decision log)
 
