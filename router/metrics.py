@@ -175,6 +175,11 @@ class RouterMetrics:
             "queues to drain (hold_queue_s)",
             registry=self.registry,
         )
+        self.holds = Counter(
+            "kvgate_router_holds",
+            "Admitted requests held in the router at least once for their SLO class",
+            registry=self.registry,
+        )
         self.canary_routed = Counter(
             "kvgate_router_canary_requests",
             "Requests that fell in a canary group's share",

@@ -1093,6 +1093,7 @@ class RouterService:
         limit = start + min(slo[1].ttft_s, self.gate.settings.lease_s / 2)
         ids = {n.node_id for n in g.nodes}
         self.metrics.held.inc()
+        self.metrics.holds.inc()
         try:
             while time.time() < limit:
                 await asyncio.sleep(self.settings.hold_poll_s)
