@@ -108,6 +108,33 @@ PROM_DASHBOARD: tuple[PromPanel, ...] = (
         (("sum by (cause) (rate(kvgate_router_ejections_total" + RATE + "))", "{{cause}}"),),
     ),
     PromPanel(
+        "SLO attainment by class",
+        (
+            (
+                'sum by (slo_class) (rate(kvgate_router_slo_requests_total{outcome="met"}'
+                + RATE
+                + ")) / sum by (slo_class) (rate(kvgate_router_slo_requests_total"
+                + '{outcome=~"met|missed"}'
+                + RATE
+                + "))",
+                "{{slo_class}}",
+            ),
+        ),
+        "percentunit",
+    ),
+    PromPanel(
+        "SLO classes: refused early / s and held",
+        (
+            (
+                'sum by (slo_class) (rate(kvgate_router_slo_requests_total{outcome="refused"}'
+                + RATE
+                + "))",
+                "refused {{slo_class}}",
+            ),
+            ("sum(kvgate_router_held_requests)", "held now"),
+        ),
+    ),
+    PromPanel(
         "Canary requests / s by group",
         (("sum by (group) (rate(kvgate_router_canary_requests_total" + RATE + "))", "{{group}}"),),
         "reqps",
@@ -185,7 +212,7 @@ def build_prometheus() -> dict[str, Any]:
         UID,
         "kvgate — router (Prometheus)",
         "The routers' live health from their /metrics: traffic, refusals, latencies, queues, "
-        "KV budget, cache share, fleet (drains, ejections, canaries), feed",
+        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, feed",
         ["kvgate", "prometheus"],
         [variable],
         panels,

@@ -61,6 +61,8 @@ def test_every_query_names_exported_metrics() -> None:
     m.fleet_nodes.labels("ejected").set(0)
     m.ejections.labels("consecutive_5xx").inc()
     m.canary_routed.labels("v2").inc()
+    m.slo.labels("interactive", "met").inc()
+    m.held.set(0)
     exported = set(re.findall(r"^(kvgate_[a-z_]+)", m.render().decode(), re.MULTILINE))
     for panel in PROM_DASHBOARD:
         for expr, _ in panel.exprs:
