@@ -256,5 +256,10 @@ def _markdown(r: dict[str, Any]) -> str:
         "* `scale_up`: cost-based routing already sends a cold node only what it can take, so "
         "slow start changes little here (measured with the kvgate policy only).",
         "* `drain`: nothing fails; the remaining nodes absorb the drained nodes' share.",
+        "* `slo_mix`: with priorities alone, interactive requests on `long_tail` miss their TTFT "
+        "although admitted first: the KV budget is not what runs out, the engines' compute is, "
+        "and batch work already queued in the engines delays them. Holding batch in the router "
+        "while engines are queued keeps interactive within its target and lets batch use the "
+        "rest (more batch completes than when low priority is refused above yellow).",
     ]
     return "\n".join(lines) + "\n"
