@@ -30,6 +30,7 @@ from router.policies import make_policy
 from router.settings import RouterSettings
 from streams.blocks import approx_tokenize, chain_hashes
 from streams.prefix_index import PrefixIndex
+from tests.factories import node_view
 
 OUT = Path("docs/benchmarks")
 CHAIN = 100  # blocks per indexed prefix chain
@@ -57,20 +58,13 @@ def build_index(
 
 def views(nodes: list[str], rng: random.Random, now: float) -> list[NodeView]:
     return [
-        NodeView(
-            node_id=n,
-            endpoint=f"http://{n}",
-            model="m",
-            pool="default",
-            block_size=16,
-            kv_blocks_total=26_972,
-            kv_blocks_used=rng.randint(0, 26_000),
+        node_view(
+            n,
+            used=rng.randint(0, 26_000),
             running=rng.randint(0, 200),
             waiting=rng.randint(0, 20),
-            healthy=True,
-            draining=False,
+            kv_blocks_total=26_972,
             heartbeat_ts=now - rng.random() * 0.5,
-            lease_s=2.0,
         )
         for n in nodes
     ]
