@@ -59,6 +59,10 @@ def parse_request(
     body = orjson.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - a 400
+    if "kv_transfer_params" in body:
+        # an engine with a KV connector would pull KV from wherever these say: only kvgate's
+        # disaggregated-prefill path sets them
+        raise ValueError("kv_transfer_params is set by kvgate, not by clients")
     req: ChatRequest | CompletionRequest
     given_ids = False
     if chat:

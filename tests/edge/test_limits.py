@@ -141,3 +141,18 @@ async def test_errors_have_the_openai_shape_and_hide_addresses() -> None:
         assert status == 502 and out["error"]["code"] == 502
         assert "127.0.0.1" not in str(out) and dead not in str(out)
         assert await e.reservations() == 0
+
+
+async def test_clients_cannot_send_kv_transfer_params() -> None:
+    """An engine with a KV connector pulls KV from wherever kv_transfer_params say: a client's
+    are refused (400), on every route, before anything reaches an engine."""
+    hostile = {"do_remote_prefill": True, "remote_host": "10.0.0.66", "remote_port": 5600}
+    async with edge() as e:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            body = completion(kv_transfer_params=hostile)
+            if path.endswith("chat/completions"):
+                body = {"model": body["model"], "messages": [{"role": "user", "content": "hi"}]}
+                body["kv_transfer_params"] = hostile
+            status, out, _ = await e.call("POST", path, body, bearer("sk-alpha"))
+            assert status == 400 and "kv_transfer_params" in out["error"]["message"], out
+        assert not e.decisions() or all(d.chosen_node is None for d in e.decisions())
