@@ -253,6 +253,40 @@ class AdmissionGate:
             )
         return verdict
 
+    async def hold_extra(
+        self,
+        key: str,
+        tenant: Tenant,
+        pool: str,
+        kv_blocks: int,
+        node_blocks: Sequence[int],
+        now: float,
+    ) -> bool:
+        """A second reservation for a request already admitted (its prompt's KV on a prefill
+        node while it is computed and sent), up to the whole budget; False when it does not
+        fit or the store cannot answer (the request then goes without it)."""
+        try:
+            r = await self.store.try_reserve(
+                key,
+                pool,
+                kv_blocks,
+                sum(node_blocks),
+                now,
+                self.settings.lease_s,
+                max(1, len(node_blocks) * self.settings.slots_per_node),
+                tenant.name,
+                None,
+                None,
+            )
+        except AdmissionError as exc:
+            log.warning("no prefill reservation for %s: %s", key, exc)
+            return False
+        if not isinstance(r, Reservation):
+            return False
+        self.held[key] = r
+        await self.record("reserve", r, now)
+        return True
+
     async def _wait(
         self,
         request_id: str,

@@ -220,6 +220,8 @@ class NodeAgent:
                     data_parallel_rank=s.data_parallel_rank,
                     engine_started_at=last.start_time_s,
                     labels=s.labels,
+                    role=s.role,
+                    kv_link_gbps=s.kv_link_gbps,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

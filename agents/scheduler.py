@@ -192,6 +192,23 @@ class EngineCore:
             self.waiting.remove(seq)
         seq.finished = True
 
+    def receive(self, seq: Sequence, blocks: int) -> int:
+        """The KV of ``seq``'s first ``blocks`` prompt blocks arrives from a prefill engine
+        (disaggregated prefill): they enter the cache as if computed here, unreferenced, and
+        ``seq`` then hits them like a cached prefix. Returns the blocks that were stored (none
+        when the cache has no room: the engine then computes the prompt itself)."""
+        bs = self.profile.block_size
+        if not seq.prompt_hashes and len(seq.prompt) >= bs:
+            seq.prompt_hashes = chain_hashes(seq.prompt, bs, seq.root)
+        hashes = seq.prompt_hashes[: max(0, blocks)]
+        if not hashes or not self.cache.can_allocate(len(hashes)):
+            return 0
+        self.cache.allocate(len(hashes))
+        tokens = seq.tokens_between(0, len(hashes) * bs) if self.token_ids_in_events else ()
+        self.cache.commit(hashes, seq.root, tokens, seq.lora, seq.cache_salt)
+        self.cache.release(hashes, 0)
+        return len(hashes)
+
     def fits(self, prompt_tokens: int) -> bool:
         return self.profile.blocks_for_tokens(prompt_tokens + 1) <= self.cache.num_blocks
 

@@ -57,6 +57,16 @@ class EngineSettings(BaseModel):
     tokenizer: TokenizerSpec | None = Field(
         default=None, description="tokenize like this model (default: 4-byte text chunks)"
     )
+    kv_transfer: bool = Field(
+        default=False,
+        description="as vLLM with a KV connector (NixlConnector, kv_both): a request with "
+        "kv_transfer_params do_remote_decode prefills and answers with the params a decode "
+        "engine needs; one with do_remote_prefill receives the prompt's KV instead of "
+        "computing it",
+    )
+    kv_link_gbps: float = Field(
+        default=100.0, gt=0, description="KV transfer bandwidth to other engines (Gbit/s)"
+    )
     fault: Literal["none", "error", "hang"] = Field(
         default="none",
         description="a broken engine whose /metrics and /health look fine: error answers "
@@ -116,6 +126,14 @@ class AgentSettings(BaseModel):
         "sidecar scrapes http://127.0.0.1:8000 and advertises http://<pod IP>:8000)",
     )
     pool: str = "default"
+    role: Literal["mixed", "prefill", "decode"] = Field(
+        default="mixed",
+        description="what routers use the engine for: mixed (whole requests), prefill or decode "
+        "(disaggregated prefill; the engine needs a KV connector, e.g. NixlConnector)",
+    )
+    kv_link_gbps: float | None = Field(
+        default=None, gt=0, description="the engine's KV transfer bandwidth (Gbit/s)"
+    )
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="the node's labels, e.g. {zone: eu-1a, gpu: h100}: requests and tenants "

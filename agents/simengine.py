@@ -55,6 +55,7 @@ class SimEngine:
         self._publishers: list[KvEventPublisher | None] = [None] * len(self.cores)
         self._tasks: list[asyncio.Task[None]] = []
         self.fault, self.fault_share = settings.fault, settings.fault_share
+        self.engine_id = uuid.uuid4().hex[:12]  # a KV connector's engine id
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -223,10 +224,52 @@ class SimEngine:
             )
         return body
 
+    def _transfer(self, body: CompletionRequest | ChatRequest) -> dict[str, Any] | None:
+        """The request's kv_transfer_params, when this engine has a KV connector."""
+        params = (body.model_extra or {}).get("kv_transfer_params")
+        return params if self.settings.kv_transfer and isinstance(params, dict) else None
+
+    async def _receive(self, rank: int, seq: Sequence, params: dict[str, Any]) -> None:
+        """Pull the prompt's KV from the prefill engine named in ``params`` (NixlConnector's
+        do_remote_prefill): the transfer takes its bytes over the link's bandwidth; the last
+        prompt token is computed here, as vLLM does."""
+        ids = params.get("remote_block_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return
+        p = self.settings.profile
+        blocks = min(len(ids), max(0, (len(seq.prompt) - 1) // p.block_size))
+        seconds = (
+            blocks * p.block_size * p.kv_bytes_per_token * 8 / (self.settings.kv_link_gbps * 1e9)
+        )
+        await asyncio.sleep(seconds)
+        self.cores[rank].receive(seq, blocks)
+
+    def _exported(self, seq: Sequence, request: web.Request, rank: int) -> dict[str, Any]:
+        """What a prefill engine answers for a decode engine to pull (vLLM's NixlConnector
+        request_finished): its engine id, side channel and the prompt's blocks."""
+        bs = self.settings.profile.block_size
+        host, port = (request.url.host or "127.0.0.1"), (request.url.port or self.settings.port)
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": list(range(len(seq.prompt) // bs)),
+            "remote_engine_id": f"{self.engine_id}-dp{rank}",
+            "remote_request_id": seq.request_id,
+            "remote_host": host,
+            "remote_port": port,
+            "tp_size": 1,
+        }
+
     def _submit(
-        self, rank: int, tokens: list[int], body: CompletionRequest | ChatRequest, rid: str
+        self,
+        rank: int,
+        tokens: list[int],
+        body: CompletionRequest | ChatRequest,
+        rid: str,
+        add: bool = True,
     ) -> tuple[Sequence, asyncio.Queue[object]]:
-        """A sequence for ``tokens`` on engine core ``rank``; its tokens arrive on the queue."""
+        """A sequence for ``tokens`` on engine core ``rank``; its tokens arrive on the queue
+        (``add`` False: the caller adds it to the core)."""
         seq = Sequence(
             rid,
             tokens,
@@ -238,8 +281,9 @@ class SimEngine:
         )
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[rid] = queue
-        self.cores[rank].add(seq)
-        self._wakes[rank].set()
+        if add:
+            self.cores[rank].add(seq)
+            self._wakes[rank].set()
         return seq, queue
 
     async def _serve_batch(
@@ -311,7 +355,16 @@ class SimEngine:
                 400,
             )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        seq, queue = self._submit(rank, tokens, body, rid)
+        transfer = self._transfer(body)
+        seq, queue = self._submit(rank, tokens, body, rid, add=False)
+        if transfer is not None and transfer.get("do_remote_prefill"):
+            try:
+                await self._receive(rank, seq, transfer)
+            except BaseException:
+                self._queues.pop(rid, None)
+                raise
+        self.cores[rank].add(seq)
+        self._wakes[rank].set()
         try:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -339,6 +392,11 @@ class SimEngine:
                     "model": body.model,
                     "choices": [choice],
                     "usage": _usage(seq),
+                    **(
+                        {"kv_transfer_params": self._exported(seq, request, rank)}
+                        if transfer is not None and transfer.get("do_remote_decode")
+                        else {}
+                    ),
                 }
             )
         finally:

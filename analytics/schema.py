@@ -221,6 +221,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "DROP TABLE {db}.ledger_events_v1",
         ],
     ),
+    (
+        7,
+        "disaggregated prefill: the node that computed the prompt on decisions",
+        [
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS prefill_node Nullable(String)",
+        ],
+    ),
 ]
 
 

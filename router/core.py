@@ -47,6 +47,8 @@ class NodeView:
     dp_rank: int | None = None  # the engine's data-parallel rank this node is
     started_at: float | None = None  # when its engine started (slow start, router/fleet.py)
     labels: frozenset[tuple[str, str]] = frozenset()  # (key, value): zone, GPU type, …
+    role: str = "mixed"  # mixed, prefill or decode (disaggregated prefill, router/disagg.py)
+    kv_link_gbps: float | None = None  # its KV transfer bandwidth (None: the router's default)
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -95,6 +97,8 @@ class NodeView:
             self.dp_rank,
             self.started_at,
             self.labels,
+            self.role,
+            self.kv_link_gbps,
         )
 
 
@@ -126,6 +130,7 @@ class RouteDecision:
     chosen: str | None
     reason: str
     candidates: tuple[Candidate, ...]
+    prefill: str | None = None  # disaggregated: the node that prefills (``chosen`` decodes)
 
 
 class Policy(Protocol):

@@ -180,6 +180,13 @@ class RouterMetrics:
             "Admitted requests held in the router at least once for their SLO class",
             registry=self.registry,
         )
+        self.disaggregated = Counter(
+            "kvgate_router_disaggregated",
+            "Requests split over a prefill and a decode node, by outcome of the prefill leg: "
+            "ok (the decode node received the KV), fallback (it computed the prompt itself)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.canary_routed = Counter(
             "kvgate_router_canary_requests",
             "Requests that fell in a canary group's share",

@@ -85,6 +85,7 @@ def decision_record(
         weights_version=weights_version,
         chosen_node=d.chosen,
         reason=d.reason,
+        prefill_node=d.prefill,
         candidates=[
             CandidateScore(
                 node_id=c.node_id,

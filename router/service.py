@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import socket
 import time
@@ -40,6 +41,14 @@ from router.approx import ApproxIndex
 from router.calibrate import TokenCalibration
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.disagg import (
+    colocated_cost,
+    decode_body,
+    plan_pd,
+    prefill_body,
+    split_roles,
+    valid_transfer_params,
+)
 from router.edge import (
     GATEWAY_KEY_HEADER,
     Refusal,
@@ -167,6 +176,8 @@ class Gated:
     now: float
     client_request_id: str | None = None  # the client's X-Request-Id: a label, never a key
     slo: Slo | None = None  # its SLO class (admission/slo.py)
+    budget: tuple[str, list[int]] = ("", [])  # its admission budget: name, nodes' KV blocks
+    disaggregate: bool = True  # may be split over prefill and decode nodes (not for gateways)
 
 
 # a request routed for a gateway: (gateway, node, request, its block hashes, tenant, started,
@@ -840,7 +851,7 @@ class RouterService:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now, placement)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
-        return Gated(tenant, nodes, block_size, verdict, now, slo=slo)
+        return Gated(tenant, nodes, block_size, verdict, now, slo=slo, budget=(pool, budget_nodes))
 
     def _budget(
         self, all_nodes: list[NodeView], nodes: list[NodeView], model: str, now: float
@@ -872,7 +883,14 @@ class RouterService:
         request then counts in this router's in-flight ledger until ``ledger.finish``."""
         tenant, nodes, block_size, verdict = g.tenant, g.nodes, g.block_size, g.verdict
         rreq, decision = self._route(
-            request_id, p, nodes, block_size, g.now, verdict, queue_weight=_queue_weight(g.slo)
+            request_id,
+            p,
+            nodes,
+            block_size,
+            g.now,
+            verdict,
+            queue_weight=_queue_weight(g.slo),
+            disaggregate=g.disaggregate,
         )
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
         if g.slo is not None and verdict is not None and verdict.admitted:
@@ -935,8 +953,11 @@ class RouterService:
                 span.set_attribute("kvgate.prompt_blocks", len(routed[0].block_hashes))
         if isinstance(routed, web.Response):
             return routed
-        rreq, _, node = routed
+        rreq, decision, node = routed
         assert self._http is not None
+        sent = p
+        if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
+            sent = await self._prefill_leg(request_id, p, g, decision.prefill, rreq)
         relay = Relay()
         reroutes = 0
         try:
@@ -950,7 +971,7 @@ class RouterService:
                         request,
                         request_id,
                         target,
-                        p,
+                        sent if target is node else p,
                         started,
                         on_first_token=functools.partial(
                             self._first_token, request_id, target.node_id, rreq
@@ -1032,6 +1053,7 @@ class RouterService:
         verdict: Verdict | None = None,
         advise: bool = True,
         queue_weight: float = 1.0,
+        disaggregate: bool = False,
     ) -> tuple[RouteRequest, RouteDecision]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs)."""
@@ -1054,7 +1076,11 @@ class RouterService:
             return rreq, self._fleet_decision(decision, sel, {}, now, advise)
         matches = self._matches(hashes, now)
         decision = self._fleet_decision(
-            self.policy.decide(rreq, sel.nodes, matches, now), sel, matches, now, advise
+            self._decide_roles(rreq, sel.nodes, matches, now, disaggregate),
+            sel,
+            matches,
+            now,
+            advise,
         )
         # salted prefixes are one tenant's, an adapter's only where it is loaded: no
         # pre-warming other engines with them
@@ -1068,6 +1094,121 @@ class RouterService:
             if advice is not None:
                 self._advise(advice, p, block_size, now)
         return rreq, decision
+
+    def _decide_roles(
+        self,
+        rreq: RouteRequest,
+        nodes: list[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+        disaggregate: bool,
+    ) -> RouteDecision:
+        """The policy's decision over the nodes' roles (router/disagg.py): mixed nodes serve
+        whole requests; a (prefill, decode) pair is chosen when the model has both and the
+        split costs less than the best mixed node."""
+        mixed, pre, dec = split_roles(nodes)
+        if not pre and not dec:
+            return self.policy.decide(rreq, nodes, matches, now)
+        colocated = self.policy.decide(rreq, mixed, matches, now) if mixed else None
+        if disaggregate and self.settings.disaggregation and pre and dec:
+            weights = getattr(self.policy, "w", None)
+            plan = plan_pd(
+                self.policy,
+                rreq,
+                pre,
+                dec,
+                matches,
+                now,
+                kv_bytes_per_token=self.settings.kv_bytes_per_token,
+                default_link_gbps=self.settings.kv_link_gbps,
+                prefill_weight=float(getattr(weights, "prefill_weight", 1.0)),
+            )
+            mixed_cost = colocated_cost(colocated) if colocated is not None else None
+            if plan is not None and (
+                colocated is None
+                or colocated.chosen is None
+                or (plan.cost_s is not None and mixed_cost is not None and plan.cost_s < mixed_cost)
+            ):
+                p_chosen = tuple(
+                    c for c in plan.prefill.candidates if c.node_id == plan.prefill.chosen
+                )
+                return RouteDecision(
+                    plan.decode.chosen,
+                    "disaggregated",
+                    plan.decode.candidates + p_chosen,
+                    prefill=plan.prefill.chosen,
+                )
+        if colocated is not None and colocated.chosen is not None:
+            return colocated
+        return self.policy.decide(rreq, nodes, matches, now)  # any node computes it whole
+
+    async def _prefill_leg(
+        self, request_id: str, p: ParsedRequest, g: Gated, prefill: str, rreq: RouteRequest
+    ) -> ParsedRequest:
+        """Disaggregated prefill, first leg: ``prefill`` computes the prompt (vLLM's flow:
+        one token, not streamed, KV kept for a remote decode), holding a second reservation
+        for that KV meanwhile; returns the request for the decode node with P's transfer
+        params — or unchanged when the leg fails (the decode node then computes the prompt)."""
+        assert self._http is not None
+        pnode = next((n for n in g.nodes if n.node_id == prefill), None)
+        if pnode is None:
+            return p
+        key = f"{request_id}/prefill"
+        now = time.time()
+        extra = (
+            g.verdict is not None
+            and g.verdict.admitted
+            and await self.gate.hold_extra(
+                key,
+                g.tenant,
+                g.budget[0],
+                math.ceil(p.prompt_tokens_total / g.block_size),
+                g.budget[1],
+                now,
+            )
+        )
+        hit = self._matches(rreq.block_hashes, now).get(prefill, 0)
+        self.ledger.dispatch(key, prefill, now, max(0, rreq.prompt_tokens - hit * g.block_size))
+        params = None
+        failure: Failure | None = None
+        try:
+            async with (
+                asyncio.timeout(self.settings.prefill_timeout_s),
+                self._http.post(
+                    pnode.endpoint.rstrip("/") + p.path,
+                    data=orjson.dumps(prefill_body(p.body)),
+                    headers={
+                        "Content-Type": "application/json",
+                        "X-Request-Id": request_id,
+                        **pnode.engine_headers,
+                        **self._upstream_auth,
+                    },
+                ) as up,
+            ):
+                data = await up.content.read(1 << 20)
+                if up.status >= 500:
+                    failure = "5xx"
+                elif up.status == 200:
+                    params = valid_transfer_params(orjson.loads(data))
+        except TimeoutError:
+            failure = "timeout"
+        except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+            failure = "connect" if isinstance(exc, aiohttp.ClientError) else None
+        finally:
+            self.ledger.finish(key)
+            if extra:
+                await self.gate.release(key, time.time())
+        self._observe(prefill, failure)
+        if params is None:
+            log.warning(
+                "%s: prefill on %s gave no KV to transfer; decoding node computes it",
+                request_id,
+                prefill,
+            )
+            self.metrics.disaggregated.labels("fallback").inc()
+            return p
+        self.metrics.disaggregated.labels("ok").inc()
+        return replace(p, body=decode_body(p.body, params))
 
     def _chosen_components(self, decision: RouteDecision) -> Mapping[str, float] | None:
         chosen = next((c for c in decision.candidates if c.node_id == decision.chosen), None)
@@ -1108,6 +1249,7 @@ class RouterService:
                     g.verdict,
                     advise=False,
                     queue_weight=rreq.queue_weight,
+                    disaggregate=g.disaggregate,
                 )
                 comps = self._chosen_components(decision)
                 if comps is None or not held(slo, comps, rreq.queue_weight):
@@ -1264,6 +1406,8 @@ class RouterService:
         request_id, started, p, g, t0 = taken
         if allowed is not None:
             g = replace(g, nodes=[n for n in g.nodes if allowed(n)])
+        # a gateway sends the request to one endpoint itself: no two-leg disaggregated flow
+        g = replace(g, disaggregate=False)
         tenant = g.tenant
         admitted = g.verdict is not None and g.verdict.admitted
         try:

@@ -180,6 +180,22 @@ class RouterSettings(BaseModel):
     prefer_spill_queue: int = Field(
         default=4, ge=0, description="… and at most this many requests waiting"
     )
+    disaggregation: bool = Field(
+        default=True,
+        description="split requests over prefill and decode nodes when a model has both "
+        "(router/disagg.py)",
+    )
+    kv_link_gbps: float = Field(
+        default=100.0, gt=0, description="KV transfer bandwidth of nodes that do not say theirs"
+    )
+    kv_bytes_per_token: int = Field(
+        default=131_072,
+        gt=0,
+        description="KV bytes per prompt token for the transfer cost (Llama-3.1-8B, bf16)",
+    )
+    prefill_timeout_s: float = Field(
+        default=60.0, gt=0, description="the prefill leg's limit; then the decode node computes"
+    )
     hold_poll_s: float = Field(
         default=0.05, gt=0, le=5, description="how often a held request looks again"
     )

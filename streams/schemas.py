@@ -116,6 +116,13 @@ class Heartbeat(Message):
         "replica younger than the routers' slow-start window ramps up instead of taking full "
         "traffic with an empty cache",
     )
+    kv_link_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=100_000,
+        description="the engine's KV transfer bandwidth to other engines (disaggregated "
+        "prefill), Gbit/s; routers use their default when absent",
+    )
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="the node's labels (zone, GPU type, …): requests and tenants may require "
@@ -233,6 +240,10 @@ class Decision(Message):
     weights_version: int = 0
     chosen_node: NodeId | None
     reason: str
+    prefill_node: str | None = Field(
+        default=None,
+        description="disaggregated: the node that computed the prompt's KV (chosen_node decodes)",
+    )
     candidates: list[CandidateScore] = Field(default_factory=list)
     index_age_s: float | None = None
     decision_us: float = Field(ge=0)

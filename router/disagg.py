@@ -1,0 +1,160 @@
+"""Prefill/decode disaggregation: choosing a (prefill, decode) pair, and the two requests of
+vLLM's disaggregated flow through a KV connector (NixlConnector), pure.
+
+Nodes have a role (``Heartbeat.role``): ``mixed`` nodes serve whole requests, ``prefill`` nodes
+compute prompts, ``decode`` nodes generate from KV they receive. When a model has both prefill
+and decode nodes, a request may be split:
+
+* **P** is chosen by the policy among the prefill nodes as a one-token request: prefix-cache hit
+  and prefill queue decide;
+* **D** is chosen among the decode nodes as if it held the whole prompt (it will, once the KV
+  arrives): free KV and decode batch decide; the transfer — the prompt's KV bytes over the
+  node's link — is added to its cost;
+* with mixed nodes too, the split is taken only when its cost (P's queue and prefill, the
+  transfer, D's decode) is below the best mixed node's (policies that give cost components;
+  others split whenever they can).
+
+The proxy then sends P the request with ``kv_transfer_params`` asking for remote decode,
+``max_tokens`` 1, not streamed; P answers with the params D needs (its engine id, block ids,
+side channel); D gets the original request with those params and streams the answer. Clients
+never set ``kv_transfer_params`` (router/parse.py refuses them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from admission.slo import expected_ttft_s
+from router.core import NodeView, Policy, RouteDecision, RouteRequest
+
+__all__ = [
+    "PdPlan",
+    "colocated_cost",
+    "decode_body",
+    "plan_pd",
+    "prefill_body",
+    "split_roles",
+    "transfer_s",
+    "valid_transfer_params",
+]
+
+MAX_BLOCK_IDS = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PdPlan:
+    prefill: RouteDecision  # ``chosen``: the prefill node
+    decode: RouteDecision  # ``chosen``: the decode node
+    cost_s: float | None  # P's queue and prefill + transfer + D's cost (None: no components)
+    transfer_s: float
+
+
+def split_roles(
+    nodes: Sequence[NodeView],
+) -> tuple[list[NodeView], list[NodeView], list[NodeView]]:
+    """Mixed, prefill and decode nodes."""
+    mixed: list[NodeView] = []
+    pre: list[NodeView] = []
+    dec: list[NodeView] = []
+    for n in nodes:
+        (pre if n.role == "prefill" else dec if n.role == "decode" else mixed).append(n)
+    return mixed, pre, dec
+
+
+def transfer_s(prompt_tokens: int, kv_bytes_per_token: int, link_gbps: float) -> float:
+    """Seconds to move a prompt's KV between engines."""
+    return prompt_tokens * kv_bytes_per_token * 8 / (link_gbps * 1e9)
+
+
+def _chosen(d: RouteDecision) -> Mapping[str, float] | None:
+    c = next((c for c in d.candidates if c.node_id == d.chosen), None)
+    return None if c is None else c.components
+
+
+def plan_pd(
+    policy: Policy,
+    rreq: RouteRequest,
+    prefill_nodes: Sequence[NodeView],
+    decode_nodes: Sequence[NodeView],
+    matches: Mapping[str, int],
+    now: float,
+    *,
+    kv_bytes_per_token: int,
+    default_link_gbps: float,
+    prefill_weight: float,
+) -> PdPlan | None:
+    """The (prefill, decode) pair for ``rreq``, or None when either side has no node."""
+    p = policy.decide(replace(rreq, max_tokens=1), prefill_nodes, matches, now)
+    if p.chosen is None:
+        return None
+    whole = len(rreq.block_hashes)
+    d = policy.decide(rreq, decode_nodes, {n.node_id: whole for n in decode_nodes}, now)
+    if d.chosen is None:
+        return None
+    dnode = next(n for n in decode_nodes if n.node_id == d.chosen)
+    moved = transfer_s(
+        rreq.prompt_tokens, kv_bytes_per_token, dnode.kv_link_gbps or default_link_gbps
+    )
+    pc, dc = _chosen(p), _chosen(d)
+    cost = None
+    if pc is not None and dc is not None:
+        p_ttft = expected_ttft_s(pc, 1.0, 1.0)  # as weighted in the cost
+        d_cost = next(-c.score for c in d.candidates if c.node_id == d.chosen)
+        cost = (p_ttft or 0.0) + moved + d_cost
+    return PdPlan(p, d, cost, moved)
+
+
+def colocated_cost(d: RouteDecision) -> float | None:
+    """The chosen mixed node's cost (None: the policy gives no components)."""
+    c = next((c for c in d.candidates if c.node_id == d.chosen), None)
+    if c is None or not c.components:
+        return None
+    return -c.score
+
+
+def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The request P gets: the prompt, one token, not streamed, KV kept for a remote decode
+    (vLLM's disaggregated flow; min_tokens are D's to honour)."""
+    out = {
+        k: v
+        for k, v in body.items()
+        if k not in ("stream_options", "min_tokens", "min_completion_tokens")
+    }
+    out["kv_transfer_params"] = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+    out["stream"] = False
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    return out
+
+
+def valid_transfer_params(answer: Any) -> dict[str, Any] | None:
+    """The ``kv_transfer_params`` of P's answer, when they are what a decode engine can use
+    (bounded, the expected shape); None otherwise (D then computes the prompt itself)."""
+    if not isinstance(answer, dict):
+        return None
+    params = answer.get("kv_transfer_params")
+    if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
+        return None
+    ids = params.get("remote_block_ids")
+    if ids is not None and (not isinstance(ids, list) or len(ids) > MAX_BLOCK_IDS):
+        return None
+    for key in ("remote_engine_id", "remote_host", "remote_request_id"):
+        v = params.get(key)
+        if v is not None and (not isinstance(v, str) or len(v) > 256):
+            return None
+    return params
+
+
+def decode_body(body: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The request D gets: the client's, with P's transfer params."""
+    return {**body, "kv_transfer_params": dict(params)}
