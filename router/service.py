@@ -127,6 +127,19 @@ def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
     return relay.http_status == 400 and "kv cache" in (relay.error or "").lower()
 
 
+_PREFILL_ANSWER_BYTES = 1 << 20  # a prefill engine's one-token answer, with its transfer params
+
+
+async def _read_bounded(up: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """An answer's body, or None when it is larger than ``limit``."""
+    data = bytearray()
+    async for chunk in up.content.iter_chunked(1 << 16):
+        data += chunk
+        if len(data) > limit:
+            return None
+    return bytes(data)
+
+
 _REASON = web.ResponseKey("kvgate_refusal_reason", str)  # a refusal response's reason
 
 # what agents report of their engine's KV events, per node in /v1/kvgate/state
@@ -1185,15 +1198,17 @@ class RouterService:
                     },
                 ) as up,
             ):
-                data = await up.content.read(1 << 20)
+                data = await _read_bounded(up, _PREFILL_ANSWER_BYTES)
                 if up.status >= 500:
                     failure = "5xx"
-                elif up.status == 200:
+                elif up.status == 200 and data is not None:
                     params = valid_transfer_params(orjson.loads(data))
         except TimeoutError:
             failure = "timeout"
-        except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
-            failure = "connect" if isinstance(exc, aiohttp.ClientError) else None
+        except aiohttp.ClientError:
+            failure = "connect"
+        except ValueError:  # not JSON, or too large: the engine is no KV producer
+            pass
         finally:
             self.ledger.finish(key)
             if extra:
