@@ -516,6 +516,8 @@ class RouterService:
                     dp_rank=hb.data_parallel_rank,
                     started_at=self.fleet.started(hb.node_id, hb.epoch, hb.engine_started_at, now),
                     labels=frozenset(hb.labels.items()),
+                    role=hb.role,
+                    kv_link_gbps=hb.kv_link_gbps,
                 )
                 cache[hb.node_id] = (hb, view)
             else:
@@ -1644,6 +1646,7 @@ class RouterService:
                     n.node_id: {
                         "model": n.model,
                         "pool": n.pool,
+                        "role": n.role,
                         "labels": dict(sorted(n.labels)),
                         "started_at": n.started_at,
                         "endpoint": n.endpoint,
