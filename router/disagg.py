@@ -32,6 +32,7 @@ from router.core import NodeView, Policy, RouteDecision, RouteRequest
 __all__ = [
     "PdPlan",
     "colocated_cost",
+    "decide_roles",
     "decode_body",
     "plan_pd",
     "prefill_body",
@@ -83,7 +84,6 @@ def plan_pd(
     *,
     kv_bytes_per_token: int,
     default_link_gbps: float,
-    prefill_weight: float,
 ) -> PdPlan | None:
     """The (prefill, decode) pair for ``rreq``, or None when either side has no node."""
     p = policy.decide(replace(rreq, max_tokens=1), prefill_nodes, matches, now)
@@ -104,6 +104,54 @@ def plan_pd(
         d_cost = next(-c.score for c in d.candidates if c.node_id == d.chosen)
         cost = (p_ttft or 0.0) + moved + d_cost
     return PdPlan(p, d, cost, moved)
+
+
+def decide_roles(
+    policy: Policy,
+    rreq: RouteRequest,
+    nodes: Sequence[NodeView],
+    matches: Mapping[str, int],
+    now: float,
+    *,
+    disaggregate: bool,
+    kv_bytes_per_token: int,
+    default_link_gbps: float,
+) -> RouteDecision:
+    """The decision over the nodes' roles: mixed nodes serve whole requests; a (prefill,
+    decode) pair (``RouteDecision.prefill``, reason ``disaggregated``) when the model has both
+    and the split costs less than the best mixed node; without a usable mixed node and no
+    pair, any node computes the request whole."""
+    mixed, pre, dec = split_roles(nodes)
+    if not pre and not dec:
+        return policy.decide(rreq, nodes, matches, now)
+    colocated = policy.decide(rreq, mixed, matches, now) if mixed else None
+    if disaggregate and pre and dec:
+        plan = plan_pd(
+            policy,
+            rreq,
+            pre,
+            dec,
+            matches,
+            now,
+            kv_bytes_per_token=kv_bytes_per_token,
+            default_link_gbps=default_link_gbps,
+        )
+        mixed_cost = colocated_cost(colocated) if colocated is not None else None
+        if plan is not None and (
+            colocated is None
+            or colocated.chosen is None
+            or (plan.cost_s is not None and mixed_cost is not None and plan.cost_s < mixed_cost)
+        ):
+            p_chosen = tuple(c for c in plan.prefill.candidates if c.node_id == plan.prefill.chosen)
+            return RouteDecision(
+                plan.decode.chosen,
+                "disaggregated",
+                plan.decode.candidates + p_chosen,
+                prefill=plan.prefill.chosen,
+            )
+    if colocated is not None and colocated.chosen is not None:
+        return colocated
+    return policy.decide(rreq, nodes, matches, now)
 
 
 def colocated_cost(d: RouteDecision) -> float | None:

@@ -41,14 +41,7 @@ from router.approx import ApproxIndex
 from router.calibrate import TokenCalibration
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
-from router.disagg import (
-    colocated_cost,
-    decode_body,
-    plan_pd,
-    prefill_body,
-    split_roles,
-    valid_transfer_params,
-)
+from router.disagg import decide_roles, decode_body, prefill_body, valid_transfer_params
 from router.edge import (
     GATEWAY_KEY_HEADER,
     Refusal,
@@ -1118,44 +1111,17 @@ class RouterService:
         now: float,
         disaggregate: bool,
     ) -> RouteDecision:
-        """The policy's decision over the nodes' roles (router/disagg.py): mixed nodes serve
-        whole requests; a (prefill, decode) pair is chosen when the model has both and the
-        split costs less than the best mixed node."""
-        mixed, pre, dec = split_roles(nodes)
-        if not pre and not dec:
-            return self.policy.decide(rreq, nodes, matches, now)
-        colocated = self.policy.decide(rreq, mixed, matches, now) if mixed else None
-        if disaggregate and self.settings.disaggregation and pre and dec:
-            weights = getattr(self.policy, "w", None)
-            plan = plan_pd(
-                self.policy,
-                rreq,
-                pre,
-                dec,
-                matches,
-                now,
-                kv_bytes_per_token=self.settings.kv_bytes_per_token,
-                default_link_gbps=self.settings.kv_link_gbps,
-                prefill_weight=float(getattr(weights, "prefill_weight", 1.0)),
-            )
-            mixed_cost = colocated_cost(colocated) if colocated is not None else None
-            if plan is not None and (
-                colocated is None
-                or colocated.chosen is None
-                or (plan.cost_s is not None and mixed_cost is not None and plan.cost_s < mixed_cost)
-            ):
-                p_chosen = tuple(
-                    c for c in plan.prefill.candidates if c.node_id == plan.prefill.chosen
-                )
-                return RouteDecision(
-                    plan.decode.chosen,
-                    "disaggregated",
-                    plan.decode.candidates + p_chosen,
-                    prefill=plan.prefill.chosen,
-                )
-        if colocated is not None and colocated.chosen is not None:
-            return colocated
-        return self.policy.decide(rreq, nodes, matches, now)  # any node computes it whole
+        """The policy's decision over the nodes' roles (router/disagg.py)."""
+        return decide_roles(
+            self.policy,
+            rreq,
+            nodes,
+            matches,
+            now,
+            disaggregate=disaggregate and self.settings.disaggregation,
+            kv_bytes_per_token=self.settings.kv_bytes_per_token,
+            default_link_gbps=self.settings.kv_link_gbps,
+        )
 
     async def _prefill_leg(
         self, request_id: str, p: ParsedRequest, g: Gated, prefill: str, rreq: RouteRequest

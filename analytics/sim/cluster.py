@@ -27,6 +27,7 @@ from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
+from router.disagg import decide_roles
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.ledger import InflightLedger
@@ -64,6 +65,9 @@ class SimConfig:
     faults: tuple[tuple[str, float], ...] = ()  # (node, share of its requests answered with 500)
     fault_latency_s: float = 0.005  # how fast a broken engine answers
     node_labels: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (node, labels)
+    roles: tuple[tuple[str, str], ...] = ()  # (node, prefill | decode); others are mixed
+    kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
+    disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     placement: Placement = FREE  # every request's required and preferred labels
 
 
@@ -125,7 +129,12 @@ class _Node:
 
 
 def _view(
-    n: _Node, now: float, lease_s: float, draining: bool = False, started_at: float | None = None
+    n: _Node,
+    now: float,
+    lease_s: float,
+    draining: bool = False,
+    started_at: float | None = None,
+    role: str = "mixed",
 ) -> NodeView:
     c = n.core
     return NodeView(
@@ -143,6 +152,7 @@ def _view(
         heartbeat_ts=now,
         lease_s=lease_s,
         started_at=started_at,
+        role=role,
     )
 
 
@@ -219,6 +229,11 @@ def simulate(
     started: dict[str, float] = {}  # node -> when it joined (slow start)
     faults = dict(cfg.faults)
     labels = {node: frozenset(pairs) for node, pairs in cfg.node_labels}
+    roles = dict(cfg.roles)
+    # disaggregated requests between their prefill and decode legs: prefill seq id -> (the
+    # request's index, its decode node, its decode seq, the prefill node's cached tokens)
+    split: dict[str, tuple[int, str, SimSeq, int]] = {}
+    prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node had cached
     slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
     prefill_weight = float(getattr(getattr(policy, "w", None), "prefill_weight", 1.0))
     holding: deque[tuple[int, float | None]] = deque()  # admitted, held back by their class
@@ -327,7 +342,20 @@ def simulate(
         if not cfg.placement.free:
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
         sel = fleet.select(placed, r.session_id or rid, now)
-        d = policy.decide(req, sel.nodes, matches, now)
+        d = (
+            decide_roles(
+                policy,
+                req,
+                sel.nodes,
+                matches,
+                now,
+                disaggregate=cfg.disaggregation,
+                kv_bytes_per_token=profile.kv_bytes_per_token,
+                default_link_gbps=cfg.kv_link_gbps,
+            )
+            if roles
+            else policy.decide(req, sel.nodes, matches, now)
+        )
         if adm is not None and slo is not None and d.chosen is not None:
             chosen = next((c for c in d.candidates if c.node_id == d.chosen), None)
             ttft = (
@@ -347,7 +375,8 @@ def simulate(
             target = by_id[d.chosen]
         else:
             target = by_id[rng.choice(sorted(present))]
-        seen = matches.get(target.node_id, 0)
+        # a decode node of a split request computes none of the prompt: its KV arrives
+        seen = len(r.block_hashes) if d.prefill is not None else matches.get(target.node_id, 0)
         ledger.dispatch(rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size))
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
@@ -358,7 +387,15 @@ def simulate(
         meta[rid] = (r, target.node_id, reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             waited[rid] = queue_wait_s
-        add(target, seq, now)
+        if d.prefill is not None:  # the prompt is computed on the prefill node first
+            pre = by_id[d.prefill]
+            pid = f"{rid}/p"
+            hit = matches.get(pre.node_id, 0) * trace.block_size
+            ledger.dispatch(pid, pre.node_id, now, max(0, r.prompt_tokens - hit))
+            split[pid] = (idx, target.node_id, seq, 0)
+            add(pre, SimSeq(pid, r.prompt_tokens, 1, _all_hashes(r, idx, trace.block_size)), now)
+        else:
+            add(target, seq, now)
         if hot is not None:
             advice = hot.observe(now, r.block_hashes, matches, views)
             if advice is not None:
@@ -432,10 +469,18 @@ def simulate(
         n.busy = False
         released = False
         for seq in finished:
+            if seq.request_id in split:  # a prefill leg: its KV goes to the decode node
+                idx, dnode, dseq, _ = split.pop(seq.request_id)
+                ledger.finish(seq.request_id)
+                r = trace.requests[idx]
+                moved = r.prompt_tokens * profile.kv_bytes_per_token * 8 / (cfg.kv_link_gbps * 1e9)
+                push(now + moved, "kv", (dnode, dseq, seq.cached_tokens))
+                continue
             if seq.request_id not in meta:  # a warm-up request
                 continue
             r, node, reason, seen = meta.pop(seq.request_id)
             ledger.finish(seq.request_id)
+            reused = prefill_reuse.pop(seq.request_id, None)
             fleet.detector.observe(node, None, now, len(present))
             if adm is not None:
                 adm.release(seq.request_id, now)
@@ -447,7 +492,7 @@ def simulate(
                     node,
                     reason,
                     seen,
-                    seq.cached_tokens,
+                    seq.cached_tokens if reused is None else reused,
                     seq.first_token_s if seq.first_token_s is not None else now,
                     now,
                     waited.pop(seq.request_id, 0.0),
@@ -470,7 +515,12 @@ def simulate(
                 catch_up(n, now)
                 if n.node_id in present:
                     n.view = _view(
-                        n, now, lease, n.node_id in fleet.drained, started.get(n.node_id)
+                        n,
+                        now,
+                        lease,
+                        n.node_id in fleet.drained,
+                        started.get(n.node_id),
+                        roles.get(n.node_id, "mixed"),
                     )
                     if n.node_id in labels:
                         n.view = replace(n.view, labels=labels[n.node_id])
@@ -505,6 +555,16 @@ def simulate(
                     retry(r, idx, attempt, got, now)
         elif kind == "op":
             operate(cast(FleetOp, data), now)
+        elif kind == "kv":  # a prompt's KV arrived at its decode node: it decodes from there
+            dnode, dseq, reused = cast(tuple[str, SimSeq, int], data)
+            n = by_id[dnode]
+            r = trace.requests[int(dseq.request_id[1:])]
+            cut_run(n, now)
+            n.core.receive(
+                list(r.block_hashes)[: max(0, (r.prompt_tokens - 1) // trace.block_size)]
+            )
+            prefill_reuse[dseq.request_id] = reused  # the prefix cache's share: the prefill's
+            add(n, dseq, now)
         elif kind == "fail":  # a broken engine's 500: the client sees it, the router counts it
             rid, node_id = cast(tuple[str, str], data)
             ledger.finish(rid)

@@ -124,6 +124,17 @@ class SimCore:
             raise ValueError(f"{seq.request_id}: hashes must cover every full block")
         self.waiting.append(seq)
 
+    def receive(self, hashes: list[int]) -> int:
+        """Prompt blocks whose KV arrives from a prefill engine (disaggregated prefill): cached
+        here, unreferenced, as :meth:`agents.scheduler.EngineCore.receive`; none when the cache
+        has no room. Returns the blocks stored."""
+        if not hashes or not self.cache.can_allocate(len(hashes)):
+            return 0
+        self.cache.allocate(len(hashes))
+        self.cache.commit(hashes, None, ())
+        self.cache.release(hashes, 0)
+        return len(hashes)
+
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running

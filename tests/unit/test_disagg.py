@@ -49,7 +49,6 @@ def test_the_pair_prefers_the_cached_prefill_node_and_the_free_decode_node() -> 
         NOW,
         kv_bytes_per_token=131_072,
         default_link_gbps=100.0,
-        prefill_weight=3.0,
     )
     assert plan is not None
     assert (plan.prefill.chosen, plan.decode.chosen) == ("p2", "d2")
@@ -60,12 +59,12 @@ def test_the_pair_prefers_the_cached_prefill_node_and_the_free_decode_node() -> 
     slow = [node_view("d2", role="decode", used=10, running=2, kv_link_gbps=1.0)]
     slow_plan = plan_pd(
         policy(), REQ, pre, slow, {}, NOW,
-        kv_bytes_per_token=131_072, default_link_gbps=100.0, prefill_weight=3.0,
+        kv_bytes_per_token=131_072, default_link_gbps=100.0,
     )  # fmt: skip
     assert slow_plan is not None and slow_plan.transfer_s == pytest.approx(1.6777216)
     assert plan_pd(
         policy(), REQ, pre, [], {}, NOW,
-        kv_bytes_per_token=1, default_link_gbps=1.0, prefill_weight=3.0,
+        kv_bytes_per_token=1, default_link_gbps=1.0,
     ) is None  # fmt: skip
     mixed = policy().decide(REQ, [node_view("m1")], {}, NOW)
     assert colocated_cost(mixed) is not None
