@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from admission.slo import expected_ttft_s
-from router.core import NodeView, Policy, RouteDecision, RouteRequest
+from router.core import Candidate, NodeView, Policy, RouteDecision, RouteRequest
 
 __all__ = [
     "PdPlan",
@@ -89,21 +89,50 @@ def plan_pd(
     p = policy.decide(replace(rreq, max_tokens=1), prefill_nodes, matches, now)
     if p.chosen is None:
         return None
-    whole = len(rreq.block_hashes)
-    d = policy.decide(rreq, decode_nodes, {n.node_id: whole for n in decode_nodes}, now)
+
+    def moved(n: NodeView) -> float:
+        return transfer_s(
+            rreq.prompt_tokens, kv_bytes_per_token, n.kv_link_gbps or default_link_gbps
+        )
+
+    costing = getattr(policy, "cost", None)
+    if callable(costing):
+        d = _cheapest_decode(costing, rreq, decode_nodes, moved)
+    else:  # a policy without a cost model: its own choice, as if the node held the prompt
+        whole = len(rreq.block_hashes)
+        d = policy.decide(rreq, decode_nodes, {n.node_id: whole for n in decode_nodes}, now)
     if d.chosen is None:
         return None
     dnode = next(n for n in decode_nodes if n.node_id == d.chosen)
-    moved = transfer_s(
-        rreq.prompt_tokens, kv_bytes_per_token, dnode.kv_link_gbps or default_link_gbps
-    )
     pc, dc = _chosen(p), _chosen(d)
     cost = None
-    if pc is not None and dc is not None:
-        p_ttft = expected_ttft_s(pc, 1.0, 1.0)  # as weighted in the cost
-        d_cost = next(-c.score for c in d.candidates if c.node_id == d.chosen)
-        cost = (p_ttft or 0.0) + moved + d_cost
-    return PdPlan(p, d, cost, moved)
+    if pc is not None and dc is not None and callable(costing):
+        p_ttft = expected_ttft_s(pc, 1.0, 1.0)  # queue and prefill as weighted in the cost
+        cost = (p_ttft or 0.0) + next(-c.score for c in d.candidates if c.node_id == d.chosen)
+    return PdPlan(p, d, cost, moved(dnode))
+
+
+def _cheapest_decode(
+    costing: Any,
+    rreq: RouteRequest,
+    nodes: Sequence[NodeView],
+    moved: Any,
+) -> RouteDecision:
+    """The decode node where the request costs least: the transfer, the queue ahead of it, its
+    decode, and the KV pressure of the whole prompt plus its output (the prompt arrives, so
+    no prefill — but its blocks are held there)."""
+    best: Candidate | None = None
+    whole = len(rreq.block_hashes)
+    for n in nodes:
+        parts = dict(costing(rreq, n, 0))
+        parts["transfer_s"] = moved(n)
+        total = parts["queue_s"] + parts["decode_s"] + parts["kv_s"] + parts["transfer_s"]
+        c = Candidate(n.node_id, -total, whole, 1.0, n.kv_used_ratio, n.queue_len, n.healthy, parts)
+        if best is None or c.score > best.score:
+            best = c
+    if best is None:
+        return RouteDecision(None, "no_healthy_node", ())
+    return RouteDecision(best.node_id, "disaggregated", (best,))
 
 
 def decide_roles(
