@@ -130,7 +130,13 @@ def slo_mix(name: str, *, nodes: int, requests: int, load: float) -> dict[str, A
 
 
 PD_WORKLOADS = ("long_tail", "multi_turn")
-PD_SPLITS = (("colocated", 0, 0), ("pd_8p_8d", 8, 8), ("pd_12p_4d", 12, 4), ("mixed_8_4p_4d", 4, 4))
+PD_SPLITS = (
+    ("colocated", 0, 0, True),
+    ("pd_8p_8d", 8, 8, True),
+    ("pd_12p_4d", 12, 4, True),
+    ("mixed_8_4p_4d", 4, 4, True),
+    ("mixed_8_4p_4d_never_split", 4, 4, False),
+)
 
 
 def pd_vs_colocated(
@@ -147,13 +153,14 @@ def pd_vs_colocated(
     settings = RouterSettings(policy="kvgate")
     names = node_names(base)
     out: dict[str, Any] = {"capacity_rps": round(cap, 3), "load": load}
-    for label, n_pre, n_dec in PD_SPLITS:
+    for label, n_pre, n_dec, split_ok in PD_SPLITS:
         roles = tuple((n, "prefill") for n in names[:n_pre]) + tuple(
             (n, "decode") for n in names[n_pre : n_pre + n_dec]
         )
         cfg = replace(
             base,
             roles=roles,
+            disaggregation=split_ok,
             prewarm=settings.prewarm,
             recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
         )
@@ -343,8 +350,8 @@ def _markdown(r: dict[str, Any]) -> str:
         "prefill pool carries every prompt (the simulated engine prefills 25k tokens/s, and "
         "these workloads are prefill-heavy), and the decode pool holds every running "
         "sequence's KV in half the fleet's memory, so requests wait for blocks there. The "
-        "mixed fleet (8 mixed + 4 + 4) has only half its nodes for whole requests; the cost "
-        "model splits 40–50 % of requests there and it still trails all-colocated — compare "
-        "it with never and always splitting on the same fleet before trusting the choice.",
+        "mixed fleet (8 mixed + 4 + 4) has only half its nodes for whole requests; compare its "
+        "cost-model choice with `never_split` on the same fleet (the pools then sit idle: "
+        "mixed nodes serve every request) to see what the per-request choice is worth.",
     ]
     return "\n".join(lines) + "\n"
