@@ -133,6 +133,13 @@ async def post(
         return r.status, await r.json(content_type=None)
 
 
+async def metric(url: str, name: str) -> float:
+    """The sum of the samples of ``url``'s /metrics whose line starts with ``name``."""
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
+        text = await r.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
 async def get(url: str, path: str) -> Any:
     async with (
         aiohttp.ClientSession() as http,

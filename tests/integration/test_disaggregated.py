@@ -17,7 +17,7 @@ from streams.schemas import Decision
 from streams.settings import KafkaSettings
 from streams.topics import DECISIONS
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt, read_topic
+from tests.integration.cluster import MODEL, Cluster, get, long_prompt, metric, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -47,12 +47,6 @@ async def stream(url: str, prompt: str, rid: str) -> tuple[str, dict[str, int]]:
             if chunk.get("usage"):
                 usage = chunk["usage"]
     return node, usage
-
-
-async def metric(url: str, name: str) -> float:
-    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
-        text = await r.text()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def test_prefill_on_one_node_decode_on_another(

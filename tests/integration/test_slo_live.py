@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
 import pytest
 
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
-from tests.integration.cluster import MODEL, Cluster, post
+from tests.integration.cluster import MODEL, Cluster, metric, post
 
 pytestmark = pytest.mark.integration
 
@@ -21,12 +20,6 @@ TENANTS = (
     '{"sk-batch": {"name": "nightly", "slo_class": "batch"},'
     ' "sk-chat": {"name": "chat", "priority": "high", "slo_class": "interactive"}}'
 )
-
-
-async def metric(url: str, name: str) -> float:
-    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
-        text = await r.text()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def test_batch_is_held_while_the_engine_is_queued_and_interactive_is_not(
