@@ -135,6 +135,16 @@ PROM_DASHBOARD: tuple[PromPanel, ...] = (
         ),
     ),
     PromPanel(
+        "Disaggregated requests / s by prefill outcome",
+        (
+            (
+                "sum by (outcome) (rate(kvgate_router_disaggregated_total" + RATE + "))",
+                "{{outcome}}",
+            ),
+        ),
+        "reqps",
+    ),
+    PromPanel(
         "Canary requests / s by group",
         (("sum by (group) (rate(kvgate_router_canary_requests_total" + RATE + "))", "{{group}}"),),
         "reqps",
@@ -212,7 +222,7 @@ def build_prometheus() -> dict[str, Any]:
         UID,
         "kvgate — router (Prometheus)",
         "The routers' live health from their /metrics: traffic, refusals, latencies, queues, "
-        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, feed",
+        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, disaggregation, feed",
         ["kvgate", "prometheus"],
         [variable],
         panels,

@@ -63,6 +63,7 @@ def test_every_query_names_exported_metrics() -> None:
     m.canary_routed.labels("v2").inc()
     m.slo.labels("interactive", "met").inc()
     m.held.set(0)
+    m.disaggregated.labels("ok").inc()
     exported = set(re.findall(r"^(kvgate_[a-z_]+)", m.render().decode(), re.MULTILINE))
     for panel in PROM_DASHBOARD:
         for expr, _ in panel.exprs:
