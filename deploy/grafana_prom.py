@@ -222,7 +222,8 @@ def build_prometheus() -> dict[str, Any]:
         UID,
         "kvgate — router (Prometheus)",
         "The routers' live health from their /metrics: traffic, refusals, latencies, queues, "
-        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, disaggregation, feed",
+        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, "
+        "disaggregation, feed",
         ["kvgate", "prometheus"],
         [variable],
         panels,
