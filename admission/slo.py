@@ -20,7 +20,15 @@ from admission.core import Rejection, RejectReason, retry_after
 from admission.queue import ORDER
 from admission.settings import AdmissionSettings, Priority, SloClass, Tenant
 
-__all__ = ["SLO_HEADER", "Slo", "deadline_refusal", "expected_ttft_s", "held", "slo_of"]
+__all__ = [
+    "SLO_HEADER",
+    "Slo",
+    "deadline_refusal",
+    "expected_ttft_s",
+    "held",
+    "late_refusal",
+    "slo_of",
+]
 
 SLO_HEADER = "X-Kvgate-Slo-Class"
 Slo = tuple[str, SloClass]
@@ -76,6 +84,21 @@ def held(slo: Slo | None, components: Mapping[str, float], queue_weight: float) 
         return False
     queue = components["queue_s"] / queue_weight if queue_weight > 0 else 0.0
     return queue > slo[1].hold_queue_s
+
+
+def late_refusal(
+    slo: Slo | None,
+    components: Mapping[str, float] | None,
+    prefill_weight: float,
+    queue_weight: float,
+    waited_s: float,
+    s: AdmissionSettings,
+) -> Rejection | None:
+    """:func:`deadline_refusal` of a request whose chosen node has these cost components."""
+    if slo is None or components is None:
+        return None
+    ttft = expected_ttft_s(components, prefill_weight, queue_weight)
+    return deadline_refusal(slo, ttft, waited_s, s)
 
 
 def deadline_refusal(

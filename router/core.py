@@ -132,6 +132,11 @@ class RouteDecision:
     candidates: tuple[Candidate, ...]
     prefill: str | None = None  # disaggregated: the node that prefills (``chosen`` decodes)
 
+    @property
+    def chosen_candidate(self) -> Candidate | None:
+        """The chosen node's candidate (its score and cost components), if recorded."""
+        return next((c for c in self.candidates if c.node_id == self.chosen), None)
+
 
 class Policy(Protocol):
     """Every routing policy: same inputs, same output."""

@@ -38,7 +38,14 @@ from router.affinity import HashRing, point
 from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.settings import CostWeights
 
-__all__ = ["CompletionCostPolicy", "index_confidence"]
+__all__ = ["CompletionCostPolicy", "index_confidence", "prefill_weight"]
+
+
+def prefill_weight(policy: object) -> float:
+    """The weight a policy's cost puts on prefill (1 for policies without a cost model): what
+    turns its ``prefill_s`` component back into seconds."""
+    w = getattr(policy, "w", None)
+    return float(getattr(w, "prefill_weight", 1.0))
 
 
 def index_confidence(n: NodeView, grace_s: float, tau_s: float) -> float:

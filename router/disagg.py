@@ -69,11 +69,6 @@ def transfer_s(prompt_tokens: int, kv_bytes_per_token: int, link_gbps: float) ->
     return prompt_tokens * kv_bytes_per_token * 8 / (link_gbps * 1e9)
 
 
-def _chosen(d: RouteDecision) -> Mapping[str, float] | None:
-    c = next((c for c in d.candidates if c.node_id == d.chosen), None)
-    return None if c is None else c.components
-
-
 def plan_pd(
     policy: Policy,
     rreq: RouteRequest,
@@ -104,11 +99,11 @@ def plan_pd(
     if d.chosen is None:
         return None
     dnode = next(n for n in decode_nodes if n.node_id == d.chosen)
-    pc, dc = _chosen(p), _chosen(d)
+    pc, dc = p.chosen_candidate, d.chosen_candidate
     cost = None
     if pc is not None and dc is not None and callable(costing):
-        p_ttft = expected_ttft_s(pc, 1.0, 1.0)  # queue and prefill as weighted in the cost
-        cost = (p_ttft or 0.0) + next(-c.score for c in d.candidates if c.node_id == d.chosen)
+        # P's queue and prefill as weighted in the cost, then D's whole cost
+        cost = (expected_ttft_s(pc.components, 1.0, 1.0) or 0.0) - dc.score
     return PdPlan(p, d, cost, moved(dnode))
 
 
@@ -171,11 +166,11 @@ def decide_roles(
             or colocated.chosen is None
             or (plan.cost_s is not None and mixed_cost is not None and plan.cost_s < mixed_cost)
         ):
-            p_chosen = tuple(c for c in plan.prefill.candidates if c.node_id == plan.prefill.chosen)
+            pc = plan.prefill.chosen_candidate
             return RouteDecision(
                 plan.decode.chosen,
                 "disaggregated",
-                plan.decode.candidates + p_chosen,
+                plan.decode.candidates + ((pc,) if pc is not None else ()),
                 prefill=plan.prefill.chosen,
             )
     if colocated is not None and colocated.chosen is not None:
@@ -185,7 +180,7 @@ def decide_roles(
 
 def colocated_cost(d: RouteDecision) -> float | None:
     """The chosen mixed node's cost (None: the policy gives no components)."""
-    c = next((c for c in d.candidates if c.node_id == d.chosen), None)
+    c = d.chosen_candidate
     if c is None or not c.components:
         return None
     return -c.score

@@ -58,6 +58,7 @@ class Fleet:
     drained: set[str] = field(default_factory=set)
     canaries: dict[str, CanaryGroup] = field(default_factory=dict)
     _first_seen: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (epoch, at)
+    _latest_start: float | None = None  # the youngest start :meth:`started` has reported
 
     def __post_init__(self) -> None:
         self.detector = OutlierDetector(self.outlier)
@@ -77,7 +78,10 @@ class Fleet:
         seen = self._first_seen.get(node)
         if seen is None or seen[0] != epoch:
             seen = self._first_seen[node] = (epoch, now)
-        return engine_started_at if engine_started_at is not None else seen[1]
+        at = engine_started_at if engine_started_at is not None else seen[1]
+        if self._latest_start is None or at > self._latest_start:
+            self._latest_start = at
+        return at
 
     def weight(self, view: NodeView, now: float, established: bool) -> float:
         """The share of requests a node in slow start is offered (1: not in slow start)."""
@@ -102,7 +106,7 @@ class Fleet:
         if self.slow_start.window_s > 0 and len(out) > 1:
             out, slowed = self._slow(out, key, now)
         ejected: tuple[str, ...] = ()
-        if self.outlier.enabled and self.detector.nodes and out:
+        if self.outlier.enabled and self.detector.flagged and out:
             gone = self.detector.ejected(now)
             if gone:
                 kept = [n for n in out if n.node_id not in gone]
@@ -129,18 +133,20 @@ class Fleet:
     def _slow(
         self, nodes: list[NodeView], key: str, now: float
     ) -> tuple[list[NodeView], tuple[str, ...]]:
-        s = self.slow_start
-        established = any(n.started_at is None or now - n.started_at >= s.window_s for n in nodes)
-        if not established:
+        window = self.slow_start.window_s
+        if self._latest_start is not None and now - self._latest_start >= window:
+            return nodes, ()  # no node started within the window (the hot path's usual case)
+        young = [n for n in nodes if n.started_at is not None and now - n.started_at < window]
+        if not young or len(young) == len(nodes):  # none new, or a fleet starting together
             return nodes, ()
-        kept, slowed = [], []
-        for n in nodes:
-            w = self.weight(n, now, established)
-            if w < 1.0 and _unit(f"slow|{n.node_id}|{key}") >= w:
-                slowed.append(n.node_id)
-            else:
-                kept.append(n)
-        return (kept, tuple(slowed)) if kept else (nodes, ())
+        slowed = {
+            n.node_id
+            for n in young
+            if _unit(f"slow|{n.node_id}|{key}") >= self.weight(n, now, True)
+        }
+        if not slowed:
+            return nodes, ()
+        return [n for n in nodes if n.node_id not in slowed], tuple(sorted(slowed))
 
     # --- outcomes ------------------------------------------------------------------------
     def reason(

@@ -58,6 +58,7 @@ class OutlierDetector:
     settings: OutlierSettings
     nodes: dict[str, NodeHealth] = field(default_factory=dict)
     _interval_start: float | None = None
+    flagged: set[str] = field(default_factory=set)  # ejected or probing: the only ones to check
     ejections_total: dict[str, int] = field(default_factory=dict)  # cause -> count
 
     def _health(self, node: str) -> NodeHealth:
@@ -71,7 +72,8 @@ class OutlierDetector:
         self.tick(now)
         s = self.settings
         out = set()
-        for node, h in self.nodes.items():
+        for node in list(self.flagged):
+            h = self.nodes[node]
             if h.ejected_until is not None:
                 if now < h.ejected_until:
                     out.add(node)
@@ -105,6 +107,7 @@ class OutlierDetector:
                 h.probe_ok += 1
                 if h.probe_ok >= self.settings.probe_successes:
                     h.probing, h.consecutive = False, 0
+                    self.flagged.discard(node)
                 return None
             return self._eject(node, h, now, f"probe_{failure}", hosts)
         if h.ejected_until is not None and now < h.ejected_until:
@@ -131,6 +134,7 @@ class OutlierDetector:
         h.multiplier += 1
         h.ejected_until = now + min(s.max_ejection_time_s, s.base_ejection_time_s * h.multiplier)
         h.probing, h.probe_sent_at, h.probe_ok, h.consecutive = False, None, 0, 0
+        self.flagged.add(node)
         h.ejections += 1
         h.last_cause = cause
         kind = cause.split("_", 1)[0] if cause.startswith("probe") else cause

@@ -35,12 +35,13 @@ from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
-from admission.slo import Slo, deadline_refusal, expected_ttft_s, held, slo_of
+from admission.slo import Slo, held, late_refusal, slo_of
 from admission.storm import StormStore
 from router.approx import ApproxIndex
 from router.calibrate import TokenCalibration
 from router.control import ControlFollower
 from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.costpolicy import prefill_weight
 from router.disagg import decide_roles, decode_body, prefill_body, valid_transfer_params
 from router.edge import (
     GATEWAY_KEY_HEADER,
@@ -299,6 +300,7 @@ class RouterService:
         self._prober: asyncio.Task[None] | None = None
         self._load_policy = LeastRequestsPolicy()
         self._zone = (settings.zone_label, settings.zone) if settings.zone else None
+        self._roles = False  # some node has the prefill or decode role
 
     def app(self) -> web.Application:
         """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
@@ -483,7 +485,9 @@ class RouterService:
         approx = self._approx_nodes
         approx.clear()
         adapters: dict[str, str] = {}
+        roles = False
         for hb in self.replica.load.values():
+            roles = roles or hb.role != "mixed"
             if hb.kv_index != "events":  # approximate, or events that do not arrive
                 approx.add(hb.node_id)
             for name in hb.adapters:
@@ -535,6 +539,7 @@ class RouterService:
         if adapters or self._adapter_base:  # a base model's name is never an adapter's
             bases = {hb.model for hb in self.replica.load.values()}
             self._adapter_base = {a: m for a, m in adapters.items() if a not in bases}
+        self._roles = roles  # some node is a prefill or decode node (router/disagg.py)
         if len(cache) > 2 * len(self.replica.load) + 16:  # retired nodes
             for node in set(cache) - set(self.replica.load):
                 del cache[node]
@@ -822,7 +827,7 @@ class RouterService:
         if isinstance(nodes, Rejection):
             return self._refuse(nodes.reason, rejection_response(nodes))
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        pool, budget_nodes = self._budget(all_nodes, nodes, p.model, now)
+        pool, budget_nodes = self._budget(all_nodes, nodes, p.model, now, not placement.free)
         verdict = None
         if self.gate.settings.enabled:
             # retries of one attempt: the client's Idempotency-Key, within its tenant (or its
@@ -862,16 +867,27 @@ class RouterService:
         return Gated(tenant, nodes, block_size, verdict, now, slo=slo, budget=(pool, budget_nodes))
 
     def _budget(
-        self, all_nodes: list[NodeView], nodes: list[NodeView], model: str, now: float
+        self,
+        all_nodes: list[NodeView],
+        nodes: list[NodeView],
+        model: str,
+        now: float,
+        placed: bool = False,
     ) -> tuple[str, list[int]]:
         """The admission budget a request for ``model`` draws on (admission.pools): its name
         and the KV blocks of each of its nodes — the eligible nodes of the candidates' pool
-        that run their base model (an adapter's requests share their base model's KV)."""
+        that run their base model (an adapter's requests share their base model's KV).
+        ``nodes``: the candidates; ``placed``: narrowed by placement labels."""
         if not nodes:
             base = self._adapter_base.get(model, model)
             return budget_key("default", base), []
         pool, base = nodes[0].pool, nodes[0].model
-        group = [n for n in eligible(all_nodes, base, now) if n.pool == pool and n.model == base]
+        if model == base and not placed:  # the candidates are the base model's nodes
+            group = [n for n in nodes if n.pool == pool]
+        else:  # an adapter's nodes or a placement's subset: the whole base model's
+            group = [
+                n for n in eligible(all_nodes, base, now) if n.pool == pool and n.model == base
+            ]
         return budget_key(pool, base), [n.kv_blocks_total for n in group or nodes]
 
     @staticmethod
@@ -936,7 +952,8 @@ class RouterService:
             await self._publish_outcome(request_id, None, relay, p, started)
             return rejection_response(rej)
         node = next(n for n in nodes if n.node_id == decision.chosen)
-        hit = next((c.hit_blocks for c in decision.candidates if c.node_id == node.node_id), 0)
+        chosen = decision.chosen_candidate
+        hit = chosen.hit_blocks if chosen is not None else 0
         self.ledger.dispatch(
             request_id, node.node_id, time.time(), max(0, rreq.prompt_tokens - hit * block_size)
         )
@@ -1112,6 +1129,8 @@ class RouterService:
         disaggregate: bool,
     ) -> RouteDecision:
         """The policy's decision over the nodes' roles (router/disagg.py)."""
+        if not self._roles:  # every node serves whole requests
+            return self.policy.decide(rreq, nodes, matches, now)
         return decide_roles(
             self.policy,
             rreq,
@@ -1193,10 +1212,6 @@ class RouterService:
         self.metrics.disaggregated.labels("ok").inc()
         return replace(p, body=decode_body(p.body, params))
 
-    def _chosen_components(self, decision: RouteDecision) -> Mapping[str, float] | None:
-        chosen = next((c for c in decision.candidates if c.node_id == decision.chosen), None)
-        return chosen.components if chosen is not None else None
-
     async def _hold(
         self,
         request_id: str,
@@ -1210,8 +1225,8 @@ class RouterService:
         cluster as it is now, at most until its TTFT target (or half its lease) has passed.
         Returns the decision it leaves with and how long it was held."""
         slo = g.slo
-        comps = self._chosen_components(decision)
-        if slo is None or comps is None or not held(slo, comps, rreq.queue_weight):
+        chosen = decision.chosen_candidate
+        if slo is None or chosen is None or not held(slo, chosen.components, rreq.queue_weight):
             return rreq, decision, 0.0
         start = time.time()
         limit = start + min(slo[1].ttft_s, self.gate.settings.lease_s / 2)
@@ -1234,8 +1249,8 @@ class RouterService:
                     queue_weight=rreq.queue_weight,
                     disaggregate=g.disaggregate,
                 )
-                comps = self._chosen_components(decision)
-                if comps is None or not held(slo, comps, rreq.queue_weight):
+                chosen = decision.chosen_candidate
+                if chosen is None or not held(slo, chosen.components, rreq.queue_weight):
                     break
         finally:
             self.metrics.held.dec()
@@ -1248,15 +1263,15 @@ class RouterService:
     ) -> Rejection | None:
         """The early refusal of a request its chosen node cannot start within its class's TTFT
         (only policies that give cost components can tell)."""
-        if slo is None or decision.chosen is None:
-            return None
-        comps = self._chosen_components(decision)
-        if comps is None:
-            return None
-        weights = getattr(self.policy, "w", None)
-        prefill_weight = float(getattr(weights, "prefill_weight", 1.0))
-        ttft = expected_ttft_s(comps, prefill_weight, rreq.queue_weight)
-        return deadline_refusal(slo, ttft, waited, self.gate.settings)
+        chosen = decision.chosen_candidate
+        return late_refusal(
+            slo,
+            chosen.components if chosen is not None else None,
+            prefill_weight(self.policy),
+            rreq.queue_weight,
+            waited,
+            self.gate.settings,
+        )
 
     def _fleet_decision(
         self,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, cast
 
 from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
-from admission.slo import deadline_refusal, expected_ttft_s, held
+from admission.slo import held, late_refusal
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun
@@ -27,6 +27,7 @@ from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
+from router.costpolicy import prefill_weight
 from router.disagg import decide_roles
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
@@ -235,7 +236,7 @@ def simulate(
     split: dict[str, tuple[int, str, SimSeq, int]] = {}
     prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node had cached
     slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
-    prefill_weight = float(getattr(getattr(policy, "w", None), "prefill_weight", 1.0))
+    weight = prefill_weight(policy)  # of the cost's prefill term (admission/slo.py)
     holding: deque[tuple[int, float | None]] = deque()  # admitted, held back by their class
     stats.setdefault("failed", 0)
     index = PrefixIndex()
@@ -357,13 +358,15 @@ def simulate(
             else policy.decide(req, sel.nodes, matches, now)
         )
         if adm is not None and slo is not None and d.chosen is not None:
-            chosen = next((c for c in d.candidates if c.node_id == d.chosen), None)
-            ttft = (
-                expected_ttft_s(chosen.components, prefill_weight, req.queue_weight)
-                if chosen is not None
-                else None
+            chosen = d.chosen_candidate
+            late = late_refusal(
+                slo,
+                chosen.components if chosen is not None else None,
+                weight,
+                req.queue_weight,
+                now - r.arrival_s,
+                adm.settings,
             )
-            late = deadline_refusal(slo, ttft, now - r.arrival_s, adm.settings)
             if late is not None:  # refused early: it would miss its class's TTFT
                 refuse(adm.refuse_admitted(idx, rid, r.priority, late, now))
                 return False
