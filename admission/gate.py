@@ -407,17 +407,31 @@ class AdmissionGate:
             return None
         try:
             early = await self.storm.check(client or tenant.name, attempt, now)
-            if early is None:
+            if early is None and self._new_requests_guarded(tenant):
                 early = await self.storm.check_client(client or tenant.name, now)
         except AdmissionError as exc:  # the guard protects; it never takes the service down
             log.warning("retry guard skipped: %s", exc)
             return None
         return early
 
+    def _new_requests_guarded(self, tenant: Tenant) -> bool:
+        """Whether this tenant's new requests during its Retry-After count as a storm."""
+        mode = self.settings.retry_guard_new_requests
+        return mode == "all" or (
+            mode == "anonymous" and tenant.name == self.settings.anonymous.name
+        )
+
     async def refused(
-        self, attempt: str, rejection: Rejection, now: float, client: str | None = None
+        self,
+        attempt: str,
+        rejection: Rejection,
+        now: float,
+        client: str | None = None,
+        tenant: Tenant | None = None,
     ) -> None:
         if self.settings.retry_guard:
+            if tenant is not None and not self._new_requests_guarded(tenant):
+                client = None  # its new requests are not held to the Retry-After
             try:
                 await self.storm.refused(attempt, rejection, now, client)
             except AdmissionError as exc:

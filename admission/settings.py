@@ -152,6 +152,12 @@ class AdmissionSettings(BaseModel):
     retry_guard: bool = True
     retry_guard_window_s: float = Field(default=60.0, gt=0)
     retry_guard_max_s: float = Field(default=600.0, gt=0, description="longest penalty")
+    retry_guard_new_requests: Literal["off", "anonymous", "all"] = Field(
+        default="anonymous",
+        description="whose new requests during their Retry-After count as a storm: anonymous "
+        "clients (per address) by default; 'all' holds API-key tenants to it too (a busy "
+        "tenant has many users, whom its quotas and fair share already bound)",
+    )
     retry_guard_client_burst: int = Field(
         default=20,
         ge=0,

@@ -11,7 +11,8 @@ too: a refusal also sets the client's own Retry-After, and once a client has sen
 ``client_burst`` new requests within the window while it runs (a tenant has many users; a few
 keep coming), the next ones are refused with ``retry_storm`` and the time left, without reaching
 admission. The client is the tenant of an
-API key, or an anonymous client's network address — anonymous clients are not one identity.
+API key, or an anonymous client's network address — anonymous clients are not one identity;
+``retry_guard_new_requests`` says whose new requests count (anonymous clients by default).
 """
 
 from __future__ import annotations

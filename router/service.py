@@ -859,7 +859,7 @@ class RouterService:
                     slo[1].ttft_s if slo is not None else None,
                 )
                 if verdict.rejection is not None:
-                    await self.gate.refused(attempt, verdict.rejection, now, client)
+                    await self.gate.refused(attempt, verdict.rejection, now, client, tenant)
         if verdict is not None and verdict.admitted and verdict.queue_wait_s:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now, placement)

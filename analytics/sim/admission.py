@@ -79,7 +79,8 @@ class SimAdmission:
             return None
         self._clock = now
         rej = _now(self._guard.check(client, attempt, now))
-        if rej is None:
+        if rej is None and self.settings.retry_guard_new_requests == "all":
+            # simulated clients are tenants; the default guards anonymous addresses only
             rej = _now(self._guard.check_client(client, now))
         return None if rej is None else self._refused(index, priority, rej, now)
 
@@ -87,7 +88,8 @@ class SimAdmission:
         if self._guard is not None:
             self._clock = now
             rej = Rejection(refused.reason, True, refused.retry_after_s, "")
-            _now(self._guard.refused(attempt, rej, now, client))
+            guarded = self.settings.retry_guard_new_requests == "all"
+            _now(self._guard.refused(attempt, rej, now, client if guarded else None))
 
     def budget(self, now: float) -> Budget:
         held_blocks, held_slots, drain = _now(self.store.snapshot(POOL, now))

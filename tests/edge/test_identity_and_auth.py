@@ -213,3 +213,10 @@ async def test_an_anonymous_client_storming_new_requests_is_refused_before_admis
         assert reasons[0] != "retry_storm"  # refused by the budget: now backing off is due
         assert reasons[1:3] == [reasons[0]] * 2  # a burst of new requests still reaches it
         assert reasons[3:] == ["retry_storm"] * 3
+        # a tenant with an API key has many users: its quotas bound it, not this guard
+        for i in range(6):
+            big = completion(f"keyed {i} " + "word " * 700, max_tokens=6000, ignore_eos=True)
+            status, out, _ = await e.call(
+                "POST", "/v1/kvgate/route", big, {**GW, **bearer("sk-alpha")}
+            )
+            assert status == 429 and out["error"]["kvgate_reason"] != "retry_storm", out
