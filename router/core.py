@@ -49,6 +49,8 @@ class NodeView:
     labels: frozenset[tuple[str, str]] = frozenset()  # (key, value): zone, GPU type, …
     role: str = "mixed"  # mixed, prefill or decode (disaggregated prefill, router/disagg.py)
     kv_link_gbps: float | None = None  # its KV transfer bandwidth (None: the router's default)
+    decode_backlog_tokens: int = 0  # output this router's requests there are still to produce
+    long_kv_blocks: int = 0  # KV blocks of this router's long requests there (router/lanes.py)
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -70,9 +72,20 @@ class NodeView:
     def alive(self, now: float) -> bool:
         return now - self.heartbeat_ts <= self.lease_s
 
-    def with_router_state(self, pending: int, prefill_backlog_tokens: int) -> NodeView:
+    def with_router_state(
+        self,
+        pending: int,
+        prefill_backlog_tokens: int,
+        decode_backlog_tokens: int = 0,
+        long_kv_blocks: int = 0,
+    ) -> NodeView:
         """This view plus the router's own in-flight work on the node."""
-        if pending == self.pending and prefill_backlog_tokens == self.prefill_backlog_tokens:
+        if (
+            pending == self.pending
+            and prefill_backlog_tokens == self.prefill_backlog_tokens
+            and decode_backlog_tokens == self.decode_backlog_tokens
+            and long_kv_blocks == self.long_kv_blocks
+        ):
             return self
         return NodeView(
             self.node_id,
@@ -99,6 +112,8 @@ class NodeView:
             self.labels,
             self.role,
             self.kv_link_gbps,
+            decode_backlog_tokens,
+            long_kv_blocks,
         )
 
 

@@ -14,7 +14,9 @@ below, calibrated to the engine's observed prefill and decode rates):
 * ``stall_s`` — the stall its prefill imposes on the decodes already running there (chunked
   prefill shares the step with them), weighted by ``interference``;
 * ``kv_s`` — KV pressure: the request's blocks beyond the node's soft limit (an engine out of
-  blocks queues or preempts);
+  blocks queues or preempts), counting the growth still ahead of the requests running there
+  (this router's remaining decode, router/ledger.py: a node whose running requests will soon
+  finish has more room than one whose long generations have far to go);
 * ``affinity_s`` — a request with a session key gets a small bonus on the session's home node
   (consistent hashing with bounded loads, :mod:`router.affinity`): a soft preference that load
   outweighs. After the first turn the prefix hit on the node holding the conversation is the
@@ -114,7 +116,8 @@ class CompletionCostPolicy(PolicyBase):
         context = s.kv_used * bs + request.prompt_tokens
         tpot_s = w.step_base_s + w.step_per_seq_s * batch + w.step_per_context_token_s * context
         need = math.ceil((request.prompt_tokens + request.max_tokens) / bs) - hit_tokens / bs
-        after = (s.kv_used + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
+        growth = n.decode_backlog_tokens / bs
+        after = (s.kv_used + growth + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
         return {
             "queue_s": queued / w.prefill_tokens_per_s * request.queue_weight,
             "prefill_s": prefill_s * w.prefill_weight,
@@ -171,7 +174,9 @@ class CompletionCostPolicy(PolicyBase):
             )
             total_blocks = n.kv_blocks_total
             if total_blocks:
-                over = (s.kv_used + (-(-demand // bs)) - hit_tokens / bs) / total_blocks - kv_soft
+                over = (
+                    s.kv_used + (n.decode_backlog_tokens - hit_tokens) / bs + (-(-demand // bs))
+                ) / total_blocks - kv_soft
                 if over > 0:
                     out += kv_pressure * over
             elif kv_soft < 1.0:

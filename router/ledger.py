@@ -5,6 +5,12 @@
   newer than it arrives (the engine has seen the request) or the request finishes.
 * **Prefill backlog.** Heartbeats count requests, not how long their prompts are. Until its first
   token comes back, a request's uncached prompt is prefill work still ahead of the node.
+* **Remaining decode.** A request's expected output (``max_tokens`` capped by what its tenant's
+  answers have been) minus what it has produced since its first token, at the node's observed
+  time per output token (learned from this router's finished requests there): the decode, and
+  the KV growth, still ahead of the node. A request that ends early stops counting.
+* **Long requests' KV** (router/lanes.py): the blocks (prompt + expected output) of the long
+  requests in flight on each node.
 
 Entries leave on ``finish`` (always called, whatever the outcome) or after ``horizon_s``.
 """
@@ -17,12 +23,19 @@ from dataclasses import dataclass, field
 __all__ = ["InflightLedger"]
 
 
+TPOT_PRIOR_S = 0.03  # a node's time per output token until one of its requests finished
+TPOT_EWMA = 0.1
+
+
 @dataclass(slots=True)
 class _Entry:
     node: str
     dispatched_s: float
     prefill_tokens: int
     prefilling: bool = True
+    expected_output: int = 0
+    long_blocks: int = 0
+    first_token_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -31,24 +44,88 @@ class InflightLedger:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _recent: dict[str, deque[tuple[float, str]]] = field(default_factory=dict)
     _backlog: dict[str, int] = field(default_factory=dict)
+    _long_blocks: dict[str, int] = field(default_factory=dict)
+    _tpot: dict[str, float] = field(default_factory=dict)  # node -> observed s per output token
+    # per node: expected output of every request in flight; decoding requests and the sum of
+    # their first-token times (the decode they did so far is (count · now − sum) / tpot)
+    _expected: dict[str, int] = field(default_factory=dict)
+    _decoding: dict[str, int] = field(default_factory=dict)
+    _first_sum: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def dispatch(self, request_id: str, node: str, now: float, prefill_tokens: int) -> None:
-        self._entries[request_id] = _Entry(node, now, prefill_tokens)
+    def dispatch(
+        self,
+        request_id: str,
+        node: str,
+        now: float,
+        prefill_tokens: int,
+        expected_output: int = 0,
+        long_blocks: int = 0,
+    ) -> None:
+        """``expected_output``: the decode it is expected to do; ``long_blocks``: its KV blocks
+        when it is a long request (router/lanes.py), else 0."""
+        self.finish(request_id)  # a re-dispatch replaces the entry
+        self._entries[request_id] = _Entry(
+            node, now, prefill_tokens, expected_output=expected_output, long_blocks=long_blocks
+        )
         self._recent.setdefault(node, deque()).append((now, request_id))
         self._backlog[node] = self._backlog.get(node, 0) + prefill_tokens
+        if long_blocks:
+            self._long_blocks[node] = self._long_blocks.get(node, 0) + long_blocks
+        if expected_output:
+            self._expected[node] = self._expected.get(node, 0) + expected_output
 
-    def first_token(self, request_id: str) -> None:
+    def first_token(self, request_id: str, now: float | None = None) -> None:
         e = self._entries.get(request_id)
         if e is not None and e.prefilling:
             e.prefilling = False
             self._backlog[e.node] -= e.prefill_tokens
+            if now is not None and e.expected_output > 1:
+                e.first_token_s = now
+                self._decoding[e.node] = self._decoding.get(e.node, 0) + 1
+                self._first_sum[e.node] = self._first_sum.get(e.node, 0.0) + now
 
-    def finish(self, request_id: str) -> None:
+    def finish(
+        self, request_id: str, now: float | None = None, output_tokens: int | None = None
+    ) -> None:
+        """The request is over (whatever the outcome). With ``now`` and the ``output_tokens``
+        it produced, its time per output token teaches the node's."""
         self.first_token(request_id)
-        self._entries.pop(request_id, None)
+        e = self._entries.pop(request_id, None)
+        if e is None:
+            return
+        if e.long_blocks:
+            self._long_blocks[e.node] -= e.long_blocks
+        if e.expected_output:
+            self._expected[e.node] -= e.expected_output
+        if e.first_token_s is not None:
+            self._decoding[e.node] -= 1
+            self._first_sum[e.node] -= e.first_token_s
+            if now is not None and output_tokens is not None and output_tokens > 1:
+                seen = (now - e.first_token_s) / (output_tokens - 1)
+                old = self._tpot.get(e.node, seen)
+                self._tpot[e.node] = old + TPOT_EWMA * (seen - old)
+
+    def long_blocks(self, node: str) -> int:
+        """KV blocks of this router's long requests on ``node``."""
+        return self._long_blocks.get(node, 0)
+
+    def tpot_s(self, node: str) -> float:
+        """``node``'s observed time per output token."""
+        return self._tpot.get(node, TPOT_PRIOR_S)
+
+    def remaining_decode(self, node: str, now: float) -> int:
+        """Output tokens this router's requests on ``node`` are still expected to produce:
+        their expected outputs, less what the decoding ones produced at the node's observed
+        time per output token (an estimate: a request past its expected output lowers it)."""
+        expected = self._expected.get(node, 0)
+        if not expected:
+            return 0
+        k = self._decoding.get(node, 0)
+        done = k + (k * now - self._first_sum.get(node, 0.0)) / self._tpot.get(node, TPOT_PRIOR_S)
+        return max(0, int(expected - done))
 
     def unreflected(self, node: str, heartbeat_ts: float) -> int:
         """This router's requests on ``node`` dispatched after its last heartbeat."""

@@ -31,6 +31,7 @@ from router.costpolicy import prefill_weight
 from router.disagg import decide_roles
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
+from router.lanes import HoldQueue, LaneSettings, Lanes, is_long
 from router.ledger import InflightLedger
 from router.placement import FREE, Placement
 from router.recent import RecentPrefills, merge_matches
@@ -70,6 +71,7 @@ class SimConfig:
     kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     placement: Placement = FREE  # every request's required and preferred labels
+    lanes: LaneSettings | None = None  # head-of-line isolation of long requests (router/lanes.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +240,12 @@ def simulate(
     slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
     weight = prefill_weight(policy)  # of the cost's prefill term (admission/slo.py)
     holding: deque[tuple[int, float | None]] = deque()  # admitted, held back by their class
+    lanes = (
+        Lanes(cfg.lanes, profile.prefill_tokens_per_s)
+        if cfg.lanes is not None and cfg.lanes.enabled
+        else None
+    )
+    lane_queue: HoldQueue[tuple[int, float | None]] = HoldQueue()  # (request, admission wait)
     stats.setdefault("failed", 0)
     index = PrefixIndex()
     ledger = InflightLedger()
@@ -314,14 +322,17 @@ def simulate(
             n.gen += 1
             push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
 
-    def dispatch(idx: int, now: float, queue_wait_s: float | None) -> bool:
-        """Route and send request ``idx``; True when its class holds it back for now."""
+    def dispatch(idx: int, now: float, queue_wait_s: float | None, queued: bool = False) -> bool:
+        """Route and send request ``idx``; True when its class or the lane rules hold it back
+        for now (``queued``: it is in the router's queue already)."""
         r = trace.requests[idx]
         rid = f"r{idx}"
         views = [
             n.view.with_router_state(
                 ledger.unreflected(n.node_id, n.view.heartbeat_ts),
                 ledger.prefill_backlog(n.node_id),
+                ledger.remaining_decode(n.node_id, now),
+                ledger.long_blocks(n.node_id),
             )
             for n in nodes
             if n.view is not None
@@ -342,6 +353,17 @@ def simulate(
         placed = eligible(views, MODEL, now)
         if not cfg.placement.free:
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
+        long = long_prompt = overdue = False
+        long_blocks = 0
+        if lanes is not None:
+            uncached = r.prompt_tokens - max(matches.values(), default=0) * trace.block_size
+            long_prompt = uncached >= lanes.s.long_prompt_tokens
+            long = is_long(uncached, r.output_tokens, lanes.s)
+            if long:
+                long_blocks = lanes.long_blocks(r.prompt_tokens, r.output_tokens, trace.block_size)
+            overdue = now - r.arrival_s >= lanes.s.hold_max_s
+            if not overdue:
+                placed = lanes.select(placed, long, long_prompt, long_blocks)
         sel = fleet.select(placed, r.session_id or rid, now)
         d = (
             decide_roles(
@@ -373,6 +395,18 @@ def simulate(
             if chosen is not None and held(slo, chosen.components, req.queue_weight):
                 holding.append((idx, queue_wait_s))  # waits until the engines drain
                 return True
+        if lanes is not None and not overdue:
+            best = next((v for v in sel.nodes if v.node_id == d.chosen), None)
+            if lanes.hold(best):  # waits in the router's queue, short requests first
+                if not queued:
+                    lane_queue.push(lanes.key(r.arrival_s, long), long, (idx, queue_wait_s))
+                return True
+        if lanes is not None and d.chosen is not None:
+            lanes.observe(
+                max(0, r.prompt_tokens - matches.get(d.chosen, 0) * trace.block_size),
+                long_prompt,
+                now,
+            )
         if d.chosen is not None:
             fleet.detector.sent(d.chosen, now)
             target = by_id[d.chosen]
@@ -380,7 +414,14 @@ def simulate(
             target = by_id[rng.choice(sorted(present))]
         # a decode node of a split request computes none of the prompt: its KV arrives
         seen = len(r.block_hashes) if d.prefill is not None else matches.get(target.node_id, 0)
-        ledger.dispatch(rid, target.node_id, now, max(0, r.prompt_tokens - seen * trace.block_size))
+        ledger.dispatch(
+            rid,
+            target.node_id,
+            now,
+            max(0, r.prompt_tokens - seen * trace.block_size),
+            r.output_tokens,
+            long_blocks,
+        )
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
             push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
@@ -414,6 +455,8 @@ def simulate(
             if dispatch(idx, now, wait):
                 holding.appendleft(holding.pop())
                 break
+        if lane_queue:
+            lane_queue.release(lambda item: not dispatch(item[0], now, item[1], queued=True))
 
     def operate(op: FleetOp, now: float) -> None:
         if op.kind == "drain":
@@ -482,7 +525,7 @@ def simulate(
             if seq.request_id not in meta:  # a warm-up request
                 continue
             r, node, reason, seen = meta.pop(seq.request_id)
-            ledger.finish(seq.request_id)
+            ledger.finish(seq.request_id, now, seq.max_tokens)
             reused = prefill_reuse.pop(seq.request_id, None)
             fleet.detector.observe(node, None, now, len(present))
             if adm is not None:
@@ -504,7 +547,7 @@ def simulate(
             remaining -= 1
         if released:
             pump(now)
-        if holding and finished:
+        if (holding or lane_queue) and finished:
             release_held(now)
         if not n.core.idle:
             start_step(n, now)
@@ -528,7 +571,7 @@ def simulate(
                     if n.node_id in labels:
                         n.view = replace(n.view, labels=labels[n.node_id])
             pump(now)
-            if holding:
+            if holding or lane_queue:
                 release_held(now)
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive" or kind == "retry":
@@ -601,7 +644,7 @@ def simulate(
             node_id, res = cast(tuple[str, SimStep], data)
             n = by_id[node_id]
             for seq in res.first:
-                ledger.first_token(seq.request_id)
+                ledger.first_token(seq.request_id, now)
                 if recent is not None and seq.request_id in meta:
                     # the prompt's blocks are in the node's cache from now on
                     recent.add(node_id, meta[seq.request_id][0].block_hashes, now)
