@@ -42,14 +42,14 @@ import itertools
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.core import NodeView
 
-__all__ = ["HoldQueue", "LaneSettings", "Lanes", "is_long"]
+__all__ = ["HoldQueue", "LaneFacts", "LaneSettings", "Lanes", "lane_facts"]
 
 T = TypeVar("T")
 
@@ -79,6 +79,9 @@ class LaneSettings(BaseModel):
         default=10.0, ge=0, description="a long request yields to short ones this much younger"
     )
     hold_max_s: float = Field(default=60.0, ge=0, description="a request waits at most this")
+    max_waiting: int = Field(
+        default=10_000, ge=0, description="requests the router's queue holds (then: sent at once)"
+    )
     lane: bool = Field(default=False, description="prefill long prompts on a lane of nodes")
     lane_floor: float = Field(default=0.125, ge=0, le=1, description="of the pool's nodes")
     lane_ceiling: float = Field(default=0.5, ge=0, le=1, description="of the pool's nodes")
@@ -96,8 +99,24 @@ class LaneSettings(BaseModel):
     )
 
 
-def is_long(uncached_prompt: int, expected_output: int, s: LaneSettings) -> bool:
-    return uncached_prompt >= s.long_prompt_tokens or expected_output >= s.long_output_tokens
+@dataclass(frozen=True, slots=True)
+class LaneFacts:
+    """What the lane rules know of one request."""
+
+    expected_output: int
+    long: bool = False
+    long_prompt: bool = False
+    blocks: int = 0  # a long request's KV blocks at its end (0: not long)
+
+
+def lane_facts(
+    prompt: int, uncached: int, expected_output: int, block_size: int, s: LaneSettings
+) -> LaneFacts:
+    """A request's facts: ``uncached``, the prompt tokens no node holds."""
+    long_prompt = uncached >= s.long_prompt_tokens
+    long = long_prompt or expected_output >= s.long_output_tokens
+    blocks = math.ceil((prompt + expected_output) / block_size) if long else 0
+    return LaneFacts(expected_output, long, long_prompt, blocks)
 
 
 def _rank(node_id: str) -> int:
@@ -114,10 +133,6 @@ class Lanes:
     _long_work: float = 0.0  # decaying sums of prefill tokens: long prompts', everyone's
     _all_work: float = 0.0
     _at: float = 0.0
-
-    def long_blocks(self, prompt: int, expected_output: int, block_size: int) -> int:
-        """The KV blocks a long request holds at its end."""
-        return math.ceil((prompt + expected_output) / block_size)
 
     def observe(self, uncached_prompt: int, long_prompt: bool, now: float) -> None:
         """A routed request's prefill work (the average prompt; sizes the lane)."""
@@ -154,15 +169,14 @@ class Lanes:
         ranked = sorted(nodes, key=lambda n: _rank(n.node_id))
         return frozenset(n.node_id for n in ranked[:size])
 
-    def select(
-        self, nodes: Sequence[NodeView], long: bool, long_prompt: bool, blocks: int
-    ) -> list[NodeView]:
-        """The nodes a request may use. A long request (``blocks``: its KV at the end): the
-        nodes where long requests stay within their KV share (a node without any always
-        qualifies), on the lane for a long prompt; none: it waits. A short request: the nodes
-        off the lane while one of them has room, else all."""
+    def select(self, nodes: Sequence[NodeView], f: LaneFacts) -> list[NodeView]:
+        """The nodes a request may use. A long request: the nodes where long requests stay
+        within their KV share with it (a node without any always qualifies), on the lane for a
+        long prompt; none: it waits. A short request: the nodes off the lane while one of them
+        has room, else all."""
         lane = self.lane(nodes)
-        if long:
+        long_prompt, blocks = f.long_prompt, f.blocks
+        if f.long:
             share = self.s.max_long_kv_share
             return [
                 n

@@ -180,6 +180,19 @@ class RouterMetrics:
             "Admitted requests held in the router at least once for their SLO class",
             registry=self.registry,
         )
+        self.lane_held = Gauge(
+            "kvgate_router_lane_queue_requests",
+            "Requests waiting in the router's queue while the engines are queued (lane rules, "
+            "router/lanes.py)",
+            registry=self.registry,
+        )
+        self.lane_holds = Counter(
+            "kvgate_router_lane_holds",
+            "Requests that waited in the router's queue, by lane: long (long prompt or long "
+            "expected output) or short",
+            ["lane"],
+            registry=self.registry,
+        )
         self.disaggregated = Counter(
             "kvgate_router_disaggregated",
             "Requests split over a prefill and a decode node, by outcome of the prefill leg: "

@@ -59,6 +59,7 @@ from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
 from router.fleet import Fleet, Selection
 from router.hotprefix import HotPrefixes, PrewarmAdvice
+from router.lanes import LaneFacts, Lanes, lane_facts
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.outlier import Failure
@@ -69,6 +70,7 @@ from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record, refusal_record
+from router.routerqueue import RouterQueue, Waiting
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
@@ -249,6 +251,10 @@ class RouterService:
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
         self.ledger = InflightLedger()
+        self.lanes = Lanes(settings.lanes, settings.cost.prefill_tokens_per_s)
+        self.queue: RouterQueue[tuple[RouteRequest, RouteDecision, LaneFacts]] = RouterQueue(
+            settings.hold_poll_s, settings.lanes.max_waiting
+        )
         self.fleet = Fleet(settings.outlier, settings.slow_start)
         self.gate = AdmissionGate(
             admission or AdmissionSettings(),
@@ -467,6 +473,7 @@ class RouterService:
         for task in (self._sweeper, self._pumper, self._prober, *self._checks):
             if task is not None:
                 task.cancel()
+        await self.queue.stop()
         if self._http is not None:
             await self._http.close()
         # the last spans leave before the process does (bounded by the exporter's timeout)
@@ -534,6 +541,8 @@ class RouterService:
                 view.with_router_state(
                     self.ledger.unreflected(hb.node_id, hb.ts),
                     self.ledger.prefill_backlog(hb.node_id),
+                    self.ledger.remaining_decode(hb.node_id, now),
+                    self.ledger.long_blocks(hb.node_id),
                 )
             )
         if adapters or self._adapter_base:  # a base model's name is never an adapter's
@@ -901,12 +910,20 @@ class RouterService:
         return out
 
     async def _decide_and_record(
-        self, request_id: str, p: ParsedRequest, g: Gated, started: float, t0: float
-    ) -> web.Response | tuple[RouteRequest, RouteDecision, NodeView]:
+        self,
+        request_id: str,
+        p: ParsedRequest,
+        g: Gated,
+        started: float,
+        t0: float,
+        lanes: bool = True,
+    ) -> web.Response | tuple[RouteRequest, RouteDecision, NodeView, LaneFacts]:
         """Route, record the decision, and either refuse (a response) or name the node; the
-        request then counts in this router's in-flight ledger until ``ledger.finish``."""
+        request then counts in this router's in-flight ledger until ``ledger.finish``.
+        ``lanes``: under the lane rules and their queue (not for gateways: they want an
+        answer now)."""
         tenant, nodes, block_size, verdict = g.tenant, g.nodes, g.block_size, g.verdict
-        rreq, decision = self._route(
+        rreq, decision, facts = self._route(
             request_id,
             p,
             nodes,
@@ -915,10 +932,19 @@ class RouterService:
             verdict,
             queue_weight=_queue_weight(g.slo),
             disaggregate=g.disaggregate,
+            lanes=lanes,
+            tenant=tenant.name,
         )
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
         if g.slo is not None and verdict is not None and verdict.admitted:
-            rreq, decision, held_s = await self._hold(request_id, p, g, rreq, decision)
+            rreq, decision, facts, held_s = await self._hold(
+                request_id, p, g, rreq, decision, facts, lanes
+            )
+            waited += held_s
+        if lanes and self.lanes.s.enabled and nodes and (verdict is None or verdict.admitted):
+            rreq, decision, facts, held_s = await self._queued(
+                request_id, p, g, rreq, decision, facts, started
+            )
             waited += held_s
         late = self._deadline(g.slo, rreq, decision, waited)
         if late is not None:  # refused early: it would miss its class's TTFT
@@ -955,10 +981,15 @@ class RouterService:
         chosen = decision.chosen_candidate
         hit = chosen.hit_blocks if chosen is not None else 0
         self.ledger.dispatch(
-            request_id, node.node_id, time.time(), max(0, rreq.prompt_tokens - hit * block_size)
+            request_id,
+            node.node_id,
+            time.time(),
+            max(0, rreq.prompt_tokens - hit * block_size),
+            facts.expected_output,
+            facts.blocks,
         )
         self._check_tokens(node, p)
-        return rreq, decision, node
+        return rreq, decision, node, facts
 
     async def _admitted(
         self,
@@ -978,7 +1009,7 @@ class RouterService:
                 span.set_attribute("kvgate.prompt_blocks", len(routed[0].block_hashes))
         if isinstance(routed, web.Response):
             return routed
-        rreq, decision, node = routed
+        rreq, decision, node, facts = routed
         assert self._http is not None
         sent = p
         if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
@@ -1051,12 +1082,20 @@ class RouterService:
                     g.client_request_id,
                     decision_seq=1,
                 )
-                self.ledger.finish(request_id)
                 node = next(n for n in others if n.node_id == again.chosen)
-                self.ledger.dispatch(request_id, node.node_id, time.time(), rreq.prompt_tokens)
+                self.ledger.dispatch(
+                    request_id,
+                    node.node_id,
+                    time.time(),
+                    rreq.prompt_tokens,
+                    facts.expected_output,
+                    facts.blocks,
+                )
                 reroutes += 1
         finally:
-            self.ledger.finish(request_id)
+            done = relay.output_tokens // p.sequences if relay.status == "ok" else None
+            self.ledger.finish(request_id, time.time(), done)
+            self.queue.wake()  # a place is free: held requests may go
             if relay.cut_off:
                 self.metrics.stalled_clients.inc()
             if relay.status == "ok":
@@ -1079,9 +1118,12 @@ class RouterService:
         advise: bool = True,
         queue_weight: float = 1.0,
         disaggregate: bool = False,
-    ) -> tuple[RouteRequest, RouteDecision]:
+        lanes: bool = False,
+        tenant: str = "",
+    ) -> tuple[RouteRequest, RouteDecision, LaneFacts]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
-        may publish pre-warm advice (not for dry runs)."""
+        may publish pre-warm advice (not for dry runs); ``lanes``: under the lane rules
+        (router/lanes.py), with the request's facts for them."""
         adapter = p.model if p.model in self._adapter_base else None
         hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
         rreq = RouteRequest(
@@ -1093,13 +1135,23 @@ class RouterService:
             p.session_id,
             queue_weight,
         )
+        facts = LaneFacts(self._expected_output(p, tenant))
         if verdict is not None and not verdict.admitted:
-            return rreq, RouteDecision(None, "admission_rejected", ())
+            return rreq, RouteDecision(None, "admission_rejected", ()), facts
+        load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
+        matches = {} if load_only else self._matches(hashes, now)
+        if self.lanes.s.enabled:
+            best = max(matches.values(), default=0)
+            uncached = max(0, rreq.prompt_tokens - best * block_size)
+            facts = lane_facts(
+                rreq.prompt_tokens, uncached, facts.expected_output, block_size, self.lanes.s
+            )
+            if lanes:
+                nodes = self.lanes.select(nodes, facts)
         sel = self.fleet.select(nodes, p.session_id or request_id, now)
-        if self.feed.state == "load_only":  # the index is too old to claim hits on
+        if load_only:
             decision = self._load_policy.decide(rreq, sel.nodes, {}, now)
-            return rreq, self._fleet_decision(decision, sel, {}, now, advise)
-        matches = self._matches(hashes, now)
+            return rreq, self._fleet_decision(decision, sel, {}, now, advise), facts
         decision = self._fleet_decision(
             self._decide_roles(rreq, sel.nodes, matches, now, disaggregate),
             sel,
@@ -1118,7 +1170,12 @@ class RouterService:
             advice = self.hot.observe(now, hashes, matches, nodes)
             if advice is not None:
                 self._advise(advice, p, block_size, now)
-        return rreq, decision
+        return rreq, decision, facts
+
+    def _expected_output(self, p: ParsedRequest, tenant: str) -> int:
+        """The output ``p`` is expected to produce: ``max_tokens`` capped by what the tenant's
+        answers from this model have been (admission/estimate.py, learned from outcomes)."""
+        return self.gate.estimator.expected(tenant, p.model, p.max_tokens, p.max_tokens)
 
     def _decide_roles(
         self,
@@ -1219,7 +1276,9 @@ class RouterService:
         g: Gated,
         rreq: RouteRequest,
         decision: RouteDecision,
-    ) -> tuple[RouteRequest, RouteDecision, float]:
+        facts: LaneFacts,
+        lanes: bool,
+    ) -> tuple[RouteRequest, RouteDecision, LaneFacts, float]:
         """Keep an admitted request of a loose SLO class in the router while its best node has
         more than the class's ``hold_queue_s`` queued (admission/slo.py), re-routing on the
         cluster as it is now, at most until its TTFT target (or half its lease) has passed.
@@ -1227,7 +1286,7 @@ class RouterService:
         slo = g.slo
         chosen = decision.chosen_candidate
         if slo is None or chosen is None or not held(slo, chosen.components, rreq.queue_weight):
-            return rreq, decision, 0.0
+            return rreq, decision, facts, 0.0
         start = time.time()
         limit = start + min(slo[1].ttft_s, self.gate.settings.lease_s / 2)
         ids = {n.node_id for n in g.nodes}
@@ -1238,7 +1297,7 @@ class RouterService:
                 await asyncio.sleep(self.settings.hold_poll_s)
                 now = time.time()
                 fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
-                rreq, decision = self._route(
+                rreq, decision, facts = self._route(
                     request_id,
                     p,
                     fresh or g.nodes,
@@ -1248,6 +1307,8 @@ class RouterService:
                     advise=False,
                     queue_weight=rreq.queue_weight,
                     disaggregate=g.disaggregate,
+                    lanes=lanes,
+                    tenant=g.tenant.name,
                 )
                 chosen = decision.chosen_candidate
                 if chosen is None or not held(slo, chosen.components, rreq.queue_weight):
@@ -1256,7 +1317,69 @@ class RouterService:
             self.metrics.held.dec()
         if decision.chosen is not None:
             self.fleet.detector.sent(decision.chosen, time.time())
-        return rreq, decision, time.time() - start
+        return rreq, decision, facts, time.time() - start
+
+    async def _queued(
+        self,
+        request_id: str,
+        p: ParsedRequest,
+        g: Gated,
+        rreq: RouteRequest,
+        decision: RouteDecision,
+        facts: LaneFacts,
+        started: float,
+    ) -> tuple[RouteRequest, RouteDecision, LaneFacts, float]:
+        """The lane rules' queue (router/lanes.py): while the engines are queued (or, for a
+        long request, no node has room for long requests), the request waits in the router's
+        queue, short requests first, re-routed when its turn comes; at most
+        ``lanes.hold_max_s`` (or half its lease) since it arrived, then it goes to its best
+        node whatever the lane rules say. Returns the decision it leaves with and how long it
+        waited."""
+        lanes = self.lanes
+        best = next((n for n in g.nodes if n.node_id == decision.chosen), None)
+        if not lanes.hold(best) or self.queue.full:
+            return rreq, decision, facts, 0.0
+        start = time.time()
+        ids = {n.node_id for n in g.nodes}
+
+        def again(rules: bool) -> tuple[tuple[RouteRequest, RouteDecision, LaneFacts], bool]:
+            now = time.time()
+            fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
+            got = self._route(
+                request_id,
+                p,
+                fresh or g.nodes,
+                g.block_size,
+                now,
+                g.verdict,
+                advise=False,
+                queue_weight=rreq.queue_weight,
+                disaggregate=g.disaggregate,
+                lanes=rules,
+                tenant=g.tenant.name,
+            )
+            node = next((n for n in fresh or g.nodes if n.node_id == got[1].chosen), None)
+            return got, lanes.hold(node)
+
+        def turn() -> tuple[RouteRequest, RouteDecision, LaneFacts] | None:
+            got, wait = again(True)
+            return None if wait else got
+
+        limit = min(lanes.s.hold_max_s, self.gate.settings.lease_s / 2) - (start - started)
+        self.metrics.lane_held.inc()
+        self.metrics.lane_holds.labels("long" if facts.long else "short").inc()
+        try:
+            routed = await self.queue.wait(
+                lanes.key(started, facts.long), facts.long, Waiting(turn), max(0.0, limit)
+            )
+        finally:
+            self.metrics.lane_held.dec()
+        if routed is None:  # waited long enough: its best node, whatever the lane rules
+            routed = again(False)[0]
+        rreq, decision, facts = routed
+        if decision.chosen is not None:
+            self.fleet.detector.sent(decision.chosen, time.time())
+        return rreq, decision, facts, time.time() - start
 
     def _deadline(
         self, slo: Slo | None, rreq: RouteRequest, decision: RouteDecision, waited: float
@@ -1325,7 +1448,7 @@ class RouterService:
         return matches
 
     def _first_token(self, request_id: str, node: str, rreq: RouteRequest) -> None:
-        self.ledger.first_token(request_id)
+        self.ledger.first_token(request_id, time.time())
         self._prefilled(node, rreq.block_hashes)
 
     def _prefilled(self, node: str, hashes: Sequence[int]) -> None:
@@ -1409,7 +1532,7 @@ class RouterService:
         tenant = g.tenant
         admitted = g.verdict is not None and g.verdict.admitted
         try:
-            routed = await self._decide_and_record(request_id, p, g, started, t0)
+            routed = await self._decide_and_record(request_id, p, g, started, t0, lanes=False)
         except BaseException:
             if admitted:
                 await self.gate.release(request_id, time.time())
@@ -1418,7 +1541,7 @@ class RouterService:
             if admitted:
                 await self.gate.release(request_id, time.time())
             return routed
-        rreq, decision, node = routed
+        rreq, decision, node, _ = routed
         held = self.gate.held.get(request_id)
         self._gateway[request_id] = (
             gateway,
@@ -1552,7 +1675,7 @@ class RouterService:
             )
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        rreq, d = self._route(mint_id(), p, nodes, block_size, now, advise=False)
+        rreq, d, _ = self._route(mint_id(), p, nodes, block_size, now, advise=False)
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
         return _json(

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from router.lanes import LaneSettings
 from streams.tokenization import TokenizerSpec
 
 __all__ = ["CostWeights", "OutlierSettings", "RouterSettings", "SeedWeights", "SlowStartSettings"]
@@ -201,6 +202,7 @@ class RouterSettings(BaseModel):
     )
     outlier: OutlierSettings = OutlierSettings()
     slow_start: SlowStartSettings = SlowStartSettings()
+    lanes: LaneSettings = LaneSettings()  # long requests must not block short ones
     otlp_endpoint: str | None = Field(
         default=None,
         description="send OpenTelemetry spans (admission, routing, the proxied request) to this "

@@ -31,7 +31,7 @@ from router.costpolicy import prefill_weight
 from router.disagg import decide_roles
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import HoldQueue, LaneSettings, Lanes, is_long
+from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts
 from router.ledger import InflightLedger
 from router.placement import FREE, Placement
 from router.recent import RecentPrefills, merge_matches
@@ -353,17 +353,16 @@ def simulate(
         placed = eligible(views, MODEL, now)
         if not cfg.placement.free:
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
-        long = long_prompt = overdue = False
-        long_blocks = 0
+        facts = LaneFacts(r.output_tokens)
+        overdue = False
         if lanes is not None:
             uncached = r.prompt_tokens - max(matches.values(), default=0) * trace.block_size
-            long_prompt = uncached >= lanes.s.long_prompt_tokens
-            long = is_long(uncached, r.output_tokens, lanes.s)
-            if long:
-                long_blocks = lanes.long_blocks(r.prompt_tokens, r.output_tokens, trace.block_size)
+            facts = lane_facts(
+                r.prompt_tokens, uncached, r.output_tokens, trace.block_size, lanes.s
+            )
             overdue = now - r.arrival_s >= lanes.s.hold_max_s
             if not overdue:
-                placed = lanes.select(placed, long, long_prompt, long_blocks)
+                placed = lanes.select(placed, facts)
         sel = fleet.select(placed, r.session_id or rid, now)
         d = (
             decide_roles(
@@ -399,12 +398,14 @@ def simulate(
             best = next((v for v in sel.nodes if v.node_id == d.chosen), None)
             if lanes.hold(best):  # waits in the router's queue, short requests first
                 if not queued:
-                    lane_queue.push(lanes.key(r.arrival_s, long), long, (idx, queue_wait_s))
+                    lane_queue.push(
+                        lanes.key(r.arrival_s, facts.long), facts.long, (idx, queue_wait_s)
+                    )
                 return True
         if lanes is not None and d.chosen is not None:
             lanes.observe(
                 max(0, r.prompt_tokens - matches.get(d.chosen, 0) * trace.block_size),
-                long_prompt,
+                facts.long_prompt,
                 now,
             )
         if d.chosen is not None:
@@ -420,7 +421,7 @@ def simulate(
             now,
             max(0, r.prompt_tokens - seen * trace.block_size),
             r.output_tokens,
-            long_blocks,
+            facts.blocks,
         )
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
