@@ -978,18 +978,34 @@ class RouterService:
             await self._publish_outcome(request_id, None, relay, p, started)
             return rejection_response(rej)
         node = next(n for n in nodes if n.node_id == decision.chosen)
+        uncached = self._dispatched(request_id, rreq, decision, facts, block_size)
+        self.lanes.observe(uncached, facts.long_prompt, time.time())
+        self._check_tokens(node, p)
+        return rreq, decision, node, facts
+
+    def _dispatched(
+        self,
+        request_id: str,
+        rreq: RouteRequest,
+        decision: RouteDecision,
+        facts: LaneFacts,
+        block_size: int,
+    ) -> int:
+        """The request goes to the chosen node: it counts in the in-flight ledger from now on.
+        Returns its uncached prompt tokens there."""
+        assert decision.chosen is not None
         chosen = decision.chosen_candidate
         hit = chosen.hit_blocks if chosen is not None else 0
+        uncached = max(0, rreq.prompt_tokens - hit * block_size)
         self.ledger.dispatch(
             request_id,
-            node.node_id,
+            decision.chosen,
             time.time(),
-            max(0, rreq.prompt_tokens - hit * block_size),
+            uncached,
             facts.expected_output,
             facts.blocks,
         )
-        self._check_tokens(node, p)
-        return rreq, decision, node, facts
+        return uncached
 
     async def _admitted(
         self,
@@ -1363,7 +1379,11 @@ class RouterService:
 
         def turn() -> tuple[RouteRequest, RouteDecision, LaneFacts] | None:
             got, wait = again(True)
-            return None if wait else got
+            if wait:
+                return None
+            # counted at once: the next request in this round sees it on its node
+            self._dispatched(request_id, got[0], got[1], got[2], g.block_size)
+            return got
 
         limit = min(lanes.s.hold_max_s, self.gate.settings.lease_s / 2) - (start - started)
         self.metrics.lane_held.inc()
@@ -1741,6 +1761,12 @@ class RouterService:
                 "budgets": budgets,
                 "queued": dict(queued),
                 "inflight": len(self.ledger),
+                "lanes": {
+                    "enabled": self.lanes.s.enabled,
+                    "queue": len(self.queue),
+                    "long_prefill_share": round(self.lanes.long_share(), 4),
+                    "lane": sorted(self.lanes.lane(views)),
+                },
                 "reconciler": (
                     self.reconciler.report(self.replica.load.values(), now)
                     if self.reconciler is not None
@@ -1759,6 +1785,8 @@ class RouterService:
                         "running": n.running,
                         "waiting": n.waiting,
                         "pending": n.pending,
+                        "remaining_decode_tokens": n.decode_backlog_tokens,
+                        "long_kv_blocks": n.long_kv_blocks,
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,
                         "indexed_blocks": len(self.replica.index.blocks_view(n.node_id)),
