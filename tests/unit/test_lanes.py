@@ -1,0 +1,202 @@
+"""Head-of-line isolation (router/lanes.py, router/routerqueue.py, the ledger's remaining
+decode): which requests are long, where they may go, who waits in the router and in what order,
+and the simulator's long_tail workload in overload with and without the rules."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import replace
+
+import pytest
+
+from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.traces import Trace, TraceRequest
+from router.core import RouteRequest
+from router.costpolicy import CompletionCostPolicy
+from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts
+from router.ledger import TPOT_PRIOR_S, InflightLedger
+from router.policies import make_policy
+from router.routerqueue import RouterQueue, Waiting
+from router.settings import CostWeights, RouterSettings
+from tests.factories import NOW, node_view
+
+S = LaneSettings()
+
+
+def test_a_request_is_long_by_its_uncached_prompt_or_its_expected_output() -> None:
+    assert not lane_facts(9000, 100, 200, 16, S).long  # a long prompt, cached: short
+    f = lane_facts(9000, 9000, 200, 16, S)
+    assert f.long and f.long_prompt and f.blocks == -(-9200 // 16)
+    g = lane_facts(100, 100, 1024, 16, S)
+    assert g.long and not g.long_prompt and g.blocks == -(-1124 // 16)
+    assert lane_facts(100, 100, 1023, 16, S) == LaneFacts(1023)
+
+
+def test_long_requests_keep_within_their_kv_share_of_each_node() -> None:
+    lanes = Lanes(S)
+    long = lane_facts(2000, 2000, 2000, 16, S)  # 250 blocks
+    nodes = [
+        node_view("empty", kv_blocks_total=1000),
+        node_view("half", kv_blocks_total=1000, long_kv_blocks=300),  # 550 > 500 with it
+        node_view("room", kv_blocks_total=1000, long_kv_blocks=200),
+    ]
+    assert [n.node_id for n in lanes.select(nodes, long)] == ["empty", "room"]
+    # a node without long requests takes one however large: it must run somewhere
+    huge = lane_facts(2000, 2000, 20_000, 16, S)
+    assert [n.node_id for n in lanes.select(nodes, huge)] == ["empty"]
+    # short requests are not limited
+    assert len(lanes.select(nodes, LaneFacts(10))) == 3
+
+
+def test_a_lane_takes_long_prompts_and_short_requests_keep_off_it_while_others_have_room() -> None:
+    lanes = Lanes(LaneSettings(lane=True, lane_floor=0.25, lane_ceiling=0.5))
+    nodes = [node_view(f"n{i}", kv_blocks_total=10_000) for i in range(8)]
+    lane = lanes.lane(nodes)
+    assert len(lane) == 2  # the floor: no long prompt seen yet
+    for _ in range(50):  # long prompts bring most of the prefill work: the lane grows
+        lanes.observe(20_000, True, NOW)
+        lanes.observe(500, False, NOW)
+    grown = lanes.lane(nodes)
+    assert len(grown) == 4 and lane <= grown  # to the ceiling, keeping its nodes
+    long_prompt = lane_facts(20_000, 20_000, 10, 16, lanes.s)
+    assert {n.node_id for n in lanes.select(nodes, long_prompt)} == grown
+    short = {n.node_id for n in lanes.select(nodes, LaneFacts(10))}
+    assert short == {n.node_id for n in nodes} - grown
+    # every node off the lane queued: short requests may use the lane
+    busy = [replace(n, prefill_backlog_tokens=0 if n.node_id in grown else 50_000) for n in nodes]
+    assert len(lanes.select(busy, LaneFacts(10))) == 8
+
+
+def test_requests_are_held_while_their_best_node_is_queued() -> None:
+    lanes = Lanes(S, prefill_tokens_per_s=1000.0)
+    assert not lanes.hold(node_view("a", prefill_backlog_tokens=900))  # 0.9 s ≤ 1 s
+    assert lanes.hold(node_view("a", prefill_backlog_tokens=1500))
+    assert lanes.hold(node_view("a", waiting=2))  # 2 × the average prompt (1024) = 2 s
+    assert lanes.hold(None)  # no node may take it now
+    assert not Lanes(LaneSettings(hold=False)).hold(node_view("a", waiting=50))
+    # short requests first; a long one yields to short ones up to long_yield_s younger
+    assert lanes.key(100.0, True) > lanes.key(105.0, False)
+    assert lanes.key(100.0, True) < lanes.key(111.0, False)
+
+
+def test_the_hold_queue_releases_in_order_and_passes_over_blocked_long_requests() -> None:
+    q: HoldQueue[str] = HoldQueue(max_blocked_long=2)
+    q.push(3.0, False, "short-late")
+    q.push(1.0, False, "short")
+    q.push(0.5, True, "long-a")
+    q.push(0.7, True, "long-b")
+    q.push(0.9, True, "long-c")
+    tried: list[str] = []
+
+    def only_short(item: str) -> bool:
+        tried.append(item)
+        return item.startswith("short")
+
+    # long ones that cannot go are passed over, up to max_blocked_long
+    assert q.release(only_short) == 0 and tried == ["long-a", "long-b"] and len(q) == 5
+    q2: HoldQueue[str] = HoldQueue()
+    for key, long, item in [(0.5, True, "long"), (1.0, False, "short-1"), (2.0, False, "short-2")]:
+        q2.push(key, long, item)
+    tried.clear()
+    assert q2.release(only_short) == 2 and tried == ["long", "short-1", "short-2"] and len(q2) == 1
+    # a short request that must wait ends the round: the ones behind it would too
+    q3: HoldQueue[str] = HoldQueue()
+    q3.push(1.0, False, "a")
+    q3.push(2.0, False, "b")
+    assert q3.release(lambda item: False) == 0 and len(q3) == 2
+
+
+def test_the_router_queue_wakes_waiters_in_order_and_drops_the_ones_that_left() -> None:
+    async def run() -> None:
+        q: RouterQueue[str] = RouterQueue(poll_s=0.01, max_waiting=10)
+        open_ = {"room": 0}
+        order: list[str] = []
+
+        def retry(name: str) -> Waiting[str]:
+            def go() -> str | None:
+                if open_["room"] <= 0:
+                    return None
+                open_["room"] -= 1
+                order.append(name)
+                return name
+
+            return Waiting(go)
+
+        waiters = [
+            asyncio.create_task(q.wait(2.0, True, retry("long"), 5.0)),
+            asyncio.create_task(q.wait(1.0, False, retry("short"), 5.0)),
+            asyncio.create_task(q.wait(1.5, False, retry("gone"), 0.05)),
+        ]
+        await asyncio.sleep(0.1)  # "gone" gives up meanwhile
+        assert len(q) == 3
+        open_["room"] = 5
+        q.wake()
+        got = await asyncio.gather(*waiters)
+        assert got == ["long", "short", None] and order == ["short", "long"]
+        assert len(q) == 0
+        await q.stop()
+
+    asyncio.run(run())
+
+
+def test_the_ledger_counts_remaining_decode_long_kv_and_learns_each_nodes_tpot() -> None:
+    led = InflightLedger()
+    led.dispatch("a", "n", 0.0, 100, expected_output=1001, long_blocks=70)
+    led.dispatch("b", "n", 0.0, 100, expected_output=11)
+    assert led.remaining_decode("n", 0.0) == 1012 and led.long_blocks("n") == 70
+    led.first_token("a", 1.0)
+    led.first_token("b", 1.0)
+    # 3 s later at the prior 30 ms per token: 100 tokens each, less their first
+    assert led.remaining_decode("n", 1.0 + 100 * TPOT_PRIOR_S) == 1012 - 2 - 200
+    led.finish("b", 1.2, 11)  # ended early: 20 ms per token, taught to the node
+    assert led.tpot_s("n") == pytest.approx(0.02)
+    assert led.remaining_decode("n", 1.0) == 1000
+    led.finish("a")
+    assert led.remaining_decode("n", 5.0) == 0 and led.long_blocks("n") == 0
+    # re-dispatched (a reroute) it counts once, on its new node
+    led.dispatch("c", "n", 0.0, 10, expected_output=50, long_blocks=9)
+    led.dispatch("c", "m", 0.1, 10, expected_output=50, long_blocks=9)
+    assert led.long_blocks("n") == 0 and led.long_blocks("m") == 9
+    assert led.remaining_decode("n", 0.2) == 0 and led.remaining_decode("m", 0.2) == 50
+
+
+def test_the_cost_counts_the_kv_growth_of_decodes_still_ahead_of_a_node() -> None:
+    policy = CompletionCostPolicy(CostWeights(), 0.95, 8)
+    req = RouteRequest("r", "m", (), 160, 64)
+    calm = node_view("calm", used=60)
+    growing = node_view("growing", used=60, decode_backlog_tokens=40 * 16)
+    assert policy.cost(req, growing, 0)["kv_s"] > policy.cost(req, calm, 0)["kv_s"]
+    assert policy.decide(req, [growing, calm], {}, NOW).chosen == "calm"
+
+
+def _long_tail(n: int, rate: float, seed: int = 1) -> Trace:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        long = rng.random() < 0.1
+        prompt = rng.randint(6000, 12_000) if long else rng.randint(100, 1500)
+        answer = rng.randint(800, 1500) if long else rng.randint(10, 200)
+        out.append(TraceRequest(t, prompt, answer, tuple(range(i << 12, (i << 12) + prompt // 16))))
+    return Trace("mini_long_tail", 16, tuple(out))
+
+
+def test_in_overload_short_requests_overtake_long_ones_in_the_simulator() -> None:
+    trace = _long_tail(1500, 90.0)
+    settings = RouterSettings(policy="kvgate")
+    base = SimConfig(nodes=4)
+
+    def short_ttft_p99(cfg: SimConfig) -> tuple[float, int]:
+        done = simulate(trace, make_policy(settings), cfg)
+        short = sorted(
+            d.first_token_s - d.request.arrival_s
+            for d in done
+            if d.request.prompt_tokens < 6000 and d.request.output_tokens < 800
+        )
+        return short[int(0.99 * len(short))], len(done)
+
+    without, n0 = short_ttft_p99(base)
+    with_, n1 = short_ttft_p99(replace(base, lanes=settings.lanes))
+    assert n0 == n1 == 1500  # nothing lost: held requests all ran
+    assert with_ < 0.7 * without, (with_, without)
