@@ -129,6 +129,84 @@ def slo_mix(name: str, *, nodes: int, requests: int, load: float) -> dict[str, A
     return out
 
 
+LONG_TAIL_LOADS = (0.8, 0.45)
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4) if xs else None
+
+
+def long_tail_isolation(*, nodes: int = 16, requests: int = 6000) -> dict[str, Any]:
+    """Head-of-line isolation (router/lanes.py) on ``long_tail``: today's kvgate, the lane rules
+    (defaults: KV share and the router's queue) and the rules with a lane of nodes, per load.
+    Short and long as the default thresholds split them (8k-token prompt, 1k-token answer)."""
+    trace0 = open_trace("long_tail", limit=requests)
+    cap = capacity_rps(trace0, SimConfig(nodes=nodes))
+    rate = len(trace0.requests) / max(1e-9, trace0.span_s)
+    settings = RouterSettings(policy="kvgate")
+    lanes = settings.lanes
+    runs = (
+        ("kvgate", None),
+        ("lanes", lanes),
+        ("lanes_with_node_lane", lanes.model_copy(update={"lane": True})),
+    )
+    out: dict[str, Any] = {"capacity_rps": round(cap, 3), "nodes": nodes, "requests": requests}
+    for load in LONG_TAIL_LOADS:
+        trace = trace0.scaled(rate / (load * cap))
+        rows: dict[str, Any] = {}
+        for label, rules in runs:
+            cfg = SimConfig(
+                nodes=nodes,
+                lanes=rules,
+                prewarm=settings.prewarm,
+                recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
+            )
+            with status(f"fleet: long_tail/{load}/{label}"):
+                done = simulate(trace, make_policy(settings), cfg)
+
+            def short(d: Done) -> bool:
+                r = d.request
+                return r.prompt_tokens < lanes.long_prompt_tokens and (
+                    r.output_tokens < lanes.long_output_tokens
+                )
+
+            shorts = [d for d in done if short(d)]
+            longs = [d for d in done if not short(d)]
+            span = max(d.finish_s for d in done) - min(d.request.arrival_s for d in done)
+            rows[label] = {
+                "completed": len(done),
+                "short_requests": len(shorts),
+                "long_requests": len(longs),
+                "short_ttft_p50_s": _pct(
+                    [d.first_token_s - d.request.arrival_s for d in shorts], 0.5
+                ),
+                "short_ttft_p99_s": _pct(
+                    [d.first_token_s - d.request.arrival_s for d in shorts], 0.99
+                ),
+                "long_ttft_p99_s": _pct(
+                    [d.first_token_s - d.request.arrival_s for d in longs], 0.99
+                ),
+                "long_tpot_p99_s": _pct(
+                    [
+                        (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1)
+                        for d in longs
+                        if d.request.output_tokens > 1
+                    ],
+                    0.99,
+                ),
+                "output_tokens_per_s": round(sum(d.request.output_tokens for d in done) / span, 1),
+            }
+        base = rows["kvgate"]
+        for label in ("lanes", "lanes_with_node_lane"):
+            r = rows[label]
+            r["short_ttft_p99_ratio"] = round(r["short_ttft_p99_s"] / base["short_ttft_p99_s"], 3)
+            r["throughput_ratio"] = round(r["output_tokens_per_s"] / base["output_tokens_per_s"], 3)
+            r["long_tpot_p99_ratio"] = round(r["long_tpot_p99_s"] / base["long_tpot_p99_s"], 3)
+        out[f"load_{load}"] = rows
+    return out
+
+
 PD_WORKLOADS = ("long_tail", "multi_turn")
 PD_SPLITS = (
     ("colocated", 0, 0, True),
@@ -224,6 +302,8 @@ def bench_fleet(
     run("drain/none", base)
     run("drain/two_nodes", replace(base, ops=drains))
     pd = {name: pd_vs_colocated(name) for name in PD_WORKLOADS}
+    hol = long_tail_isolation()
+    at80 = hol["load_0.8"]["lanes"]
     slo: dict[str, Any] = {}
     for name in SLO_WORKLOADS:
         with status(f"fleet: slo_mix/{name}"):
@@ -240,6 +320,10 @@ def bench_fleet(
         "rows": rows,
         "slo_mix": slo,
         "pd_vs_colocated": pd,
+        "long_tail": hol,
+        "long_tail_short_ttft_p99_ratio": at80["short_ttft_p99_ratio"],
+        "long_tail_throughput_ratio": at80["throughput_ratio"],
+        "long_tail_long_tpot_p99_ratio": at80["long_tpot_p99_ratio"],
         "slo_interactive_at_120": {
             name: r["slo_classes"]["interactive"]["slo_attainment"] for name, r in slo.items()
         },
@@ -303,6 +387,41 @@ def _markdown(r: dict[str, Any]) -> str:
                     f"{_fmt(v['slo_attainment'])} | {v['refused']} | "
                     f"{v['refused_by_reason'] or '–'} | {v['refusals_without_retry_after']} |"
                 )
+    hol = r.get("long_tail")
+    if hol:
+        lines += [
+            "",
+            "## Long requests must not block short ones (`long_tail`)",
+            "",
+            f"{hol['nodes']} nodes, {hol['requests']} requests of the `long_tail` workload "
+            "(no sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 "
+            "up to 2k). Short: prompt under 8,192 tokens and answer under 1,024; long: the "
+            "rest. `kvgate`: today's policy without the lane rules; `lanes`: the defaults "
+            "(long requests within half a node's KV, the router's queue with short requests "
+            "first); `lanes_with_node_lane`: plus a lane of nodes for long prompts. Loads are "
+            f"fractions of `capacity_rps` ({hol['capacity_rps']} req/s, a burst's completion "
+            "rate): on this heavy-tailed trace that over-states what the fleet sustains, so "
+            "0.8 is overload and 0.45 is about 80 % of the sustained rate. Ratios are against "
+            "`kvgate` at the same load; throughput is output tokens per second, first arrival "
+            "to last finish.",
+            "",
+            "| load | run | completed | short TTFT p50 | short TTFT p99 | long TTFT p99 | "
+            "long TPOT p99 | output tok/s | short p99 ratio | throughput ratio | "
+            "long TPOT p99 ratio |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key, rows in hol.items():
+            if not key.startswith("load_"):
+                continue
+            for label, v in rows.items():
+                lines.append(
+                    f"| {key[5:]} | {label} | {v['completed']} | {_fmt(v['short_ttft_p50_s'])} | "
+                    f"{_fmt(v['short_ttft_p99_s'])} | {_fmt(v['long_ttft_p99_s'])} | "
+                    f"{_fmt(v['long_tpot_p99_s'])} | {_fmt(v['output_tokens_per_s'])} | "
+                    f"{_fmt(v.get('short_ttft_p99_ratio'))} | "
+                    f"{_fmt(v.get('throughput_ratio'))} | "
+                    f"{_fmt(v.get('long_tpot_p99_ratio'))} |"
+                )
     lines += [
         "",
         "## Prefill/decode disaggregation against colocated serving",
@@ -353,5 +472,14 @@ def _markdown(r: dict[str, Any]) -> str:
         "mixed fleet (8 mixed + 4 + 4) has only half its nodes for whole requests; compare its "
         "cost-model choice with `never_split` on the same fleet (the pools then sit idle: "
         "mixed nodes serve every request) to see what the per-request choice is worth.",
+        "* `long_tail`: in overload the engines' own queues are where short requests lose: "
+        "every engine is full (256 sequences, KV near its limit, preempting), and a short "
+        "request waits behind everything sent before it. With the lane rules the router keeps "
+        "each engine's queue short (at most ~1 s of prefill) and queues the rest itself, short "
+        "requests first: short TTFT p99 drops, throughput rises (engines stop preempting) and "
+        "long requests decode faster once running. At a sustainable load the rules rarely "
+        "hold anything and change little. A lane of nodes for long prompts costs short "
+        "requests capacity on this workload (long prompts are a few percent of requests), so "
+        "it is off by default.",
     ]
     return "\n".join(lines) + "\n"
