@@ -135,6 +135,16 @@ PROM_DASHBOARD: tuple[PromPanel, ...] = (
         ),
     ),
     PromPanel(
+        "Lanes: requests in the router's queue, and queued / s by lane",
+        (
+            ("sum(kvgate_router_lane_queue_requests)", "in the queue now"),
+            (
+                "sum by (lane) (rate(kvgate_router_lane_holds_total" + RATE + "))",
+                "queued {{lane}} / s",
+            ),
+        ),
+    ),
+    PromPanel(
         "Disaggregated requests / s by prefill outcome",
         (
             (
@@ -222,7 +232,7 @@ def build_prometheus() -> dict[str, Any]:
         UID,
         "kvgate — router (Prometheus)",
         "The routers' live health from their /metrics: traffic, refusals, latencies, queues, "
-        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, "
+        "KV budget, cache share, fleet (drains, ejections, canaries), SLO classes, lanes, "
         "disaggregation, feed",
         ["kvgate", "prometheus"],
         [variable],

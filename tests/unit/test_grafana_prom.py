@@ -64,6 +64,7 @@ def test_every_query_names_exported_metrics() -> None:
     m.slo.labels("interactive", "met").inc()
     m.held.set(0)
     m.disaggregated.labels("ok").inc()
+    m.lane_holds.labels("long").inc()
     exported = set(re.findall(r"^(kvgate_[a-z_]+)", m.render().decode(), re.MULTILINE))
     for panel in PROM_DASHBOARD:
         for expr, _ in panel.exprs:
