@@ -66,11 +66,13 @@ class InflightLedger:
     ) -> None:
         """``expected_output``: the decode it is expected to do; ``long_blocks``: its KV blocks
         when it is a long request (router/lanes.py), else 0."""
+        prev = self._entries.get(request_id)
         self.finish(request_id)  # a re-dispatch replaces the entry
         self._entries[request_id] = _Entry(
             node, now, prefill_tokens, expected_output=expected_output, long_blocks=long_blocks
         )
-        self._recent.setdefault(node, deque()).append((now, request_id))
+        if prev is None or prev.node != node:  # counted once among the unreflected
+            self._recent.setdefault(node, deque()).append((now, request_id))
         self._backlog[node] = self._backlog.get(node, 0) + prefill_tokens
         if long_blocks:
             self._long_blocks[node] = self._long_blocks.get(node, 0) + long_blocks

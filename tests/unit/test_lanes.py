@@ -159,6 +159,9 @@ def test_the_ledger_counts_remaining_decode_long_kv_and_learns_each_nodes_tpot()
     led.dispatch("c", "m", 0.1, 10, expected_output=50, long_blocks=9)
     assert led.long_blocks("n") == 0 and led.long_blocks("m") == 9
     assert led.remaining_decode("n", 0.2) == 0 and led.remaining_decode("m", 0.2) == 50
+    # dispatched again on the same node (counted when the queue released it, then sent)
+    led.dispatch("c", "m", 0.2, 10, expected_output=50, long_blocks=9)
+    assert led.unreflected("m", 0.0) == 1 and led.long_blocks("m") == 9
 
 
 def test_the_cost_counts_the_kv_growth_of_decodes_still_ahead_of_a_node() -> None:
