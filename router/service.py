@@ -1305,26 +1305,13 @@ class RouterService:
             return rreq, decision, facts, 0.0
         start = time.time()
         limit = start + min(slo[1].ttft_s, self.gate.settings.lease_s / 2)
-        ids = {n.node_id for n in g.nodes}
         self.metrics.held.inc()
         self.metrics.holds.inc()
         try:
             while time.time() < limit:
                 await asyncio.sleep(self.settings.hold_poll_s)
-                now = time.time()
-                fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
-                rreq, decision, facts = self._route(
-                    request_id,
-                    p,
-                    fresh or g.nodes,
-                    g.block_size,
-                    now,
-                    g.verdict,
-                    advise=False,
-                    queue_weight=rreq.queue_weight,
-                    disaggregate=g.disaggregate,
-                    lanes=lanes,
-                    tenant=g.tenant.name,
+                _, (rreq, decision, facts) = self._route_again(
+                    request_id, p, g, rreq.queue_weight, lanes
                 )
                 chosen = decision.chosen_candidate
                 if chosen is None or not held(slo, chosen.components, rreq.queue_weight):
@@ -1334,6 +1321,29 @@ class RouterService:
         if decision.chosen is not None:
             self.fleet.detector.sent(decision.chosen, time.time())
         return rreq, decision, facts, time.time() - start
+
+    def _route_again(
+        self, request_id: str, p: ParsedRequest, g: Gated, queue_weight: float, lanes: bool
+    ) -> tuple[list[NodeView], tuple[RouteRequest, RouteDecision, LaneFacts]]:
+        """A waiting request routed again on the cluster as it is now (its candidates that
+        are still eligible, else the ones it had): the nodes used and the routing."""
+        now = time.time()
+        ids = {n.node_id for n in g.nodes}
+        fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
+        used = fresh or g.nodes
+        return used, self._route(
+            request_id,
+            p,
+            used,
+            g.block_size,
+            now,
+            g.verdict,
+            advise=False,
+            queue_weight=queue_weight,
+            disaggregate=g.disaggregate,
+            lanes=lanes,
+            tenant=g.tenant.name,
+        )
 
     async def _queued(
         self,
@@ -1356,25 +1366,10 @@ class RouterService:
         if not lanes.hold(best) or self.queue.full:
             return rreq, decision, facts, 0.0
         start = time.time()
-        ids = {n.node_id for n in g.nodes}
 
         def again(rules: bool) -> tuple[tuple[RouteRequest, RouteDecision, LaneFacts], bool]:
-            now = time.time()
-            fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
-            got = self._route(
-                request_id,
-                p,
-                fresh or g.nodes,
-                g.block_size,
-                now,
-                g.verdict,
-                advise=False,
-                queue_weight=rreq.queue_weight,
-                disaggregate=g.disaggregate,
-                lanes=rules,
-                tenant=g.tenant.name,
-            )
-            node = next((n for n in fresh or g.nodes if n.node_id == got[1].chosen), None)
+            used, got = self._route_again(request_id, p, g, rreq.queue_weight, rules)
+            node = next((n for n in used if n.node_id == got[1].chosen), None)
             return got, lanes.hold(node)
 
         def turn() -> tuple[RouteRequest, RouteDecision, LaneFacts] | None:
