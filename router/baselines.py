@@ -9,8 +9,20 @@ from __future__ import annotations
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
+
+
+class ActiveSequences(Protocol):
+    """What a router knows of its own requests in flight (router/ledger.py)."""
+
+    def active_blocks(self, node: str) -> int: ...
+
+    def active_requests(self, node: str) -> int: ...
+
+    def active_overlap(self, node: str, hashes: Sequence[int]) -> int: ...
+
 
 __all__ = ["DynamoCostPolicy", "LlmdWeightedPolicy", "SglangCacheAwarePolicy"]
 
@@ -115,16 +127,44 @@ class SglangCacheAwarePolicy(PolicyBase):
 
 
 class DynamoCostPolicy(PolicyBase):
-    """NVIDIA Dynamo's KV router cost (docs "KV Cache Aware Routing"): for each worker,
-    ``overlap_score_weight × prefill blocks + decode blocks``, lowest wins (temperature 0).
-    Prefill blocks: the request's blocks the worker does not hold; decode blocks: the KV blocks
-    active on the worker plus the request's. Default ``overlap_score_weight`` 1.0."""
+    """NVIDIA Dynamo's KV router, default worker selector (ai-dynamo/dynamo
+    ``lib/kv-router/src/scheduling/selector/default.rs``, ``DefaultWorkerScorer::worker_logit``;
+    inputs from ``selector/mod.rs``, ``WorkerSelectionInput::row``; defaults from
+    ``scheduling/config.rs``, ``impl Default for KvRouterConfig``; read at commit 07a6c9ce).
+
+    For each worker, lowest wins::
+
+        logit = prefill_load_scale · max(0, (active_prefill_tokens + prompt_tokens) / block_size
+                                            − overlap_score_credit · overlap_blocks)
+                + potential_decode_blocks + decode_active_request_weight · active_requests
+
+    Dynamo keeps its own account of the sequences it routed (``ActiveSequences``): updated at
+    dispatch, at the first token (prefill done) and at completion. ``active_prefill_tokens``: the
+    uncached prompt tokens of its requests on the worker that have no first token yet;
+    ``potential_decode_blocks``: the distinct prompt blocks of its requests in flight there, plus
+    the request's blocks not among them (``router_assume_kv_reuse`` on; output blocks not counted,
+    ``router_track_output_blocks`` off). kvgate's copy reads the same from the router's in-flight
+    ledger (``sequences``, attached by the host; router/ledger.py with ``track_blocks``); without
+    it (a host that has none) it falls back to the heartbeat's KV use plus unreflected
+    dispatches. Defaults: credit 1.0, credit decay 0 (off), prefill_load_scale 1.0,
+    decode_active_request_weight 0, temperature 0 (the minimum; ties at random, here a
+    per-request hash). Each router replica sees only its own traffic (``router_replica_sync``
+    off by default, as here)."""
 
     name = "dynamo_cost"
     weights_version = 0
+    wants_active_blocks = True  # the host attaches its in-flight ledger as ``sequences``
 
-    def __init__(self, overlap_score_weight: float = 1.0) -> None:
-        self.overlap_score_weight = overlap_score_weight
+    def __init__(
+        self,
+        overlap_score_credit: float = 1.0,
+        prefill_load_scale: float = 1.0,
+        decode_active_request_weight: float = 0.0,
+    ) -> None:
+        self.overlap_score_credit = overlap_score_credit
+        self.prefill_load_scale = prefill_load_scale
+        self.decode_active_request_weight = decode_active_request_weight
+        self.sequences: ActiveSequences | None = None
 
     def choose(
         self,
@@ -135,12 +175,25 @@ class DynamoCostPolicy(PolicyBase):
     ) -> RouteDecision:
         blocks = len(request.block_hashes)
         total = max(1, blocks)
+        seq = self.sequences
         cands = []
         for n in nodes:
             hit = matches.get(n.node_id, 0)
-            prefill = blocks - hit
-            decode = n.kv_blocks_used + blocks + n.pending * blocks
-            cost = self.overlap_score_weight * prefill + decode
+            bs = n.block_size
+            if seq is not None:
+                raw = (n.prefill_backlog_tokens + request.prompt_tokens) / bs
+                prefill = max(0.0, raw - self.overlap_score_credit * hit)
+                shared = seq.active_overlap(n.node_id, request.block_hashes)
+                decode = float(seq.active_blocks(n.node_id) + blocks - shared)
+            else:
+                prefill = float(blocks - hit)
+                decode = float(n.kv_blocks_used + blocks + n.pending * blocks)
+            active = n.running + n.pending if seq is None else seq.active_requests(n.node_id)
+            cost = (
+                self.prefill_load_scale * prefill
+                + decode
+                + self.decode_active_request_weight * active
+            )
             cands.append(
                 Candidate(
                     n.node_id,
@@ -150,7 +203,7 @@ class DynamoCostPolicy(PolicyBase):
                     n.kv_used_ratio,
                     n.queue_len,
                     n.healthy,
-                    {"prefill_blocks": float(prefill), "decode_blocks": float(decode)},
+                    {"prefill_blocks": prefill, "decode_blocks": decode},
                 )
             )
         best = max(cands, key=lambda c: (c.score, -_tiebreak(request, c.node_id)))

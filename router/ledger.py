@@ -11,13 +11,18 @@
   the KV growth, still ahead of the node. A request that ends early stops counting.
 * **Long requests' KV** (router/lanes.py): the blocks (prompt + expected output) of the long
   requests in flight on each node.
+* **Active blocks** (``track_blocks``; the ``dynamo_cost`` baseline): the distinct prompt blocks
+  of the requests in flight on each node, a block shared by several counted once — NVIDIA
+  Dynamo's active-sequence accounting with its defaults (``router_assume_kv_reuse`` on,
+  ``router_track_output_blocks`` off).
 
 Entries leave on ``finish`` (always called, whatever the outcome) or after ``horizon_s``.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["InflightLedger"]
@@ -36,11 +41,13 @@ class _Entry:
     expected_output: int = 0
     long_blocks: int = 0
     first_token_s: float | None = None
+    hashes: tuple[int, ...] = ()  # its prompt blocks (with track_blocks)
 
 
 @dataclass(slots=True)
 class InflightLedger:
     horizon_s: float = 600.0
+    track_blocks: bool = False
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _recent: dict[str, deque[tuple[float, str]]] = field(default_factory=dict)
     _backlog: dict[str, int] = field(default_factory=dict)
@@ -51,6 +58,8 @@ class InflightLedger:
     _expected: dict[str, int] = field(default_factory=dict)
     _decoding: dict[str, int] = field(default_factory=dict)
     _first_sum: dict[str, float] = field(default_factory=dict)
+    _blocks: dict[str, Counter[int]] = field(default_factory=dict)  # node -> block -> holders
+    _count: Counter[str] = field(default_factory=Counter)  # node -> requests in flight
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -63,16 +72,27 @@ class InflightLedger:
         prefill_tokens: int,
         expected_output: int = 0,
         long_blocks: int = 0,
+        hashes: Sequence[int] = (),
     ) -> None:
         """``expected_output``: the decode it is expected to do; ``long_blocks``: its KV blocks
-        when it is a long request (router/lanes.py), else 0."""
+        when it is a long request (router/lanes.py), else 0; ``hashes``: its prompt blocks
+        (kept with ``track_blocks``)."""
         prev = self._entries.get(request_id)
         self.finish(request_id)  # a re-dispatch replaces the entry
+        kept = tuple(hashes) if self.track_blocks else ()
         self._entries[request_id] = _Entry(
-            node, now, prefill_tokens, expected_output=expected_output, long_blocks=long_blocks
+            node,
+            now,
+            prefill_tokens,
+            expected_output=expected_output,
+            long_blocks=long_blocks,
+            hashes=kept,
         )
+        if kept:
+            self._blocks.setdefault(node, Counter()).update(kept)
         if prev is None or prev.node != node:  # counted once among the unreflected
             self._recent.setdefault(node, deque()).append((now, request_id))
+        self._count[node] += 1
         self._backlog[node] = self._backlog.get(node, 0) + prefill_tokens
         if long_blocks:
             self._long_blocks[node] = self._long_blocks.get(node, 0) + long_blocks
@@ -98,8 +118,15 @@ class InflightLedger:
         e = self._entries.pop(request_id, None)
         if e is None:
             return
+        self._count[e.node] -= 1
         if e.long_blocks:
             self._long_blocks[e.node] -= e.long_blocks
+        if e.hashes:
+            held = self._blocks[e.node]
+            held.subtract(e.hashes)
+            for h in e.hashes:
+                if h in held and held[h] <= 0:
+                    del held[h]
         if e.expected_output:
             self._expected[e.node] -= e.expected_output
         if e.first_token_s is not None:
@@ -109,6 +136,20 @@ class InflightLedger:
                 seen = (now - e.first_token_s) / (output_tokens - 1)
                 old = self._tpot.get(e.node, seen)
                 self._tpot[e.node] = old + TPOT_EWMA * (seen - old)
+
+    def active_blocks(self, node: str) -> int:
+        """Distinct prompt blocks of this router's requests on ``node`` (with track_blocks)."""
+        held = self._blocks.get(node)
+        return len(held) if held else 0
+
+    def active_requests(self, node: str) -> int:
+        """This router's requests in flight on ``node``."""
+        return self._count[node]
+
+    def active_overlap(self, node: str, hashes: Sequence[int]) -> int:
+        """How many of ``hashes`` are active on ``node`` (with track_blocks)."""
+        held = self._blocks.get(node)
+        return sum(1 for h in hashes if h in held) if held else 0
 
     def long_blocks(self, node: str) -> int:
         """KV blocks of this router's long requests on ``node``."""

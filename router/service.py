@@ -250,7 +250,9 @@ class RouterService:
         self.router_id = (
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
-        self.ledger = InflightLedger()
+        self.ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
+        if self.ledger.track_blocks:  # a policy with its own account of active sequences
+            policy.sequences = self.ledger  # type: ignore[attr-defined]
         self.lanes = Lanes(settings.lanes, settings.cost.prefill_tokens_per_s)
         self.queue: RouterQueue[tuple[RouteRequest, RouteDecision, LaneFacts]] = RouterQueue(
             settings.hold_poll_s, settings.lanes.max_waiting
@@ -1004,6 +1006,7 @@ class RouterService:
             uncached,
             facts.expected_output,
             facts.blocks,
+            rreq.block_hashes,
         )
         return uncached
 
@@ -1106,6 +1109,7 @@ class RouterService:
                     rreq.prompt_tokens,
                     facts.expected_output,
                     facts.blocks,
+                    rreq.block_hashes,
                 )
                 reroutes += 1
         finally:

@@ -248,7 +248,9 @@ def simulate(
     lane_queue: HoldQueue[tuple[int, float | None]] = HoldQueue()  # (request, admission wait)
     stats.setdefault("failed", 0)
     index = PrefixIndex()
-    ledger = InflightLedger()
+    ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
+    if ledger.track_blocks:  # a policy with its own account of active sequences (Dynamo's)
+        policy.sequences = ledger  # type: ignore[attr-defined]
     rng = random.Random(cfg.seed)
     lease = cfg.heartbeat_interval_s * 4
     events: list[tuple[float, int, str, object]] = []
@@ -422,6 +424,7 @@ def simulate(
             max(0, r.prompt_tokens - seen * trace.block_size),
             r.output_tokens,
             facts.blocks,
+            r.block_hashes,
         )
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once

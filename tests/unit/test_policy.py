@@ -156,6 +156,35 @@ def test_dynamo_cost_is_overlap_weighted_prefill_plus_decode_blocks() -> None:
     assert costs == {"a": 0 + 14, "b": 4 + 4} and d.chosen == "b"
 
 
+def test_dynamo_cost_counts_its_own_active_sequences_like_dynamo() -> None:
+    """With the router's in-flight ledger attached (as the live router and the simulator do):
+    prefill = (uncached prompt tokens of requests not past their first token + the prompt)
+    / block size − overlap; decode = distinct active prompt blocks + the request's blocks not
+    among them."""
+    from router.baselines import DynamoCostPolicy
+    from router.ledger import InflightLedger
+
+    p = DynamoCostPolicy()
+    led = InflightLedger(track_blocks=True)
+    p.sequences = led
+    # on a: one request still prefilling 32 tokens, sharing the request's first two blocks
+    led.dispatch("x", "a", NOW, 32, hashes=[1, 2, 7])
+    # on b: two finished prefills holding 6 distinct blocks
+    led.dispatch("y", "b", NOW, 48, hashes=[10, 11, 12])
+    led.dispatch("z", "b", NOW, 48, hashes=[13, 14, 15])
+    led.first_token("y", NOW)
+    led.first_token("z", NOW)
+    a = node("a", prefill_backlog_tokens=led.prefill_backlog("a"))
+    b = node("b", prefill_backlog_tokens=led.prefill_backlog("b"))
+    d = p.decide(REQ, [a, b], {"a": 2}, NOW)  # REQ: blocks [1, 2, 3, 4], 64 tokens
+    costs = {c.node_id: -c.score for c in d.candidates}
+    assert costs["a"] == (32 + 64) / 16 - 2 + (3 + 4 - 2)  # 4 + 5
+    assert costs["b"] == 64 / 16 + (6 + 4)  # 4 + 10
+    assert d.chosen == "a"
+    led.finish("x")
+    assert led.active_blocks("a") == 0 and led.active_requests("a") == 0
+
+
 def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
     from router.baselines import LlmdWeightedPolicy
 
