@@ -47,9 +47,10 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from admission.settings import SloClass
 from router.core import NodeView
 
-__all__ = ["HoldQueue", "LaneFacts", "LaneSettings", "Lanes", "lane_facts"]
+__all__ = ["HoldQueue", "LaneFacts", "LaneSettings", "Lanes", "lane_facts", "may_wait"]
 
 T = TypeVar("T")
 
@@ -119,6 +120,14 @@ def lane_facts(
     return LaneFacts(expected_output, long, long_prompt, blocks)
 
 
+def may_wait(cls: SloClass | None) -> bool:
+    """Whether a request of this SLO class may wait in the router's queue: one without a
+    class, or of a loose class (one its class holds too, ``hold_queue_s``). A class with a TTFT
+    target and no hold is served at once, under deadline-aware admission: queueing it behind
+    the lane rules would only have it refused as late."""
+    return cls is None or cls.hold_queue_s is not None
+
+
 def _rank(node_id: str) -> int:
     return zlib.crc32(b"lane|" + node_id.encode())
 
@@ -169,16 +178,18 @@ class Lanes:
         ranked = sorted(nodes, key=lambda n: _rank(n.node_id))
         return frozenset(n.node_id for n in ranked[:size])
 
-    def select(self, nodes: Sequence[NodeView], f: LaneFacts) -> list[NodeView]:
+    def select(
+        self, nodes: Sequence[NodeView], f: LaneFacts, strict: bool = True
+    ) -> list[NodeView]:
         """The nodes a request may use. A long request: the nodes where long requests stay
         within their KV share with it (a node without any always qualifies), on the lane for a
-        long prompt; none: it waits. A short request: the nodes off the lane while one of them
-        has room, else all."""
+        long prompt; none: it waits (``strict``) or may use every node. A short request: the
+        nodes off the lane while one of them has room, else all."""
         lane = self.lane(nodes)
         long_prompt, blocks = f.long_prompt, f.blocks
         if f.long:
             share = self.s.max_long_kv_share
-            return [
+            room = [
                 n
                 for n in nodes
                 if (not long_prompt or not lane or n.node_id in lane)
@@ -187,6 +198,7 @@ class Lanes:
                     or n.long_kv_blocks + blocks <= share * max(1, n.kv_blocks_total)
                 )
             ]
+            return room if room or strict else list(nodes)
         if not lane:
             return list(nodes)
         out = [n for n in nodes if n.node_id not in lane]

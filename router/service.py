@@ -59,7 +59,7 @@ from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
 from router.fleet import Fleet, Selection
 from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import LaneFacts, Lanes, lane_facts
+from router.lanes import LaneFacts, Lanes, lane_facts, may_wait
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.outlier import Failure
@@ -936,6 +936,7 @@ class RouterService:
             disaggregate=g.disaggregate,
             lanes=lanes,
             tenant=tenant.name,
+            lane_wait=may_wait(g.slo[1] if g.slo else None),
         )
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
         if g.slo is not None and verdict is not None and verdict.admitted:
@@ -943,7 +944,13 @@ class RouterService:
                 request_id, p, g, rreq, decision, facts, lanes
             )
             waited += held_s
-        if lanes and self.lanes.s.enabled and nodes and (verdict is None or verdict.admitted):
+        if (
+            lanes
+            and self.lanes.s.enabled
+            and nodes
+            and (verdict is None or verdict.admitted)
+            and may_wait(g.slo[1] if g.slo else None)
+        ):
             rreq, decision, facts, held_s = await self._queued(
                 request_id, p, g, rreq, decision, facts, started
             )
@@ -1140,10 +1147,12 @@ class RouterService:
         disaggregate: bool = False,
         lanes: bool = False,
         tenant: str = "",
+        lane_wait: bool = True,
     ) -> tuple[RouteRequest, RouteDecision, LaneFacts]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs); ``lanes``: under the lane rules
-        (router/lanes.py), with the request's facts for them."""
+        (router/lanes.py), with the request's facts for them; ``lane_wait``: the request may
+        wait in the router's queue (router/lanes.py ``may_wait``)."""
         adapter = p.model if p.model in self._adapter_base else None
         hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
         rreq = RouteRequest(
@@ -1166,8 +1175,8 @@ class RouterService:
             facts = lane_facts(
                 rreq.prompt_tokens, uncached, facts.expected_output, block_size, self.lanes.s
             )
-            if lanes:
-                nodes = self.lanes.select(nodes, facts)
+            if lanes:  # a request that may not wait uses every node rather than none
+                nodes = self.lanes.select(nodes, facts, strict=lane_wait)
         sel = self.fleet.select(nodes, p.session_id or request_id, now)
         if load_only:
             decision = self._load_policy.decide(rreq, sel.nodes, {}, now)
@@ -1347,6 +1356,7 @@ class RouterService:
             disaggregate=g.disaggregate,
             lanes=lanes,
             tenant=g.tenant.name,
+            lane_wait=may_wait(g.slo[1] if g.slo else None),
         )
 
     async def _queued(

@@ -31,7 +31,7 @@ from router.costpolicy import prefill_weight
 from router.disagg import decide_roles
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts
+from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts, may_wait
 from router.ledger import InflightLedger
 from router.placement import FREE, Placement
 from router.recent import RecentPrefills, merge_matches
@@ -362,9 +362,10 @@ def simulate(
             facts = lane_facts(
                 r.prompt_tokens, uncached, r.output_tokens, trace.block_size, lanes.s
             )
-            overdue = now - r.arrival_s >= lanes.s.hold_max_s
-            if not overdue:
-                placed = lanes.select(placed, facts)
+            waits = may_wait(slo[1] if slo else None)
+            overdue = now - r.arrival_s >= lanes.s.hold_max_s or not waits
+            if now - r.arrival_s < lanes.s.hold_max_s:
+                placed = lanes.select(placed, facts, strict=waits)
         sel = fleet.select(placed, r.session_id or rid, now)
         d = (
             decide_roles(

@@ -14,7 +14,7 @@ from analytics.sim.cluster import SimConfig, simulate
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import RouteRequest
 from router.costpolicy import CompletionCostPolicy
-from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts
+from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts, may_wait
 from router.ledger import TPOT_PRIOR_S, InflightLedger
 from router.policies import make_policy
 from router.routerqueue import RouterQueue, Waiting
@@ -66,6 +66,19 @@ def test_a_lane_takes_long_prompts_and_short_requests_keep_off_it_while_others_h
     # every node off the lane queued: short requests may use the lane
     busy = [replace(n, prefill_backlog_tokens=0 if n.node_id in grown else 50_000) for n in nodes]
     assert len(lanes.select(busy, LaneFacts(10))) == 8
+
+
+def test_tight_slo_classes_never_wait_and_are_never_left_without_a_node() -> None:
+    from admission.settings import DEFAULT_SLO_CLASSES
+
+    assert may_wait(None) and may_wait(DEFAULT_SLO_CLASSES["batch"])
+    assert not may_wait(DEFAULT_SLO_CLASSES["interactive"])
+    assert not may_wait(DEFAULT_SLO_CLASSES["standard"])
+    lanes = Lanes(S)
+    full = [node_view("a", kv_blocks_total=1000, long_kv_blocks=480)]
+    long = lane_facts(2000, 2000, 2000, 16, S)
+    assert lanes.select(full, long) == []  # it waits for room
+    assert [n.node_id for n in lanes.select(full, long, strict=False)] == ["a"]
 
 
 def test_requests_are_held_while_their_best_node_is_queued() -> None:
