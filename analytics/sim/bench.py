@@ -279,6 +279,10 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
         "`hit_bound_pooled_lru` what one LRU cache with the whole cluster's KV memory would "
         "reach.",
         "",
+        "The baselines are copies of peer routers' policies; docs/baselines.md says what each "
+        "source does, what the copy does, every difference, and how the copies' numbers moved "
+        "when they were re-read against their sources.",
+        "",
         "## Targets",
         "",
         "| target | workload | kvgate | reference | ratio | met |",
