@@ -51,15 +51,17 @@ async def test_failing_and_hanging_engines_are_ejected_and_a_healed_one_returns(
             statuses.append(await send(http, url, i))
     state: dict[str, Any] = await get(url, "/v1/kvgate/state")
     ejected = state["ejected"]
+    # ejected for its consecutive failures; on a slow machine the 40 requests can outlast the
+    # 4 s ejection, and the node is then ejected again by its failed probe
     assert ejected["broken"]["status"] == "ejected", ejected
-    assert ejected["broken"]["cause"] == "consecutive_5xx"
-    assert ejected["stuck"]["status"] == "ejected" and ejected["stuck"]["cause"] == (
-        "consecutive_timeout"
-    )
-    # the broken node's clients saw its three failures and no more; the stuck one's clients
-    # were re-routed (a timeout before any byte)
+    assert ejected["broken"]["cause"] in ("consecutive_5xx", "probe_5xx"), ejected
+    assert ejected["stuck"]["status"] == "ejected", ejected
+    assert ejected["stuck"]["cause"] in ("consecutive_timeout", "probe_timeout"), ejected
+    # the broken node's clients saw its three failures, plus one per failed probe, and no more;
+    # the stuck one's clients were re-routed (a timeout before any byte)
     failed = [s for s in statuses if s[0] != 200]
-    assert len(failed) <= 3 and all(node == "broken" for _, node in failed), failed
+    probes = ejected["broken"]["ejections"] - 1
+    assert len(failed) <= 3 + probes and all(node == "broken" for _, node in failed), failed
     # both healthy as far as their own metrics go: the agents keep them in the replica
     assert state["nodes"]["broken"]["healthy"] and state["nodes"]["stuck"]["healthy"]
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
