@@ -36,31 +36,48 @@ def _tiebreak(request: RouteRequest, node_id: str) -> int:
 
 
 class SglangCacheAwarePolicy(PolicyBase):
-    """SGLang model gateway, ``--policy cache_aware`` (sgl-router docs: cache_threshold 0.3,
-    balance_abs_threshold 64, balance_rel_threshold 1.5).
+    """SGLang model gateway, ``--policy cache_aware`` (sgl-project/sglang
+    ``sgl-router/src/policies/cache_aware.rs``, ``CacheAwarePolicy::select_worker``, read at
+    commit 026f853b; defaults of the router's command line: cache_threshold 0.3,
+    balance_abs_threshold 64, balance_rel_threshold 1.5, eviction every 120 s down to
+    max_tree_size 67,108,864 characters per worker).
 
-    The router keeps an *approximate* tree per worker of the prefixes it sent there (not the
-    engines' real caches), bounded per worker with LRU eviction. If the load is imbalanced —
-    max − min > abs threshold and max > rel threshold × min — the least-loaded worker gets the
-    request. Otherwise the worker with the highest prefix match ratio gets it when the ratio exceeds
-    ``cache_threshold``; else the worker with the smallest tree (most free cache).
+    The router keeps an *approximate* tree per worker of the prompts it sent there (not the
+    engines' real caches). Load is the router's own count of requests in flight per worker
+    (``Worker::load``). If the load is imbalanced — max − min > abs threshold and max > rel
+    threshold × min — the least-loaded worker gets the request (and the tree still learns it).
+    Otherwise the worker with the longest prefix match gets it when the matched share of the
+    prompt exceeds ``cache_threshold``; else the worker with the smallest tree.
+
+    kvgate's copy: the in-flight count comes from the router's ledger (``sequences``, attached
+    by the host; without one, heartbeat running + waiting + unreflected dispatches); the tree
+    holds block hashes instead of characters (the simulator has no text), bounded at
+    ``max_tree_blocks`` per worker (1,048,576 blocks of 16 tokens ≈ SGLang's 67 M characters
+    at 4 characters per token), evicted least recently used at once rather than every 120 s;
+    ties between equal matches go to a per-request hash.
     """
 
     name = "sglang_cache_aware"
     weights_version = 0
+    wants_sequences = True  # the host attaches its in-flight ledger as ``sequences``
 
     def __init__(
         self,
         cache_threshold: float = 0.3,
         balance_abs_threshold: int = 64,
         balance_rel_threshold: float = 1.5,
-        max_tree_blocks: int = 50_000,
+        max_tree_blocks: int = 1_048_576,
     ) -> None:
         self.cache_threshold = cache_threshold
         self.abs_threshold = balance_abs_threshold
         self.rel_threshold = balance_rel_threshold
         self.max_tree_blocks = max_tree_blocks
         self._trees: dict[str, OrderedDict[int, None]] = {}
+        self.sequences: ActiveSequences | None = None
+
+    def _load(self, n: NodeView) -> int:
+        seq = self.sequences
+        return _load(n) if seq is None else seq.active_requests(n.node_id)
 
     def _match(self, node: str, hashes: Sequence[int]) -> int:
         tree = self._trees.get(node)
@@ -100,14 +117,14 @@ class SglangCacheAwarePolicy(PolicyBase):
                 n.kv_used_ratio,
                 n.queue_len,
                 n.healthy,
-                {"load": float(_load(n))},
+                {"load": float(self._load(n))},
             )
             for n in nodes
         )
-        loads = [_load(n) for n in nodes]
+        loads = [self._load(n) for n in nodes]
         lo, hi = min(loads), max(loads)
         if hi - lo > self.abs_threshold and hi > self.rel_threshold * lo:
-            best = min(nodes, key=lambda n: (_load(n), _tiebreak(request, n.node_id)))
+            best = min(nodes, key=lambda n: (self._load(n), _tiebreak(request, n.node_id)))
             reason = "imbalanced_least_loaded"
         else:
             top = max(nodes, key=lambda n: (own[n.node_id], -_tiebreak(request, n.node_id)))
@@ -153,7 +170,8 @@ class DynamoCostPolicy(PolicyBase):
 
     name = "dynamo_cost"
     weights_version = 0
-    wants_active_blocks = True  # the host attaches its in-flight ledger as ``sequences``
+    wants_sequences = True  # the host attaches its in-flight ledger as ``sequences``…
+    wants_active_blocks = True  # … keeping each request's prompt blocks
 
     def __init__(
         self,

@@ -251,7 +251,7 @@ class RouterService:
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
         self.ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
-        if self.ledger.track_blocks:  # a policy with its own account of active sequences
+        if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
             policy.sequences = self.ledger  # type: ignore[attr-defined]
         self.lanes = Lanes(settings.lanes, settings.cost.prefill_tokens_per_s)
         self.queue: RouterQueue[tuple[RouteRequest, RouteDecision, LaneFacts]] = RouterQueue(

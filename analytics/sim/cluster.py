@@ -249,7 +249,7 @@ def simulate(
     stats.setdefault("failed", 0)
     index = PrefixIndex()
     ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
-    if ledger.track_blocks:  # a policy with its own account of active sequences (Dynamo's)
+    if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
         policy.sequences = ledger  # type: ignore[attr-defined]
     rng = random.Random(cfg.seed)
     lease = cfg.heartbeat_interval_s * 4

@@ -148,6 +148,24 @@ def test_sglang_cache_aware_follows_its_own_tree_until_load_is_imbalanced() -> N
     assert d.reason == "imbalanced_least_loaded" and d.chosen != first.chosen
 
 
+def test_sglang_cache_aware_balances_on_its_own_requests_in_flight() -> None:
+    """Attached to the router's ledger (as the live router and the simulator do), the load is
+    the router's own count per worker, not the heartbeat's."""
+    from router.baselines import SglangCacheAwarePolicy
+    from router.ledger import InflightLedger
+
+    p = SglangCacheAwarePolicy(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    led = InflightLedger()
+    p.sequences = led
+    for i in range(6):
+        led.dispatch(f"x{i}", "a", NOW, 16)
+    # the heartbeat says b is the busy one; the router's own count says a is
+    nodes = [node("a"), node("b", running=20)]
+    d = p.decide(REQ, nodes, {}, NOW)
+    assert d.reason == "imbalanced_least_loaded" and d.chosen == "b"
+    assert {c.node_id: c.components["load"] for c in d.candidates} == {"a": 6.0, "b": 0.0}
+
+
 def test_dynamo_cost_is_overlap_weighted_prefill_plus_decode_blocks() -> None:
     from router.baselines import DynamoCostPolicy
 
