@@ -231,18 +231,24 @@ class DynamoCostPolicy(PolicyBase):
 
 
 class LlmdWeightedPolicy(PolicyBase):
-    """llm-d inference scheduler: filter → weighted scorers → pick the highest total.
+    """llm-d inference scheduler, the "intelligent inference scheduling" well-lit path: filter →
+    weighted scorers → max-score picker (scorers from kubernetes-sigs/gateway-api-inference-
+    extension ``pkg/epp/scheduling/framework/plugins/scorer/queue.go`` and the KV-cache
+    utilisation scorer, read at commit 02308be3; weights of llm-d's guide profile:
+    prefix-cache-scorer 3, kv-cache-utilization-scorer 2, queue-scorer 2).
 
-    Scorers, each in [0, 1]: prefix cache (share of the request's blocks the endpoint holds),
-    queue (1 for the shortest queue, 0 for the longest, linear between), KV-cache utilisation
-    (1 − used ratio). Weights: prefix 3 and queue 2 are llm-d's documented default profile;
-    the KV-utilisation scorer, also one of llm-d's scorers, gets weight 1 here.
+    Scorers, each in [0, 1]: prefix cache (share of the request's blocks the endpoint holds,
+    from the KV-event index: the precise scorer), queue ((max − waiting) / (max − min) over the
+    candidates, 1 when all are equal: the scraped ``num_requests_waiting``), KV-cache
+    utilisation (1 − used ratio). Ties at random (here a per-request hash). The EPP scrapes
+    metrics every 50 ms; kvgate's heartbeats are 0.5 s apart, so the copy adds the router's
+    dispatches the heartbeat does not show yet to the waiting count.
     """
 
     name = "llmd_weighted"
     weights_version = 0
 
-    def __init__(self, prefix: float = 3.0, queue: float = 2.0, kv: float = 1.0) -> None:
+    def __init__(self, prefix: float = 3.0, queue: float = 2.0, kv: float = 2.0) -> None:
         self.w = (prefix, queue, kv)
 
     def choose(
@@ -253,7 +259,7 @@ class LlmdWeightedPolicy(PolicyBase):
         now: float,
     ) -> RouteDecision:
         total = max(1, len(request.block_hashes))
-        queues = [n.queue_len + n.running for n in nodes]
+        queues = [n.queue_len for n in nodes]  # waiting + unreflected dispatches
         qmin, qmax = min(queues), max(queues)
         cands = []
         for n, q in zip(nodes, queues, strict=True):

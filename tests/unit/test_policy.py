@@ -208,6 +208,6 @@ def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
 
     d = LlmdWeightedPolicy().decide(REQ, [node("a", waiting=4), node("b", used=50)], {"a": 4}, NOW)
     parts = {c.node_id: c.components for c in d.candidates}
-    assert parts["a"] == {"prefix": 3.0, "queue": 0.0, "kv": 1.0}
-    assert parts["b"] == {"prefix": 0.0, "queue": 2.0, "kv": 0.5}
+    assert parts["a"] == {"prefix": 3.0, "queue": 0.0, "kv": 2.0}
+    assert parts["b"] == {"prefix": 0.0, "queue": 2.0, "kv": 1.0}
     assert d.chosen == "a"
