@@ -179,6 +179,23 @@ class InflightLedger:
             q.popleft()
         return sum(1 for _, rid in q if rid in self._entries)
 
+    def router_state(self, node: str, heartbeat_ts: float, now: float) -> tuple[int, int, int, int]:
+        """What :meth:`router.core.NodeView.with_router_state` takes, in one pass (the decision's
+        per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
+        :meth:`remaining_decode`, :meth:`long_blocks`."""
+        pending = self.unreflected(node, heartbeat_ts)
+        backlog = self._backlog.get(node, 0)
+        expected = self._expected.get(node, 0)
+        remaining = 0
+        if expected:
+            k = self._decoding.get(node, 0)
+            if k:
+                done = k + (k * now - self._first_sum[node]) / self._tpot.get(node, TPOT_PRIOR_S)
+                remaining = max(0, int(expected - done))
+            else:
+                remaining = expected
+        return pending, backlog, remaining, self._long_blocks.get(node, 0)
+
     def prefill_backlog(self, node: str) -> int:
         """Uncached prompt tokens of this router's requests on ``node`` still awaiting prefill."""
         return self._backlog.get(node, 0)

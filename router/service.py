@@ -539,14 +539,7 @@ class RouterService:
                 view = replace(view, heartbeat_ts=now, kv_index_gap=0, kv_index_age_s=0.0)
                 if feed == "load_only":
                     view = replace(view, running=0, waiting=0)
-            out.append(
-                view.with_router_state(
-                    self.ledger.unreflected(hb.node_id, hb.ts),
-                    self.ledger.prefill_backlog(hb.node_id),
-                    self.ledger.remaining_decode(hb.node_id, now),
-                    self.ledger.long_blocks(hb.node_id),
-                )
-            )
+            out.append(view.with_router_state(*self.ledger.router_state(hb.node_id, hb.ts, now)))
         if adapters or self._adapter_base:  # a base model's name is never an adapter's
             bases = {hb.model for hb in self.replica.load.values()}
             self._adapter_base = {a: m for a, m in adapters.items() if a not in bases}

@@ -330,12 +330,7 @@ def simulate(
         r = trace.requests[idx]
         rid = f"r{idx}"
         views = [
-            n.view.with_router_state(
-                ledger.unreflected(n.node_id, n.view.heartbeat_ts),
-                ledger.prefill_backlog(n.node_id),
-                ledger.remaining_decode(n.node_id, now),
-                ledger.long_blocks(n.node_id),
-            )
+            n.view.with_router_state(*ledger.router_state(n.node_id, n.view.heartbeat_ts, now))
             for n in nodes
             if n.view is not None
         ]
