@@ -78,7 +78,11 @@ class RouterQueue(Generic[R]):
     def _attempt(self, w: Waiting[R]) -> bool:
         if w.future.done():  # gone: its client left or its deadline passed
             return True
-        got = w.retry()
+        try:
+            got = w.retry()
+        except Exception as exc:  # that request fails; the queue goes on for the others
+            w.future.set_exception(exc)
+            return True
         if got is None:
             return False
         w.future.set_result(got)

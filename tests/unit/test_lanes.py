@@ -148,6 +148,17 @@ def test_the_router_queue_wakes_waiters_in_order_and_drops_the_ones_that_left() 
         got = await asyncio.gather(*waiters)
         assert got == ["long", "short", None] and order == ["short", "long"]
         assert len(q) == 0
+
+        def broken() -> str | None:
+            raise ValueError("no route")
+
+        # a request whose re-routing fails gets the error; the ones behind it still go
+        failing = asyncio.create_task(q.wait(1.0, False, Waiting(broken), 5.0))
+        after = asyncio.create_task(q.wait(2.0, False, retry("after"), 5.0))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ValueError, match="no route"):
+            await failing
+        assert await after == "after"
         await q.stop()
 
     asyncio.run(run())
