@@ -120,8 +120,15 @@ class RouterSettings(BaseModel):
         "sglang_cache_aware",
         "dynamo_cost",
         "llmd_weighted",
+        "vllm_prefix_aware",
+        "vllm_kv_aware",
         "kvgate",
     ] = "kvgate"
+    policy_params: dict[str, float] = Field(
+        default_factory=dict,
+        description="a peer policy's own parameters (docs/baselines.md), e.g. dynamo_cost's "
+        "overlap_score_credit; kvgate's weights live in `cost`",
+    )
     weights: SeedWeights = SeedWeights()
     cost: CostWeights = CostWeights()
     prewarm: bool = Field(

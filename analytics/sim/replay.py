@@ -88,6 +88,7 @@ def replay_trace(
         {
             "trace": trace.name,
             "policy": settings.policy,
+            **({"policy_params": dict(settings.policy_params)} if settings.policy_params else {}),
             "nodes": nodes,
             "load": load,
             "capacity_rps": cap,

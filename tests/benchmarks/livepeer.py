@@ -1,15 +1,22 @@
 """kvgate's live router next to SGLang's model gateway, in front of the same simulated engines.
 
     pip install -e '.[peer]'    # sglang-router (the Rust gateway, from PyPI)
-    python -m tests.benchmarks.livepeer [--engines 4] [--rps 20] [--duration 40] [--bots 40]
+    python -m tests.benchmarks.livepeer [--workloads easy,loaded] [--engines 4]
 
 Both routers get the same support-bot workload (``analytics.workloads.shared_prompt_chat``:
-many long system prompts shared by short user turns, streamed answers), one after the other, with
-the engines' prefix caches reset in between. Engines are small (``--num-gpu-blocks``) so that
+long system prompts shared by short user turns, streamed answers), one after the other, with
+the engines' prefix caches reset in between. Engines are small (``num_gpu_blocks``) so that
 the system prompts do not all fit on every engine: where a request goes decides whether its
-prefix is cached. Measured at the client: TTFT p50/p99, end-to-end p99, throughput, errors;
-measured at the engines (vLLM's prefix-cache counters): the hit rate. Needs the Kafka that
-``kvgate infra start`` runs. Writes ``docs/benchmarks/livepeer.json`` and ``livepeer.md``.
+prefix is cached. Two workloads (:data:`WORKLOADS`), each on its own fresh set of engines:
+
+* ``easy``: 40 prompts of ~600 words at 20 req/s on full-speed engines; both routers keep up.
+* ``loaded``: fewer, longer prompts (~1,500 words) on engines with a slow prefill, at a rate
+  near what the engines sustain when every prompt hits: a miss costs a long prefill, so where
+  routing sends a request shows in the latency and in how much the engines keep up.
+
+Measured at the client: TTFT p50/p99, end-to-end p99, throughput, errors; measured at the
+engines (vLLM's prefix-cache counters): the hit rate. Needs the Kafka that ``kvgate infra
+start`` runs. Writes ``docs/benchmarks/livepeer.json`` and ``livepeer.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,31 @@ from deploy.procs import Supervisor, free_port
 
 OUT = Path("docs/benchmarks")
 MODEL = "llama-3.1-8b"
+
+
+@dataclass(frozen=True)
+class Workload:
+    rps: float
+    duration_s: float
+    bots: int
+    system_words: int
+    num_gpu_blocks: int
+    prefill_tokens_per_s: float | None  # None: the engine profile's (25,000 tokens/s)
+    about: str
+
+
+WORKLOADS = {
+    "easy": Workload(20.0, 40.0, 40, 600, 1200, None, "full-speed engines, both routers keep up"),
+    "loaded": Workload(
+        30.0,
+        60.0,
+        16,
+        1500,
+        1200,
+        1000.0,
+        "slow prefill: a miss costs ~2 s of an engine; near saturation even when prompts hit",
+    ),
+}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -95,15 +128,10 @@ async def one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> di
     return {"ok": ttft is not None, "ttft_s": ttft, "e2e_s": time.perf_counter() - started}
 
 
-async def drive(url: str, engines: list[str], args: argparse.Namespace) -> dict[str, Any]:
+async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[str, Any]:
     specs = list(
         shared_prompt_chat(
-            MODEL,
-            args.rps,
-            args.duration,
-            bots=args.bots,
-            system_words=args.system_words,
-            seed=args.seed,
+            MODEL, w.rps, w.duration_s, bots=w.bots, system_words=w.system_words, seed=seed
         )
     )
     connector = aiohttp.TCPConnector(limit=0)
@@ -136,11 +164,7 @@ async def drive(url: str, engines: list[str], args: argparse.Namespace) -> dict[
     }
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        import sglang_router  # noqa: F401
-    except ImportError:
-        sys.exit("sglang-router is not installed: pip install -e '.[peer]'")
+async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
     namespace = f"peer{uuid.uuid4().hex[:8]}"
     sup = Supervisor(
         Path(tempfile.mkdtemp(prefix="kvgate-peer-")),
@@ -152,8 +176,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         },
     )
     try:
+        speed = (
+            {"KVGATE_ENGINE__PROFILE__PREFILL_TOKENS_PER_S": str(w.prefill_tokens_per_s)}
+            if w.prefill_tokens_per_s
+            else {}
+        )
         engines = [
-            sup.spawn_node(f"node-{i}", num_gpu_blocks=args.num_gpu_blocks)
+            sup.spawn_node(f"node-{i}", num_gpu_blocks=w.num_gpu_blocks, engine_env=speed)
             for i in range(args.engines)
         ]
         for url in engines:
@@ -184,7 +213,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(2.0)  # every agent has sent a few heartbeats
         runs: dict[str, Any] = {}
         for name, url in (("sglang_router_cache_aware", sglang), ("kvgate", kvgate)):
-            runs[name] = await drive(url, engines, args)
+            runs[name] = await drive(url, engines, w, args.seed)
             print(name, json.dumps(runs[name]), flush=True)
         return runs
     finally:
@@ -204,22 +233,41 @@ def report_header(module: str) -> dict[str, Any]:
     }
 
 
-def write(args: argparse.Namespace, runs: dict[str, Any]) -> None:
+def write(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
     report = {
         **report_header("tests.benchmarks.livepeer"),
         "engines": args.engines,
-        "num_gpu_blocks": args.num_gpu_blocks,
-        "rps": args.rps,
-        "duration_s": args.duration,
-        "bots": args.bots,
-        "runs": runs,
+        "workloads": {
+            name: {**asdict(WORKLOADS[name]), "runs": runs} for name, runs in results.items()
+        },
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "livepeer.json").write_text(json.dumps(report, indent=2) + "\n")
     keys = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "throughput_rps", "errors")
-    rows = "\n".join(
-        f"| {name} | " + " | ".join(_fmt(r.get(k)) for k in keys) + " |" for name, r in runs.items()
-    )
+    parts = []
+    for name, runs in results.items():
+        w = WORKLOADS[name]
+        rows = "\n".join(
+            f"| {router} | " + " | ".join(_fmt(r.get(k)) for k in keys) + " |"
+            for router, r in runs.items()
+        )
+        speed = (
+            f"prefill {w.prefill_tokens_per_s:,.0f} tokens/s"
+            if w.prefill_tokens_per_s
+            else "the profile's prefill speed"
+        )
+        parts.append(
+            f"""## {name}: {w.about}
+
+{w.rps} req/s for {w.duration_s} s of support-bot chat ({w.bots} system prompts of
+~{w.system_words} words, streamed answers); engines with {w.num_gpu_blocks} KV blocks of 16
+tokens and {speed}.
+
+| router | {" | ".join(keys)} |
+|---|{"---:|" * len(keys)}
+{rows}
+"""
+        )
     (OUT / "livepeer.md").write_text(
         f"""# Live: kvgate's router next to SGLang's model gateway
 
@@ -227,16 +275,12 @@ Command: `{report["command"]}`
 
 Machine: {report["machine"]}; date {report["date"]}; sglang-router
 {report["sglang_router_version"]} (`--policy cache_aware`, its defaults). {args.engines}
-simulated engines with {args.num_gpu_blocks} KV blocks of 16 tokens each, the same engines
-for both routers (prefix caches reset in between); {args.rps} req/s for {args.duration} s of
-support-bot chat ({args.bots} system prompts of ~{args.system_words} words, streamed answers).
-Everything — engines, agents, Kafka, the Faust worker, both routers and the client — shares the
-machine's cores, so absolute latencies carry that noise; compare the two rows.
+simulated engines per workload, the same engines for both routers (prefix caches reset in
+between). Everything — engines, agents, Kafka, the Faust worker, both routers and the client —
+shares the machine's cores, so absolute latencies carry that noise; compare the rows.
 
-| router | {" | ".join(keys)} |
-|---|{"---:|" * len(keys)}
-{rows}
 """
+        + "\n".join(parts)
     )
 
 
@@ -246,16 +290,21 @@ def _fmt(v: Any) -> str:
 
 def cli() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--engines", type=int, default=4)
-    ap.add_argument("--num-gpu-blocks", type=int, default=1200)
-    ap.add_argument("--rps", type=float, default=20.0)
-    ap.add_argument("--duration", type=float, default=40.0)
-    ap.add_argument("--bots", type=int, default=40)
-    ap.add_argument("--system-words", type=int, default=600)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
-    runs = asyncio.run(main(args))
-    write(args, runs)
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        sys.exit("sglang-router is not installed: pip install -e '.[peer]'")
+    results = {}
+    for name in args.workloads.split(","):
+        if name not in WORKLOADS:
+            sys.exit(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+        print(f"workload {name}", flush=True)
+        results[name] = asyncio.run(main(args, WORKLOADS[name]))
+    write(args, results)
 
 
 if __name__ == "__main__":

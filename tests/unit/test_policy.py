@@ -211,3 +211,76 @@ def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
     assert parts["a"] == {"prefix": 3.0, "queue": 0.0, "kv": 2.0}
     assert parts["b"] == {"prefix": 0.0, "queue": 2.0, "kv": 1.0}
     assert d.chosen == "a"
+
+
+def test_vllm_prefix_aware_follows_its_trie_and_ignores_load() -> None:
+    from router.baselines import VllmStackPrefixAwarePolicy
+
+    p = VllmStackPrefixAwarePolicy()
+    nodes = [node("a"), node("b"), node("c")]
+    first = p.decide(REQ, nodes, {}, NOW)
+    assert first.reason == "random"
+    # every later request sharing the first block goes where the trie says, however busy
+    busy = [node(n.node_id, running=50 if n.node_id == first.chosen else 0) for n in nodes]
+    for i in range(5):
+        d = p.decide(RouteRequest(f"r{i}", "m", [1, 2, 30 + i], 48, 16), busy, {}, NOW)
+        assert d.chosen == first.chosen and d.reason == "prefix_hit"
+    # the matched endpoint gone: the deepest match among the available ones (none: random)
+    rest = [n for n in nodes if n.node_id != first.chosen]
+    d = p.decide(RouteRequest("r9", "m", [1, 2, 3], 48, 16), rest, {}, NOW)
+    assert d.chosen != first.chosen and d.reason == "random"
+
+
+def test_vllm_prefix_aware_below_min_match_goes_to_lowest_routed_qps() -> None:
+    from router.baselines import VllmStackPrefixAwarePolicy
+
+    p = VllmStackPrefixAwarePolicy(min_match_blocks=3)
+    nodes = [node("a"), node("b")]
+    chosen = [
+        p.decide(RouteRequest(f"r{i}", "m", [i], 16, 16), nodes, {}, NOW).chosen for i in (1, 2)
+    ]
+    assert chosen == ["a", "b"]  # an endpoint never sent to first, then the lowest rate
+    # requests older than the 60 s window no longer count
+    d = p.decide(RouteRequest("r3", "m", [3], 16, 16), nodes, {}, NOW + 61)
+    assert d.reason == "lowest_qps" and d.chosen == "a"
+
+
+def test_vllm_kv_aware_uses_the_index_within_its_threshold_else_session_or_qps() -> None:
+    from router.baselines import VllmStackKvAwarePolicy
+
+    p = VllmStackKvAwarePolicy(kv_aware_threshold=32)  # tokens
+    nodes = [node("a"), node("b"), node("c")]
+    long = RouteRequest("r1", "m", list(range(8)), 128, 16)  # 8 blocks of 16 tokens
+    d = p.decide(long, nodes, {"b": 6}, NOW)  # 96 cached ≥ 128 − 32
+    assert d.chosen == "b" and d.reason == "prefix_hit"
+    d = p.decide(long, nodes, {"b": 5}, NOW)  # 80 < 96: not enough
+    assert d.reason == "lowest_qps" and d.chosen == "a"  # a was never sent to
+    s1 = RouteRequest("r2", "m", list(range(8)), 128, 16, session_id="s1")
+    homes = {p.decide(s1, nodes, {"b": 1}, NOW + i).chosen for i in range(3)}
+    assert len(homes) == 1 and p.decide(s1, nodes, {}, NOW).reason == "session"
+
+
+def test_policy_params_reach_the_peer_and_are_checked() -> None:
+    import pytest
+
+    from router.policies import TUNING_GRID, grid_points, make_policy
+    from router.settings import RouterSettings
+
+    p = make_policy(RouterSettings(policy="llmd_weighted", policy_params={"prefix": 5.0}))
+    assert p.w == (5.0, 2.0, 2.0)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="bad policy_params"):
+        make_policy(RouterSettings(policy="dynamo_cost", policy_params={"temperature": 1.0}))
+    with pytest.raises(ValueError, match="takes no policy_params"):
+        make_policy(RouterSettings(policy="kvgate", policy_params={"hit": 1.0}))
+    for name in TUNING_GRID:  # the grid's first point is the peer's default, and builds
+        points = grid_points(name)
+        assert len(points) == len({tuple(sorted(x.items())) for x in points})
+        for params in points:
+            make_policy(RouterSettings(policy=name, policy_params=params))
+        default = make_policy(RouterSettings(policy=name))
+        tuned = make_policy(RouterSettings(policy=name, policy_params=points[0]))
+
+        def plain(p: object) -> dict[str, object]:
+            return {k: v for k, v in vars(p).items() if isinstance(v, int | float | tuple)}
+
+        assert plain(default) == plain(tuned) and plain(default)
