@@ -51,6 +51,7 @@ class NodeView:
     kv_link_gbps: float | None = None  # its KV transfer bandwidth (None: the router's default)
     decode_backlog_tokens: int = 0  # output this router's requests there are still to produce
     long_kv_blocks: int = 0  # KV blocks of this router's long requests there (router/lanes.py)
+    prefill_tokens_per_s: float = 0.0  # its prefill rate as this router saw it (0: unknown)
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -78,6 +79,7 @@ class NodeView:
         prefill_backlog_tokens: int,
         decode_backlog_tokens: int = 0,
         long_kv_blocks: int = 0,
+        prefill_tokens_per_s: float = 0.0,
     ) -> NodeView:
         """This view plus the router's own in-flight work on the node."""
         if (
@@ -85,6 +87,7 @@ class NodeView:
             and prefill_backlog_tokens == self.prefill_backlog_tokens
             and decode_backlog_tokens == self.decode_backlog_tokens
             and long_kv_blocks == self.long_kv_blocks
+            and prefill_tokens_per_s == self.prefill_tokens_per_s
         ):
             return self
         return NodeView(
@@ -114,6 +117,7 @@ class NodeView:
             self.kv_link_gbps,
             decode_backlog_tokens,
             long_kv_blocks,
+            prefill_tokens_per_s,
         )
 
 

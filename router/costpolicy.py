@@ -1,7 +1,8 @@
 """kvgate's default policy: route on the expected completion cost of the request, in seconds.
 
 For every eligible node the policy estimates, from that node's performance model (the weights
-below, calibrated to the engine's observed prefill and decode rates):
+below; the prefill rate is the one this router observed on the node, router/ledger.py, once it
+has seen a few prefills there, else ``prefill_tokens_per_s``):
 
 * ``queue_s`` — prefill already queued there: this router's own dispatches awaiting their first
   token (exact), or the node's waiting requests × the average uncached prompt (other routers);
@@ -24,7 +25,8 @@ below, calibrated to the engine's observed prefill and decode rates):
 
 Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
 noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
-The cheapest node wins. A node over its KV or queue limit is only chosen when every node is; when
+The cheapest node wins. A node over its queue limit, or where the request's new blocks do not fit
+under its KV limit, is only chosen when every node is; when
 the node holding the longest prefix is not chosen, the reason says why (``overload_fallback``
 when it is over its limits, ``spread`` when load made another node cheaper).
 """
@@ -110,7 +112,8 @@ class CompletionCostPolicy(PolicyBase):
         conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s)
         hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
         uncached = request.prompt_tokens - hit_tokens
-        prefill_s = uncached / w.prefill_tokens_per_s
+        rate = n.prefill_tokens_per_s or w.prefill_tokens_per_s  # learned, else configured
+        prefill_s = uncached / rate
         queued = max(float(n.prefill_backlog_tokens), (s.waiting + n.pending) * self._avg_uncached)
         batch = s.running + n.pending + 1
         context = s.kv_used * bs + request.prompt_tokens
@@ -119,7 +122,7 @@ class CompletionCostPolicy(PolicyBase):
         growth = n.decode_backlog_tokens / bs
         after = (s.kv_used + growth + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
         return {
-            "queue_s": queued / w.prefill_tokens_per_s * request.queue_weight,
+            "queue_s": queued / rate * request.queue_weight,
             "prefill_s": prefill_s * w.prefill_weight,
             "decode_s": min(request.max_tokens, w.decode_horizon_tokens) * tpot_s,
             "stall_s": prefill_s * s.running * w.interference,
@@ -137,8 +140,8 @@ class CompletionCostPolicy(PolicyBase):
         smooth = self._smooth
         smoothed = self._smoothed
         prompt = request.prompt_tokens
-        inv_rate = 1.0 / w.prefill_tokens_per_s
-        queue_rate = inv_rate * request.queue_weight
+        default_inv_rate = 1.0 / w.prefill_tokens_per_s
+        queue_weight = request.queue_weight
         prefill_weight, interference = w.prefill_weight, w.interference
         grace, tau = w.stale_grace_s, w.stale_tau_s
         horizon = min(request.max_tokens, w.decode_horizon_tokens)
@@ -158,12 +161,14 @@ class CompletionCostPolicy(PolicyBase):
                 hit_tokens = min(max(0, prompt - 1), hit * bs) * (
                     index_confidence(n, grace, tau) if n.kv_index_gap > 0 else 1.0
                 )
+            learned = n.prefill_tokens_per_s
+            inv_rate = 1.0 / learned if learned else default_inv_rate
             prefill_s = (prompt - hit_tokens) * inv_rate
             running = s.running
             backlog = n.prefill_backlog_tokens
             waiting_tokens = (s.waiting + n.pending) * avg_uncached
             out = (
-                (backlog if backlog > waiting_tokens else waiting_tokens) * queue_rate
+                (backlog if backlog > waiting_tokens else waiting_tokens) * inv_rate * queue_weight
                 + prefill_s * (prefill_weight + running * interference)
                 + horizon
                 * (
@@ -187,8 +192,21 @@ class CompletionCostPolicy(PolicyBase):
 
         return total
 
-    def _over(self, n: NodeView) -> bool:
-        return n.kv_used_ratio >= self.max_kv_used_ratio or n.queue_len > self.max_queue
+    def _over(self, n: NodeView, prompt_tokens: int, hit: int) -> bool:
+        """Over its limits for this request: more than ``max_queue`` waiting, or the request's
+        new prompt blocks (what it does not hit there) do not fit under ``max_kv_used_ratio`` of
+        the node's KV. A hit needs few new blocks: a node whose running requests fill its KV
+        still takes the requests that share their prefix (the engine schedules them as blocks
+        free), where a ratio test would send them to a node that must prefill the whole prompt
+        and evict for it — the miss that fills that node next."""
+        if n.queue_len > self.max_queue:
+            return True
+        total = n.kv_blocks_total
+        if total <= 0:
+            return n.kv_used_ratio >= self.max_kv_used_ratio
+        bs = n.block_size
+        new = -(-max(1, prompt_tokens - hit * bs) // bs)
+        return n.kv_blocks_used + new > self.max_kv_used_ratio * total
 
     def _candidate(
         self, request: RouteRequest, n: NodeView, hit: int, home: str | None, total: int
@@ -222,7 +240,11 @@ class CompletionCostPolicy(PolicyBase):
         mget = matches.get
         scored = [(score(n, mget(n.node_id, 0)), (i + rot) % count, i) for i, n in enumerate(nodes)]
         scored.sort()
-        over = self._over
+        prompt = request.prompt_tokens
+
+        def over(n: NodeView) -> bool:
+            return self._over(n, prompt, mget(n.node_id, 0))
+
         best_i = next((i for _, _, i in scored if not over(nodes[i])), None)
         longest_node = max(matches, key=mget, default=None)  # type: ignore[arg-type]
         longest = mget(longest_node, 0) if longest_node is not None else 0

@@ -50,7 +50,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from admission.settings import SloClass
 from router.core import NodeView
 
-__all__ = ["HoldQueue", "LaneFacts", "LaneSettings", "Lanes", "lane_facts", "may_wait"]
+__all__ = [
+    "UNKNOWN",
+    "HoldQueue",
+    "LaneFacts",
+    "LaneSettings",
+    "Lanes",
+    "lane_facts",
+    "may_wait",
+]
 
 T = TypeVar("T")
 
@@ -163,7 +171,8 @@ class Lanes:
         """Prefill queued on ``n``, in seconds: this router's exact backlog, or the requests
         waiting there at the average prompt (other routers' too), whichever is more."""
         waiting = (n.waiting + n.pending) * self._avg_prompt
-        return max(float(n.prefill_backlog_tokens), waiting) / self.prefill_tokens_per_s
+        rate = n.prefill_tokens_per_s or self.prefill_tokens_per_s  # learned, else configured
+        return max(float(n.prefill_backlog_tokens), waiting) / rate
 
     def lane(self, nodes: Sequence[NodeView]) -> frozenset[str]:
         """The nodes that prefill long prompts now (none without ``lane``)."""
@@ -218,35 +227,59 @@ class Lanes:
         return arrival_s + (self.s.long_yield_s if long else 0.0)
 
 
+UNKNOWN = ""  # what a held request names as its blocker when it cannot tell
+
+
 class HoldQueue(Generic[T]):
     """The requests waiting in the router, smallest :meth:`Lanes.key` first."""
 
-    def __init__(self, max_blocked_long: int = 8) -> None:
-        self._heap: list[tuple[float, int, bool, T]] = []
+    def __init__(self, max_blocked_long: int = 8, max_failed: int = 64) -> None:
+        # (key, tie, long, item, the node that held it back last time: UNKNOWN when none)
+        self._heap: list[tuple[float, int, bool, T, str]] = []
         self._tie = itertools.count()
         self.max_blocked_long = max_blocked_long
+        self.max_failed = max_failed
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push(self, key: float, long: bool, item: T) -> None:
-        heapq.heappush(self._heap, (key, next(self._tie), long, item))
+    def push(self, key: float, long: bool, item: T, blocker: str = UNKNOWN) -> None:
+        heapq.heappush(self._heap, (key, next(self._tie), long, item, blocker))
 
-    def release(self, attempt: Callable[[T], bool]) -> int:
-        """Offer the waiting requests a place in order: ``attempt`` sends one and returns True,
-        or returns False when it must keep waiting. The round stops at the first short request
-        that must wait (the ones behind it would too); a long one that must wait (no node has
-        long-request room) is passed over, up to ``max_blocked_long``. Returns how many went."""
-        kept: list[tuple[float, int, bool, T]] = []
-        sent = 0
+    def release(self, attempt: Callable[[T], str | None]) -> int:
+        """Offer the waiting requests a place in order. ``attempt`` sends one and returns None,
+        or returns the node that holds it back (its best node, queued; :data:`UNKNOWN` when it
+        cannot tell). A queued node holds back only the requests that want it: a short request
+        held by a node already found queued in this round is passed over without routing it
+        again, the ones behind it whose best node has room go (requests with prefix affinity
+        want different nodes; stopping at the first held one would leave idle engines behind a
+        busy one). A round stops at a short request held for an unknown reason (the ones behind
+        it would be too), after ``max_blocked_long`` long ones held (no node has long-request
+        room), or after ``max_failed`` attempts that did not send. Returns how many went."""
+        kept: list[tuple[float, int, bool, T, str]] = []
+        busy: set[str] = set()
+        sent = blocked_long = failed = 0
         heap = self._heap
         while heap:
-            entry = heapq.heappop(heap)
-            if attempt(entry[3]):
+            key, tie, long, item, blocker = heapq.heappop(heap)
+            if not long and blocker != UNKNOWN and blocker in busy:
+                kept.append((key, tie, long, item, blocker))
+                continue
+            got = attempt(item)
+            if got is None:
                 sent += 1
                 continue
-            kept.append(entry)
-            if not entry[2] or len(kept) >= self.max_blocked_long:
+            kept.append((key, tie, long, item, got))
+            failed += 1
+            if long:
+                blocked_long += 1
+                if blocked_long >= self.max_blocked_long:
+                    break
+            elif got == UNKNOWN:
+                break
+            else:
+                busy.add(got)
+            if failed >= self.max_failed:
                 break
         for entry in kept:
             heapq.heappush(heap, entry)

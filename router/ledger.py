@@ -9,6 +9,13 @@
   answers have been) minus what it has produced since its first token, at the node's observed
   time per output token (learned from this router's finished requests there): the decode, and
   the KV growth, still ahead of the node. A request that ends early stops counting.
+* **Prefill rate.** A streamed request's first token comes back once the node prefilled the
+  backlog this router had queued there before it and its own uncached prompt: that work over
+  the time it took is a sample of the node's prefill rate (work under ``PREFILL_MIN_WORK``
+  tokens is dominated by the decode step and the network, and teaches nothing). Learned per
+  node, so the cost of a miss is in the node's real seconds: an engine 10× slower than the
+  configured ``cost.prefill_tokens_per_s`` makes misses 10× costlier, and a router that kept
+  the configured rate would spread prompts onto nodes that must prefill them.
 * **Long requests' KV** (router/lanes.py): the blocks (prompt + expected output) of the long
   requests in flight on each node.
 * **Active blocks** (``track_blocks``; the ``dynamo_cost`` baseline): the distinct prompt blocks
@@ -30,6 +37,10 @@ __all__ = ["InflightLedger"]
 
 TPOT_PRIOR_S = 0.03  # a node's time per output token until one of its requests finished
 TPOT_EWMA = 0.1
+PREFILL_MIN_WORK = 512  # prompt tokens (own + queued ahead) for a prefill-rate sample
+PREFILL_MIN_SAMPLES = 3  # before the node's learned prefill rate is used
+PREFILL_EWMA = 0.2
+PREFILL_SPREAD = 1.3  # a node's learned rate counts on its own beyond this factor of the mean
 
 
 @dataclass(slots=True)
@@ -42,6 +53,7 @@ class _Entry:
     long_blocks: int = 0
     first_token_s: float | None = None
     hashes: tuple[int, ...] = ()  # its prompt blocks (with track_blocks)
+    ahead: int = 0  # this router's prefill backlog on the node when it was dispatched
 
 
 @dataclass(slots=True)
@@ -53,6 +65,10 @@ class InflightLedger:
     _backlog: dict[str, int] = field(default_factory=dict)
     _long_blocks: dict[str, int] = field(default_factory=dict)
     _tpot: dict[str, float] = field(default_factory=dict)  # node -> observed s per output token
+    _prefill_rate: dict[str, float] = field(default_factory=dict)  # node -> prompt tokens/s
+    _prefill_samples: Counter[str] = field(default_factory=Counter)
+    _rates_known: int = 0  # nodes with a learned prefill rate, and the sum of their rates
+    _rates_sum: float = 0.0
     # per node: expected output of every request in flight; decoding requests and the sum of
     # their first-token times (the decode they did so far is (count · now − sum) / tpot)
     _expected: dict[str, int] = field(default_factory=dict)
@@ -87,6 +103,7 @@ class InflightLedger:
             expected_output=expected_output,
             long_blocks=long_blocks,
             hashes=kept,
+            ahead=self._backlog.get(node, 0),
         )
         if kept:
             self._blocks.setdefault(node, Counter()).update(kept)
@@ -99,11 +116,31 @@ class InflightLedger:
         if expected_output:
             self._expected[node] = self._expected.get(node, 0) + expected_output
 
-    def first_token(self, request_id: str, now: float | None = None) -> None:
+    def first_token(self, request_id: str, now: float | None = None, learn: bool = True) -> None:
+        """The request's first token came back at ``now``. ``learn``: it came as soon as the
+        node produced it (a streamed answer), so it teaches the node's prefill rate."""
         e = self._entries.get(request_id)
         if e is not None and e.prefilling:
             e.prefilling = False
             self._backlog[e.node] -= e.prefill_tokens
+            work = e.ahead + e.prefill_tokens
+            if (
+                learn
+                and now is not None
+                and work >= PREFILL_MIN_WORK
+                and 2 * e.prefill_tokens >= PREFILL_MIN_WORK
+                and now > e.dispatched_s
+            ):
+                seen = min(1e8, work / (now - e.dispatched_s))
+                old = self._prefill_rate.get(e.node, seen)
+                new = old + PREFILL_EWMA * (seen - old)
+                self._prefill_rate[e.node] = new
+                self._prefill_samples[e.node] += 1
+                if self._prefill_samples[e.node] == PREFILL_MIN_SAMPLES:
+                    self._rates_known += 1
+                    self._rates_sum += new
+                elif self._prefill_samples[e.node] > PREFILL_MIN_SAMPLES:
+                    self._rates_sum += new - old
             if now is not None and e.expected_output > 1:
                 e.first_token_s = now
                 self._decoding[e.node] = self._decoding.get(e.node, 0) + 1
@@ -155,6 +192,18 @@ class InflightLedger:
         """KV blocks of this router's long requests on ``node``."""
         return self._long_blocks.get(node, 0)
 
+    def prefill_rate(self, node: str) -> float:
+        """``node``'s prefill rate in prompt tokens per second as this router observed it (0:
+        not known yet). Nodes within ``PREFILL_SPREAD`` of the mean of the learned rates get the
+        mean: samples scatter by ±10 %, and on a fleet of equal engines a per-node rate would
+        give each node an arbitrary edge (the cost model would prefer the luckiest); a node
+        really slower or faster (another GPU type) keeps its own."""
+        if self._prefill_samples[node] < PREFILL_MIN_SAMPLES:
+            return 0.0
+        own = self._prefill_rate[node]
+        mean = self._rates_sum / self._rates_known
+        return mean if mean / PREFILL_SPREAD <= own <= mean * PREFILL_SPREAD else own
+
     def tpot_s(self, node: str) -> float:
         """``node``'s observed time per output token."""
         return self._tpot.get(node, TPOT_PRIOR_S)
@@ -179,10 +228,12 @@ class InflightLedger:
             q.popleft()
         return sum(1 for _, rid in q if rid in self._entries)
 
-    def router_state(self, node: str, heartbeat_ts: float, now: float) -> tuple[int, int, int, int]:
+    def router_state(
+        self, node: str, heartbeat_ts: float, now: float
+    ) -> tuple[int, int, int, int, float]:
         """What :meth:`router.core.NodeView.with_router_state` takes, in one pass (the decision's
         per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
-        :meth:`remaining_decode`, :meth:`long_blocks`."""
+        :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate`."""
         pending = self.unreflected(node, heartbeat_ts)
         backlog = self._backlog.get(node, 0)
         expected = self._expected.get(node, 0)
@@ -194,7 +245,8 @@ class InflightLedger:
                 remaining = max(0, int(expected - done))
             else:
                 remaining = expected
-        return pending, backlog, remaining, self._long_blocks.get(node, 0)
+        rate = self.prefill_rate(node) if node in self._prefill_rate else 0.0
+        return pending, backlog, remaining, self._long_blocks.get(node, 0), rate
 
     def prefill_backlog(self, node: str) -> int:
         """Uncached prompt tokens of this router's requests on ``node`` still awaiting prefill."""

@@ -14,19 +14,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from router.lanes import HoldQueue
+from router.lanes import UNKNOWN, HoldQueue
 
-__all__ = ["RouterQueue", "Waiting"]
+__all__ = ["Held", "RouterQueue", "Waiting"]
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a request's ``retry`` returns when it must keep waiting: the node that holds it
+    back (its best node, queued), so that the round passes over the others that want it."""
+
+    node: str = UNKNOWN
 
 
 @dataclass(slots=True)
 class Waiting(Generic[R]):
     """One held request: ``retry`` routes it again on the cluster as it is now and returns the
-    result when it may go, None when it must keep waiting."""
+    result when it may go, :class:`Held` (or None: held, the node unknown) when it must keep
+    waiting."""
 
-    retry: Callable[[], R | None]
+    retry: Callable[[], R | Held | None]
     future: asyncio.Future[R] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -62,10 +71,12 @@ class RouterQueue(Generic[R]):
         """Something ended: offer the waiting requests a place now."""
         self._wake.set()
 
-    async def wait(self, key: float, long: bool, w: Waiting[R], timeout_s: float) -> R | None:
-        """Hold ``w`` until it may go (its ``retry`` result) or ``timeout_s`` has passed
-        (None)."""
-        self._queue.push(key, long, w)
+    async def wait(
+        self, key: float, long: bool, w: Waiting[R], timeout_s: float, blocker: str = UNKNOWN
+    ) -> R | None:
+        """Hold ``w`` (held back by node ``blocker``) until it may go (its ``retry`` result)
+        or ``timeout_s`` has passed (None)."""
+        self._queue.push(key, long, w, blocker)
         self.start()
         try:
             return await asyncio.wait_for(asyncio.shield(w.future), timeout_s)
@@ -75,18 +86,21 @@ class RouterQueue(Generic[R]):
             if not w.future.done():
                 w.future.cancel()  # dropped at the next round
 
-    def _attempt(self, w: Waiting[R]) -> bool:
+    def _attempt(self, w: Waiting[R]) -> str | None:
+        """None when ``w`` left the queue (sent, failed or gone), else what holds it back."""
         if w.future.done():  # gone: its client left or its deadline passed
-            return True
+            return None
         try:
             got = w.retry()
         except Exception as exc:  # that request fails; the queue goes on for the others
             w.future.set_exception(exc)
-            return True
+            return None
         if got is None:
-            return False
+            return UNKNOWN
+        if isinstance(got, Held):
+            return got.node
         w.future.set_result(got)
-        return True
+        return None
 
     def release(self) -> int:
         return self._queue.release(self._attempt)

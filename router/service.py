@@ -59,7 +59,7 @@ from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
 from router.fleet import Fleet, Selection
 from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.lanes import UNKNOWN, LaneFacts, Lanes, lane_facts, may_wait
 from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.outlier import Failure
@@ -70,7 +70,7 @@ from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
 from router.recent import RecentPrefills, merge_matches
 from router.records import decision_record, outcome_record, refusal_record
-from router.routerqueue import RouterQueue, Waiting
+from router.routerqueue import Held, RouterQueue, Waiting
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
@@ -1049,7 +1049,7 @@ class RouterService:
                         sent if target is node else p,
                         started,
                         on_first_token=functools.partial(
-                            self._first_token, request_id, target.node_id, rreq
+                            self._first_token, request_id, target.node_id, rreq, p.stream
                         ),
                         write_timeout_s=self.settings.stream_write_timeout_s,
                         send_buffer_bytes=self.settings.stream_send_buffer_bytes,
@@ -1379,10 +1379,10 @@ class RouterService:
             node = next((n for n in used if n.node_id == got[1].chosen), None)
             return got, lanes.hold(node)
 
-        def turn() -> tuple[RouteRequest, RouteDecision, LaneFacts] | None:
+        def turn() -> tuple[RouteRequest, RouteDecision, LaneFacts] | Held:
             got, wait = again(True)
             if wait:
-                return None
+                return Held(got[1].chosen or UNKNOWN)
             # counted at once: the next request in this round sees it on its node
             self._dispatched(request_id, got[0], got[1], got[2], g.block_size)
             return got
@@ -1392,7 +1392,11 @@ class RouterService:
         self.metrics.lane_holds.labels("long" if facts.long else "short").inc()
         try:
             routed = await self.queue.wait(
-                lanes.key(started, facts.long), facts.long, Waiting(turn), max(0.0, limit)
+                lanes.key(started, facts.long),
+                facts.long,
+                Waiting(turn),
+                max(0.0, limit),
+                best.node_id if best is not None else UNKNOWN,
             )
         finally:
             self.metrics.lane_held.dec()
@@ -1469,8 +1473,9 @@ class RouterService:
             matches = merge_matches(matches, self.approx.match(hashes, self._approx_nodes))
         return matches
 
-    def _first_token(self, request_id: str, node: str, rreq: RouteRequest) -> None:
-        self.ledger.first_token(request_id, time.time())
+    def _first_token(self, request_id: str, node: str, rreq: RouteRequest, stream: bool) -> None:
+        # a non-streamed answer's "first token" is its end: no sample of the prefill rate
+        self.ledger.first_token(request_id, time.time(), learn=stream)
         self._prefilled(node, rreq.block_hashes)
 
     def _prefilled(self, node: str, hashes: Sequence[int]) -> None:
@@ -1788,6 +1793,8 @@ class RouterService:
                         "waiting": n.waiting,
                         "pending": n.pending,
                         "remaining_decode_tokens": n.decode_backlog_tokens,
+                        "prefill_backlog_tokens": n.prefill_backlog_tokens,
+                        "prefill_tokens_per_s": round(n.prefill_tokens_per_s, 1) or None,
                         "long_kv_blocks": n.long_kv_blocks,
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,

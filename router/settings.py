@@ -166,7 +166,14 @@ class RouterSettings(BaseModel):
         description="above this share of mismatches the model's tokenization is approximate",
     )
     block_size: int = Field(default=16, gt=0, description="used until heartbeats tell otherwise")
-    max_kv_used_ratio: float = Field(default=0.95, gt=0, le=1)
+    max_kv_used_ratio: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="kvgate: a node is skipped while the request's new prompt blocks would take "
+        "its KV use over this share (1: while they do not fit); seed_score: while its KV use is "
+        "at or over it",
+    )
     max_queue: int = Field(
         default=64, ge=0, description="waiting requests above which a node is skipped"
     )

@@ -31,7 +31,15 @@ from router.costpolicy import prefill_weight
 from router.disagg import decide_roles
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts, may_wait
+from router.lanes import (
+    UNKNOWN,
+    HoldQueue,
+    LaneFacts,
+    Lanes,
+    LaneSettings,
+    lane_facts,
+    may_wait,
+)
 from router.ledger import InflightLedger
 from router.placement import FREE, Placement
 from router.recent import RecentPrefills, merge_matches
@@ -324,9 +332,12 @@ def simulate(
             n.gen += 1
             push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
 
-    def dispatch(idx: int, now: float, queue_wait_s: float | None, queued: bool = False) -> bool:
-        """Route and send request ``idx``; True when its class or the lane rules hold it back
-        for now (``queued``: it is in the router's queue already)."""
+    def dispatch(
+        idx: int, now: float, queue_wait_s: float | None, queued: bool = False
+    ) -> str | None:
+        """Route and send request ``idx``; None when sent (or refused), else what holds it back
+        for now: its class (:data:`UNKNOWN`) or the lane rules (the queued best node)
+        (``queued``: it is in the router's queue already)."""
         r = trace.requests[idx]
         rid = f"r{idx}"
         views = [
@@ -388,18 +399,22 @@ def simulate(
             )
             if late is not None:  # refused early: it would miss its class's TTFT
                 refuse(adm.refuse_admitted(idx, rid, r.priority, late, now))
-                return False
+                return None
             if chosen is not None and held(slo, chosen.components, req.queue_weight):
-                holding.append((idx, queue_wait_s))  # waits until the engines drain
-                return True
+                if not queued:  # (one in the router's queue stays there)
+                    holding.append((idx, queue_wait_s))  # waits until the engines drain
+                return UNKNOWN
         if lanes is not None and not overdue:
             best = next((v for v in sel.nodes if v.node_id == d.chosen), None)
             if lanes.hold(best):  # waits in the router's queue, short requests first
                 if not queued:
                     lane_queue.push(
-                        lanes.key(r.arrival_s, facts.long), facts.long, (idx, queue_wait_s)
+                        lanes.key(r.arrival_s, facts.long),
+                        facts.long,
+                        (idx, queue_wait_s),
+                        best.node_id if best is not None else UNKNOWN,
                     )
-                return True
+                return best.node_id if best is not None else UNKNOWN
         if lanes is not None and d.chosen is not None:
             lanes.observe(
                 max(0, r.prompt_tokens - matches.get(d.chosen, 0) * trace.block_size),
@@ -425,7 +440,7 @@ def simulate(
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
             push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
-            return False
+            return None
         seq = SimSeq(rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, trace.block_size))
         reason = fleet.reason(d.reason, d.chosen, sel, matches)
         meta[rid] = (r, target.node_id, reason, matches.get(target.node_id, 0))
@@ -445,18 +460,18 @@ def simulate(
             if advice is not None:
                 stats["prewarm_advice"] += 1
                 push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
-        return False
+        return None
 
     def release_held(now: float) -> None:
         """Held requests go in order while the engines have room (the first held again stops
         the round: the ones behind it would be too)."""
         for _ in range(len(holding)):
             idx, wait = holding.popleft()
-            if dispatch(idx, now, wait):
+            if dispatch(idx, now, wait) is not None:
                 holding.appendleft(holding.pop())
                 break
         if lane_queue:
-            lane_queue.release(lambda item: not dispatch(item[0], now, item[1], queued=True))
+            lane_queue.release(lambda item: dispatch(item[0], now, item[1], queued=True))
 
     def operate(op: FleetOp, now: float) -> None:
         if op.kind == "drain":

@@ -58,13 +58,13 @@ class Workload:
 WORKLOADS = {
     "easy": Workload(20.0, 40.0, 40, 600, 1200, None, "full-speed engines, both routers keep up"),
     "loaded": Workload(
-        30.0,
+        24.0,
         60.0,
         16,
         1500,
         1200,
-        1000.0,
-        "slow prefill: a miss costs ~2 s of an engine; near saturation even when prompts hit",
+        2000.0,
+        "slow prefill: a miss costs ~1 s of an engine; near saturation even when prompts hit",
     ),
 }
 
@@ -101,8 +101,18 @@ async def engine_counters(http: aiohttp.ClientSession, engines: list[str]) -> tu
 
 
 async def reset_caches(http: aiohttp.ClientSession, engines: list[str]) -> None:
-    """Empty every engine's prefix cache (refused while requests run: retry until idle)."""
+    """Wait until every engine is idle (the previous run's requests done, also those its
+    client gave up on), then empty their prefix caches."""
+    deadline = time.monotonic() + 300
     for url in engines:
+        while True:
+            async with http.get(url + "/metrics") as r:
+                stats = parse_metrics(await r.text())
+            if stats.running + stats.waiting == 0:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} still busy after 300 s")
+            await asyncio.sleep(0.5)
         for _ in range(200):
             async with http.post(url + "/reset_prefix_cache") as r:
                 if r.status == 200:
@@ -213,6 +223,8 @@ async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
         await asyncio.sleep(2.0)  # every agent has sent a few heartbeats
         runs: dict[str, Any] = {}
         for name, url in (("sglang_router_cache_aware", sglang), ("kvgate", kvgate)):
+            if name not in args.routers.split(","):
+                continue
             runs[name] = await drive(url, engines, w, args.seed)
             print(name, json.dumps(runs[name]), flush=True)
         return runs
@@ -293,6 +305,7 @@ def cli() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--routers", default="sglang_router_cache_aware,kvgate")
     args = ap.parse_args()
     try:
         import sglang_router  # noqa: F401

@@ -6,7 +6,7 @@ import pytest
 
 from router.affinity import point
 from router.control import apply_weights, weights_message
-from router.core import RouteRequest
+from router.core import NodeView, RouteRequest
 from router.costpolicy import CompletionCostPolicy
 from router.settings import CostWeights
 from tests.unit.test_policy import NOW, node
@@ -19,6 +19,11 @@ def policy(**over: object) -> CompletionCostPolicy:
 
 
 LONG = RouteRequest("r1", "m", list(range(100)), prompt_tokens=1_600, max_tokens=16)
+
+
+def big(nid: str, used: int = 0, **kw: object) -> NodeView:
+    """A node with room for ten LONG prompts (1,000 blocks)."""
+    return node(nid, used=used, kv_blocks_total=1000, **kw)
 
 
 def test_a_cached_prefix_is_a_discount_on_prefill() -> None:
@@ -34,22 +39,36 @@ def test_a_cached_prefix_is_a_discount_on_prefill() -> None:
 
 
 def test_the_holder_over_its_kv_limit_is_not_chosen() -> None:
-    d = policy().decide(LONG, [node("a"), node("b", used=95)], {"b": 100}, NOW)
+    d = policy().decide(LONG, [big("a"), big("b", used=950)], {"b": 100}, NOW)
+    assert d.chosen == "a" and d.reason == "overload_fallback"
+
+
+def test_a_full_node_still_takes_a_request_whose_new_blocks_fit() -> None:
+    """The KV limit applies to the request's new blocks: a holder whose running requests fill
+    its KV (997 of 1,000 blocks) takes a request that hits there (1 new block), where a ratio
+    test would have sent it to a node that must prefill the whole prompt; a request that would
+    need more than the 3 free blocks does not go there. (The rule alone: the KV-pressure cost
+    term is off here.)"""
+    p = CompletionCostPolicy(W.model_copy(update={"kv_pressure_s": 0.0}), 1.0, max_queue=8)
+    full = big("b", used=997)
+    d = p.decide(LONG, [big("a", used=400), full], {"b": 100}, NOW)
+    assert d.chosen == "b" and d.reason == "prefix_hit"
+    d = p.decide(LONG, [big("a", used=400), full], {"b": 95}, NOW)  # 5 new blocks
     assert d.chosen == "a" and d.reason == "overload_fallback"
 
 
 def test_a_hot_prefix_spreads_when_its_holder_is_backed_up() -> None:
-    busy_holder = node("b", prefill_backlog_tokens=200_000)
-    d = policy().decide(LONG, [node("a"), busy_holder], {"b": 60}, NOW)
+    busy_holder = big("b", prefill_backlog_tokens=200_000)
+    d = policy().decide(LONG, [big("a"), busy_holder], {"b": 60}, NOW)
     assert d.chosen == "a" and d.reason == "spread"
 
 
 def test_a_lagging_index_cannot_attract_traffic() -> None:
     fresh, stale = policy(), policy()
-    holder = node("b", kv_index_gap=3, kv_index_age_s=0.0)
-    assert fresh.decide(LONG, [node("a"), holder], {"b": 100}, NOW).chosen == "b"
-    lagging = node("b", kv_index_gap=3, kv_index_age_s=10.0, running=2)
-    d = stale.decide(LONG, [node("a"), lagging], {"b": 100}, NOW)
+    holder = big("b", kv_index_gap=3, kv_index_age_s=0.0)
+    assert fresh.decide(LONG, [big("a"), holder], {"b": 100}, NOW).chosen == "b"
+    lagging = big("b", kv_index_gap=3, kv_index_age_s=10.0, running=2)
+    d = stale.decide(LONG, [big("a"), lagging], {"b": 100}, NOW)
     conf = {c.node_id: c.components["confidence"] for c in d.candidates}
     expected = math.exp(-(10.0 - W.stale_grace_s) / W.stale_tau_s)
     assert conf["b"] == pytest.approx(expected) and conf["a"] == 1.0

@@ -14,7 +14,15 @@ from analytics.sim.cluster import SimConfig, simulate
 from analytics.sim.traces import Trace, TraceRequest
 from router.core import RouteRequest
 from router.costpolicy import CompletionCostPolicy
-from router.lanes import HoldQueue, LaneFacts, Lanes, LaneSettings, lane_facts, may_wait
+from router.lanes import (
+    UNKNOWN,
+    HoldQueue,
+    LaneFacts,
+    Lanes,
+    LaneSettings,
+    lane_facts,
+    may_wait,
+)
 from router.ledger import TPOT_PRIOR_S, InflightLedger
 from router.policies import make_policy
 from router.routerqueue import RouterQueue, Waiting
@@ -102,9 +110,9 @@ def test_the_hold_queue_releases_in_order_and_passes_over_blocked_long_requests(
     q.push(0.9, True, "long-c")
     tried: list[str] = []
 
-    def only_short(item: str) -> bool:
+    def only_short(item: str) -> str | None:
         tried.append(item)
-        return item.startswith("short")
+        return None if item.startswith("short") else "node-x"
 
     # long ones that cannot go are passed over, up to max_blocked_long
     assert q.release(only_short) == 0 and tried == ["long-a", "long-b"] and len(q) == 5
@@ -113,11 +121,40 @@ def test_the_hold_queue_releases_in_order_and_passes_over_blocked_long_requests(
         q2.push(key, long, item)
     tried.clear()
     assert q2.release(only_short) == 2 and tried == ["long", "short-1", "short-2"] and len(q2) == 1
-    # a short request that must wait ends the round: the ones behind it would too
+    # a short request held for an unknown reason ends the round: the ones behind it would too
     q3: HoldQueue[str] = HoldQueue()
     q3.push(1.0, False, "a")
     q3.push(2.0, False, "b")
-    assert q3.release(lambda item: False) == 0 and len(q3) == 2
+    assert q3.release(lambda item: UNKNOWN) == 0 and len(q3) == 2
+
+
+def test_a_queued_node_holds_back_only_the_requests_that_want_it() -> None:
+    """Requests with prefix affinity want different nodes: one held by a busy node must not
+    keep the requests behind it from idle nodes; the others that want the busy node are passed
+    over without being routed again, in their order."""
+    busy = {"n1"}
+    want = {"a1": "n1", "b1": "n2", "a2": "n1", "c1": "n3", "a3": "n1"}
+    q: HoldQueue[str] = HoldQueue()
+    for i, item in enumerate(want):
+        q.push(float(i), False, item, want[item] if item != "a2" else UNKNOWN)
+    tried: list[str] = []
+
+    def attempt(item: str) -> str | None:
+        tried.append(item)
+        return want[item] if want[item] in busy else None
+
+    assert q.release(attempt) == 2
+    # a2 was pushed without its node: tried once, then known; a3 is passed over untried
+    assert tried == ["a1", "b1", "a2", "c1"] and len(q) == 3
+    busy.clear()
+    tried.clear()
+    assert q.release(attempt) == 3 and tried == ["a1", "a2", "a3"]  # in order
+    # a round ends after max_failed held attempts
+    q2: HoldQueue[str] = HoldQueue(max_failed=2)
+    for i in range(5):
+        q2.push(float(i), False, f"x{i}", f"n{i}")
+    tried.clear()
+    assert q2.release(lambda item: tried.append(item) or "n" + item[1:]) == 0 and len(tried) == 2
 
 
 def test_the_router_queue_wakes_waiters_in_order_and_drops_the_ones_that_left() -> None:
@@ -227,3 +264,51 @@ def test_in_overload_short_requests_overtake_long_ones_in_the_simulator() -> Non
     with_, n1 = short_ttft_p99(replace(base, lanes=settings.lanes))
     assert n0 == n1 == 1500  # nothing lost: held requests all ran
     assert with_ < 0.7 * without, (with_, without)
+
+
+def test_the_ledger_learns_each_nodes_prefill_rate_from_streamed_first_tokens() -> None:
+    """A first token comes back once the node prefilled what this router queued there before
+    the request and the request's own uncached prompt: that work over the time taken."""
+    led = InflightLedger()
+    assert led.prefill_rate("n") == 0.0  # unknown: the cost model uses its configured rate
+    t = 0.0
+    for i in range(3):
+        led.dispatch(f"a{i}", "n", t, 1000)  # nothing ahead
+        led.dispatch(f"b{i}", "n", t, 1000)  # 1,000 tokens ahead of it
+        led.first_token(f"a{i}", t + 0.5)  # 2,000 tokens/s
+        led.first_token(f"b{i}", t + 1.0)  # (1,000 + 1,000) / 1.0 s
+        led.finish(f"a{i}")
+        led.finish(f"b{i}")
+        t += 10
+    assert led.prefill_rate("n") == pytest.approx(2000.0)
+    assert led.router_state("n", 0.0, t)[4] == pytest.approx(2000.0)
+    # short prompts (the decode step and the network dominate) and non-streamed answers (the
+    # "first token" is the end) teach nothing
+    led.dispatch("short", "n", t, 100)
+    led.first_token("short", t + 1.0)
+    led.dispatch("whole", "n", t, 4000)
+    led.first_token("whole", t + 60.0, learn=False)
+    assert led.prefill_rate("n") == pytest.approx(2000.0)
+    assert led.prefill_rate("other") == 0.0
+
+
+def test_equal_nodes_share_the_mean_prefill_rate_a_different_one_keeps_its_own() -> None:
+    led = InflightLedger()
+    t = 0.0
+    for node, seconds in (("a", 0.5), ("b", 0.45), ("fast", 0.1)):  # 2,000; 2,222; 10,000 /s
+        for i in range(3):
+            led.dispatch(f"{node}{i}", node, t, 1000)
+            led.first_token(f"{node}{i}", t + seconds)
+            led.finish(f"{node}{i}")
+    mean = (2000 + 1000 / 0.45 + 10_000) / 3
+    assert led.prefill_rate("fast") == pytest.approx(10_000)  # beyond 1.3× the mean
+    assert led.prefill_rate("a") == pytest.approx(2000)  # below mean / 1.3: its own too
+    assert mean / 1.3 > 2222  # (both slow ones are far from this mean)
+    led2 = InflightLedger()
+    for node, seconds in (("a", 0.5), ("b", 0.45)):
+        for i in range(3):
+            led2.dispatch(f"{node}{i}", node, t, 1000)
+            led2.first_token(f"{node}{i}", t + seconds)
+            led2.finish(f"{node}{i}")
+    both = (2000 + 1000 / 0.45) / 2
+    assert led2.prefill_rate("a") == pytest.approx(both) == led2.prefill_rate("b")
