@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from router.affinity import HashRing, point
-from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
+from router.core import (
+    Candidate,
+    NodeView,
+    PolicyBase,
+    RouteDecision,
+    RouteRequest,
+    simple_candidates,
+)
 
 
 class ActiveSequences(Protocol):
@@ -326,19 +333,7 @@ class _RoutedQps:
 def _plain_candidates(
     nodes: Sequence[NodeView], matches: Mapping[str, int], request: RouteRequest
 ) -> tuple[Candidate, ...]:
-    total = max(1, len(request.block_hashes))
-    return tuple(
-        Candidate(
-            n.node_id,
-            float(matches.get(n.node_id, 0)),
-            matches.get(n.node_id, 0),
-            matches.get(n.node_id, 0) / total,
-            n.kv_used_ratio,
-            n.queue_len,
-            n.healthy,
-        )
-        for n in nodes
-    )
+    return simple_candidates(nodes, matches, request, lambda n: float(matches.get(n.node_id, 0)))
 
 
 class VllmStackPrefixAwarePolicy(PolicyBase):

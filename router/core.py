@@ -5,7 +5,7 @@ The live router and the offline replay call the same :class:`Policy` implementat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +17,7 @@ __all__ = [
     "RouteDecision",
     "RouteRequest",
     "eligible",
+    "simple_candidates",
 ]
 
 
@@ -205,3 +206,25 @@ def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView
     """Nodes that serve ``model`` (or have it as an adapter), are healthy, not draining and
     whose lease has not expired."""
     return [n for n in nodes if n.serves(model) and n.healthy and not n.draining and n.alive(now)]
+
+
+def simple_candidates(
+    nodes: Sequence[NodeView],
+    matches: Mapping[str, int],
+    request: RouteRequest,
+    score: Callable[[NodeView], float],
+) -> tuple[Candidate, ...]:
+    """The candidates of a policy without cost components: each node's ``score`` and hit."""
+    total = max(1, len(request.block_hashes))
+    return tuple(
+        Candidate(
+            n.node_id,
+            score(n),
+            matches.get(n.node_id, 0),
+            matches.get(n.node_id, 0) / total,
+            n.kv_used_ratio,
+            n.queue_len,
+            n.healthy,
+        )
+        for n in nodes
+    )

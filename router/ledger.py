@@ -13,9 +13,10 @@
   backlog this router had queued there before it and its own uncached prompt: that work over
   the time it took is a sample of the node's prefill rate (work under ``PREFILL_MIN_WORK``
   tokens is dominated by the decode step and the network, and teaches nothing). Learned per
-  node, so the cost of a miss is in the node's real seconds: an engine 10× slower than the
-  configured ``cost.prefill_tokens_per_s`` makes misses 10× costlier, and a router that kept
-  the configured rate would spread prompts onto nodes that must prefill them.
+  node and used as the mean over the nodes of a model, so the cost of a miss is in the engines'
+  real seconds: engines 10× slower than the configured ``cost.prefill_tokens_per_s`` make misses
+  10× costlier, and a router that kept the configured rate would spread prompts onto nodes that
+  must prefill them.
 * **Long requests' KV** (router/lanes.py): the blocks (prompt + expected output) of the long
   requests in flight on each node.
 * **Active blocks** (``track_blocks``; the ``dynamo_cost`` baseline): the distinct prompt blocks
@@ -38,9 +39,8 @@ __all__ = ["InflightLedger"]
 TPOT_PRIOR_S = 0.03  # a node's time per output token until one of its requests finished
 TPOT_EWMA = 0.1
 PREFILL_MIN_WORK = 512  # prompt tokens (own + queued ahead) for a prefill-rate sample
-PREFILL_MIN_SAMPLES = 3  # before the node's learned prefill rate is used
+PREFILL_MIN_SAMPLES = 3  # before a node's learned prefill rate counts
 PREFILL_EWMA = 0.2
-PREFILL_SPREAD = 1.3  # a node's learned rate counts on its own beyond this factor of the mean
 
 
 @dataclass(slots=True)
@@ -67,8 +67,10 @@ class InflightLedger:
     _tpot: dict[str, float] = field(default_factory=dict)  # node -> observed s per output token
     _prefill_rate: dict[str, float] = field(default_factory=dict)  # node -> prompt tokens/s
     _prefill_samples: Counter[str] = field(default_factory=Counter)
-    _rates_known: int = 0  # nodes with a learned prefill rate, and the sum of their rates
-    _rates_sum: float = 0.0
+    # per group of nodes (their model): nodes with a learned prefill rate, the sum of the rates
+    _group: dict[str, str] = field(default_factory=dict)
+    _rates_known: Counter[str] = field(default_factory=Counter)
+    _rates_sum: dict[str, float] = field(default_factory=dict)
     # per node: expected output of every request in flight; decoding requests and the sum of
     # their first-token times (the decode they did so far is (count · now − sum) / tpot)
     _expected: dict[str, int] = field(default_factory=dict)
@@ -136,11 +138,12 @@ class InflightLedger:
                 new = old + PREFILL_EWMA * (seen - old)
                 self._prefill_rate[e.node] = new
                 self._prefill_samples[e.node] += 1
+                group = self._group.get(e.node, "")
                 if self._prefill_samples[e.node] == PREFILL_MIN_SAMPLES:
-                    self._rates_known += 1
-                    self._rates_sum += new
+                    self._rates_known[group] += 1
+                    self._rates_sum[group] = self._rates_sum.get(group, 0.0) + new
                 elif self._prefill_samples[e.node] > PREFILL_MIN_SAMPLES:
-                    self._rates_sum += new - old
+                    self._rates_sum[group] += new - old
             if now is not None and e.expected_output > 1:
                 e.first_token_s = now
                 self._decoding[e.node] = self._decoding.get(e.node, 0) + 1
@@ -193,16 +196,21 @@ class InflightLedger:
         return self._long_blocks.get(node, 0)
 
     def prefill_rate(self, node: str) -> float:
-        """``node``'s prefill rate in prompt tokens per second as this router observed it (0:
-        not known yet). Nodes within ``PREFILL_SPREAD`` of the mean of the learned rates get the
-        mean: samples scatter by ±10 %, and on a fleet of equal engines a per-node rate would
-        give each node an arbitrary edge (the cost model would prefer the luckiest); a node
-        really slower or faster (another GPU type) keeps its own."""
+        """The prefill rate the cost of ``node``'s prompts is counted at, in prompt tokens per
+        second as this router observed it (0: not known yet): the mean of the learned rates of
+        the nodes of its group (its model, as :meth:`router_state` was told). A per-node rate
+        gave each of a fleet of equal engines an arbitrary, drifting edge that the cost model
+        followed (measured: Mooncake TTFT p99 2.3 → 7.1 s in the routing benchmark); engines of
+        another speed serve another model or pool."""
+        group = self._group.get(node, "")
+        known = self._rates_known[group]
+        return self._rates_sum[group] / known if known else 0.0
+
+    def node_prefill_rate(self, node: str) -> float:
+        """``node``'s own learned prefill rate (0: fewer than PREFILL_MIN_SAMPLES samples)."""
         if self._prefill_samples[node] < PREFILL_MIN_SAMPLES:
             return 0.0
-        own = self._prefill_rate[node]
-        mean = self._rates_sum / self._rates_known
-        return mean if mean / PREFILL_SPREAD <= own <= mean * PREFILL_SPREAD else own
+        return self._prefill_rate[node]
 
     def tpot_s(self, node: str) -> float:
         """``node``'s observed time per output token."""
@@ -229,11 +237,14 @@ class InflightLedger:
         return sum(1 for _, rid in q if rid in self._entries)
 
     def router_state(
-        self, node: str, heartbeat_ts: float, now: float
+        self, node: str, heartbeat_ts: float, now: float, group: str = ""
     ) -> tuple[int, int, int, int, float]:
         """What :meth:`router.core.NodeView.with_router_state` takes, in one pass (the decision's
         per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
-        :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate`."""
+        :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
+        node's model, whose nodes share a prefill rate)."""
+        if self._group.get(node) != group:
+            self._group[node] = group
         pending = self.unreflected(node, heartbeat_ts)
         backlog = self._backlog.get(node, 0)
         expected = self._expected.get(node, 0)
@@ -245,7 +256,8 @@ class InflightLedger:
                 remaining = max(0, int(expected - done))
             else:
                 remaining = expected
-        rate = self.prefill_rate(node) if node in self._prefill_rate else 0.0
+        known = self._rates_known[group]
+        rate = self._rates_sum[group] / known if known else 0.0
         return pending, backlog, remaining, self._long_blocks.get(node, 0), rate
 
     def prefill_backlog(self, node: str) -> int:

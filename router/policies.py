@@ -15,7 +15,15 @@ from router.baselines import (
     VllmStackKvAwarePolicy,
     VllmStackPrefixAwarePolicy,
 )
-from router.core import Candidate, NodeView, Policy, PolicyBase, RouteDecision, RouteRequest
+from router.core import (
+    Candidate,
+    NodeView,
+    Policy,
+    PolicyBase,
+    RouteDecision,
+    RouteRequest,
+    simple_candidates,
+)
 from router.costpolicy import CompletionCostPolicy
 from router.settings import RouterSettings, SeedWeights
 
@@ -128,19 +136,7 @@ def _load(n: NodeView) -> int:
 def _candidates(
     nodes: Sequence[NodeView], matches: Mapping[str, int], request: RouteRequest
 ) -> tuple[Candidate, ...]:
-    total = max(1, len(request.block_hashes))
-    return tuple(
-        Candidate(
-            n.node_id,
-            -float(_load(n)),
-            matches.get(n.node_id, 0),
-            matches.get(n.node_id, 0) / total,
-            n.kv_used_ratio,
-            n.queue_len,
-            n.healthy,
-        )
-        for n in nodes
-    )
+    return simple_candidates(nodes, matches, request, lambda n: -float(_load(n)))
 
 
 class RandomPolicy(PolicyBase):

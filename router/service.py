@@ -539,7 +539,11 @@ class RouterService:
                 view = replace(view, heartbeat_ts=now, kv_index_gap=0, kv_index_age_s=0.0)
                 if feed == "load_only":
                     view = replace(view, running=0, waiting=0)
-            out.append(view.with_router_state(*self.ledger.router_state(hb.node_id, hb.ts, now)))
+            out.append(
+                view.with_router_state(
+                    *self.ledger.router_state(hb.node_id, hb.ts, now, view.model)
+                )
+            )
         if adapters or self._adapter_base:  # a base model's name is never an adapter's
             bases = {hb.model for hb in self.replica.load.values()}
             self._adapter_base = {a: m for a, m in adapters.items() if a not in bases}
@@ -1794,7 +1798,12 @@ class RouterService:
                         "pending": n.pending,
                         "remaining_decode_tokens": n.decode_backlog_tokens,
                         "prefill_backlog_tokens": n.prefill_backlog_tokens,
+                        # the rate its prompts are costed at (its model's mean), its own
                         "prefill_tokens_per_s": round(n.prefill_tokens_per_s, 1) or None,
+                        "observed_prefill_tokens_per_s": round(
+                            self.ledger.node_prefill_rate(n.node_id), 1
+                        )
+                        or None,
                         "long_kv_blocks": n.long_kv_blocks,
                         "kv_used_ratio": n.kv_used_ratio,
                         "heartbeat_age_s": now - n.heartbeat_ts,

@@ -341,7 +341,9 @@ def simulate(
         r = trace.requests[idx]
         rid = f"r{idx}"
         views = [
-            n.view.with_router_state(*ledger.router_state(n.node_id, n.view.heartbeat_ts, now))
+            n.view.with_router_state(
+                *ledger.router_state(n.node_id, n.view.heartbeat_ts, now, MODEL)
+            )
             for n in nodes
             if n.view is not None
         ]

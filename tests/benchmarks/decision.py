@@ -4,10 +4,11 @@
 
 The index holds chains of prefix blocks (shared system prompts, documents, conversations), each
 chain on a few nodes. One decision is what the router does per request after tokenizing: the
-node views with its own in-flight work, the prefix match, the eligibility filter and the
-policy's choice. Chain hashing of the prompt is timed separately. Memory per indexed entry is
-measured with tracemalloc while the index is built. Writes ``docs/benchmarks/decision.json``
-and ``decision.md``.
+node views with its own in-flight work (read from a real in-flight ledger holding
+``--inflight`` requests, some prefilling, some decoding, as the live router's does), the prefix
+match, the eligibility filter and the policy's choice. Chain hashing of the prompt is timed
+separately. Memory per indexed entry is measured with tracemalloc while the index is built.
+Writes ``docs/benchmarks/decision.json`` and ``decision.md``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from router.core import NodeView, RouteRequest, eligible
+from router.ledger import InflightLedger
 from router.policies import make_policy
 from router.settings import RouterSettings
 from streams.blocks import approx_tokenize, chain_hashes
@@ -75,7 +77,22 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(n_nodes: int, entries: int, decisions: int, policies: list[str]) -> dict[str, Any]:
+def ledger_with(nodes: list[str], inflight: int, rng: random.Random, now: float) -> InflightLedger:
+    """A router's ledger in steady state: ``inflight`` requests over the nodes, dispatched in the
+    last 5 s, most past their first token; nodes with learned prefill rates and TPOTs."""
+    led = InflightLedger()
+    for j in range(inflight):
+        rid = f"f{j}"
+        at = now - rng.random() * 5.0
+        led.dispatch(rid, nodes[j % len(nodes)], at, rng.randint(0, 4000), rng.randint(16, 512))
+        if rng.random() < 0.7:
+            led.first_token(rid, min(now, at + rng.random()))
+    return led
+
+
+def run(
+    n_nodes: int, entries: int, decisions: int, policies: list[str], inflight: int
+) -> dict[str, Any]:
     rng = random.Random(7)
     nodes = [f"node-{i:03d}" for i in range(n_nodes)]
     t0 = time.perf_counter()
@@ -87,6 +104,9 @@ def run(n_nodes: int, entries: int, decisions: int, policies: list[str]) -> dict
     results: dict[str, Any] = {}
     for name in policies:
         policy = make_policy(RouterSettings(policy=name))  # type: ignore[arg-type]
+        ledger = ledger_with(nodes, inflight, rng, now)
+        if getattr(policy, "wants_sequences", False):
+            policy.sequences = ledger  # type: ignore[attr-defined]
         times: list[float] = []
         for i in range(decisions):
             chain = chains[rng.randrange(len(chains))]
@@ -94,10 +114,17 @@ def run(n_nodes: int, entries: int, decisions: int, policies: list[str]) -> dict
             hashes = chain[:depth] + [rng.getrandbits(63) for _ in range(rng.randint(0, 30))]
             req = RouteRequest(f"r{i}", "m", hashes, len(hashes) * 16 + 7, 256)
             start = time.perf_counter()
-            vs = [v.with_router_state(i % 3, (i % 5) * 1000) for v in base]
+            vs = [
+                v.with_router_state(*ledger.router_state(v.node_id, v.heartbeat_ts, now, "m"))
+                for v in base
+            ]
             matches = index.match(hashes)
             d = policy.decide(req, eligible(vs, "m", now), matches, now)
             times.append((time.perf_counter() - start) * 1e3)
+            # the ledger churns as in the live router: this request in, an old one out
+            assert d.chosen is not None
+            ledger.dispatch(req.request_id, d.chosen, now, 100, 128)
+            ledger.finish(f"f{i}" if i < inflight else f"r{i - inflight}")
             assert d.chosen is not None
         results[name] = {
             "decision_p50_ms": round(pct(times, 0.5), 4),
@@ -118,6 +145,7 @@ def run(n_nodes: int, entries: int, decisions: int, policies: list[str]) -> dict
         "bytes_per_block": round(index_bytes / index.entries, 1),
         "index_bytes": index_bytes,
         "index_build_s": round(build_s, 2),
+        "inflight": inflight,
         "decision_p99_ms": results["kvgate"]["decision_p99_ms"],
         "decision_p50_ms": results["kvgate"]["decision_p50_ms"],
         "policies": results,
@@ -135,8 +163,9 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--decisions", type=int, default=3000)
     ap.add_argument("--policies", default="kvgate,seed_score,least_requests,sglang_cache_aware")
+    ap.add_argument("--inflight", type=int, default=2000, help="requests in the router's ledger")
     args = ap.parse_args()
-    report = run(args.nodes, args.entries, args.decisions, args.policies.split(","))
+    report = run(args.nodes, args.entries, args.decisions, args.policies.split(","), args.inflight)
     report.update(
         {
             "command": "python -m tests.benchmarks.decision " + " ".join(sys.argv[1:]),
@@ -163,8 +192,9 @@ Machine: {report["machine"]}; date {report["date"]}.
 Index memory: {report["index_bytes"] / 2**20:.1f} MiB, **{report["bytes_per_block"]} bytes per
 indexed block** (tracemalloc while building; block → holder bit mask, node → block set).
 
-One decision = node views with the router's in-flight work + prefix match + eligibility +
-the policy's choice (the prompt is already tokenized and hashed).
+One decision = node views with the router's in-flight work (a ledger of
+{report["inflight"]:,} requests in flight) + prefix match + eligibility + the policy's choice
+(the prompt is already tokenized and hashed).
 
 | policy | p50 ms | p99 ms |
 |---|---:|---:|

@@ -201,6 +201,12 @@ async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
         kv_port, sgl_port = free_port(), free_port()
         sup.spawn("router", "router", "--port", str(kv_port))
         kvgate = f"http://127.0.0.1:{kv_port}"
+        routers = {"sglang_router_cache_aware": "", "kvgate": kvgate}
+        if w.prefill_tokens_per_s:  # a second kvgate told the engines' prefill rate up front
+            told_port = free_port()
+            rate = {"KVGATE_ROUTER__COST__PREFILL_TOKENS_PER_S": str(w.prefill_tokens_per_s)}
+            sup.spawn("router-told", "router", "--port", str(told_port), env=rate)
+            routers["kvgate_told_prefill_rate"] = f"http://127.0.0.1:{told_port}"
         sup.spawn_argv(
             "sglang-router",
             [
@@ -217,13 +223,14 @@ async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
                 *engines,
             ],
         )
-        sglang = f"http://127.0.0.1:{sgl_port}"
-        await wait_http(kvgate + "/ready")
-        await wait_http(sglang + "/v1/models")
+        routers["sglang_router_cache_aware"] = f"http://127.0.0.1:{sgl_port}"
+        for name, url in routers.items():
+            await wait_http(url + ("/v1/models" if name.startswith("sglang") else "/ready"))
         await asyncio.sleep(2.0)  # every agent has sent a few heartbeats
         runs: dict[str, Any] = {}
-        for name, url in (("sglang_router_cache_aware", sglang), ("kvgate", kvgate)):
-            if name not in args.routers.split(","):
+        wanted = args.routers.split(",")
+        for name, url in routers.items():
+            if name not in wanted:
                 continue
             runs[name] = await drive(url, engines, w, args.seed)
             print(name, json.dumps(runs[name]), flush=True)
@@ -288,8 +295,12 @@ Command: `{report["command"]}`
 Machine: {report["machine"]}; date {report["date"]}; sglang-router
 {report["sglang_router_version"]} (`--policy cache_aware`, its defaults). {args.engines}
 simulated engines per workload, the same engines for both routers (prefix caches reset in
-between). Everything — engines, agents, Kafka, the Faust worker, both routers and the client —
+between). Everything — engines, agents, Kafka, the Faust worker, the routers and the client —
 shares the machine's cores, so absolute latencies carry that noise; compare the rows.
+`kvgate` runs at its defaults (it learns the engines' prefill rate from its first streamed
+answers, `cost.prefill_tokens_per_s` 25,000 until then); `kvgate_told_prefill_rate` (on
+workloads whose engines are slower than that) is told the engines' rate in its configuration,
+as an operator who measured them would.
 
 """
         + "\n".join(parts)
@@ -305,7 +316,9 @@ def cli() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--routers", default="sglang_router_cache_aware,kvgate")
+    ap.add_argument(
+        "--routers", default="sglang_router_cache_aware,kvgate,kvgate_told_prefill_rate"
+    )
     args = ap.parse_args()
     try:
         import sglang_router  # noqa: F401

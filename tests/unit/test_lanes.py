@@ -289,26 +289,23 @@ def test_the_ledger_learns_each_nodes_prefill_rate_from_streamed_first_tokens() 
     led.dispatch("whole", "n", t, 4000)
     led.first_token("whole", t + 60.0, learn=False)
     assert led.prefill_rate("n") == pytest.approx(2000.0)
-    assert led.prefill_rate("other") == 0.0
+    led.router_state("other", 0.0, t, "another-model")
+    assert led.prefill_rate("other") == 0.0  # nothing learned for its model
 
 
-def test_equal_nodes_share_the_mean_prefill_rate_a_different_one_keeps_its_own() -> None:
+def test_the_nodes_of_a_model_share_the_mean_of_their_learned_prefill_rates() -> None:
+    """Samples scatter: each node of a fleet of equal engines would otherwise get an arbitrary
+    edge. Another model's nodes (other engines) have their own mean."""
     led = InflightLedger()
+    for node, model in (("a", "m"), ("b", "m"), ("big", "m70")):
+        led.router_state(node, 0.0, 0.0, model)
     t = 0.0
-    for node, seconds in (("a", 0.5), ("b", 0.45), ("fast", 0.1)):  # 2,000; 2,222; 10,000 /s
+    for node, seconds in (("a", 0.5), ("b", 0.4), ("big", 2.0)):  # 2,000; 2,500; 500 /s
         for i in range(3):
             led.dispatch(f"{node}{i}", node, t, 1000)
             led.first_token(f"{node}{i}", t + seconds)
             led.finish(f"{node}{i}")
-    mean = (2000 + 1000 / 0.45 + 10_000) / 3
-    assert led.prefill_rate("fast") == pytest.approx(10_000)  # beyond 1.3× the mean
-    assert led.prefill_rate("a") == pytest.approx(2000)  # below mean / 1.3: its own too
-    assert mean / 1.3 > 2222  # (both slow ones are far from this mean)
-    led2 = InflightLedger()
-    for node, seconds in (("a", 0.5), ("b", 0.45)):
-        for i in range(3):
-            led2.dispatch(f"{node}{i}", node, t, 1000)
-            led2.first_token(f"{node}{i}", t + seconds)
-            led2.finish(f"{node}{i}")
-    both = (2000 + 1000 / 0.45) / 2
-    assert led2.prefill_rate("a") == pytest.approx(both) == led2.prefill_rate("b")
+    assert led.prefill_rate("a") == pytest.approx(2250) == led.prefill_rate("b")
+    assert led.router_state("b", 0.0, 1.0, "m")[4] == pytest.approx(2250)
+    assert led.prefill_rate("big") == pytest.approx(500)
+    assert led.node_prefill_rate("b") == pytest.approx(2500)
