@@ -45,7 +45,7 @@ PREFILL_EWMA = 0.2
 
 @dataclass(slots=True)
 class _Entry:
-    node: str
+    node: _Node
     dispatched_s: float
     prefill_tokens: int
     prefilling: bool = True
@@ -57,30 +57,68 @@ class _Entry:
 
 
 @dataclass(slots=True)
+class _Pool:
+    """The nodes of one group (a model) with a learned prefill rate, and the sum of the rates."""
+
+    known: int = 0
+    rates: float = 0.0
+
+
+@dataclass(slots=True)
+class _Node:
+    """Everything the ledger keeps for one node, in one place: the decision's per-node loop
+    (:meth:`InflightLedger.router_state`) makes one dictionary lookup per node."""
+
+    name: str
+    pool: _Pool
+    group: str = ""
+    recent: deque[tuple[float, str]] = field(default_factory=deque)  # (dispatched, request)
+    count: int = 0  # requests in flight
+    backlog: int = 0
+    long_blocks: int = 0
+    # expected output of every request in flight; decoding requests and the sum of their
+    # first-token times (the decode they did so far is (count · now − sum) / tpot)
+    expected: int = 0
+    decoding: int = 0
+    first_sum: float = 0.0
+    tpot: float | None = None  # observed s per output token
+    prefill_rate: float = 0.0  # observed prompt tokens/s, and how many samples taught it
+    prefill_samples: int = 0
+    blocks: Counter[int] | None = None  # block -> holders (with track_blocks)
+
+
+@dataclass(slots=True)
 class InflightLedger:
     horizon_s: float = 600.0
     track_blocks: bool = False
     _entries: dict[str, _Entry] = field(default_factory=dict)
-    _recent: dict[str, deque[tuple[float, str]]] = field(default_factory=dict)
-    _backlog: dict[str, int] = field(default_factory=dict)
-    _long_blocks: dict[str, int] = field(default_factory=dict)
-    _tpot: dict[str, float] = field(default_factory=dict)  # node -> observed s per output token
-    _prefill_rate: dict[str, float] = field(default_factory=dict)  # node -> prompt tokens/s
-    _prefill_samples: Counter[str] = field(default_factory=Counter)
-    # per group of nodes (their model): nodes with a learned prefill rate, the sum of the rates
-    _group: dict[str, str] = field(default_factory=dict)
-    _rates_known: Counter[str] = field(default_factory=Counter)
-    _rates_sum: dict[str, float] = field(default_factory=dict)
-    # per node: expected output of every request in flight; decoding requests and the sum of
-    # their first-token times (the decode they did so far is (count · now − sum) / tpot)
-    _expected: dict[str, int] = field(default_factory=dict)
-    _decoding: dict[str, int] = field(default_factory=dict)
-    _first_sum: dict[str, float] = field(default_factory=dict)
-    _blocks: dict[str, Counter[int]] = field(default_factory=dict)  # node -> block -> holders
-    _count: Counter[str] = field(default_factory=Counter)  # node -> requests in flight
+    _nodes: dict[str, _Node] = field(default_factory=dict)
+    _pools: dict[str, _Pool] = field(default_factory=dict)  # group -> its learned rates
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def _node(self, node: str) -> _Node:
+        n = self._nodes.get(node)
+        if n is None:
+            n = self._nodes[node] = _Node(node, self._pool(""))
+        return n
+
+    def _pool(self, group: str) -> _Pool:
+        pool = self._pools.get(group)
+        if pool is None:
+            pool = self._pools[group] = _Pool()
+        return pool
+
+    def _regroup(self, n: _Node, group: str) -> None:
+        """``n`` serves ``group`` (its model) now: its learned rate counts in that pool."""
+        if n.prefill_samples >= PREFILL_MIN_SAMPLES:
+            n.pool.known -= 1
+            n.pool.rates -= n.prefill_rate
+        n.group, n.pool = group, self._pool(group)
+        if n.prefill_samples >= PREFILL_MIN_SAMPLES:
+            n.pool.known += 1
+            n.pool.rates += n.prefill_rate
 
     def dispatch(
         self,
@@ -97,57 +135,58 @@ class InflightLedger:
         (kept with ``track_blocks``)."""
         prev = self._entries.get(request_id)
         self.finish(request_id)  # a re-dispatch replaces the entry
+        n = self._node(node)
         kept = tuple(hashes) if self.track_blocks else ()
         self._entries[request_id] = _Entry(
-            node,
+            n,
             now,
             prefill_tokens,
             expected_output=expected_output,
             long_blocks=long_blocks,
             hashes=kept,
-            ahead=self._backlog.get(node, 0),
+            ahead=n.backlog,
         )
         if kept:
-            self._blocks.setdefault(node, Counter()).update(kept)
-        if prev is None or prev.node != node:  # counted once among the unreflected
-            self._recent.setdefault(node, deque()).append((now, request_id))
-        self._count[node] += 1
-        self._backlog[node] = self._backlog.get(node, 0) + prefill_tokens
-        if long_blocks:
-            self._long_blocks[node] = self._long_blocks.get(node, 0) + long_blocks
-        if expected_output:
-            self._expected[node] = self._expected.get(node, 0) + expected_output
+            if n.blocks is None:
+                n.blocks = Counter()
+            n.blocks.update(kept)
+        if prev is None or prev.node is not n:  # counted once among the unreflected
+            n.recent.append((now, request_id))
+        n.count += 1
+        n.backlog += prefill_tokens
+        n.long_blocks += long_blocks
+        n.expected += expected_output
 
     def first_token(self, request_id: str, now: float | None = None, learn: bool = True) -> None:
         """The request's first token came back at ``now``. ``learn``: it came as soon as the
         node produced it (a streamed answer), so it teaches the node's prefill rate."""
         e = self._entries.get(request_id)
-        if e is not None and e.prefilling:
-            e.prefilling = False
-            self._backlog[e.node] -= e.prefill_tokens
-            work = e.ahead + e.prefill_tokens
-            if (
-                learn
-                and now is not None
-                and work >= PREFILL_MIN_WORK
-                and 2 * e.prefill_tokens >= PREFILL_MIN_WORK
-                and now > e.dispatched_s
-            ):
-                seen = min(1e8, work / (now - e.dispatched_s))
-                old = self._prefill_rate.get(e.node, seen)
-                new = old + PREFILL_EWMA * (seen - old)
-                self._prefill_rate[e.node] = new
-                self._prefill_samples[e.node] += 1
-                group = self._group.get(e.node, "")
-                if self._prefill_samples[e.node] == PREFILL_MIN_SAMPLES:
-                    self._rates_known[group] += 1
-                    self._rates_sum[group] = self._rates_sum.get(group, 0.0) + new
-                elif self._prefill_samples[e.node] > PREFILL_MIN_SAMPLES:
-                    self._rates_sum[group] += new - old
-            if now is not None and e.expected_output > 1:
-                e.first_token_s = now
-                self._decoding[e.node] = self._decoding.get(e.node, 0) + 1
-                self._first_sum[e.node] = self._first_sum.get(e.node, 0.0) + now
+        if e is None or not e.prefilling:
+            return
+        e.prefilling = False
+        n = e.node
+        n.backlog -= e.prefill_tokens
+        work = e.ahead + e.prefill_tokens
+        if (
+            learn
+            and now is not None
+            and work >= PREFILL_MIN_WORK
+            and 2 * e.prefill_tokens >= PREFILL_MIN_WORK
+            and now > e.dispatched_s
+        ):
+            seen = min(1e8, work / (now - e.dispatched_s))
+            old = n.prefill_rate if n.prefill_samples else seen
+            n.prefill_rate = new = old + PREFILL_EWMA * (seen - old)
+            n.prefill_samples += 1
+            if n.prefill_samples == PREFILL_MIN_SAMPLES:
+                n.pool.known += 1
+                n.pool.rates += new
+            elif n.prefill_samples > PREFILL_MIN_SAMPLES:
+                n.pool.rates += new - old
+        if now is not None and e.expected_output > 1:
+            e.first_token_s = now
+            n.decoding += 1
+            n.first_sum += now
 
     def finish(
         self, request_id: str, now: float | None = None, output_tokens: int | None = None
@@ -158,42 +197,44 @@ class InflightLedger:
         e = self._entries.pop(request_id, None)
         if e is None:
             return
-        self._count[e.node] -= 1
-        if e.long_blocks:
-            self._long_blocks[e.node] -= e.long_blocks
-        if e.hashes:
-            held = self._blocks[e.node]
+        n = e.node
+        n.count -= 1
+        n.long_blocks -= e.long_blocks
+        if e.hashes and n.blocks is not None:
+            held = n.blocks
             held.subtract(e.hashes)
             for h in e.hashes:
                 if h in held and held[h] <= 0:
                     del held[h]
-        if e.expected_output:
-            self._expected[e.node] -= e.expected_output
+        n.expected -= e.expected_output
         if e.first_token_s is not None:
-            self._decoding[e.node] -= 1
-            self._first_sum[e.node] -= e.first_token_s
+            n.decoding -= 1
+            n.first_sum -= e.first_token_s
             if now is not None and output_tokens is not None and output_tokens > 1:
                 seen = (now - e.first_token_s) / (output_tokens - 1)
-                old = self._tpot.get(e.node, seen)
-                self._tpot[e.node] = old + TPOT_EWMA * (seen - old)
+                old = seen if n.tpot is None else n.tpot
+                n.tpot = old + TPOT_EWMA * (seen - old)
 
     def active_blocks(self, node: str) -> int:
         """Distinct prompt blocks of this router's requests on ``node`` (with track_blocks)."""
-        held = self._blocks.get(node)
-        return len(held) if held else 0
+        n = self._nodes.get(node)
+        return len(n.blocks) if n is not None and n.blocks else 0
 
     def active_requests(self, node: str) -> int:
         """This router's requests in flight on ``node``."""
-        return self._count[node]
+        n = self._nodes.get(node)
+        return n.count if n is not None else 0
 
     def active_overlap(self, node: str, hashes: Sequence[int]) -> int:
         """How many of ``hashes`` are active on ``node`` (with track_blocks)."""
-        held = self._blocks.get(node)
+        n = self._nodes.get(node)
+        held = n.blocks if n is not None else None
         return sum(1 for h in hashes if h in held) if held else 0
 
     def long_blocks(self, node: str) -> int:
         """KV blocks of this router's long requests on ``node``."""
-        return self._long_blocks.get(node, 0)
+        n = self._nodes.get(node)
+        return n.long_blocks if n is not None else 0
 
     def prefill_rate(self, node: str) -> float:
         """The prefill rate the cost of ``node``'s prompts is counted at, in prompt tokens per
@@ -202,39 +243,55 @@ class InflightLedger:
         gave each of a fleet of equal engines an arbitrary, drifting edge that the cost model
         followed (measured: Mooncake TTFT p99 2.3 → 7.1 s in the routing benchmark); engines of
         another speed serve another model or pool."""
-        group = self._group.get(node, "")
-        known = self._rates_known[group]
-        return self._rates_sum[group] / known if known else 0.0
+        n = self._nodes.get(node)
+        pool = n.pool if n is not None else self._pools.get("")
+        return pool.rates / pool.known if pool is not None and pool.known else 0.0
 
     def node_prefill_rate(self, node: str) -> float:
         """``node``'s own learned prefill rate (0: fewer than PREFILL_MIN_SAMPLES samples)."""
-        if self._prefill_samples[node] < PREFILL_MIN_SAMPLES:
+        n = self._nodes.get(node)
+        if n is None or n.prefill_samples < PREFILL_MIN_SAMPLES:
             return 0.0
-        return self._prefill_rate[node]
+        return n.prefill_rate
 
     def tpot_s(self, node: str) -> float:
         """``node``'s observed time per output token."""
-        return self._tpot.get(node, TPOT_PRIOR_S)
+        n = self._nodes.get(node)
+        return TPOT_PRIOR_S if n is None or n.tpot is None else n.tpot
+
+    @staticmethod
+    def _remaining(n: _Node, now: float) -> int:
+        expected = n.expected
+        if not expected:
+            return 0
+        k = n.decoding
+        if not k:
+            return expected
+        tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
+        return max(0, int(expected - (k + (k * now - n.first_sum) / tpot)))
 
     def remaining_decode(self, node: str, now: float) -> int:
         """Output tokens this router's requests on ``node`` are still expected to produce:
         their expected outputs, less what the decoding ones produced at the node's observed
         time per output token (an estimate: a request past its expected output lowers it)."""
-        expected = self._expected.get(node, 0)
-        if not expected:
-            return 0
-        k = self._decoding.get(node, 0)
-        done = k + (k * now - self._first_sum.get(node, 0.0)) / self._tpot.get(node, TPOT_PRIOR_S)
-        return max(0, int(expected - done))
+        n = self._nodes.get(node)
+        return self._remaining(n, now) if n is not None else 0
 
-    def unreflected(self, node: str, heartbeat_ts: float) -> int:
-        """This router's requests on ``node`` dispatched after its last heartbeat."""
-        q = self._recent.get(node)
+    def _unreflected(self, n: _Node, heartbeat_ts: float) -> int:
+        q = n.recent
         if not q:
             return 0
         while q and q[0][0] <= heartbeat_ts:
             q.popleft()
-        return sum(1 for _, rid in q if rid in self._entries)
+        if not q:
+            return 0
+        entries = self._entries
+        return sum(1 for _, rid in q if rid in entries)
+
+    def unreflected(self, node: str, heartbeat_ts: float) -> int:
+        """This router's requests on ``node`` dispatched after its last heartbeat."""
+        n = self._nodes.get(node)
+        return self._unreflected(n, heartbeat_ts) if n is not None else 0
 
     def router_state(
         self, node: str, heartbeat_ts: float, now: float, group: str = ""
@@ -243,33 +300,46 @@ class InflightLedger:
         per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
         :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
         node's model, whose nodes share a prefill rate)."""
-        if self._group.get(node) != group:
-            self._group[node] = group
-        pending = self.unreflected(node, heartbeat_ts)
-        backlog = self._backlog.get(node, 0)
-        expected = self._expected.get(node, 0)
-        remaining = 0
+        n = self._nodes.get(node)
+        if n is None:
+            n = self._nodes[node] = _Node(node, self._pool(group), group)
+        elif n.group != group:
+            self._regroup(n, group)
+        # (the two helpers inlined: this runs once per node per decision)
+        pending = 0
+        q = n.recent
+        if q:
+            while q and q[0][0] <= heartbeat_ts:
+                q.popleft()
+            if q:
+                entries = self._entries
+                for _, rid in q:
+                    if rid in entries:
+                        pending += 1
+        remaining = expected = n.expected
         if expected:
-            k = self._decoding.get(node, 0)
+            k = n.decoding
             if k:
-                done = k + (k * now - self._first_sum[node]) / self._tpot.get(node, TPOT_PRIOR_S)
-                remaining = max(0, int(expected - done))
-            else:
-                remaining = expected
-        known = self._rates_known[group]
-        rate = self._rates_sum[group] / known if known else 0.0
-        return pending, backlog, remaining, self._long_blocks.get(node, 0), rate
+                tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
+                remaining = int(expected - (k + (k * now - n.first_sum) / tpot))
+                if remaining < 0:
+                    remaining = 0
+        pool = n.pool
+        known = pool.known
+        return pending, n.backlog, remaining, n.long_blocks, pool.rates / known if known else 0.0
 
     def prefill_backlog(self, node: str) -> int:
         """Uncached prompt tokens of this router's requests on ``node`` still awaiting prefill."""
-        return self._backlog.get(node, 0)
+        n = self._nodes.get(node)
+        return n.backlog if n is not None else 0
 
     def sweep(self, now: float) -> int:
         """Drop entries older than the horizon (a lost ``finish`` must not grow the ledger)."""
         old = [rid for rid, e in self._entries.items() if now - e.dispatched_s > self.horizon_s]
         for rid in old:
             self.finish(rid)
-        for q in self._recent.values():
+        for n in self._nodes.values():
+            q = n.recent
             while q and now - q[0][0] > self.horizon_s:
                 q.popleft()
         return len(old)
