@@ -29,6 +29,7 @@ Entries leave on ``finish`` (always called, whatever the outcome) or after ``hor
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -259,53 +260,8 @@ class InflightLedger:
         n = self._nodes.get(node)
         return TPOT_PRIOR_S if n is None or n.tpot is None else n.tpot
 
-    @staticmethod
-    def _remaining(n: _Node, now: float) -> int:
-        expected = n.expected
-        if not expected:
-            return 0
-        k = n.decoding
-        if not k:
-            return expected
-        tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
-        return max(0, int(expected - (k + (k * now - n.first_sum) / tpot)))
-
-    def remaining_decode(self, node: str, now: float) -> int:
-        """Output tokens this router's requests on ``node`` are still expected to produce:
-        their expected outputs, less what the decoding ones produced at the node's observed
-        time per output token (an estimate: a request past its expected output lowers it)."""
-        n = self._nodes.get(node)
-        return self._remaining(n, now) if n is not None else 0
-
-    def _unreflected(self, n: _Node, heartbeat_ts: float) -> int:
-        q = n.recent
-        if not q:
-            return 0
-        while q and q[0][0] <= heartbeat_ts:
-            q.popleft()
-        if not q:
-            return 0
-        entries = self._entries
-        return sum(1 for _, rid in q if rid in entries)
-
-    def unreflected(self, node: str, heartbeat_ts: float) -> int:
-        """This router's requests on ``node`` dispatched after its last heartbeat."""
-        n = self._nodes.get(node)
-        return self._unreflected(n, heartbeat_ts) if n is not None else 0
-
-    def router_state(
-        self, node: str, heartbeat_ts: float, now: float, group: str = ""
-    ) -> tuple[int, int, int, int, float]:
-        """What :meth:`router.core.NodeView.with_router_state` takes, in one pass (the decision's
-        per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
-        :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
-        node's model, whose nodes share a prefill rate)."""
-        n = self._nodes.get(node)
-        if n is None:
-            n = self._nodes[node] = _Node(node, self._pool(group), group)
-        elif n.group != group:
-            self._regroup(n, group)
-        # (the two helpers inlined: this runs once per node per decision)
+    def _state(self, n: _Node, heartbeat_ts: float, now: float) -> tuple[int, int, int, int, float]:
+        """:meth:`router_state` of a node's record (the one implementation)."""
         pending = 0
         q = n.recent
         if q:
@@ -327,6 +283,32 @@ class InflightLedger:
         pool = n.pool
         known = pool.known
         return pending, n.backlog, remaining, n.long_blocks, pool.rates / known if known else 0.0
+
+    def remaining_decode(self, node: str, now: float) -> int:
+        """Output tokens this router's requests on ``node`` are still expected to produce:
+        their expected outputs, less what the decoding ones produced at the node's observed
+        time per output token (an estimate: a request past its expected output lowers it)."""
+        n = self._nodes.get(node)
+        return self._state(n, -math.inf, now)[2] if n is not None else 0
+
+    def unreflected(self, node: str, heartbeat_ts: float) -> int:
+        """This router's requests on ``node`` dispatched after its last heartbeat."""
+        n = self._nodes.get(node)
+        return self._state(n, heartbeat_ts, 0.0)[0] if n is not None else 0
+
+    def router_state(
+        self, node: str, heartbeat_ts: float, now: float, group: str = ""
+    ) -> tuple[int, int, int, int, float]:
+        """What :meth:`router.core.NodeView.with_router_state` takes, in one pass (the decision's
+        per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
+        :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
+        node's model, whose nodes share a prefill rate)."""
+        n = self._nodes.get(node)
+        if n is None:
+            n = self._nodes[node] = _Node(node, self._pool(group), group)
+        elif n.group != group:
+            self._regroup(n, group)
+        return self._state(n, heartbeat_ts, now)
 
     def prefill_backlog(self, node: str) -> int:
         """Uncached prompt tokens of this router's requests on ``node`` still awaiting prefill."""

@@ -12,8 +12,7 @@ from router.baselines import (
     DynamoCostPolicy,
     LlmdWeightedPolicy,
     SglangCacheAwarePolicy,
-    VllmStackKvAwarePolicy,
-    VllmStackPrefixAwarePolicy,
+    tiebreak,
 )
 from router.core import (
     Candidate,
@@ -26,6 +25,7 @@ from router.core import (
 )
 from router.costpolicy import CompletionCostPolicy
 from router.settings import RouterSettings, SeedWeights
+from router.vllmstack import VllmStackKvAwarePolicy, VllmStackPrefixAwarePolicy
 
 __all__ = [
     "POLICIES",
@@ -124,11 +124,6 @@ class SeedScorePolicy(PolicyBase):
         return RouteDecision(least.node_id, "all_overloaded", tuple(cands))
 
 
-def _salted(request: RouteRequest, node_id: str) -> int:
-    """A per-request order of nodes, so that ties do not always go to the same node."""
-    return zlib.crc32(node_id.encode()) ^ zlib.crc32(request.request_id.encode())
-
-
 def _load(n: NodeView) -> int:
     return n.running + n.waiting + n.pending
 
@@ -195,7 +190,7 @@ class LeastRequestsPolicy(PolicyBase):
         matches: Mapping[str, int],
         now: float,
     ) -> RouteDecision:
-        best = min(nodes, key=lambda n: (_load(n), _salted(request, n.node_id)))
+        best = min(nodes, key=lambda n: (_load(n), tiebreak(request, n.node_id)))
         return RouteDecision(best.node_id, "least_requests", _candidates(nodes, matches, request))
 
 

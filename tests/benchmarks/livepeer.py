@@ -200,8 +200,10 @@ async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
         sup.spawn("worker", "worker")
         kv_port, sgl_port = free_port(), free_port()
         sup.spawn("router", "router", "--port", str(kv_port))
-        kvgate = f"http://127.0.0.1:{kv_port}"
-        routers = {"sglang_router_cache_aware": "", "kvgate": kvgate}
+        routers = {  # the order they run in
+            "sglang_router_cache_aware": f"http://127.0.0.1:{sgl_port}",
+            "kvgate": f"http://127.0.0.1:{kv_port}",
+        }
         if w.prefill_tokens_per_s:  # a second kvgate told the engines' prefill rate up front
             told_port = free_port()
             rate = {"KVGATE_ROUTER__COST__PREFILL_TOKENS_PER_S": str(w.prefill_tokens_per_s)}
@@ -223,7 +225,6 @@ async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
                 *engines,
             ],
         )
-        routers["sglang_router_cache_aware"] = f"http://127.0.0.1:{sgl_port}"
         for name, url in routers.items():
             await wait_http(url + ("/v1/models" if name.startswith("sglang") else "/ready"))
         await asyncio.sleep(2.0)  # every agent has sent a few heartbeats

@@ -214,7 +214,7 @@ def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
 
 
 def test_vllm_prefix_aware_follows_its_trie_and_ignores_load() -> None:
-    from router.baselines import VllmStackPrefixAwarePolicy
+    from router.vllmstack import VllmStackPrefixAwarePolicy
 
     p = VllmStackPrefixAwarePolicy()
     nodes = [node("a"), node("b"), node("c")]
@@ -231,8 +231,18 @@ def test_vllm_prefix_aware_follows_its_trie_and_ignores_load() -> None:
     assert d.chosen != first.chosen and d.reason == "random"
 
 
+def test_vllm_prefix_aware_keeps_its_trie_bounded() -> None:
+    from router.vllmstack import VllmStackPrefixAwarePolicy
+
+    p = VllmStackPrefixAwarePolicy(max_blocks=8)
+    nodes = [node("a"), node("b")]
+    for i in range(10):
+        p.decide(RouteRequest(f"r{i}", "m", [i * 10 + j for j in range(3)], 48, 16), nodes, {}, NOW)
+    assert len(p._trie) == 8 and 0 not in p._trie and 92 in p._trie  # the oldest went first
+
+
 def test_vllm_prefix_aware_below_min_match_goes_to_lowest_routed_qps() -> None:
-    from router.baselines import VllmStackPrefixAwarePolicy
+    from router.vllmstack import VllmStackPrefixAwarePolicy
 
     p = VllmStackPrefixAwarePolicy(min_match_blocks=3)
     nodes = [node("a"), node("b")]
@@ -246,7 +256,7 @@ def test_vllm_prefix_aware_below_min_match_goes_to_lowest_routed_qps() -> None:
 
 
 def test_vllm_kv_aware_uses_the_index_within_its_threshold_else_session_or_qps() -> None:
-    from router.baselines import VllmStackKvAwarePolicy
+    from router.vllmstack import VllmStackKvAwarePolicy
 
     p = VllmStackKvAwarePolicy(kv_aware_threshold=32)  # tokens
     nodes = [node("a"), node("b"), node("c")]
