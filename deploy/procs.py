@@ -19,16 +19,29 @@ DEPLOY = Path(__file__).resolve().parent
 _HANDED_OUT: set[int] = set()
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
     """A port nothing listens on now, and never one this process handed out before: children
     bind their ports some time after they are chosen, and the kernel may offer a chosen but not
-    yet bound port again."""
+    yet bound port again. ``span``: the next ``span − 1`` ports are free and reserved too (an
+    engine with data-parallel ranks binds its KV-event ports at port + rank)."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
+        ports = range(port, port + span)
+        if port + span > 65536 or any(p in _HANDED_OUT for p in ports):
+            continue
+        if all(_bindable(p) for p in ports[1:]):
+            _HANDED_OUT.update(ports)
             return port
 
 
@@ -92,7 +105,8 @@ class Supervisor:
     ) -> str:
         """A simulated engine and its agent; returns the engine's base URL. ``sglang``: the
         engine looks like SGLang without KV events (SGLang metrics, approximate index)."""
-        http_port, zmq_port, replay_port = free_port(), free_port(), free_port()
+        ranks = int((engine_env or {}).get("KVGATE_ENGINE__DATA_PARALLEL_SIZE", "1"))
+        http_port, zmq_port, replay_port = free_port(), free_port(ranks), free_port(ranks)
         extra = ["--num-gpu-blocks", str(num_gpu_blocks)] if num_gpu_blocks else []
         if sglang:
             extra.append("--sglang")
