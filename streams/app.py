@@ -1,14 +1,17 @@
-"""The Faust app: folds heartbeats and KV events into the load table and the prefix index.
+"""The Faust app: folds heartbeats, KV events and reservations into the tables.
 
 Agents are thin: decode (invalid → dead-letter topic), call a pure fold from
-:mod:`streams.folds`, write table entries. Writes for one node go to one changelog partition in
-order, and the cursor is written last, so a restored table never holds a cursor ahead of its
-entries. With ``exactly_once`` Faust wraps each commit interval in a Kafka transaction.
+:mod:`streams.folds`, keep the result in memory. The table writes wait for the next commit
+(:class:`CoalescedTable`, :func:`write_tables_before_commit`): per commit interval one record per
+changed node in the prefix index (a segment, :mod:`streams.segments`), the latest heartbeat per
+node in the load table, the last state per reservation in the ledger. The cost of the tables is
+per node and interval, not per block or message. Writes for one node go to its input partition;
+with ``exactly_once`` Faust wraps each commit interval in a Kafka transaction, so the input
+offsets and the records that fold them commit together.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -20,13 +23,20 @@ import faust
 
 from streams.codec import decode, encode
 from streams.exceptions import SchemaError
-from streams.folds import KvCursor, index_key, is_newer, parse_index_key, plan_kv
+from streams.faustpatch import (
+    dispatch_without_tasks,
+    flush_before_transaction_commit,
+    restore_only_settled_changelogs,
+    write_tables_before_commit,
+)
+from streams.folds import is_newer, plan_kv
 from streams.kafka import KafkaBus
 from streams.kafka import dead_letter as kafka_dead_letter
 from streams.ledger import ledger_fold
 from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
+from streams.segments import BASE, NodeSegments, group_records, segment_key
 from streams.settings import KafkaSettings, WorkerSettings
-from streams.tables import KV_CURSOR, KV_LEDGER, LOAD, PREFIX_INDEX, app_id
+from streams.tables import KV_LEDGER, LOAD, PREFIX_INDEX, app_id
 from streams.topics import DLQ, HEARTBEATS, KV_EVENTS, LEDGER
 
 __all__ = ["build_app"]
@@ -34,167 +44,69 @@ __all__ = ["build_app"]
 log = logging.getLogger(__name__)
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 RAW_TOPIC: dict[str, Any] = {**RAW, "key_serializer": "raw", "value_serializer": "raw"}
-PRESENT = b"1"
 M = TypeVar("M", bound=Message)
 
 
-def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
-    """Make Faust's exactly-once commits carry the table writes they cover.
+class CoalescedTable:
+    """A Faust table whose writes wait for the next commit, the last value per key.
 
-    faust-streaming 0.15.3 commits a transaction (input offsets + end of transaction) without
-    first draining its own producer buffer: ``Consumer._commit_offsets`` calls
-    ``producer.flush()`` only outside transactions. Changelog records still in that buffer are
-    sent after the commit, into the next transaction, so a worker that dies in between has
-    committed input offsets whose table writes are lost. This waits, before each commit
-    (periodic, rebalance and the final one at shutdown alike), until the record that was
-    buffered last when the commit started has reached Kafka: the buffer is FIFO, so every record
-    buffered before it has then been handed to aiokafka, which sends what it holds before it ends
-    a transaction. Records buffered later belong to later offsets and go to the next transaction.
-    (Faust's own ``flush()`` would wait for an empty buffer, which under steady table writes
-    holds every commit back.)
+    A key written ten times in one commit interval costs one changelog record; a key set and
+    deleted in the same interval, none. Writes go to the changelog partition given (the input
+    partition of the node or reservation, as Faust's own writes do) and to the table's
+    in-memory store, which is what recovery restores and :meth:`items` reads."""
 
-    The record to wait for is remembered when it is buffered, not looked up in the buffer's
-    queue: the buffer's sender takes a record off the queue *before* handing it to aiokafka
-    (which can wait when a partition's batch is full), so a queue that looks empty may still have
-    a record in flight. If that record fails or is not sent in time, the commit is refused (the
-    worker stops and the input is folded again): committing would lose table writes. Idempotent.
-    """
-    from faust.transport.consumer import TransactionManager
-    from faust.transport.producer import ProducerBuffer
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.pending: dict[bytes, tuple[int, bytes | None]] = {}
 
-    put = ProducerBuffer.put
-    if not getattr(put, "remembers_last", False):
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.pending:
+            return self.pending[key][1]
+        value: bytes | None = self.table.data.get(key)
+        return value
 
-        def remembering_put(self: ProducerBuffer, fut: Any) -> None:
-            self.last_buffered = fut  # type: ignore[attr-defined]
-            put(self, fut)
+    def put(self, partition: int, key: bytes, value: bytes | None) -> None:
+        self.pending[key] = (partition, value)
 
-        remembering_put.remembers_last = True  # type: ignore[attr-defined]
-        ProducerBuffer.put = remembering_put  # type: ignore[method-assign]
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """What the table holds (written records; pending writes are not included)."""
+        return list(self.table.data.items())
 
-    commit = TransactionManager.commit
-    if getattr(commit, "flushes_first", False):
-        return
+    def partition_of(self, key: bytes) -> int:
+        """The changelog partition a restored key came from (-1: not known)."""
+        parts = getattr(self.table.data, "_key_partition", {})
+        return int(parts.get(key, -1))
 
-    async def flushed_commit(
-        self: TransactionManager, offsets: Any, start_new_transaction: bool = True
-    ) -> bool:
-        await buffered_records_sent(self.app.producer, timeout_s)
-        return await commit(self, offsets, start_new_transaction=start_new_transaction)
-
-    flushed_commit.flushes_first = True  # type: ignore[attr-defined]
-    TransactionManager.commit = flushed_commit  # type: ignore[method-assign]
-
-
-def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
-    """Make Faust's table recovery read every committed changelog record.
-
-    With exactly-once the worker reads changelogs ``read_committed``, and Faust takes the
-    partitions' end offsets at the start of recovery as the point where the tables are restored.
-    For a ``read_committed`` reader that end is the *last stable offset*: it stops at the first
-    transaction still open. A worker that just committed its last transaction and stopped
-    (SIGTERM) leaves that transaction committed at the coordinator but its markers not yet
-    written to every partition; the input offsets it committed are visible a moment before its
-    table writes are. A successor that restores in that moment stops short of the writes yet
-    resumes the input after them: the writes are never folded again (a KV cursor behind its
-    input, blocks whose removals were committed still in the index). This waits, before
-    recovery reads the end offsets, until no transaction is open on the changelog partitions
-    this worker was newly given (the last stable offset equals the high watermark; on the
-    partitions it kept, an open transaction is its own and would never settle). Open
-    transactions of a dead worker are aborted when this worker's transactional producers start,
-    which Faust does before recovery, so the wait is short (commit markers take milliseconds); it
-    gives up after ``timeout_s`` (recovery then proceeds as before, and says so). Idempotent."""
-    from faust.tables.recovery import Recovery
-
-    build = Recovery._build_highwaters
-    if getattr(build, "waits_for_settled", False):
-        return
-
-    owned: dict[tuple[int, str], set[Any]] = {}  # (recovery, title) -> partitions last time
-
-    async def settled_highwaters(
-        self: Recovery, consumer: Any, tps: Any, destination: Any, title: str
-    ) -> None:
-        # only partitions this worker did not hold at its previous recovery can have someone
-        # else's transaction open; on the ones it kept, an open transaction is its own
-        before = owned.get((id(self), title), set())
-        new = set(tps) - before
-        if new:
-            await changelogs_settled(kafka, consumer, new, timeout_s)
-        owned[(id(self), title)] = set(tps)
-        await build(self, consumer, tps, destination, title)
-
-    settled_highwaters.waits_for_settled = True  # type: ignore[attr-defined]
-    Recovery._build_highwaters = settled_highwaters  # type: ignore[method-assign]
-
-
-async def changelogs_settled(
-    kafka: KafkaSettings, consumer: Any, tps: set[Any], timeout_s: float
-) -> None:
-    """Wait until ``consumer``'s (read_committed) end offsets of ``tps`` reach their high
-    watermarks (see :func:`restore_only_settled_changelogs`)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    probe = AIOKafkaConsumer(
-        **kafka.client_options(),
-        client_id="kvgate-worker-recovery-probe",
-        isolation_level="read_uncommitted",
-        enable_auto_commit=False,
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        await probe.start()
-        unsettled: list[Any] = []
-        while True:
-            stable = await consumer.highwaters(*tps)
-            ends = await probe.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
-            unsettled = [
-                tp
-                for tp in tps
-                if (stable.get(tp) or 0) < ends.get(TopicPartition(tp.topic, tp.partition), 0)
-            ]
-            if not unsettled or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.1)
-        if unsettled:
-            log.warning(
-                "changelog partitions still have open transactions after %.0f s, restoring "
-                "what is committed: %s",
-                timeout_s,
-                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unsettled)),
-            )
-    except Exception as exc:  # the probe is a safeguard: recovery goes on without it
-        log.warning("could not compare changelog end offsets before recovery: %s", exc)
-    finally:
-        await probe.stop()
-
-
-class UnsentTableWrite(RuntimeError):
-    """A table write buffered before a commit was not sent: the commit must not happen."""
-
-
-async def buffered_records_sent(producer: Any, timeout_s: float) -> None:
-    """Wait until the record buffered last in ``producer`` has been sent (see above)."""
-    if producer.app.conf.producer_threaded:  # another queue: drain the whole buffer
-        await producer.flush()
-        return
-    last = getattr(producer.buffer, "last_buffered", None)
-    if last is None:
-        return
-    if last.cancelled():
-        raise UnsentTableWrite("a buffered table write was cancelled; not committing")
-    try:
-        await asyncio.wait_for(asyncio.shield(last), timeout_s)
-    except TimeoutError:
-        raise UnsentTableWrite(
-            f"a buffered table write was not sent within {timeout_s:.0f} s; not committing"
-        ) from None
-    except Exception as exc:
-        raise UnsentTableWrite(f"a buffered table write failed; not committing: {exc}") from exc
+    def write(self, owned: set[int]) -> int:
+        """Send the pending writes of the partitions this worker owns (the others were revoked:
+        their new owner folds that input again) and apply them to the store."""
+        store = self.table.data
+        data = store.data
+        parts = getattr(store, "_key_partition", None)
+        sent = 0
+        for key, (partition, value) in self.pending.items():
+            if partition not in owned:
+                continue
+            if value is None:
+                if key not in data:  # never written: nothing to delete
+                    continue
+                del data[key]
+                if parts is not None:
+                    parts.pop(key, None)
+            else:
+                data[key] = value
+                if parts is not None:
+                    parts[key] = partition
+            self.table.send_changelog(partition, key, value)
+            sent += 1
+        self.pending.clear()
+        return sent
 
 
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
+    write_tables_before_commit()
+    dispatch_without_tasks()
     if worker.exactly_once:
         flush_before_transaction_commit()
         restore_only_settled_changelogs(kafka)
@@ -227,19 +139,28 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     kv_events = app.topic(KV_EVENTS.name(ns), **RAW_TOPIC)
     ledger_topic = app.topic(LEDGER.name(ns), **RAW_TOPIC)
     dlq = app.topic(DLQ.name(ns), **RAW_TOPIC)
-    load = app.Table(LOAD.name, default=None, partitions=kafka.partitions, **RAW)
-    index = app.Table(PREFIX_INDEX.name, default=None, partitions=kafka.partitions, **RAW)
-    cursors = app.Table(KV_CURSOR.name, default=None, partitions=kafka.partitions, **RAW)
-    ledger = app.Table(KV_LEDGER.name, default=None, partitions=kafka.partitions, **RAW)
+    load = CoalescedTable(app.Table(LOAD.name, default=None, partitions=kafka.partitions, **RAW))
+    index = CoalescedTable(
+        app.Table(PREFIX_INDEX.name, default=None, partitions=kafka.partitions, **RAW)
+    )
+    ledger = CoalescedTable(
+        app.Table(KV_LEDGER.name, default=None, partitions=kafka.partitions, **RAW)
+    )
 
-    # In-memory mirrors of the tables for the partitions this worker owns (node -> blocks, node ->
-    # last heartbeat (epoch, seq)), rebuilt from the restored tables after every rebalance.
-    mirror: dict[str, set[int]] = {}
-    beats: dict[str, tuple[str, int, float]] = {}
+    # What the worker holds for the partitions it owns: each node's blocks and segment writer,
+    # each node's last heartbeat (epoch, seq, ts, partition). Rebuilt after every rebalance for
+    # the partitions it was newly given; kept (with its unwritten changes) for the ones it kept.
+    nodes: dict[str, NodeSegments] = {}
+    beats: dict[str, tuple[str, int, float, int]] = {}
+    dirty: set[str] = set()  # nodes with changes not yet written
     mirror_ok = False
     folded: Counter[str] = Counter()  # input messages folded, by source (for /metrics)
+    written: Counter[str] = Counter()  # table records written, by table (for /metrics)
     inputs = {HEARTBEATS.name(ns): "heartbeats", KV_EVENTS.name(ns): "kv_events"}
     inputs[LEDGER.name(ns)] = "ledger"
+
+    def owned() -> set[int]:
+        return {tp.partition for tp in app.assignor.assigned_actives()}
 
     @app.on_rebalance_complete.connect
     def _invalidate(*_: Any, **__: Any) -> None:
@@ -250,15 +171,38 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         nonlocal mirror_ok
         if mirror_ok:
             return
-        mirror.clear()
-        beats.clear()
-        for key in list(index.keys()):
-            n, block = parse_index_key(key)
-            mirror.setdefault(n, set()).add(block)
-        for key, value in list(load.items()):
-            hb = Heartbeat.model_validate_json(value)
-            beats[key.decode()] = (hb.epoch, hb.seq, hb.ts)
+        mine = owned()
+        for gone in [n for n, seg in nodes.items() if seg.partition not in mine]:
+            del nodes[gone]
+            dirty.discard(gone)
+        for gone in [n for n, beat in beats.items() if beat[3] not in mine]:
+            del beats[gone]
+        for node, records in group_records(index.items()).items():
+            if node not in nodes:
+                part = index.partition_of(segment_key(node, BASE, 0))
+                nodes[node] = NodeSegments.restored(part, records)
+        for key, value in load.items():
+            node = key.decode()
+            if node not in beats:
+                hb = Heartbeat.model_validate_json(value)
+                beats[node] = (hb.epoch, hb.seq, hb.ts, load.partition_of(key))
         mirror_ok = True
+
+    def write_tables() -> None:
+        """Write what changed since the last commit: one segment record per changed node, its
+        latest heartbeat, the open reservations' last state (called before every commit)."""
+        mine = owned()
+        for node in list(dirty):
+            seg = nodes.get(node)
+            if seg is None or seg.partition not in mine:
+                continue
+            for key, value in seg.flush(node):
+                index.put(seg.partition, key, value)
+            dirty.discard(node)
+        for name, table in (("prefix_index", index), ("load", load), ("kv_ledger", ledger)):
+            written[name] += table.write(mine)
+
+    app.before_commit = write_tables  # type: ignore[attr-defined]
 
     async def dead_letter(event: Any, error: str, consumer: str) -> None:
         folded["dead_lettered"] += 1
@@ -267,23 +211,23 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         letter = kafka_dead_letter(msg, error, consumer)
         await dlq.send(key=msg.topic.encode(), value=encode(letter))
 
-    def forget(node: str) -> None:
+    def forget(node: str, partition: int) -> None:
         """A node retired (tombstone on the input): drop its entries from every table."""
         rebuild()
-        for block in mirror.pop(node, set()):
-            del index[index_key(node, block)]
-        if node in beats:
-            del load[node.encode()]
-            del beats[node]
-        if cursors.get(node.encode()) is not None:
-            del cursors[node.encode()]
+        seg = nodes.pop(node, None)
+        dirty.discard(node)
+        records = (seg or NodeSegments(partition)).tombstones(node)
+        for key, value in records:
+            index.put(partition, key, value)
+        if beats.pop(node, None) is not None:
+            load.put(partition, node.encode(), None)
 
     async def node_message(event: Any, model: type[M], consumer: str) -> M | None:
         """The event's message, or None when it was a retirement (handled here) or invalid
         (dead-lettered)."""
         key = event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None
         if event.value is None and key is not None:
-            forget(key)
+            forget(key, event.message.partition)
             return None
         try:
             msg = decode(model, event.value)
@@ -305,8 +249,9 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             folded["heartbeats"] += 1
             prev = beats.get(hb.node_id)
             if is_newer(None if prev is None else prev[:2], (hb.epoch, hb.seq)):
-                load[hb.node_id.encode()] = event.value
-                beats[hb.node_id] = (hb.epoch, hb.seq, hb.ts)
+                part = event.message.partition
+                load.put(part, hb.node_id.encode(), event.value)
+                beats[hb.node_id] = (hb.epoch, hb.seq, hb.ts, part)
 
     @app.agent(kv_events)
     async def fold_kv_events(stream: faust.StreamT[bytes]) -> None:
@@ -316,21 +261,17 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 continue
             folded["kv_events"] += 1
             node = batch.node_id
-            raw = cursors.get(node.encode())
-            cursor = KvCursor.decode(raw) if raw else None
-            current = mirror.setdefault(node, set())
-            plan = plan_kv(cursor, current, batch)
+            seg = nodes.get(node)
+            if seg is None:
+                seg = nodes[node] = NodeSegments(event.message.partition)
+            seg.partition = event.message.partition
+            plan = plan_kv(seg.cursor, seg.blocks, batch)
             if not plan.apply:
                 continue
             if plan.gap:
                 log.warning("KV batches of %s were lost before %s/%d", node, batch.epoch, batch.seq)
-            for block in plan.deletes:
-                del index[index_key(node, block)]
-                current.discard(block)
-            for block in plan.upserts:
-                index[index_key(node, block)] = PRESENT
-                current.add(block)
-            cursors[node.encode()] = plan.cursor.encode()
+            seg.apply(plan, replaced=batch.kind == "snapshot" or batch.cleared)
+            dirty.add(node)
 
     @app.agent(ledger_topic)
     async def fold_ledger(stream: faust.StreamT[bytes]) -> None:
@@ -344,17 +285,18 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 continue
             folded["ledger"] += 1
             key = ev.reservation_id.encode()
+            part = event.message.partition
             if ev.kind == "reserve":
-                ledger[key] = event.value
+                ledger.put(part, key, event.value)
                 continue
             held = ledger.get(key)
             if held is None:  # closed already (or never opened): nothing to change
                 continue
             entry = ledger_fold(ev, LedgerEvent.model_validate_json(held))
             if entry is None:
-                del ledger[key]
+                ledger.put(part, key, None)
             else:  # a renew: the open entry with its new lease
-                ledger[key] = entry.model_dump_json().encode()
+                ledger.put(part, key, entry.model_dump_json().encode())
 
     @app.page("/metrics")
     async def metrics(view: Any, request: Any) -> Any:
@@ -384,7 +326,13 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             "kvgate_worker_index_entries",
             "gauge",
             "(node, block) entries of its prefix index partitions",
-            [("", sum(len(b) for b in mirror.values()))],
+            [("", sum(len(seg.blocks) for seg in nodes.values()))],
+        )
+        family(
+            "kvgate_worker_table_records",
+            "counter",
+            "Changelog records written, by table (coalesced per commit interval)",
+            [(f'{{table="{t}"}}', written[t]) for t in ("prefix_index", "load", "kv_ledger")],
         )
         lag: Counter[str] = Counter()
         consumer: Any = app.consumer
@@ -413,7 +361,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         if not mirror_ok:
             return
         now = time.time()
-        dead = [n for n, (_, _, ts) in beats.items() if now - ts > worker.node_ttl_s]
+        dead = [n for n, (_, _, ts, _) in beats.items() if now - ts > worker.node_ttl_s]
         if not dead:
             return
         if reaper is None:

@@ -3,7 +3,7 @@
 Bootstrap from the tables, then follow the input:
 
 1. read the committed offsets of the worker's consumer group on the input topics;
-2. read the table changelogs (``load``, ``prefix_index``, ``kv_cursor``) to their end,
+2. read the table changelogs (``load``, ``prefix_segments``) to their end,
    ``read_committed`` — under exactly-once that is the state the worker committed *at least up to*
    those offsets;
 3. consume the input topics (heartbeats, KV events) from those offsets and fold every event with
@@ -31,12 +31,13 @@ from aiokafka.errors import KafkaError
 
 from streams.background import Background
 from streams.exceptions import SchemaError
-from streams.folds import KvCursor, heartbeat_is_newer, parse_index_key, plan_kv
+from streams.folds import KvCursor, heartbeat_is_newer, plan_kv
 from streams.kafka import make_consumer
 from streams.prefix_index import PrefixIndex
 from streams.schemas import Heartbeat, KvEventBatch
+from streams.segments import BASE, Segment, SegmentState, fold_segment, parse_segment_key
 from streams.settings import KafkaSettings, WorkerSettings
-from streams.tables import KV_CURSOR, LOAD, PREFIX_INDEX, app_id
+from streams.tables import LOAD, PREFIX_INDEX, app_id
 from streams.topics import HEARTBEATS, KV_EVENTS
 
 __all__ = ["TableReplica", "TablesThenInput"]
@@ -236,14 +237,13 @@ class TableReplica(TablesThenInput):
         group = app_id(kafka, worker)
         self.load_topic = LOAD.changelog(group)
         self.index_topic = PREFIX_INDEX.changelog(group)
-        self.cursor_topic = KV_CURSOR.changelog(group)
         self.hb_topic = HEARTBEATS.name(kafka.namespace)
         self.kv_topic = KV_EVENTS.name(kafka.namespace)
         super().__init__(
             kafka,
             worker,
             client_id,
-            (self.load_topic, self.index_topic, self.cursor_topic),
+            (self.load_topic, self.index_topic),
             (self.hb_topic, self.kv_topic),
             follow_input=follow_input,
         )
@@ -256,6 +256,7 @@ class TableReplica(TablesThenInput):
         self.index = PrefixIndex()
         self.load: dict[str, Heartbeat] = {}
         self.cursors: dict[str, KvCursor] = {}
+        self.segments: dict[str, SegmentState] = {}  # per node, while reading the changelog
         self.index_updated_s: dict[str, float] = {}  # node -> when its entries last changed here
         self.gaps = 0
         self.on_load: Callable[[Heartbeat, float], None] | None = None
@@ -263,7 +264,7 @@ class TableReplica(TablesThenInput):
 
     def _reset(self) -> None:
         self.index, self.load, self.cursors = PrefixIndex(), {}, {}
-        self.received = {}
+        self.received, self.segments = {}, {}
 
     def _describe(self) -> str:
         return f"{len(self.load)} nodes, {len(self.index)} blocks"
@@ -279,19 +280,7 @@ class TableReplica(TablesThenInput):
             return
         self.records += 1
         if topic == self.index_topic:
-            node, block = parse_index_key(key)
-            if value is None:
-                self.index.remove(node, block)
-            else:
-                self.index.add(node, block)
-                if self.on_block is not None:
-                    self.on_block(node, block, now)
-            self.index_updated_s[node] = now
-        elif topic == self.cursor_topic:
-            if value is None:
-                self.cursors.pop(key.decode(), None)
-            else:
-                self.cursors[key.decode()] = KvCursor.decode(value)
+            self._apply_segment(key, value, now)
         else:
             node = key.decode()
             if value is None:
@@ -299,6 +288,31 @@ class TableReplica(TablesThenInput):
                 return
             with contextlib.suppress(SchemaError, ValueError):
                 self._set_load(Heartbeat.model_validate_json(value), now, live=False)
+
+    def _apply_segment(self, key: bytes, value: bytes | None, now: float) -> None:
+        node, kind, index = parse_segment_key(key)
+        if value is None:  # the node retired (its base is deleted), or an unused key is cleared
+            if kind == BASE and index == 0:
+                self.index.drop_node(node)
+                self.cursors.pop(node, None)
+                self.segments.pop(node, None)
+                self.index_updated_s[node] = now
+            return
+        seg = Segment.decode(value)
+        state = self.segments.setdefault(node, SegmentState())
+        changes = fold_segment(state, self.index.blocks_view(node), seg)
+        if changes is None:
+            return
+        upserts, deletes = changes
+        for block in deletes:
+            self.index.remove(node, block)
+        for block in upserts:
+            self.index.add(node, block)
+            if self.on_block is not None:
+                self.on_block(node, block, now)
+        if state.cursor is not None:
+            self.cursors[node] = state.cursor
+        self.index_updated_s[node] = now
 
     def _apply_input(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
         if value is None:  # the worker retired the node
@@ -345,6 +359,7 @@ class TableReplica(TablesThenInput):
         self.received.pop(node, None)
         self.index.drop_node(node)
         self.cursors.pop(node, None)
+        self.segments.pop(node, None)
         self.index_updated_s.pop(node, None)
 
     def expire(self, now: float) -> list[str]:

@@ -30,6 +30,8 @@ __all__ = [
 NodeRole = Literal["mixed", "prefill", "decode"]
 NodeId = str
 AdapterName = Annotated[str, Field(min_length=1, max_length=200)]
+INT63 = (1 << 63) - 1
+BlockHash = Annotated[int, Field(ge=0, le=INT63)]
 
 
 class Message(BaseModel):
@@ -150,13 +152,13 @@ class KvEventBatch(Message):
 
     schema_version: Literal[1] = 1
     node_id: NodeId = Field(min_length=1, max_length=200)
-    epoch: str = Field(min_length=1)
-    seq: int = Field(ge=0)
+    epoch: str = Field(min_length=1, max_length=200)
+    seq: int = Field(ge=0, le=INT63)
     ts: float = Field(gt=0)
     kind: Literal["delta", "snapshot"] = "delta"
     block_size: int = Field(gt=0)
-    stored: list[int] = Field(default_factory=list)
-    removed: list[int] = Field(default_factory=list)
+    stored: list[BlockHash] = Field(default_factory=list)
+    removed: list[BlockHash] = Field(default_factory=list)
     cleared: bool = False
 
 

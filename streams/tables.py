@@ -3,8 +3,8 @@
 | table | key | value |
 |---|---|---|
 | ``load`` | node id | the node's latest :class:`Heartbeat` (JSON) |
-| ``prefix_index`` | ``<node id>|<block hash hex>`` | ``b"1"`` (present) / tombstone (evicted) |
-| ``kv_cursor`` | node id | ``<epoch>/<seq>`` of the last KV batch applied |
+| ``prefix_segments`` | ``<node id>|b<part>``, ``<node id>|d<slot>`` | a segment of the node's \
+cached blocks with its KV cursor (:mod:`streams.segments`) |
 | ``kv_ledger`` | reservation id | its ``reserve`` LedgerEvent (JSON) while open; tombstone |
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from streams.settings import KafkaSettings, WorkerSettings
 
-__all__ = ["KV_CURSOR", "KV_LEDGER", "LOAD", "PREFIX_INDEX", "TableSpec", "app_id"]
+__all__ = ["KV_LEDGER", "LOAD", "PREFIX_INDEX", "TableSpec", "app_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +29,7 @@ class TableSpec:
 
 
 LOAD = TableSpec("load", "node id", "Heartbeat JSON")
-PREFIX_INDEX = TableSpec("prefix_index", "node|block hash", "b'1' or tombstone")
-KV_CURSOR = TableSpec("kv_cursor", "node id", "epoch/seq")
+PREFIX_INDEX = TableSpec("prefix_segments", "node|b<part> or node|d<slot>", "segment (binary)")
 KV_LEDGER = TableSpec("kv_ledger", "reservation id", "reserve LedgerEvent JSON or tombstone")
 
 

@@ -1,5 +1,5 @@
 """The worker's exactly-once commit waits for the table writes buffered before it
-(streams.app.flush_before_transaction_commit), and only for those; a write that fails refuses
+(streams.faustpatch.flush_before_transaction_commit), and only for those; a write that fails refuses
 the commit. Faust's own producer buffer runs here, with a slow sender standing for aiokafka."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from faust.transport.consumer import TransactionManager
 from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 
-from streams.app import UnsentTableWrite, flush_before_transaction_commit
+from streams.faustpatch import UnsentTableWrite, flush_before_transaction_commit
 
 CONF = SimpleNamespace(producer_threaded=False, id="kvgate-worker")
 

@@ -1,0 +1,275 @@
+"""Changes to faust-streaming 0.15.3 (pinned) that the worker needs, each one idempotent.
+
+* :func:`write_tables_before_commit`: the worker's coalesced table writes happen right before
+  each commit of input offsets.
+* :func:`flush_before_transaction_commit`: an exactly-once commit carries the table writes it
+  covers.
+* :func:`restore_only_settled_changelogs`: recovery reads every committed changelog record.
+* :func:`dispatch_without_tasks`: handing a fetched record to its stream costs no asyncio tasks
+  when it does not have to wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from streams.settings import KafkaSettings
+
+__all__ = [
+    "UnsentTableWrite",
+    "buffered_records_sent",
+    "dispatch_without_tasks",
+    "flush_before_transaction_commit",
+    "restore_only_settled_changelogs",
+    "write_tables_before_commit",
+]
+
+log = logging.getLogger(__name__)
+
+
+def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
+    """Make Faust's exactly-once commits carry the table writes they cover.
+
+    faust-streaming 0.15.3 commits a transaction (input offsets + end of transaction) without
+    first draining its own producer buffer: ``Consumer._commit_offsets`` calls
+    ``producer.flush()`` only outside transactions. Changelog records still in that buffer are
+    sent after the commit, into the next transaction, so a worker that dies in between has
+    committed input offsets whose table writes are lost. This waits, before each commit
+    (periodic, rebalance and the final one at shutdown alike), until the record that was
+    buffered last when the commit started has reached Kafka: the buffer is FIFO, so every record
+    buffered before it has then been handed to aiokafka, which sends what it holds before it ends
+    a transaction. Records buffered later belong to later offsets and go to the next transaction.
+    (Faust's own ``flush()`` would wait for an empty buffer, which under steady table writes
+    holds every commit back.)
+
+    The record to wait for is remembered when it is buffered, not looked up in the buffer's
+    queue: the buffer's sender takes a record off the queue *before* handing it to aiokafka
+    (which can wait when a partition's batch is full), so a queue that looks empty may still have
+    a record in flight. If that record fails or is not sent in time, the commit is refused (the
+    worker stops and the input is folded again): committing would lose table writes. Idempotent.
+    """
+    from faust.transport.consumer import TransactionManager
+    from faust.transport.producer import ProducerBuffer
+
+    put = ProducerBuffer.put
+    if not getattr(put, "remembers_last", False):
+
+        def remembering_put(self: ProducerBuffer, fut: Any) -> None:
+            self.last_buffered = fut  # type: ignore[attr-defined]
+            put(self, fut)
+
+        remembering_put.remembers_last = True  # type: ignore[attr-defined]
+        ProducerBuffer.put = remembering_put  # type: ignore[method-assign]
+
+    commit = TransactionManager.commit
+    if getattr(commit, "flushes_first", False):
+        return
+
+    async def flushed_commit(
+        self: TransactionManager, offsets: Any, start_new_transaction: bool = True
+    ) -> bool:
+        await buffered_records_sent(self.app.producer, timeout_s)
+        return await commit(self, offsets, start_new_transaction=start_new_transaction)
+
+    flushed_commit.flushes_first = True  # type: ignore[attr-defined]
+    TransactionManager.commit = flushed_commit  # type: ignore[method-assign]
+
+
+def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
+    """Make Faust's table recovery read every committed changelog record.
+
+    With exactly-once the worker reads changelogs ``read_committed``, and Faust takes the
+    partitions' end offsets at the start of recovery as the point where the tables are restored.
+    For a ``read_committed`` reader that end is the *last stable offset*: it stops at the first
+    transaction still open. A worker that just committed its last transaction and stopped
+    (SIGTERM) leaves that transaction committed at the coordinator but its markers not yet
+    written to every partition; the input offsets it committed are visible a moment before its
+    table writes are. A successor that restores in that moment stops short of the writes yet
+    resumes the input after them: the writes are never folded again (a KV cursor behind its
+    input, blocks whose removals were committed still in the index). This waits, before
+    recovery reads the end offsets, until no transaction is open on the changelog partitions
+    this worker was newly given (the last stable offset equals the high watermark; on the
+    partitions it kept, an open transaction is its own and would never settle). Open
+    transactions of a dead worker are aborted when this worker's transactional producers start,
+    which Faust does before recovery, so the wait is short (commit markers take milliseconds); it
+    gives up after ``timeout_s`` (recovery then proceeds as before, and says so). Idempotent."""
+    from faust.tables.recovery import Recovery
+
+    build = Recovery._build_highwaters
+    if getattr(build, "waits_for_settled", False):
+        return
+
+    owned: dict[tuple[int, str], set[Any]] = {}  # (recovery, title) -> partitions last time
+
+    async def settled_highwaters(
+        self: Recovery, consumer: Any, tps: Any, destination: Any, title: str
+    ) -> None:
+        # only partitions this worker did not hold at its previous recovery can have someone
+        # else's transaction open; on the ones it kept, an open transaction is its own
+        before = owned.get((id(self), title), set())
+        new = set(tps) - before
+        if new:
+            await changelogs_settled(kafka, consumer, new, timeout_s)
+        owned[(id(self), title)] = set(tps)
+        await build(self, consumer, tps, destination, title)
+
+    settled_highwaters.waits_for_settled = True  # type: ignore[attr-defined]
+    Recovery._build_highwaters = settled_highwaters  # type: ignore[method-assign]
+
+
+async def changelogs_settled(
+    kafka: KafkaSettings, consumer: Any, tps: set[Any], timeout_s: float
+) -> None:
+    """Wait until ``consumer``'s (read_committed) end offsets of ``tps`` reach their high
+    watermarks (see :func:`restore_only_settled_changelogs`)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    probe = AIOKafkaConsumer(
+        **kafka.client_options(),
+        client_id="kvgate-worker-recovery-probe",
+        isolation_level="read_uncommitted",
+        enable_auto_commit=False,
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        await probe.start()
+        unsettled: list[Any] = []
+        while True:
+            stable = await consumer.highwaters(*tps)
+            ends = await probe.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
+            unsettled = [
+                tp
+                for tp in tps
+                if (stable.get(tp) or 0) < ends.get(TopicPartition(tp.topic, tp.partition), 0)
+            ]
+            if not unsettled or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        if unsettled:
+            log.warning(
+                "changelog partitions still have open transactions after %.0f s, restoring "
+                "what is committed: %s",
+                timeout_s,
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unsettled)),
+            )
+    except Exception as exc:  # the probe is a safeguard: recovery goes on without it
+        log.warning("could not compare changelog end offsets before recovery: %s", exc)
+    finally:
+        await probe.stop()
+
+
+class UnsentTableWrite(RuntimeError):
+    """A table write buffered before a commit was not sent: the commit must not happen."""
+
+
+async def buffered_records_sent(producer: Any, timeout_s: float) -> None:
+    """Wait until the record buffered last in ``producer`` has been sent (see above)."""
+    if producer.app.conf.producer_threaded:  # another queue: drain the whole buffer
+        await producer.flush()
+        return
+    last = getattr(producer.buffer, "last_buffered", None)
+    if last is None:
+        return
+    if last.cancelled():
+        raise UnsentTableWrite("a buffered table write was cancelled; not committing")
+    try:
+        await asyncio.wait_for(asyncio.shield(last), timeout_s)
+    except TimeoutError:
+        raise UnsentTableWrite(
+            f"a buffered table write was not sent within {timeout_s:.0f} s; not committing"
+        ) from None
+    except Exception as exc:
+        raise UnsentTableWrite(f"a buffered table write failed; not committing: {exc}") from exc
+
+
+def write_tables_before_commit() -> None:
+    """Call ``app.before_commit()`` (when an app sets one) before each commit of input offsets,
+    in both processing modes: the worker writes its coalesced table records there, so a commit
+    always covers the writes of the input it commits. (The records are buffered in the producer;
+    :func:`flush_before_transaction_commit` makes an exactly-once commit wait for them, and an
+    at-least-once commit flushes the producer first.) Idempotent."""
+    from faust.transport.consumer import Consumer
+
+    commit_tps = Consumer._commit_tps
+    if getattr(commit_tps, "writes_tables", False):
+        return
+
+    async def writing_commit_tps(self: Consumer, tps: Any, start_new_transaction: bool) -> bool:
+        hook = getattr(self.app, "before_commit", None)
+        if hook is not None:
+            hook()
+        return await commit_tps(self, tps, start_new_transaction)
+
+    writing_commit_tps.writes_tables = True  # type: ignore[attr-defined]
+    Consumer._commit_tps = writing_commit_tps  # type: ignore[method-assign]
+
+
+def dispatch_without_tasks() -> None:
+    """Hand each fetched record to its stream without four asyncio tasks per record.
+
+    Faust's consumer dispatches every record with ``wait_first(callback(record),
+    suspend_flow.wait())``: a task for the callback, one for the flow guard and one each for the
+    consumer's stopped and crashed events, then ``asyncio.wait`` and three cancellations. That
+    costs more than the worker's own fold of the record. The callback (put the record in its
+    stream's buffer) almost never has to wait, so this runs its first step at once, in a copy of
+    the context as a task would: when it finishes there, nothing else is created. Only when it
+    has to wait (a full stream buffer, a producer buffer over its limit) does the rest of it
+    become a task, and Faust's own ``wait_first`` then waits for it against the flow guard as
+    before, so a rebalance still interrupts a dispatch that waits. The consumer calls
+    ``wait_first`` for nothing else."""
+    from faust.transport.consumer import Consumer
+    from mode import Service
+
+    if getattr(Consumer.wait_first, "dispatches_inline", False):
+        return
+
+    async def inline_wait_first(self: Any, *coros: Any, timeout: Any = None) -> Any:  # noqa: ASYNC109 - Faust's signature
+        if timeout is not None or len(coros) != 2 or not asyncio.iscoroutine(coros[0]):
+            return await Service.wait_first(self, *coros, timeout=timeout)
+        work, guard = coros
+        ctx = contextvars.copy_context()
+        try:
+            waiting_on = ctx.run(work.send, None)
+        except StopIteration:
+            if asyncio.iscoroutine(guard):
+                guard.close()
+            return None
+        except BaseException:
+            if asyncio.iscoroutine(guard):
+                guard.close()
+            raise
+        rest = asyncio.get_running_loop().create_task(_resume(work, waiting_on), context=ctx)
+        return await Service.wait_first(self, rest, guard)
+
+    inline_wait_first.dispatches_inline = True  # type: ignore[attr-defined]
+    Consumer.wait_first = inline_wait_first  # type: ignore[method-assign]
+
+
+async def _resume(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
+    """Drive a coroutine that was stepped by hand and is now waiting on ``waiting_on`` (what
+    its last step yielded: a future, or None to give way to the loop) to its end."""
+    while True:
+        try:
+            if waiting_on is None:
+                await asyncio.sleep(0)
+            else:
+                waiting_on._asyncio_future_blocking = False  # as a task does with what it awaits
+                try:
+                    await asyncio.wait([waiting_on])
+                except asyncio.CancelledError:
+                    if not waiting_on.done():
+                        waiting_on.cancel()
+                    raise
+            waiting_on = coro.send(None)
+        except StopIteration as done:
+            return done.value
+        except asyncio.CancelledError as exc:
+            try:
+                waiting_on = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
