@@ -77,8 +77,14 @@ class Supervisor:
         """``kvgate <args>`` (``python -m deploy``) as a child named ``name``."""
         return self.spawn_argv(name, [sys.executable, "-m", "deploy", *args], env=env)
 
-    def spawn_argv(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        """Any command as a child (e.g. a peer router to compare with)."""
+    def spawn_argv(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> Proc:
+        """Any command as a child (e.g. a peer router to compare with), in ``cwd`` if given."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -88,6 +94,7 @@ class Supervisor:
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=full_env,
+                cwd=cwd,
                 start_new_session=True,
             )
         proc = Proc(name, popen, log)

@@ -24,6 +24,7 @@ import faust
 from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.faustpatch import (
+    allow_commit_bursts,
     dispatch_without_tasks,
     flush_before_transaction_commit,
     restore_only_settled_changelogs,
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 RAW_TOPIC: dict[str, Any] = {**RAW, "key_serializer": "raw", "value_serializer": "raw"}
 M = TypeVar("M", bound=Message)
+COMMIT_BURST = 100_000  # table records one commit may write before Faust holds the input up
 
 
 class CoalescedTable:
@@ -107,6 +109,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     write_tables_before_commit()
     dispatch_without_tasks()
+    allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()
         restore_only_settled_changelogs(kafka)

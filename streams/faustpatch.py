@@ -7,6 +7,7 @@
 * :func:`restore_only_settled_changelogs`: recovery reads every committed changelog record.
 * :func:`dispatch_without_tasks`: handing a fetched record to its stream costs no asyncio tasks
   when it does not have to wait.
+* :func:`allow_commit_bursts`: the producer buffer takes a commit's table writes at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from streams.settings import KafkaSettings
 
 __all__ = [
     "UnsentTableWrite",
+    "allow_commit_bursts",
     "buffered_records_sent",
     "dispatch_without_tasks",
     "flush_before_transaction_commit",
@@ -273,3 +275,17 @@ async def _resume(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
                 waiting_on = coro.throw(exc)
             except StopIteration as done:
                 return done.value
+
+
+def allow_commit_bursts(max_messages: int) -> None:
+    """Let Faust's producer buffer hold ``max_messages`` records before it holds up the input.
+
+    Faust stops dispatching input records while its producer buffer holds more than 100
+    records (``ProducerBuffer.max_messages``), and then waits for the buffer record by record,
+    logging a warning each time: a back-pressure meant for table writes made one per input
+    record. The worker writes its tables in one burst per commit (one or two records per changed
+    node: a thousand nodes, a few thousand records), which would trip it at every commit. The
+    burst is bounded by the number of nodes and reservations, not by the input rate."""
+    from faust.transport.producer import ProducerBuffer
+
+    ProducerBuffer.max_messages = max(ProducerBuffer.max_messages, max_messages)
