@@ -47,6 +47,9 @@ RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 RAW_TOPIC: dict[str, Any] = {**RAW, "key_serializer": "raw", "value_serializer": "raw"}
 M = TypeVar("M", bound=Message)
 COMMIT_BURST = 100_000  # table records one commit may write before Faust holds the input up
+# changelog segments roll every minute, so compaction keeps what a restarting reader folds close
+# to the tables' size (one base and a few deltas per node) instead of a week of records
+CHANGELOG_CONFIG = {"segment.ms": "60000", "min.cleanable.dirty.ratio": "0.25"}
 
 
 class CoalescedTable:
@@ -80,14 +83,17 @@ class CoalescedTable:
         return int(parts.get(key, -1))
 
     def write(self, owned: set[int]) -> int:
-        """Send the pending writes of the partitions this worker owns (the others were revoked:
-        their new owner folds that input again) and apply them to the store."""
+        """Send the pending writes of the partitions this worker's consumer holds (the
+        partitions whose offsets a commit now carries) and apply them to the store; the others
+        stay pending until the partition is back or :meth:`drop` discards them."""
         store = self.table.data
         data = store.data
         parts = getattr(store, "_key_partition", None)
         sent = 0
+        kept: dict[bytes, tuple[int, bytes | None]] = {}
         for key, (partition, value) in self.pending.items():
             if partition not in owned:
+                kept[key] = (partition, value)
                 continue
             if value is None:
                 if key not in data:  # never written: nothing to delete
@@ -101,8 +107,13 @@ class CoalescedTable:
                     parts[key] = partition
             self.table.send_changelog(partition, key, value)
             sent += 1
-        self.pending.clear()
+        self.pending = kept
         return sent
+
+    def drop(self, owned: set[int]) -> None:
+        """Forget pending writes of partitions this worker lost in a rebalance (their new owner
+        folds that input again from the committed offsets)."""
+        self.pending = {k: v for k, v in self.pending.items() if v[0] in owned}
 
 
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
@@ -142,13 +153,19 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     kv_events = app.topic(KV_EVENTS.name(ns), **RAW_TOPIC)
     ledger_topic = app.topic(LEDGER.name(ns), **RAW_TOPIC)
     dlq = app.topic(DLQ.name(ns), **RAW_TOPIC)
-    load = CoalescedTable(app.Table(LOAD.name, default=None, partitions=kafka.partitions, **RAW))
-    index = CoalescedTable(
-        app.Table(PREFIX_INDEX.name, default=None, partitions=kafka.partitions, **RAW)
-    )
-    ledger = CoalescedTable(
-        app.Table(KV_LEDGER.name, default=None, partitions=kafka.partitions, **RAW)
-    )
+
+    def table(name: str) -> CoalescedTable:
+        return CoalescedTable(
+            app.Table(
+                name,
+                default=None,
+                partitions=kafka.partitions,
+                extra_topic_configs=CHANGELOG_CONFIG,
+                **RAW,
+            )
+        )
+
+    load, index, ledger = table(LOAD.name), table(PREFIX_INDEX.name), table(KV_LEDGER.name)
 
     # What the worker holds for the partitions it owns: each node's blocks and segment writer,
     # each node's last heartbeat (epoch, seq, ts, partition). Rebuilt after every rebalance for
@@ -163,7 +180,10 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     inputs[LEDGER.name(ns)] = "ledger"
 
     def owned() -> set[int]:
-        return {tp.partition for tp in app.assignor.assigned_actives()}
+        """The input partitions the consumer holds: the ones a commit carries offsets of (Faust
+        filters each commit by this assignment)."""
+        consumer: Any = app.consumer
+        return {tp.partition for tp in consumer.assignment()}
 
     @app.on_rebalance_complete.connect
     def _invalidate(*_: Any, **__: Any) -> None:
@@ -180,6 +200,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             dirty.discard(gone)
         for gone in [n for n, beat in beats.items() if beat[3] not in mine]:
             del beats[gone]
+        for table in (index, load, ledger):
+            table.drop(mine)
         for node, records in group_records(index.items()).items():
             if node not in nodes:
                 part = index.partition_of(segment_key(node, BASE, 0))

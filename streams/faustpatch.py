@@ -56,17 +56,8 @@ def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
     worker stops and the input is folded again): committing would lose table writes. Idempotent.
     """
     from faust.transport.consumer import TransactionManager
-    from faust.transport.producer import ProducerBuffer
 
-    put = ProducerBuffer.put
-    if not getattr(put, "remembers_last", False):
-
-        def remembering_put(self: ProducerBuffer, fut: Any) -> None:
-            self.last_buffered = fut  # type: ignore[attr-defined]
-            put(self, fut)
-
-        remembering_put.remembers_last = True  # type: ignore[attr-defined]
-        ProducerBuffer.put = remembering_put  # type: ignore[method-assign]
+    remember_last_buffered()
 
     commit = TransactionManager.commit
     if getattr(commit, "flushes_first", False):
@@ -165,6 +156,23 @@ async def changelogs_settled(
         await probe.stop()
 
 
+def remember_last_buffered() -> None:
+    """Have Faust's producer buffer remember the record put into it last (what
+    :func:`buffered_records_sent` waits for). Idempotent."""
+    from faust.transport.producer import ProducerBuffer
+
+    put = ProducerBuffer.put
+    if getattr(put, "remembers_last", False):
+        return
+
+    def remembering_put(self: ProducerBuffer, fut: Any) -> None:
+        self.last_buffered = fut  # type: ignore[attr-defined]
+        put(self, fut)
+
+    remembering_put.remembers_last = True  # type: ignore[attr-defined]
+    ProducerBuffer.put = remembering_put  # type: ignore[method-assign]
+
+
 class UnsentTableWrite(RuntimeError):
     """A table write buffered before a commit was not sent: the commit must not happen."""
 
@@ -189,26 +197,45 @@ async def buffered_records_sent(producer: Any, timeout_s: float) -> None:
         raise UnsentTableWrite(f"a buffered table write failed; not committing: {exc}") from exc
 
 
-def write_tables_before_commit() -> None:
+def write_tables_before_commit(timeout_s: float = 30.0) -> None:
     """Call ``app.before_commit()`` (when an app sets one) before each commit of input offsets,
-    in both processing modes: the worker writes its coalesced table records there, so a commit
-    always covers the writes of the input it commits. (The records are buffered in the producer;
-    :func:`flush_before_transaction_commit` makes an exactly-once commit wait for them, and an
-    at-least-once commit flushes the producer first.) Idempotent."""
+    in both processing modes, and wait until the records it buffered reached aiokafka.
+
+    The worker writes its coalesced table records there, so a commit always covers the writes
+    of the input it commits. The wait matters in the default at-least-once mode too: Faust's
+    ``producer.flush()`` before a plain offset commit drains its buffer only while records keep
+    leaving it within 0.1 s each (``ProducerBuffer.flush_atmost``); on a loaded machine it
+    returns with records still queued, the offsets are committed, and a worker killed then has
+    lost table writes the input will not replay (the kill -9 fault test caught it). Records
+    handed to aiokafka are then flushed by Faust (at-least-once) or sent before the transaction
+    ends (exactly-once, :func:`flush_before_transaction_commit`). The offsets a commit carries
+    are read right after the writes, with nothing folded in between. Idempotent."""
     from faust.transport.consumer import Consumer
 
+    remember_last_buffered()
     commit_tps = Consumer._commit_tps
     if getattr(commit_tps, "writes_tables", False):
         return
+    commit_offsets = Consumer._commit_offsets
 
     async def writing_commit_tps(self: Consumer, tps: Any, start_new_transaction: bool) -> bool:
         hook = getattr(self.app, "before_commit", None)
         if hook is not None:
             hook()
+        # no await between the writes and Faust reading the offsets to commit: an input record
+        # folded after the writes (while a commit waits) must not be in this commit's offsets
         return await commit_tps(self, tps, start_new_transaction)
+
+    async def waiting_commit_offsets(
+        self: Consumer, offsets: Any, start_new_transaction: bool = True
+    ) -> bool:
+        if getattr(self.app, "before_commit", None) is not None:
+            await buffered_records_sent(self.app.producer, timeout_s)
+        return bool(await commit_offsets(self, offsets, start_new_transaction))
 
     writing_commit_tps.writes_tables = True  # type: ignore[attr-defined]
     Consumer._commit_tps = writing_commit_tps  # type: ignore[method-assign]
+    Consumer._commit_offsets = waiting_commit_offsets  # type: ignore[method-assign]
 
 
 def dispatch_without_tasks() -> None:
@@ -240,6 +267,10 @@ def dispatch_without_tasks() -> None:
         except StopIteration:
             if asyncio.iscoroutine(guard):
                 guard.close()
+            # give way once, as Faust's dispatch did: the stream's agent takes the record now,
+            # so records do not pile up in stream buffers that a rebalance clears (Faust then
+            # counts a cleared record as read, and a later fetch past it as a gap it skips)
+            await asyncio.sleep(0)
             return None
         except BaseException:
             if asyncio.iscoroutine(guard):

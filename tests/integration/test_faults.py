@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.procs import Supervisor
+from deploy.procs import Supervisor, free_port
 from streams.kafka import KafkaBus, ensure_topics
 from streams.replica import TableReplica
 from streams.schemas import Heartbeat
@@ -112,6 +112,63 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
         await bus.stop()
 
 
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+async def test_a_worker_joining_and_another_dying_mid_stream_keep_the_tables_exact(
+    supervisor: Supervisor,
+    kafka_settings: KafkaSettings,
+    worker_settings: WorkerSettings,
+    tmp_path: Path,
+    exactly_once: bool,
+) -> None:
+    """Two rebalances while the input flows: a second worker joins (the first keeps some
+    partitions, with changes it has not written yet, and gives the others away), then the first
+    is killed -9 (the second takes its partitions from the committed tables and offsets)."""
+    await ensure_topics(kafka_settings)
+    supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
+    stream = synthetic_stream(nodes=12, steps=3000, seed=5)
+    exp = expected_state(stream)
+    bus = KafkaBus(kafka_settings, "t-rebalance")
+    await bus.start()
+    replica = TableReplica(
+        kafka_settings, worker_settings, "t-rebalance-replica", follow_input=False
+    )
+    try:
+        supervisor.spawn("worker-1", "worker")
+        quarter = len(stream) // 4
+        await _produce(bus, stream[:quarter])
+        await replica.start()
+        await wait_until(lambda: _progress(replica), 90, "the first worker to fold some input")
+        producer = asyncio.create_task(_produce(bus, stream[quarter:], every=20, pause=0.08))
+        supervisor.spawn(
+            "worker-2",
+            "worker",
+            env={
+                "KVGATE_WORKER__WEB_PORT": str(free_port()),
+                "KVGATE_WORKER__DATA_DIR": str(tmp_path / "worker-2"),
+            },
+        )
+        await asyncio.sleep(9.0)  # the join's rebalance happens while the input flows
+        supervisor.kill("worker-1", signal.SIGKILL)
+        await producer
+
+        async def exact() -> bool:
+            done = all(
+                (hb.epoch, hb.seq) == exp.last_heartbeat[node] for node, hb in replica.load.items()
+            ) and set(replica.load) == set(exp.last_heartbeat)
+            return done and not _diff(replica, exp.blocks)
+
+        try:
+            await wait_until(exact, 120, "tables equal to the recomputed state", 0.25)
+        except AssertionError:
+            raise AssertionError(
+                f"tables differ from the input: {_diff(replica, exp.blocks)}"
+            ) from None
+        assert replica.index.entries == sum(len(b) for b in exp.blocks.values())
+    finally:
+        await replica.stop()
+        await bus.stop()
+
+
 async def _caught_up(replica: TableReplica) -> bool:
     return replica.caught_up.is_set()
 
@@ -120,12 +177,12 @@ async def _progress(replica: TableReplica) -> bool:
     return replica.records > 0
 
 
-async def _produce(bus: KafkaBus, msgs: list[object]) -> None:
+async def _produce(bus: KafkaBus, msgs: list[object], every: int = 50, pause: float = 0.02) -> None:
     for i, msg in enumerate(msgs):
         spec = HEARTBEATS if isinstance(msg, Heartbeat) else KV_EVENTS
         await bus.publish(spec, msg.node_id, msg)  # type: ignore[attr-defined]
-        if i % 50 == 0:
-            await asyncio.sleep(0.02)
+        if i % every == 0:
+            await asyncio.sleep(pause)
     await bus.flush()
 
 
