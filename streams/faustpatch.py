@@ -246,11 +246,14 @@ def dispatch_without_tasks() -> None:
     consumer's stopped and crashed events, then ``asyncio.wait`` and three cancellations. That
     costs more than the worker's own fold of the record. The callback (put the record in its
     stream's buffer) almost never has to wait, so this runs its first step at once, in a copy of
-    the context as a task would: when it finishes there, nothing else is created. Only when it
-    has to wait (a full stream buffer, a producer buffer over its limit) does the rest of it
-    become a task, and Faust's own ``wait_first`` then waits for it against the flow guard as
-    before, so a rebalance still interrupts a dispatch that waits. The consumer calls
-    ``wait_first`` for nothing else."""
+    the context as a task would: when it finishes there, nothing else is created and the
+    dispatch gives way to the event loop once, as Faust's did, so that the stream's agent takes
+    the record before the next one is dispatched. (Without that, records pile up in the stream
+    buffers; a rebalance clears those buffers, and the kill/SIGTERM fault tests then lost
+    records under load.) Only when the callback has to wait (a full stream buffer, a producer
+    buffer over its limit) does the rest of it become a task, and Faust's own ``wait_first``
+    then waits for it against the flow guard as before, so a rebalance still interrupts a
+    dispatch that waits. The consumer calls ``wait_first`` for nothing else."""
     from faust.transport.consumer import Consumer
     from mode import Service
 

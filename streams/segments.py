@@ -220,16 +220,10 @@ class NodeSegments:
         blocks, added, dropped = self.blocks, self.added, self.dropped
         for h in plan.deletes:
             blocks.discard(h)
-            if h in added:
-                added.discard(h)
-            else:
-                dropped.add(h)
+            _note(h, added, dropped)
         for h in plan.upserts:
             blocks.add(h)
-            if h in dropped:
-                dropped.discard(h)
-            else:
-                added.add(h)
+            _note(h, dropped, added)
         self.cursor = plan.cursor
         self.rebase = self.rebase or replaced
         self.dirty = True
@@ -281,6 +275,15 @@ class NodeSegments:
         keys = [segment_key(node, BASE, i) for i in range(max(1, self.parts))]
         keys += [segment_key(node, DELTA, s) for s in range(SLOTS)]
         return [(k, None) for k in keys]
+
+
+def _note(block: int, cancels: set[int], otherwise: set[int]) -> None:
+    """Record a change not yet written: it cancels the opposite unwritten change, or joins its
+    own kind (a block stored and evicted within one interval is never written)."""
+    if block in cancels:
+        cancels.discard(block)
+    else:
+        otherwise.add(block)
 
 
 def group_records(

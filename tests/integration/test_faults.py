@@ -17,7 +17,7 @@ from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import HEARTBEATS, KV_EVENTS
 from tests.conftest import wait_until
 from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post
-from tests.integration.streamgen import expected_state, synthetic_stream
+from tests.integration.streamgen import Expected, expected_state, synthetic_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
@@ -80,21 +80,7 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
         folded_before_restart = replica.records
         await producer
         supervisor.spawn("worker-2", "worker")
-
-        async def exact() -> bool:
-            done = all(
-                (hb.epoch, hb.seq) == exp.last_heartbeat[node] for node, hb in replica.load.items()
-            ) and set(replica.load) == set(exp.last_heartbeat)
-            return done and not _diff(replica, exp.blocks)
-
-        try:
-            await wait_until(exact, 120, "tables equal to the recomputed state", 0.25)
-        except AssertionError:
-            raise AssertionError(
-                f"tables differ from the input: {_diff(replica, exp.blocks)}; "
-                f"load={ {n: (h.epoch, h.seq) for n, h in replica.load.items()} } "
-                f"expected={exp.last_heartbeat}"
-            ) from None
+        await _tables_become_exact(replica, exp)
         assert folded_before_restart > 0
         total = sum(len(b) for b in exp.blocks.values())
         assert replica.index.entries == total
@@ -150,23 +136,30 @@ async def test_a_worker_joining_and_another_dying_mid_stream_keep_the_tables_exa
         await asyncio.sleep(9.0)  # the join's rebalance happens while the input flows
         supervisor.kill("worker-1", signal.SIGKILL)
         await producer
-
-        async def exact() -> bool:
-            done = all(
-                (hb.epoch, hb.seq) == exp.last_heartbeat[node] for node, hb in replica.load.items()
-            ) and set(replica.load) == set(exp.last_heartbeat)
-            return done and not _diff(replica, exp.blocks)
-
-        try:
-            await wait_until(exact, 120, "tables equal to the recomputed state", 0.25)
-        except AssertionError:
-            raise AssertionError(
-                f"tables differ from the input: {_diff(replica, exp.blocks)}"
-            ) from None
+        await _tables_become_exact(replica, exp)
         assert replica.index.entries == sum(len(b) for b in exp.blocks.values())
     finally:
         await replica.stop()
         await bus.stop()
+
+
+async def _tables_become_exact(replica: TableReplica, exp: Expected) -> None:
+    """Wait until the tables hold exactly the state the input implies (or fail with the diff)."""
+
+    async def exact() -> bool:
+        done = all(
+            (hb.epoch, hb.seq) == exp.last_heartbeat[node] for node, hb in replica.load.items()
+        ) and set(replica.load) == set(exp.last_heartbeat)
+        return done and not _diff(replica, exp.blocks)
+
+    try:
+        await wait_until(exact, 120, "tables equal to the recomputed state", 0.25)
+    except AssertionError:
+        raise AssertionError(
+            f"tables differ from the input: {_diff(replica, exp.blocks)}; "
+            f"load={ {n: (h.epoch, h.seq) for n, h in replica.load.items()} } "
+            f"expected={exp.last_heartbeat}"
+        ) from None
 
 
 async def _caught_up(replica: TableReplica) -> bool:
