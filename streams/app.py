@@ -25,7 +25,6 @@ from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.faustpatch import (
     allow_commit_bursts,
-    dispatch_without_tasks,
     flush_before_transaction_commit,
     restore_only_settled_changelogs,
     write_tables_before_commit,
@@ -110,6 +109,14 @@ class CoalescedTable:
         self.pending = kept
         return sent
 
+    def rewrite(self, owned: set[int]) -> None:
+        """Write again, at the next commit, every entry the store holds for ``owned``
+        partitions (pending writes win)."""
+        for key, value in self.table.data.items():
+            partition = self.partition_of(key)
+            if partition in owned and key not in self.pending:
+                self.pending[key] = (partition, value)
+
     def drop(self, owned: set[int]) -> None:
         """Forget pending writes of partitions this worker lost in a rebalance (their new owner
         folds that input again from the committed offsets)."""
@@ -119,7 +126,6 @@ class CoalescedTable:
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     write_tables_before_commit()
-    dispatch_without_tasks()
     allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()
@@ -202,6 +208,15 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             del beats[gone]
         for table in (index, load, ledger):
             table.drop(mine)
+        # what this worker kept is written again at the next commit (a new base per node, the
+        # latest heartbeat, the open reservations): writes still in a transaction a rebalance
+        # ended without committing are then replaced, and the tables converge whatever Faust
+        # did with that transaction
+        for node, seg in nodes.items():
+            seg.rebase = seg.dirty = True
+            dirty.add(node)
+        load.rewrite(mine)
+        ledger.rewrite(mine)
         for node, records in group_records(index.items()).items():
             if node not in nodes:
                 part = index.partition_of(segment_key(node, BASE, 0))

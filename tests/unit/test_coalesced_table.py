@@ -68,3 +68,16 @@ def test_writes_for_a_partition_not_held_wait_and_are_dropped_once_it_is_lost() 
     t.put(3, b"gone", b"z")
     t.drop({0})  # a rebalance took partition 3 away: its new owner folds that input again
     assert t.get(b"gone") is None and t.write({0, 3}) == 0
+
+
+def test_after_a_rebalance_the_kept_entries_are_written_again() -> None:
+    table = _Table()
+    t = CoalescedTable(table)
+    t.put(0, b"n1", b"hb1")
+    t.put(3, b"n2", b"hb2")
+    t.write({0, 3})
+    t.put(0, b"n1", b"hb3")  # a newer value is pending: it wins
+    t.rewrite({0})  # partition 3 went away; 0 was kept
+    assert t.write({0}) == 1 and table.sent[-1] == (0, b"n1", b"hb3")
+    t.rewrite({0})
+    assert t.write({0}) == 1 and table.sent[-1] == (0, b"n1", b"hb3")
