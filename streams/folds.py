@@ -16,9 +16,7 @@ __all__ = [
     "KvCursor",
     "KvPlan",
     "heartbeat_is_newer",
-    "index_key",
     "is_newer",
-    "parse_index_key",
     "plan_kv",
 ]
 
@@ -77,12 +75,3 @@ def plan_kv(cursor: KvCursor | None, current: Set[int], batch: KvEventBatch) -> 
         deletes = [h for h in set(batch.removed) if h in current]
         upserts = [h for h in set(batch.stored) if h not in current]
     return KvPlan(True, upserts, deletes, gap, new_cursor)
-
-
-def index_key(node_id: str, block: int) -> bytes:
-    return f"{node_id}|{block:x}".encode()
-
-
-def parse_index_key(key: bytes) -> tuple[str, int]:
-    node, _, block = key.decode().rpartition("|")
-    return node, int(block, 16)

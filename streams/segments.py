@@ -46,6 +46,8 @@ BASE, DELTA = "b", "d"
 SLOTS = 16
 PART_BLOCKS = 65_536  # 512 KiB of hashes per base record: under Kafka's default 1 MiB message limit
 MIN_REBASE = 1_024  # deltas may add up to this many entries before a small node is rebased
+MAX_PARTS = 4_096  # base parts a reader accepts (268 million blocks): a hostile key or record
+# must not make a reader or a retiring worker walk billions of keys
 
 _MAGIC = b"KS1"
 _HEAD = struct.Struct("<3sBIIIqHII")  # magic, kind, gen, index, parts, seq, len(epoch), n+, n-
@@ -64,7 +66,7 @@ def parse_segment_key(key: bytes) -> tuple[str, str, int]:
     if not sep or not node or len(tail) < 2 or tail[0] not in _KINDS:
         raise ValueError(f"not a segment key: {key!r}")
     index = int(tail[1:])
-    if index < 0 or (tail[0] == DELTA and index >= SLOTS):
+    if index < 0 or index >= (SLOTS if tail[0] == DELTA else MAX_PARTS):
         raise ValueError(f"segment index out of range: {key!r}")
     return node, tail[0], index
 
@@ -105,6 +107,8 @@ class Segment:
         magic, kind, gen, index, parts, seq, n_epoch, n_st, n_rm = _HEAD.unpack_from(raw)
         if magic != _MAGIC or kind not in _KIND_OF or n_epoch > _MAX_EPOCH or seq < 0:
             raise ValueError("not a segment record")
+        if parts > MAX_PARTS or index >= (MAX_PARTS if kind == _KINDS[BASE] else SLOTS):
+            raise ValueError("segment part or slot out of range")
         start = _HEAD.size + n_epoch
         if len(raw) != start + 8 * (n_st + n_rm):
             raise ValueError("segment record length does not match its counts")

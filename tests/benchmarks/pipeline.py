@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -422,7 +423,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         current = await worker_cost(args, None)
         baseline = None
         if args.baseline_rev:
-            baseline = await worker_cost(args, source_tree(args.baseline_rev))
+            tree = source_tree(args.baseline_rev)
+            try:
+                baseline = await worker_cost(args, tree)
+            finally:
+                shutil.rmtree(tree, ignore_errors=True)
         out["worker_cost"] = {
             "baseline_rev": args.baseline_rev,
             "current": current,

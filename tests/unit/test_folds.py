@@ -1,7 +1,8 @@
 import pytest
 
-from streams.folds import KvCursor, heartbeat_is_newer, index_key, parse_index_key, plan_kv
+from streams.folds import KvCursor, heartbeat_is_newer, plan_kv
 from streams.schemas import Heartbeat, KvEventBatch
+from streams.segments import parse_segment_key, segment_key
 from tests.factories import heartbeat
 
 
@@ -62,5 +63,5 @@ def test_heartbeat_order_and_keys() -> None:
     assert heartbeat_is_newer(hb("e1", 3), hb("e1", 4))
     assert not heartbeat_is_newer(hb("e1", 4), hb("e1", 4))
     assert heartbeat_is_newer(hb("e1", 9), hb("e2", 0))
-    assert parse_index_key(index_key("node|x", 255)) == ("node|x", 255)
+    assert parse_segment_key(segment_key("node|x", "d", 15)) == ("node|x", "d", 15)
     assert KvCursor.decode(KvCursor("1-a/b", 7).encode()) == KvCursor("1-a/b", 7)

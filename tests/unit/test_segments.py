@@ -224,6 +224,8 @@ def test_retirement_deletes_every_key_and_a_returning_node_starts_over() -> None
         b"",
         b"KS1",
         Segment("d", 1, 0, 0, KvCursor("e", 1), array("q", [1]), array("q")).encode()[:-1],
+        Segment("d", 1, 16, 0, KvCursor("e", 1), array("q"), array("q")).encode(),
+        Segment("b", 1, 0, 2**32 - 1, KvCursor("e", 1), array("q"), array("q")).encode(),
     ],
 )
 def test_a_record_that_is_not_a_segment_is_refused(raw: bytes) -> None:
@@ -231,7 +233,9 @@ def test_a_record_that_is_not_a_segment_is_refused(raw: bytes) -> None:
         Segment.decode(raw)
 
 
-@pytest.mark.parametrize("key", [b"n1", b"n1|x0", b"n1|d16", b"n1|d-1", b"|b0", b"n1|b"])
+@pytest.mark.parametrize(
+    "key", [b"n1", b"n1|x0", b"n1|d16", b"n1|d-1", b"|b0", b"n1|b", b"n1|b4096", b"n1|b99999999"]
+)
 def test_a_key_that_is_not_a_segment_key_is_refused(key: bytes) -> None:
     with pytest.raises(ValueError):
         parse_segment_key(key)
