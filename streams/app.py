@@ -25,12 +25,14 @@ from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.faustpatch import (
     allow_commit_bursts,
+    commit_folded_offsets,
     flush_before_transaction_commit,
     restore_only_settled_changelogs,
     write_tables_before_commit,
 )
 from streams.folds import is_newer, plan_kv
-from streams.kafka import KafkaBus
+from streams.frontier import Frontier, Verdict
+from streams.kafka import KafkaBus, OffsetProbe
 from streams.kafka import dead_letter as kafka_dead_letter
 from streams.ledger import ledger_fold
 from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
@@ -126,6 +128,7 @@ class CoalescedTable:
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     write_tables_before_commit()
+    commit_folded_offsets()
     allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()
@@ -184,30 +187,95 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     written: Counter[str] = Counter()  # table records written, by table (for /metrics)
     inputs = {HEARTBEATS.name(ns): "heartbeats", KV_EVENTS.name(ns): "kv_events"}
     inputs[LEDGER.name(ns)] = "ledger"
+    # each table is written to the partitions of the input that feeds it
+    feeds = {index: KV_EVENTS.name(ns), load: HEARTBEATS.name(ns), ledger: LEDGER.name(ns)}
+    frontier: Frontier[Any] = Frontier()
+    probe = OffsetProbe(kafka, f"{app.conf.id}-offset-probe", worker.exactly_once)
+    app.folded_offsets = lambda: (set(inputs), frontier.offsets())  # type: ignore[attr-defined]
 
-    def owned() -> set[int]:
-        """The input partitions the consumer holds: the ones a commit carries offsets of (Faust
-        filters each commit by this assignment)."""
+    def owned(topic: str) -> set[int]:
+        """The partitions of input ``topic`` the consumer holds: the ones a commit carries
+        offsets of (Faust filters each commit by this assignment). Other topics' partitions
+        (changelogs, Faust's assignor topic) say nothing about which tables this worker owns."""
         consumer: Any = app.consumer
-        return {tp.partition for tp in consumer.assignment()}
+        return {tp.partition for tp in consumer.assignment() if tp.topic == topic}
 
     @app.on_rebalance_complete.connect
     def _invalidate(*_: Any, **__: Any) -> None:
         nonlocal mirror_ok
         mirror_ok = False
+        frontier.reset()  # every partition starts again from its committed offset
+
+    async def in_order(event: Any) -> bool:
+        """Whether to fold ``event``: the next record of its partition (see
+        :mod:`streams.frontier`). A record past a hole is dropped and the partition read again
+        from the hole."""
+        msg = event.message
+        consumer: Any = app.consumer
+        committed = consumer._committed_offset.get(msg.tp)
+        verdict = frontier.observe(msg.tp, msg.offset, committed, time.monotonic())
+        if verdict is not Verdict.HOLE:
+            return verdict is Verdict.FOLD
+        hole = frontier.next_offset(msg.tp)
+        assert hole is not None
+        first = await probe.first_offset(msg.tp.topic, msg.tp.partition, hole)
+        fold, again = frontier.resolve(msg.tp, msg.offset, first)
+        if again is not None:
+            folded["reread"] += 1
+            log.warning(
+                "%s[%d]: records from offset %d were not delivered (next came %d); reading "
+                "them again",
+                msg.topic,
+                msg.partition,
+                again,
+                msg.offset,
+            )
+            await consumer.seek(msg.tp, again)
+        return fold
+
+    @app.timer(interval=frontier.retry_s)  # type: ignore[untyped-decorator]
+    async def reread_quiet_partitions() -> None:
+        """A record never delivered at the end of a partition has no later record to reveal it
+        as a hole: partitions whose end is past what was folded and from which nothing came for a
+        while are read again from there."""
+        consumer: Any = app.consumer
+        if app.rebalancing:
+            return
+        now = time.monotonic()
+        assigned = {tp for tp in consumer.assignment() if tp.topic in inputs}
+        for tp in assigned:
+            committed = consumer._committed_offset.get(tp)
+            if committed is not None:
+                frontier.track(tp, committed, now)
+        ends = {tp: consumer.highwater(tp) for tp in frontier.offsets() if tp in assigned}
+        for tp, offset in frontier.quiet(now, ends):
+            first = await probe.first_offset(tp.topic, tp.partition, offset)
+            if first is None:  # nothing there (markers at the end), or no answer: ask later
+                continue
+            again = frontier.step_to(tp, first)
+            folded["reread"] += 1
+            log.warning(
+                "%s[%d]: nothing arrived past offset %d of %d; reading again from %d",
+                tp.topic,
+                tp.partition,
+                offset,
+                ends[tp],
+                again,
+            )
+            await consumer.seek(tp, again)
 
     def rebuild() -> None:
         nonlocal mirror_ok
         if mirror_ok:
             return
-        mine = owned()
-        for gone in [n for n, seg in nodes.items() if seg.partition not in mine]:
+        mine = {table: owned(topic) for table, topic in feeds.items()}
+        for gone in [n for n, seg in nodes.items() if seg.partition not in mine[index]]:
             del nodes[gone]
             dirty.discard(gone)
-        for gone in [n for n, beat in beats.items() if beat[3] not in mine]:
+        for gone in [n for n, beat in beats.items() if beat[3] not in mine[load]]:
             del beats[gone]
         for table in (index, load, ledger):
-            table.drop(mine)
+            table.drop(mine[table])
         # what this worker kept is written again at the next commit (a new base per node, the
         # latest heartbeat, the open reservations): writes still in a transaction a rebalance
         # ended without committing are then replaced, and the tables converge whatever Faust
@@ -215,8 +283,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         for node, seg in nodes.items():
             seg.rebase = seg.dirty = True
             dirty.add(node)
-        load.rewrite(mine)
-        ledger.rewrite(mine)
+        load.rewrite(mine[load])
+        ledger.rewrite(mine[ledger])
         for node, records in group_records(index.items()).items():
             if node not in nodes:
                 part = index.partition_of(segment_key(node, BASE, 0))
@@ -231,16 +299,16 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     def write_tables() -> None:
         """Write what changed since the last commit: one segment record per changed node, its
         latest heartbeat, the open reservations' last state (called before every commit)."""
-        mine = owned()
+        mine = {table: owned(topic) for table, topic in feeds.items()}
         for node in list(dirty):
             seg = nodes.get(node)
-            if seg is None or seg.partition not in mine:
+            if seg is None or seg.partition not in mine[index]:
                 continue
             for key, value in seg.flush(node):
                 index.put(seg.partition, key, value)
             dirty.discard(node)
         for name, table in (("prefix_index", index), ("load", load), ("kv_ledger", ledger)):
-            written[name] += table.write(mine)
+            written[name] += table.write(mine[table])
 
     app.before_commit = write_tables  # type: ignore[attr-defined]
 
@@ -265,6 +333,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     async def node_message(event: Any, model: type[M], consumer: str) -> M | None:
         """The event's message, or None when it was a retirement (handled here) or invalid
         (dead-lettered)."""
+        if not await in_order(event):
+            return None
         key = event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None
         if event.value is None and key is not None:
             forget(key, event.message.partition)
@@ -318,6 +388,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         """One entry per open reservation: set on reserve, its lease moved on renew, deleted on
         release or expire (all idempotent, so a replay folds to the same table)."""
         async for event in stream.events():
+            if not await in_order(event):
+                continue
             try:
                 ev = decode(LedgerEvent, event.value)
             except SchemaError as exc:
@@ -360,6 +432,12 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             "counter",
             "Input messages sent to the dead-letter topic",
             [("", folded["dead_lettered"])],
+        )
+        family(
+            "kvgate_worker_input_rereads",
+            "counter",
+            "Times an input partition was read again from a record that was never delivered",
+            [("", folded["reread"])],
         )
         family("kvgate_worker_nodes", "gauge", "Nodes in its load table", [("", len(beats))])
         family(

@@ -6,11 +6,14 @@
   covers.
 * :func:`restore_only_settled_changelogs`: recovery reads every committed changelog record.
 * :func:`allow_commit_bursts`: the producer buffer takes a commit's table writes at once.
+* :func:`commit_folded_offsets`: commits carry the input offsets the agents folded, not the ones
+  Faust acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from typing import Any
@@ -21,6 +24,7 @@ __all__ = [
     "UnsentTableWrite",
     "allow_commit_bursts",
     "buffered_records_sent",
+    "commit_folded_offsets",
     "flush_before_transaction_commit",
     "restore_only_settled_changelogs",
     "write_tables_before_commit",
@@ -245,3 +249,42 @@ def allow_commit_bursts(max_messages: int) -> None:
     from faust.transport.producer import ProducerBuffer
 
     ProducerBuffer.max_messages = max(ProducerBuffer.max_messages, max_messages)
+
+
+def commit_folded_offsets() -> None:
+    """Commit, for the input topics an app names, the offsets its agents folded in order.
+
+    An app that sets ``folded_offsets`` (a callable returning the input topic names and, per
+    partition, the next offset not folded; see :mod:`streams.frontier`) has those offsets
+    committed for its input topics instead of the ones Faust derives from acknowledgements:
+    Faust acknowledges records its streams skip around a rebalance and commits over offset jumps
+    it takes for compaction gaps, and a commit past input the tables never folded loses it.
+    Faust's own bookkeeping still runs (its acknowledgement lists are trimmed below what was
+    committed, so they stay bounded). Other topics keep Faust's offsets. Idempotent."""
+    from faust.transport.consumer import Consumer
+
+    filter_offsets = Consumer._filter_committable_offsets
+    if getattr(filter_offsets, "folded_only", False):
+        return
+
+    def folded_offsets(self: Consumer, tps: Any) -> dict[Any, int]:
+        offsets: dict[Any, int] = filter_offsets(self, tps)
+        source = getattr(self.app, "folded_offsets", None)
+        if source is None:
+            return offsets
+        topics, folded = source()
+        out = {tp: offset for tp, offset in offsets.items() if tp.topic not in topics}
+        for tp, offset in folded.items():
+            if self._should_commit(tp, offset):
+                out[tp] = offset
+            acked = self._acked.get(tp)
+            if acked:  # kept sorted by Faust; what lies below a committed offset is settled
+                acked.sort()
+                below = bisect.bisect_left(acked, offset)
+                if below:
+                    self._acked_index[tp].difference_update(acked[:below])
+                    del acked[:below]
+        return out
+
+    folded_offsets.folded_only = True  # type: ignore[attr-defined]
+    Consumer._filter_committable_offsets = folded_offsets  # type: ignore[method-assign]

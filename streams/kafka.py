@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
@@ -26,7 +26,14 @@ from streams.schemas import DeadLetter
 from streams.settings import KafkaSettings
 from streams.topics import ALL_TOPICS, DLQ, TopicSpec
 
-__all__ = ["KafkaBus", "dead_letter", "decode_or_dead_letter", "ensure_topics", "make_consumer"]
+__all__ = [
+    "KafkaBus",
+    "OffsetProbe",
+    "dead_letter",
+    "decode_or_dead_letter",
+    "ensure_topics",
+    "make_consumer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +309,53 @@ class KafkaBus:
             return
         self.delivered += 1
         self.last_delivery_at = time.time()
+
+
+class OffsetProbe:
+    """Asks the broker where the first record at or after an offset is (records that do not
+    exist there: transaction markers, aborted records with ``read_committed``, records removed
+    by retention). One consumer, started on first use and kept; every question is bounded in
+    time, and a failure answers None (the caller reads the partition again, the safe choice)."""
+
+    def __init__(
+        self, settings: KafkaSettings, client_id: str, read_committed: bool, timeout_s: float = 5.0
+    ) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self.isolation = "read_committed" if read_committed else "read_uncommitted"
+        self.timeout_s = timeout_s
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def first_offset(self, topic: str, partition: int, offset: int) -> int | None:
+        try:
+            return await asyncio.wait_for(self._first(topic, partition, offset), self.timeout_s)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            log.warning("could not read %s[%d] at %d: %r", topic, partition, offset, exc)
+            return None
+
+    async def _first(self, topic: str, partition: int, offset: int) -> int | None:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                **self.settings.client_options(),
+                client_id=self.client_id,
+                enable_auto_commit=False,
+                isolation_level=self.isolation,
+            )
+            await consumer.start()
+            self._consumer = consumer
+        tp = TopicPartition(topic, partition)
+        self._consumer.assign([tp])
+        self._consumer.seek(tp, offset)
+        wait_ms = int(self.timeout_s * 500)
+        batch = await self._consumer.getmany(tp, timeout_ms=wait_ms, max_records=1)
+        records = batch.get(tp)
+        return int(records[0].offset) if records else None
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+            self._consumer = None
 
 
 def dead_letter(record: Any, error: str, consumer: str) -> DeadLetter:

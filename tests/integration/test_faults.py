@@ -8,12 +8,16 @@ import signal
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from deploy.procs import Supervisor, free_port
+from streams.codec import encode
 from streams.kafka import KafkaBus, ensure_topics
 from streams.replica import TableReplica
 from streams.schemas import Heartbeat
 from streams.settings import KafkaSettings, WorkerSettings
+from streams.tables import app_id
 from streams.topics import HEARTBEATS, KV_EVENTS
 from tests.conftest import wait_until
 from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post
@@ -141,6 +145,85 @@ async def test_a_worker_joining_and_another_dying_mid_stream_keep_the_tables_exa
     finally:
         await replica.stop()
         await bus.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+async def test_input_with_transaction_markers_and_aborted_records_is_folded_and_committed(
+    supervisor: Supervisor,
+    kafka_settings: KafkaSettings,
+    worker_settings: WorkerSettings,
+    exactly_once: bool,
+) -> None:
+    """Input written in Kafka transactions has offsets that hold no record (commit and abort
+    markers; aborted records too, for a ``read_committed`` worker). The worker folds each
+    partition in offset order and commits only what it folded: it must step over those offsets
+    (asking the broker), not wait for them, and its committed offsets must cover every record."""
+    await ensure_topics(kafka_settings)
+    supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
+    stream = synthetic_stream(nodes=4, steps=300, seed=11)
+    exp = expected_state(stream)
+    producer = AIOKafkaProducer(
+        **kafka_settings.client_options(), transactional_id=f"{kafka_settings.namespace}-gaps"
+    )
+    await producer.start()
+    replica = TableReplica(kafka_settings, worker_settings, "t-gaps-replica", follow_input=False)
+    last: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset of its last record
+    try:
+        supervisor.spawn("worker-1", "worker")
+        sent: list[object] = []
+        for start in range(0, len(stream), 25):
+            for abort in (False, True):
+                # an aborted transaction re-sends earlier records: folded again (read
+                # uncommitted) they change nothing; skipped (read committed) they leave holes
+                chunk = stream[start : start + 25] if not abort else sent[-10:]
+                async with producer.transaction() if not abort else _aborted(producer):
+                    for msg in chunk:
+                        spec = HEARTBEATS if isinstance(msg, Heartbeat) else KV_EVENTS
+                        meta = await (
+                            await producer.send(
+                                spec.name(kafka_settings.namespace),
+                                encode(msg),  # type: ignore[arg-type]
+                                key=msg.node_id.encode(),  # type: ignore[attr-defined]
+                            )
+                        )
+                        if not abort:
+                            last[(meta.topic, meta.partition)] = meta.offset
+                if not abort:
+                    sent.extend(chunk)
+        await replica.start()
+        await _tables_become_exact(replica, exp)
+
+        async def committed_everything() -> bool:
+            offsets = await _committed(kafka_settings, app_id(kafka_settings, worker_settings))
+            return all(offsets.get(tp, -1) > offset for tp, offset in last.items())
+
+        await wait_until(committed_everything, 30, "committed offsets past every record", 0.5)
+    finally:
+        await replica.stop()
+        await producer.stop()
+
+
+class _aborted:
+    """A transaction that is aborted when the block ends."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+
+    async def __aenter__(self) -> None:
+        await self.producer.begin_transaction()
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.producer.abort_transaction()
+
+
+async def _committed(kafka: KafkaSettings, group: str) -> dict[tuple[str, int], int]:
+    admin = AIOKafkaAdminClient(**kafka.client_options())
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
 
 
 async def _tables_become_exact(replica: TableReplica, exp: Expected) -> None:
