@@ -26,6 +26,7 @@ from streams.exceptions import SchemaError
 from streams.faustpatch import (
     allow_commit_bursts,
     commit_folded_offsets,
+    dispatch_without_tasks,
     flush_before_transaction_commit,
     restore_only_settled_changelogs,
     write_tables_before_commit,
@@ -125,10 +126,15 @@ class CoalescedTable:
         self.pending = {k: v for k, v in self.pending.items() if v[0] in owned}
 
 
+def _after(offset: int | None) -> int | None:
+    return None if offset is None else offset + 1
+
+
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     write_tables_before_commit()
     commit_folded_offsets()
+    dispatch_without_tasks()
     allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()
@@ -247,7 +253,11 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             committed = consumer._committed_offset.get(tp)
             if committed is not None:
                 frontier.track(tp, committed, now)
-        ends = {tp: consumer.highwater(tp) for tp in frontier.offsets() if tp in assigned}
+        # how far Faust's fetcher handed records out (its read offset): a partition it handed
+        # out past what the agents folded, and from which nothing arrived for a while, lost a
+        # record on the way; one merely behind has handed nothing out past it
+        read = consumer._read_offset
+        ends = {tp: _after(read.get(tp)) for tp in frontier.offsets() if tp in assigned}
         for tp, offset in frontier.quiet(now, ends):
             first = await probe.first_offset(tp.topic, tp.partition, offset)
             if first is None:  # nothing there (markers at the end), or no answer: ask later
@@ -255,7 +265,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             again = frontier.step_to(tp, first)
             folded["reread"] += 1
             log.warning(
-                "%s[%d]: nothing arrived past offset %d of %d; reading again from %d",
+                "%s[%d]: nothing arrived past offset %d, handed out up to %d; reading again "
+                "from %d",
                 tp.topic,
                 tp.partition,
                 offset,
@@ -490,5 +501,13 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             await reaper.publish_raw(HEARTBEATS.name(ns), node.encode(), None)
             await reaper.publish_raw(KV_EVENTS.name(ns), node.encode(), None)
         await reaper.flush()
+
+    @app.on_before_shutdown.connect
+    async def _stop_clients(*_: Any, **__: Any) -> None:
+        """Stop the worker's own Kafka clients (the offset probe, the reaper) with the app."""
+        await probe.stop()
+        if reaper is not None:
+            with contextlib.suppress(Exception):
+                await reaper.stop()
 
     return app

@@ -6,6 +6,7 @@
   covers.
 * :func:`restore_only_settled_changelogs`: recovery reads every committed changelog record.
 * :func:`allow_commit_bursts`: the producer buffer takes a commit's table writes at once.
+* :func:`dispatch_without_tasks`: handing a fetched record to its stream costs no asyncio tasks.
 * :func:`commit_folded_offsets`: commits carry the input offsets the agents folded, not the ones
   Faust acknowledged.
 """
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from streams.settings import KafkaSettings
@@ -25,6 +28,7 @@ __all__ = [
     "allow_commit_bursts",
     "buffered_records_sent",
     "commit_folded_offsets",
+    "dispatch_without_tasks",
     "flush_before_transaction_commit",
     "restore_only_settled_changelogs",
     "write_tables_before_commit",
@@ -235,6 +239,76 @@ def write_tables_before_commit(timeout_s: float = 30.0) -> None:
     writing_commit_tps.writes_tables = True  # type: ignore[attr-defined]
     Consumer._commit_tps = writing_commit_tps  # type: ignore[method-assign]
     Consumer._commit_offsets = waiting_commit_offsets  # type: ignore[method-assign]
+
+
+def dispatch_without_tasks() -> None:
+    """Hand each fetched record to its stream without four asyncio tasks per record.
+
+    Faust's consumer dispatches every record with ``wait_first(callback(record),
+    suspend_flow.wait())``: a task for the callback, one for the flow guard and one each for the
+    consumer's stopped and crashed events, then ``asyncio.wait`` and three cancellations. That
+    costs more than the worker's own fold of the record. The callback (put the record in its
+    stream's buffer) almost never has to wait, so this runs its first step at once, in a copy of
+    the context as a task would: when it finishes there, nothing else is created. Only when it
+    has to wait (a full stream buffer, a producer buffer over its limit) does the rest of it
+    become a task, and Faust's own ``wait_first`` then waits for it against the flow guard as
+    before, so a rebalance still interrupts a dispatch that waits. The consumer calls
+    ``wait_first`` for nothing else."""
+    from faust.transport.consumer import Consumer
+    from mode import Service
+
+    if getattr(Consumer.wait_first, "dispatches_inline", False):
+        return
+
+    async def inline_wait_first(self: Any, *coros: Any, timeout: Any = None) -> Any:  # noqa: ASYNC109 - Faust's signature
+        if timeout is not None or len(coros) != 2 or not asyncio.iscoroutine(coros[0]):
+            return await Service.wait_first(self, *coros, timeout=timeout)
+        work, guard = coros
+        ctx = contextvars.copy_context()
+        try:
+            waiting_on = ctx.run(work.send, None)
+        except StopIteration:
+            if asyncio.iscoroutine(guard):
+                guard.close()
+            # give way once, as Faust's dispatch did: the stream's agent takes the record now,
+            # so records do not pile up in stream buffers that a rebalance clears (Faust then
+            # counts a cleared record as read, and a later fetch past it as a gap it skips)
+            await asyncio.sleep(0)
+            return None
+        except BaseException:
+            if asyncio.iscoroutine(guard):
+                guard.close()
+            raise
+        rest = asyncio.get_running_loop().create_task(_resume(work, waiting_on), context=ctx)
+        return await Service.wait_first(self, rest, guard)
+
+    inline_wait_first.dispatches_inline = True  # type: ignore[attr-defined]
+    Consumer.wait_first = inline_wait_first  # type: ignore[method-assign]
+
+
+async def _resume(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
+    """Drive a coroutine that was stepped by hand and is now waiting on ``waiting_on`` (what
+    its last step yielded: a future, or None to give way to the loop) to its end."""
+    while True:
+        try:
+            if waiting_on is None:
+                await asyncio.sleep(0)
+            else:
+                waiting_on._asyncio_future_blocking = False  # as a task does with what it awaits
+                try:
+                    await asyncio.wait([waiting_on])
+                except asyncio.CancelledError:
+                    if not waiting_on.done():
+                        waiting_on.cancel()
+                    raise
+            waiting_on = coro.send(None)
+        except StopIteration as done:
+            return done.value
+        except asyncio.CancelledError as exc:
+            try:
+                waiting_on = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
 
 
 def allow_commit_bursts(max_messages: int) -> None:

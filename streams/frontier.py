@@ -13,8 +13,9 @@ arrives past the next expected offset reveals a *hole*: it is not folded, and th
 read again from the hole once the broker has said what the first record at that offset is
 (records that do not exist there, such as transaction markers or aborted records, are then
 stepped over). Records already folded are not folded twice. A hole at the end of a partition has
-no later record to reveal it: a partition whose end is past what was folded and from which
-nothing arrived for a while is read again too (:meth:`Frontier.quiet`).
+no later record to reveal it: a partition the consumer handed out past what was folded, and from
+which nothing arrived for a while, is read again too (:meth:`Frontier.quiet`; a partition that is
+merely behind has handed nothing out past it).
 """
 
 from __future__ import annotations
@@ -102,9 +103,10 @@ class Frontier(Generic[TP]):
             self.parts[tp] = _Partition(committed, now)
 
     def quiet(self, now: float, ends: Mapping[TP, int | None]) -> list[tuple[TP, int]]:
-        """Partitions whose end (``ends``: the high watermark) is past what was folded and from
-        which nothing arrived for ``retry_s``, with the offset to ask the broker about; each is
-        reported at most once per ``retry_s``."""
+        """Partitions whose ``ends`` (the offset after the last record the consumer handed out
+        to the agents) are past what was folded and from which nothing arrived for
+        ``retry_s``, with the offset to ask the broker about; each is reported at most once per
+        ``retry_s``."""
         out = []
         for tp, part in self.parts.items():
             end = ends.get(tp)
