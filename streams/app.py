@@ -32,10 +32,10 @@ from streams.faustpatch import (
     write_tables_before_commit,
 )
 from streams.folds import is_newer, plan_kv
-from streams.frontier import Frontier, Verdict
-from streams.kafka import KafkaBus, OffsetProbe
+from streams.kafka import KafkaBus
 from streams.kafka import dead_letter as kafka_dead_letter
 from streams.ledger import ledger_fold
+from streams.ordered import OrderedInput
 from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
 from streams.segments import BASE, NodeSegments, group_records, segment_key
 from streams.settings import KafkaSettings, WorkerSettings
@@ -126,10 +126,6 @@ class CoalescedTable:
         self.pending = {k: v for k, v in self.pending.items() if v[0] in owned}
 
 
-def _after(offset: int | None) -> int | None:
-    return None if offset is None else offset + 1
-
-
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ns = kafka.namespace
     write_tables_before_commit()
@@ -195,9 +191,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     inputs[LEDGER.name(ns)] = "ledger"
     # each table is written to the partitions of the input that feeds it
     feeds = {index: KV_EVENTS.name(ns), load: HEARTBEATS.name(ns), ledger: LEDGER.name(ns)}
-    frontier: Frontier[Any] = Frontier()
-    probe = OffsetProbe(kafka, f"{app.conf.id}-offset-probe", worker.exactly_once)
-    app.folded_offsets = lambda: (set(inputs), frontier.offsets())  # type: ignore[attr-defined]
+    ordered = OrderedInput(app, kafka, worker.exactly_once, set(inputs), folded)
 
     def owned(topic: str) -> set[int]:
         """The partitions of input ``topic`` the consumer holds: the ones a commit carries
@@ -210,70 +204,11 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     def _invalidate(*_: Any, **__: Any) -> None:
         nonlocal mirror_ok
         mirror_ok = False
-        frontier.reset()  # every partition starts again from its committed offset
+        ordered.reset()
 
-    async def in_order(event: Any) -> bool:
-        """Whether to fold ``event``: the next record of its partition (see
-        :mod:`streams.frontier`). A record past a hole is dropped and the partition read again
-        from the hole."""
-        msg = event.message
-        consumer: Any = app.consumer
-        committed = consumer._committed_offset.get(msg.tp)
-        verdict = frontier.observe(msg.tp, msg.offset, committed, time.monotonic())
-        if verdict is not Verdict.HOLE:
-            return verdict is Verdict.FOLD
-        hole = frontier.next_offset(msg.tp)
-        assert hole is not None
-        first = await probe.first_offset(msg.tp.topic, msg.tp.partition, hole)
-        fold, again = frontier.resolve(msg.tp, msg.offset, first)
-        if again is not None:
-            folded["reread"] += 1
-            log.warning(
-                "%s[%d]: records from offset %d were not delivered (next came %d); reading "
-                "them again",
-                msg.topic,
-                msg.partition,
-                again,
-                msg.offset,
-            )
-            await consumer.seek(msg.tp, again)
-        return fold
-
-    @app.timer(interval=frontier.retry_s)  # type: ignore[untyped-decorator]
+    @app.timer(interval=ordered.frontier.retry_s)  # type: ignore[untyped-decorator]
     async def reread_quiet_partitions() -> None:
-        """A record never delivered at the end of a partition has no later record to reveal it
-        as a hole: partitions whose end is past what was folded and from which nothing came for a
-        while are read again from there."""
-        consumer: Any = app.consumer
-        if app.rebalancing:
-            return
-        now = time.monotonic()
-        assigned = {tp for tp in consumer.assignment() if tp.topic in inputs}
-        for tp in assigned:
-            committed = consumer._committed_offset.get(tp)
-            if committed is not None:
-                frontier.track(tp, committed, now)
-        # how far Faust's fetcher handed records out (its read offset): a partition it handed
-        # out past what the agents folded, and from which nothing arrived for a while, lost a
-        # record on the way; one merely behind has handed nothing out past it
-        read = consumer._read_offset
-        ends = {tp: _after(read.get(tp)) for tp in frontier.offsets() if tp in assigned}
-        for tp, offset in frontier.quiet(now, ends):
-            first = await probe.first_offset(tp.topic, tp.partition, offset)
-            if first is None:  # nothing there (markers at the end), or no answer: ask later
-                continue
-            again = frontier.step_to(tp, first)
-            folded["reread"] += 1
-            log.warning(
-                "%s[%d]: nothing arrived past offset %d, handed out up to %d; reading again "
-                "from %d",
-                tp.topic,
-                tp.partition,
-                offset,
-                ends[tp],
-                again,
-            )
-            await consumer.seek(tp, again)
+        await ordered.reread_quiet()
 
     def rebuild() -> None:
         nonlocal mirror_ok
@@ -344,7 +279,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     async def node_message(event: Any, model: type[M], consumer: str) -> M | None:
         """The event's message, or None when it was a retirement (handled here) or invalid
         (dead-lettered)."""
-        if not await in_order(event):
+        if not await ordered.admit(event):
             return None
         key = event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None
         if event.value is None and key is not None:
@@ -399,7 +334,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         """One entry per open reservation: set on reserve, its lease moved on renew, deleted on
         release or expire (all idempotent, so a replay folds to the same table)."""
         async for event in stream.events():
-            if not await in_order(event):
+            if not await ordered.admit(event):
                 continue
             try:
                 ev = decode(LedgerEvent, event.value)
@@ -505,7 +440,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     @app.on_before_shutdown.connect
     async def _stop_clients(*_: Any, **__: Any) -> None:
         """Stop the worker's own Kafka clients (the offset probe, the reaper) with the app."""
-        await probe.stop()
+        await ordered.stop()
         if reaper is not None:
             with contextlib.suppress(Exception):
                 await reaper.stop()
