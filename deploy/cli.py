@@ -274,14 +274,17 @@ def router(
         int | None,
         typer.Option(help="also serve the endpoint picker (Envoy ext_proc gRPC) on this port"),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="router processes sharing the port (SO_REUSEPORT)", min=1, max=64),
+    ] = None,
 ) -> None:
     """Run a stateless router (OpenAI-compatible proxy) with replicas of the tables."""
     from router.serve import run_router
 
     s = _settings(config)
-    given = {
-        k: v for k, v in {"port": port, "host": host, "epp_port": epp_port}.items() if v is not None
-    }
+    options = {"port": port, "host": host, "epp_port": epp_port, "workers": workers}
+    given = {k: v for k, v in options.items() if v is not None}
     if given:
         s = s.model_copy(update={"router": s.router.model_copy(update=given)})
     _logging()

@@ -7,6 +7,11 @@
   and are closed at once, before any request is parsed;
 * the admin listener (``admin_port``) binds ``admin_host`` (loopback by default).
 
+``router.workers`` > 1 runs that many router processes on one port (``SO_REUSEPORT``: the kernel
+spreads connections over them), each a whole router with its own replicas of the tables; worker
+``i`` serves its admin listener on ``admin_port + i``. The parent only supervises: it restarts a
+worker that dies and stops them all on SIGTERM / SIGINT.
+
 Body size and read time are bounded per request (:mod:`router.edge`).
 """
 
@@ -15,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -28,7 +36,7 @@ if TYPE_CHECKING:
     from deploy.settings import Settings
     from router.settings import RouterSettings
 
-__all__ = ["Listeners", "run_router", "start_listeners"]
+__all__ = ["Listeners", "event_loop_factory", "run_router", "start_listeners", "worker_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +76,12 @@ class Listeners:
 
 
 async def _listen(
-    listeners: Listeners, app: web.Application, host: str, port: int, r: RouterSettings
+    listeners: Listeners,
+    app: web.Application,
+    host: str,
+    port: int,
+    r: RouterSettings,
+    reuse_port: bool = False,
 ) -> None:
     runner = web.AppRunner(
         app,
@@ -92,7 +105,7 @@ async def _listen(
         return handler()
 
     server = await asyncio.get_running_loop().create_server(
-        factory, host, port, reuse_address=True, backlog=512
+        factory, host, port, reuse_address=True, reuse_port=reuse_port or None, backlog=512
     )
     listeners.servers.append(server)
 
@@ -104,14 +117,40 @@ async def start_listeners(
     ``r.admin_port`` is set, the admin listener on ``r.admin_host:r.admin_port`` (port 0:
     any free port, see :attr:`Listeners.ports`)."""
     listeners = Listeners()
-    await _listen(listeners, main, r.host, r.port, r)
+    await _listen(listeners, main, r.host, r.port, r, reuse_port=r.workers > 1)
     if admin is not None and r.admin_port is not None:
         await _listen(listeners, admin, r.admin_host, r.admin_port, r)
     return listeners
 
 
-def run_router(s: Settings) -> None:
-    """``kvgate router``: serve until SIGTERM / SIGINT, then shut down cleanly."""
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop a router runs on (``router.event_loop``); None: asyncio's default."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("router.event_loop is uvloop, but uvloop is not installed") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def worker_settings(s: Settings, index: int) -> Settings:
+    """Worker ``index``'s settings: its own admin port (``admin_port + index``; 0 stays any
+    free port) and router id (``<router_id>-w<index>`` when an id is configured)."""
+    r = s.router
+    update: dict[str, Any] = {}
+    if r.admin_port:
+        update["admin_port"] = r.admin_port + index
+    if r.router_id is not None:
+        update["router_id"] = f"{r.router_id}-w{index}"
+    return s.model_copy(update={"router": r.model_copy(update=update)}) if update else s
+
+
+def _serve(s: Settings) -> None:
+    """One router process: serve until SIGTERM / SIGINT, then shut down cleanly."""
     from router.runtime import build_router_app
 
     async def main() -> None:
@@ -123,10 +162,12 @@ def run_router(s: Settings) -> None:
             loop.add_signal_handler(sig, stop.set)
         listeners = await start_listeners(app, admin, s.router)
         log.info(
-            "router listening on %s:%s (admin: %s)",
+            "router %s listening on %s:%s (admin: %s, loop: %s)",
+            app["service"].router_id,
             s.router.host,
             s.router.port,
-            s.router.admin_port,
+            listeners.ports[1] if len(listeners.ports) > 1 else None,
+            type(loop).__module__.split(".")[0],
         )
         epp = None
         if s.router.epp_port is not None:  # the Gateway API Inference Extension's picker
@@ -143,4 +184,63 @@ def run_router(s: Settings) -> None:
             with contextlib.suppress(Exception):
                 await listeners.stop()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=event_loop_factory(s.router.event_loop)) as runner:
+        runner.run(main())
+
+
+def run_router(s: Settings) -> None:
+    """``kvgate router``: one router, or ``router.workers`` of them under a supervisor."""
+    n = s.router.workers
+    if n == 1:
+        _serve(s)
+        return
+    if s.router.port == 0:
+        raise SystemExit("router.workers > 1 needs a fixed router.port (the workers share it)")
+    if s.admission.enabled and s.admission.backend != "redis":
+        raise SystemExit(
+            "router.workers > 1 runs several routers: they share one KV budget only with "
+            "admission.backend=redis (each in-process store would admit against all of it)"
+        )
+    _supervise(s, n)
+
+
+def _supervise(s: Settings, n: int, restart_backoff_s: float = 1.0) -> None:
+    """Run ``n`` workers, restart one that exits while the parent runs (at most once per
+    ``restart_backoff_s`` per worker), stop them all on SIGTERM / SIGINT."""
+    ctx = multiprocessing.get_context("fork")  # nothing runs yet: no loop, no threads
+    stopping = False
+
+    def stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    def start(i: int) -> multiprocessing.process.BaseProcess:
+        p = ctx.Process(target=_serve, args=(worker_settings(s, i),), name=f"kvgate-router-{i}")
+        p.start()
+        log.info("router worker %d started (pid %s)", i, p.pid)
+        return p
+
+    workers = {i: start(i) for i in range(n)}
+    started = dict.fromkeys(workers, time.monotonic())
+    while not stopping:
+        time.sleep(0.2)
+        for i, p in list(workers.items()):
+            if p.is_alive() or stopping:
+                continue
+            if time.monotonic() - started[i] < restart_backoff_s:
+                continue
+            log.error("router worker %d (pid %s) exited with %s; restarting", i, p.pid, p.exitcode)
+            workers[i], started[i] = start(i), time.monotonic()
+    for p in workers.values():
+        if p.is_alive():
+            p.terminate()  # SIGTERM: each worker shuts down cleanly
+    deadline = time.monotonic() + 30.0
+    for p in workers.values():
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            log.error("router worker pid %s did not stop in time; killing it", p.pid)
+            p.kill()
+            p.join()

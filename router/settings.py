@@ -110,6 +110,16 @@ class RouterSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535, description="0: any free port")
     router_id: str | None = Field(default=None, description="default: host:port:pid")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="router processes sharing the port (SO_REUSEPORT), each a whole router with "
+        "its own replicas of the tables; >1 needs a fixed port (docs/operations.md)",
+    )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto", description="auto: uvloop when installed, else asyncio's own"
+    )
     policy: Literal[
         "seed_score",
         "random",

@@ -73,3 +73,38 @@ def test_printed_settings_mask_every_key(monkeypatch: pytest.MonkeyPatch) -> Non
     for secret in ("sk-tenant-secret", "gw-secret-key", "admin-secret-key", "hunter2"):
         assert secret not in out
     assert '"chat"' in out and '"envoy"' in out and "<masked " in out
+
+
+def test_router_workers_get_their_own_admin_port_and_id() -> None:
+    from deploy.settings import Settings
+    from router.serve import run_router, worker_settings
+
+    s = Settings.model_validate({"router": {"port": 9000, "admin_port": 9100, "workers": 3}})
+    ws = [worker_settings(s, i).router for i in range(3)]
+    assert [w.admin_port for w in ws] == [9100, 9101, 9102]
+    assert [w.router_id for w in ws] == [None] * 3  # host:port:pid, distinct per process
+    named = s.model_copy(update={"router": s.router.model_copy(update={"router_id": "r"})})
+    assert worker_settings(named, 2).router.router_id == "r-w2"
+    anywhere = Settings.model_validate({"router": {"admin_port": 0, "workers": 2}})
+    assert worker_settings(anywhere, 1).router.admin_port == 0  # any free port, per worker
+    with pytest.raises(SystemExit, match=r"fixed router\.port"):
+        run_router(Settings.model_validate({"router": {"port": 0, "workers": 2}}))
+    with pytest.raises(SystemExit, match=r"admission\.backend=redis"):
+        run_router(Settings.model_validate({"router": {"port": 9000, "workers": 2}}))
+    with pytest.raises(ValidationError):
+        Settings.model_validate({"router": {"workers": 0}})
+
+
+def test_router_event_loop_choice() -> None:
+    import asyncio
+
+    from router.serve import event_loop_factory
+
+    assert event_loop_factory("asyncio") is None
+    factory = event_loop_factory("uvloop")  # a dependency of kvgate on Linux
+    assert factory is not None
+    loop = factory()
+    try:
+        assert isinstance(loop, asyncio.AbstractEventLoop) and "uvloop" in type(loop).__module__
+    finally:
+        loop.close()
