@@ -406,9 +406,9 @@ class AdmissionGate:
         if not self.settings.retry_guard:
             return None
         try:
-            early = await self.storm.check(client or tenant.name, attempt, now)
-            if early is None and self._new_requests_guarded(tenant):
-                early = await self.storm.check_client(client or tenant.name, now)
+            early = await self.storm.check_request(
+                client or tenant.name, attempt, now, self._new_requests_guarded(tenant)
+            )
         except AdmissionError as exc:  # the guard protects; it never takes the service down
             log.warning("retry guard skipped: %s", exc)
             return None

@@ -18,7 +18,7 @@ API key, or an anonymous client's network address — anonymous clients are not 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +33,7 @@ __all__ = ["InProcessStormStore", "RedisStormStore", "StormGuard", "StormStore"]
 
 class StormStore(Protocol):
     async def not_before(self, attempt: str) -> float | None: ...
+    async def not_before_many(self, attempts: Sequence[str]) -> list[float | None]: ...
     async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None: ...
     async def strike(self, client: str, window_s: float) -> int: ...
 
@@ -49,6 +50,9 @@ class InProcessStormStore:
             self._attempts.pop(attempt, None)
             return None
         return v[0]
+
+    async def not_before_many(self, attempts: Sequence[str]) -> list[float | None]:
+        return [await self.not_before(a) for a in attempts]
 
     async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None:
         if len(self._attempts) > 100_000:  # bounded: drop the expired ones
@@ -75,6 +79,14 @@ class RedisStormStore:
         except (RedisError, OSError) as exc:
             raise AdmissionError(f"storm store unavailable: {exc}") from exc
         return None if v is None else float(v)
+
+    async def not_before_many(self, attempts: Sequence[str]) -> list[float | None]:
+        """:meth:`not_before` of each attempt, in one round trip."""
+        try:
+            vs = await self.r.mget([f"{self.prefix}:retry:{a}" for a in attempts])
+        except (RedisError, OSError) as exc:
+            raise AdmissionError(f"storm store unavailable: {exc}") from exc
+        return [None if v is None else float(v) for v in vs]
 
     async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None:
         try:
@@ -103,9 +115,26 @@ class StormGuard:
     max_retry_after_s: float = 300.0
     client_burst: int = 20  # new requests a client may send during its Retry-After
 
-    async def check(self, client: str, attempt: str, now: float) -> Rejection | None:
-        """A refusal if this attempt comes back before it was told to."""
-        at = await self.store.not_before(attempt)
+    async def check_request(
+        self, client: str, attempt: str, now: float, new_requests: bool
+    ) -> Rejection | None:
+        """:meth:`check` and, when ``new_requests``, :meth:`check_client`, with one read of
+        the store for both (most requests are neither)."""
+        keys = [attempt, "client|" + client] if new_requests else [attempt]
+        ats = await self.store.not_before_many(keys)
+        if ats[0] is not None and now < ats[0]:
+            return await self.check(client, attempt, now, ats[0])
+        if new_requests and ats[1] is not None and now < ats[1]:
+            return await self.check_client(client, now, ats[1])
+        return None
+
+    async def check(
+        self, client: str, attempt: str, now: float, at: float | None = None
+    ) -> Rejection | None:
+        """A refusal if this attempt comes back before it was told to (``at``: when it was
+        told, already read)."""
+        if at is None:
+            at = await self.store.not_before(attempt)
         if at is None or now >= at:
             return None
         strikes = await self.store.strike(client, self.window_s)
@@ -133,11 +162,13 @@ class StormGuard:
                 if at is None or at < now + rejection.retry_after_s:
                     await self.store.set_not_before(key, now + rejection.retry_after_s, ttl)
 
-    async def check_client(self, client: str, now: float) -> Rejection | None:
+    async def check_client(
+        self, client: str, now: float, at: float | None = None
+    ) -> Rejection | None:
         """A refusal if ``client`` keeps sending new requests during its Retry-After (more than
         ``client_burst`` of them within the window)."""
-        key = "client|" + client
-        at = await self.store.not_before(key)
+        if at is None:
+            at = await self.store.not_before("client|" + client)
         if at is None or now >= at:
             return None
         strikes = await self.store.strike("new|" + client, self.window_s)

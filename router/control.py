@@ -173,7 +173,7 @@ class ControlFollower(Background):
         from aiokafka import TopicPartition
 
         consumer = make_consumer(
-            self.kafka, group_id=None, client_id=self.client_id, fetch_max_wait_ms=100
+            self.kafka, group_id=None, client_id=self.client_id, **self.kafka.follow_options()
         )
         await consumer.start()
         try:

@@ -98,6 +98,71 @@ def _has_text(choice: dict[str, Any]) -> bool:
     return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
 
 
+class _SseLines:
+    """Reads an engine's SSE stream chunk by chunk as it arrives: notes the first token, the
+    output tokens and the usage, and returns the bytes for the client — the complete lines of
+    the chunk, less the usage chunk the router asked for on the client's behalf (and its blank
+    line). A line split over chunks waits for its end."""
+
+    __slots__ = ("first_token", "include_usage", "relay", "rest", "skip_blank", "started")
+
+    def __init__(
+        self,
+        relay: Relay,
+        include_usage: bool,
+        first_token: Callable[[], None] | None,
+        started: float,
+    ) -> None:
+        self.relay, self.include_usage = relay, include_usage
+        self.first_token, self.started = first_token, started
+        self.rest = b""
+        self.skip_blank = False
+
+    def feed(self, data: bytes, final: bool = False) -> bytes:
+        """The client's bytes of ``data`` (``final``: the stream ended; an unterminated last
+        line counts as a line)."""
+        if self.rest:
+            data, self.rest = self.rest + data, b""
+        end = len(data) if final else data.rfind(b"\n") + 1
+        if end < len(data):
+            data, self.rest = data[:end], data[end:]
+        if not data:
+            return b""
+        if b"data: {" not in data and not self.skip_blank:
+            return data  # keep-alives, comments, blank lines, [DONE]: nothing to look at
+        kept: list[bytes] = []
+        at = 0
+        while at < len(data):
+            nl = data.find(b"\n", at) + 1 or len(data)
+            line, at = data[at:nl], nl
+            if self.skip_blank:
+                self.skip_blank = False
+                if line in (b"\n", b"\r\n"):
+                    continue
+            if line.startswith(b"data: {") and not self._look(line):
+                self.skip_blank = True  # the usage chunk we asked for: not the client's
+                continue
+            kept.append(line)
+        return b"".join(kept)
+
+    def _look(self, line: bytes) -> bool:
+        """Whether the client gets this data line."""
+        relay = self.relay
+        chunk = orjson.loads(line[6:])
+        if chunk.get("usage"):
+            relay.usage = chunk["usage"]
+            if not chunk.get("choices") and not self.include_usage:
+                return False
+        choices = chunk.get("choices")
+        if choices and _has_text(choices[0]):
+            relay.output_tokens += 1
+            if relay.ttft_s is None:
+                relay.ttft_s = time.time() - self.started
+                if self.first_token is not None:
+                    self.first_token()
+        return True
+
+
 async def forward(
     http: aiohttp.ClientSession,
     request: web.Request,
@@ -170,26 +235,14 @@ async def forward(
             )
             _bound_send_buffer(request, send_buffer_bytes)
             await resp.prepare(request)
-            skip_blank = False
-            async for line in up.content:
-                if skip_blank and line in (b"\n", b"\r\n"):
-                    skip_blank = False
-                    continue
-                skip_blank = False
-                if line.startswith(b"data: {"):
-                    chunk = orjson.loads(line[6:])
-                    if chunk.get("usage"):
-                        relay.usage = chunk["usage"]
-                        if not chunk.get("choices") and not p.include_usage:
-                            skip_blank = True  # the usage chunk we asked for: not the client's
-                            continue
-                    if chunk.get("choices") and _has_text(chunk["choices"][0]):
-                        relay.output_tokens += 1
-                        if relay.ttft_s is None:
-                            relay.ttft_s = time.time() - started
-                            if on_first_token is not None:
-                                on_first_token()
-                await _write(resp, line, write_timeout_s)
+            lines = _SseLines(relay, p.include_usage, on_first_token, started)
+            async for data in up.content.iter_any():  # as the engine wrote it
+                out = lines.feed(data)
+                if out:
+                    await _write(resp, out, write_timeout_s)
+            out = lines.feed(b"", final=True)
+            if out:
+                await _write(resp, out, write_timeout_s)
             await resp.write_eof()
             relay.status = "ok"
             return resp, relay

@@ -128,7 +128,7 @@ class TablesThenInput(Background):
             group_id=None,
             client_id=self.client_id,
             isolation_level="read_committed",
-            fetch_max_wait_ms=50,
+            **self.kafka.follow_options(),
         )
         await tables.start()
         try:
@@ -146,7 +146,7 @@ class TablesThenInput(Background):
             await tables.stop()
         # phase 2: the input, from where the worker's committed state ends
         source = make_consumer(
-            self.kafka, group_id=None, client_id=self.client_id, fetch_max_wait_ms=20
+            self.kafka, group_id=None, client_id=self.client_id, **self.kafka.follow_options()
         )
         await source.start()
         try:

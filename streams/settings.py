@@ -35,6 +35,28 @@ class KafkaSettings(BaseModel):
     )
     outbox_max_bytes: int = Field(default=256 << 20, ge=1 << 16, description="the same, in bytes")
 
+    follow_fetch_wait_ms: int = Field(
+        default=100,
+        ge=1,
+        le=5000,
+        description="a following consumer (a router's replicas, its control and ledger readers) "
+        "waits this long for follow_fetch_min_bytes before it takes what there is: the most "
+        "the tables a router sees lag behind the topics on this account",
+    )
+    follow_fetch_min_bytes: int = Field(
+        default=16 << 10,
+        ge=1,
+        description="what a following consumer's fetch collects before it returns early (1: "
+        "every record at once — one fetch round trip per few records under load)",
+    )
+
+    def follow_options(self) -> dict[str, int]:
+        """Fetch options of a consumer that follows topics as they grow."""
+        return {
+            "fetch_max_wait_ms": self.follow_fetch_wait_ms,
+            "fetch_min_bytes": self.follow_fetch_min_bytes,
+        }
+
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka clients (connection and security only)."""
         options: dict[str, Any] = {

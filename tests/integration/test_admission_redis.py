@@ -189,3 +189,19 @@ async def test_reservations_written_before_tenants_were_kept_still_release(
     released = await store.release("old", 150.0)
     assert released is not None and released.expires_at == 200.0
     assert await store.held("p") == (0, 0) and await store.tenant_usage("p") == {}
+
+
+async def test_redis_storm_store_reads_attempt_and_client_at_once() -> None:
+    import time
+
+    from admission.storm import RedisStormStore, StormGuard
+    from tests.unit.test_client_storm import combined_equals_separate
+
+    client = Redis.from_url(REDIS)
+    try:
+        one, two = (RedisStormStore(client, f"test:{uuid.uuid4().hex[:8]}") for _ in "12")
+        assert await one.not_before_many(["a", "b"]) == [None, None]
+        guards = (StormGuard(one, 60.0, 600.0, 3), StormGuard(two, 60.0, 600.0, 3))
+        await combined_equals_separate(*guards, time.time())
+    finally:
+        await client.aclose()

@@ -52,3 +52,34 @@ def test_the_gateway_appended_address_is_the_peer() -> None:
     assert forwarded_peer({"x-forwarded-for": "2001:db8::1"}) == "2001:db8::1"
     assert forwarded_peer({"x-forwarded-for": "10.0.0.7, evil\r\nX: y"}) is None
     assert forwarded_peer({}) is None
+
+
+async def combined_equals_separate(joined: StormGuard, separate: StormGuard, now: float) -> None:
+    """check_request on one guard answers what check then check_client answer on another in the
+    same state, for attempts and clients with and without a running Retry-After (the shared body
+    of the store tests)."""
+    refusal = Rejection(RejectReason.RED_WATERMARK, True, 10.0, "full")
+    for guard in (joined, separate):
+        await guard.refused("told", refusal, now, "busy")
+    for client, attempt, new in [
+        ("busy", "told", True),  # the attempt itself, early
+        ("busy", "other", True),  # a new request of a client told to wait
+        ("busy", "another", False),  # ... whose new requests are not guarded
+        ("calm", "fresh", True),  # neither
+    ]:
+        for i in range(6):  # past the burst: strikes count the same either way
+            one = await joined.check_request(client, attempt, now + 1 + i, new)
+            two = await separate.check(client, attempt, now + 1 + i)
+            if two is None and new:
+                two = await separate.check_client(client, now + 1 + i)
+            assert (one is None) == (two is None), (client, attempt, new, i)
+            if one is not None and two is not None:
+                assert one.reason == two.reason == RejectReason.RETRY_STORM
+                assert one.retry_after_s == two.retry_after_s
+
+
+def test_one_read_for_attempt_and_client_answers_as_two() -> None:
+    def guard() -> StormGuard:
+        return StormGuard(InProcessStormStore(), 60.0, 600.0, 3)
+
+    asyncio.run(combined_equals_separate(guard(), guard(), 100.0))

@@ -1,0 +1,98 @@
+"""The streaming relay passes an engine's SSE stream on chunk by chunk, however the engine's writes
+are split: the client gets every byte in order (less the usage chunk it did not ask for), and
+the first token, output tokens and usage are seen as on a line-by-line read."""
+
+from __future__ import annotations
+
+import itertools
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.proxy import Relay, _SseLines
+
+
+def _event(obj: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def stream(tokens: list[str], chat: bool, crlf: bool) -> bytes:
+    """A vLLM-style stream: a role chunk (chat), one chunk per token, the finish chunk, the
+    usage chunk (choices empty) and [DONE]."""
+    out = []
+    if chat:
+        out.append(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+    for tok in tokens:
+        choice = {"index": 0, "delta": {"content": tok}} if chat else {"index": 0, "text": tok}
+        out.append(_event({"id": "c", "choices": [choice], "usage": None}))
+    out.append(_event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}))
+    usage = {"prompt_tokens": 7, "completion_tokens": len(tokens), "total_tokens": 7}
+    out.append(_event({"choices": [], "usage": usage}))
+    out.append(b": keep-alive\n\ndata: [DONE]\n\n")
+    body = b"".join(out)
+    return body.replace(b"\n", b"\r\n") if crlf else body
+
+
+def reference(body: bytes, include_usage: bool) -> tuple[bytes, int, dict[str, object] | None]:
+    """Line by line: the client's bytes, output tokens and usage."""
+    kept, tokens, usage, skip = [], 0, None, False
+    for line in body.splitlines(keepends=True):
+        if skip and line in (b"\n", b"\r\n"):
+            skip = False
+            continue
+        skip = False
+        if line.startswith(b"data: {"):
+            chunk = orjson.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                if not chunk["choices"] and not include_usage:
+                    skip = True
+                    continue
+            ch = chunk["choices"]
+            if ch and (ch[0].get("text") or (ch[0].get("delta") or {}).get("content")):
+                tokens += 1
+        kept.append(line)
+    return b"".join(kept), tokens, usage
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.sampled_from(["a", "é", " b", "\n", "{", "data: x"]), max_size=8),
+    chat=st.booleans(),
+    crlf=st.booleans(),
+    include_usage=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=12),
+    unterminated=st.booleans(),
+)
+def test_any_split_of_the_stream_relays_as_read_line_by_line(
+    tokens: list[str],
+    chat: bool,
+    crlf: bool,
+    include_usage: bool,
+    cuts: list[int],
+    unterminated: bool,
+) -> None:
+    body = stream(tokens, chat, crlf)
+    if unterminated:
+        body = body.rstrip(b"\r\n")  # the engine's last line without its newline
+    want, want_tokens, want_usage = reference(body, include_usage)
+    firsts: list[int] = []
+    relay = Relay()
+    lines = _SseLines(relay, include_usage, lambda: firsts.append(1), 0.0)
+    edges = sorted({0, len(body), *(c for c in cuts if c < len(body))})
+    got = b"".join(lines.feed(body[a:b]) for a, b in itertools.pairwise(edges))
+    got += lines.feed(b"", final=True)
+    assert got == want
+    assert relay.output_tokens == want_tokens and relay.usage == want_usage
+    assert len(firsts) == (1 if want_tokens else 0)
+    assert (relay.ttft_s is not None) == bool(want_tokens)
+
+
+def test_nothing_is_held_back_but_an_unfinished_line() -> None:
+    relay = Relay()
+    lines = _SseLines(relay, False, None, 0.0)
+    first = _event({"choices": [{"index": 0, "text": "hi"}]})
+    assert lines.feed(first + first[:9]) == first  # the first token goes out at once
+    assert relay.ttft_s is not None and lines.rest == first[:9]
+    assert lines.feed(first[9:]) == first
