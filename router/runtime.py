@@ -23,7 +23,7 @@ __all__ = ["build_router_app"]
 
 
 def build_router_app(s: Settings) -> web.Application:
-    bus = KafkaBus(s.kafka, "kvgate-router")
+    bus = KafkaBus(s.kafka, "kvgate-router", linger_ms=s.router.records_linger_ms)
     replica = TableReplica(
         s.kafka, s.worker, "kvgate-router-replica", feed_stale_s=s.router.feed_stale_s
     )

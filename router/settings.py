@@ -117,6 +117,13 @@ class RouterSettings(BaseModel):
         description="router processes sharing the port (SO_REUSEPORT), each a whole router with "
         "its own replicas of the tables; >1 needs a fixed port (docs/operations.md)",
     )
+    records_linger_ms: int = Field(
+        default=25,
+        ge=0,
+        le=1000,
+        description="the router's producer collects its decision, outcome and ledger records "
+        "this long into one batch (fewer, larger produce requests: less CPU per request)",
+    )
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         default="auto", description="auto: uvloop when installed, else asyncio's own"
     )

@@ -156,10 +156,12 @@ async def added_latency(
     t: Target, direct: Target, rate: float, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The target and direct at ``rate``, one after the other; the target's TTFT minus
-    direct's."""
+    direct's, and the CPU the target's processes spent per request meanwhile."""
     d = await run_rate(direct.urls, rate, args.latency_duration, args.seed)
     await asyncio.sleep(1.0)
+    before = cpu_s(t.proc.pid) if t.proc is not None else 0.0
     x = await run_rate(t.urls, rate, args.latency_duration, args.seed)
+    spent = cpu_s(t.proc.pid) - before if t.proc is not None else 0.0
     await asyncio.sleep(1.0)
     return {
         "rate_rps": round(rate, 1),
@@ -167,11 +169,12 @@ async def added_latency(
         "target": x,
         "added_ttft_p50_ms": x["ttft_p50_ms"] - d["ttft_p50_ms"],
         "added_ttft_p99_ms": x["ttft_p99_ms"] - d["ttft_p99_ms"],
+        "cpu_ms_per_request": 1e3 * spent / max(1, x["requests"]),
     }
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and its descendants, MiB."""
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -181,10 +184,18 @@ def rss_mb(pid: int) -> float:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         todo.extend(children.get(p, []))
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants, MiB."""
+    total = 0
+    for p in _tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -192,6 +203,18 @@ def rss_mb(pid: int) -> float:
         except OSError:
             continue
     return total / 1024
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its descendants so far."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -305,10 +328,11 @@ def render(report: dict[str, Any]) -> str:
     rows, ramps = [], []
     for name, t in report["targets"].items():
         half = t.get("at_half_rate") or {}
+        cpu = half.get("cpu_ms_per_request")
         rows.append(
             f"| {name} | {t['max_rps']:.0f} | {half.get('rate_rps', 0):.0f} | "
             f"{_ms(half.get('added_ttft_p50_ms'))} | {_ms(half.get('added_ttft_p99_ms'))} | "
-            f"{t.get('rss_mb', 0):.0f} |"
+            f"{'—' if cpu is None else f'{cpu:.2f}'} | {t.get('rss_mb', 0):.0f} |"
         )
         for p in t["points"]:
             ramps.append(
@@ -340,11 +364,13 @@ proxies and the client): compare within this run.
   **{yes[met["kvgate_vs_bare_0.8"]]}**; added p50 ≤ 1 ms: **{yes[met["added_p50_le_1ms"]]}**
   ({_ms(report["added_ttft_p50_ms"])} ms p50, {_ms(report["added_ttft_p99_ms"])} ms p99).
 
-| target | max req/s | half rate | added TTFT p50 ms | added TTFT p99 ms | RSS MiB |
-|---|---:|---:|---:|---:|---:|
+| target | max req/s | half rate | added TTFT p50 ms | added p99 ms | CPU ms / request | RSS MiB |
+|---|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
-RSS: the target's processes (kvgate: the supervisor and its workers) at the end of its ramp.
+CPU ms / request: user + system time of the target's processes (kvgate: the supervisor and its
+workers) over the half-rate run, per request — what the proxy itself costs, independent of the
+competition for the cores. RSS: the same processes' resident memory at the end of the ramp.
 
 ## Every point of the ramps
 
