@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
@@ -20,6 +21,7 @@ from admission.core import (
     RejectReason,
     Verdict,
     admit,
+    kv_blocks_for,
     priority_limit,
 )
 from admission.estimate import OutputEstimator
@@ -252,6 +254,141 @@ class AdmissionGate:
                 Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, str(exc)),
             )
         return verdict
+
+    async def screen_and_admit(
+        self,
+        request_id: str,
+        tenant: Tenant,
+        attempt: str,
+        client: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_size: int,
+        pool: str,
+        node_blocks: Sequence[int],
+        now: float,
+        model: str = "",
+        shape: OutputShape = ONE_OUTPUT,
+        ttft_deadline_s: float | None = None,
+    ) -> Verdict:
+        """:meth:`early_retry` (a ``retry_storm`` refusal), then :meth:`admit`. The common case
+        — nothing guarded, nobody queued, the pool below yellow with this request in — takes
+        one round trip to the store (:meth:`_admit_below_yellow`); anything else the two steps
+        in turn, as they answer alone."""
+        verdict = await self._admit_below_yellow(
+            request_id,
+            tenant,
+            attempt,
+            client,
+            prompt_tokens,
+            max_tokens,
+            block_size,
+            pool,
+            node_blocks,
+            now,
+            model,
+            shape,
+        )
+        if verdict is not None:
+            return verdict
+        early = await self.early_retry(tenant, attempt, now, client)
+        if early is not None:
+            return Verdict(False, 0, 0.0, early)
+        return await self.admit(
+            request_id,
+            tenant,
+            prompt_tokens,
+            max_tokens,
+            block_size,
+            pool,
+            node_blocks,
+            now,
+            model,
+            shape,
+            ttft_deadline_s,
+        )
+
+    async def _admit_below_yellow(
+        self,
+        request_id: str,
+        tenant: Tenant,
+        attempt: str,
+        client: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_size: int,
+        pool: str,
+        node_blocks: Sequence[int],
+        now: float,
+        model: str,
+        shape: OutputShape,
+    ) -> Verdict | None:
+        """The verdict :func:`admission.core.admit` gives every priority below yellow,
+        reserved against the yellow limits (so it holds only if the pool stays at or below
+        yellow with it in: exactly then the core admits whatever the priority, and tenant caps
+        are the tenant's own, no fair share) — or None: the full path decides (guarded, queued
+        requests waiting, above yellow, too large, no capacity). The store checks the retry
+        guard's keys in the same round trip when it can read them."""
+        s = self.settings
+        total_blocks = sum(node_blocks)
+        yellow_blocks = int(s.yellow_watermark * total_blocks)
+        slots_total = len(node_blocks) * s.slots_per_node
+        yellow_slots = int(s.yellow_watermark * slots_total)
+        if (
+            yellow_blocks <= 0
+            or yellow_slots <= 0
+            or math.ceil(prompt_tokens / block_size) > max(node_blocks)
+            or self.queues.waiting_at_or_above(pool, tenant.priority)
+        ):
+            return None
+        guard: list[str] = []
+        if s.retry_guard:
+            attempts = self.storm.attempts(client, attempt, self._new_requests_guarded(tenant))
+            keys = self.storm.store.keys(attempts)
+            if keys is None:  # not where the store can read them: ask the guard (no strike)
+                try:
+                    ats = await self.storm.store.not_before_many(attempts)
+                except AdmissionError:
+                    return None
+                if any(at is not None and now < at for at in ats):
+                    return None
+            else:
+                guard = keys
+        self._asked(tenant, now)
+        self._node_blocks[pool] = list(node_blocks)
+        expected = (
+            self.estimator.expected(tenant.name, model, max_tokens, s.expected_output_cap)
+            if s.learn_output
+            else None
+        )
+        blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s, expected, shape)
+        caps = int(tenant.max_kv_share * total_blocks) if tenant.max_kv_share is not None else None
+        try:
+            got = await self.store.reserve_unguarded(
+                guard,
+                request_id,
+                pool,
+                blocks,
+                yellow_blocks,
+                now,
+                s.lease_s,
+                yellow_slots,
+                tenant.name,
+                caps,
+                tenant.max_concurrency,
+            )
+        except AdmissionError as exc:
+            log.warning("admission refused %s: %s", request_id, exc)
+            return Verdict(
+                False, 0, 0.0, Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, str(exc))
+            )
+        if not isinstance(got, tuple):
+            return None  # guarded, over a tenant cap or not below yellow: the full path says
+        r, held_blocks, held_slots = got
+        usage = max(held_blocks / total_blocks, held_slots / slots_total)
+        self.held[request_id] = r
+        await self.record("reserve", r, now)
+        return Verdict(True, blocks, usage, output_estimate=expected)
 
     async def hold_extra(
         self,

@@ -14,20 +14,21 @@ Redis errors surface as :class:`AdmissionError`.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from admission.exceptions import AdmissionError, StoreReset
-from admission.reservations import TENANT_LIMIT, Reservation
+from admission.reservations import GUARDED, TENANT_LIMIT, Reservation
 
 __all__ = ["RedisReservations"]
 
 # "pool|blocks|slots|expires|tenant" (no tenant field in values written before tenants were kept)
 _FIELDS = "local FIELDS = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$'\n"
 
-_RESERVE = """
+_RESERVE_BODY = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
 if redis.call('EXISTS', KEYS[4]) == 0 then return {err = 'KVGATE_STORE_RESET'} end
 local rid = ARGV[1]; local pool = ARGV[2]; local blocks = tonumber(ARGV[3])
@@ -55,8 +56,21 @@ redis.call('HINCRBY', tenants, tenant .. '|slots', 1)
 local value = pool .. '|' .. blocks .. '|1|' .. expires .. '|' .. tenant
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
-return value
 """
+_RESERVE = _RESERVE_BODY + "return value\n"
+# the same, unless a retry-guard key (KEYS[6..]) holds a time after ARGV[10]; it answers the
+# pool's held blocks and slots with the reservation
+_RESERVE_UNGUARDED = (
+    """
+local now = tonumber(ARGV[10])
+for i = 6, #KEYS do
+  local at = redis.call('GET', KEYS[i])
+  if at and tonumber(at) > now then return 'GUARDED' end
+end
+"""
+    + _RESERVE_BODY
+    + "return {value, redis.call('HGET', held, 'blocks'), redis.call('HGET', held, 'slots')}\n"
+)
 
 _RESTORE = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
@@ -137,10 +151,55 @@ class RedisReservations:
         self.drain_window_s = drain_window_s
         self.bucket_s = bucket_s
         self._reserve = client.register_script(_RESERVE)
+        self._reserve_unguarded = client.register_script(_RESERVE_UNGUARDED)
         self._release = client.register_script(_RELEASE)
         self._restore = client.register_script(_RESTORE)
         self._lead = client.register_script(_LEAD)
         self._renew = client.register_script(_RENEW)
+
+    def _reserve_call(
+        self,
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None,
+        tenant: str,
+        tenant_limit_blocks: int | None,
+        tenant_limit_slots: int | None,
+    ) -> tuple[list[str], list[str | int]]:
+        p = self.prefix
+        keys = [
+            f"{p}:held:{pool}",
+            f"{p}:resv",
+            f"{p}:exp",
+            f"{p}:generation",
+            f"{p}:tenants:{pool}",
+        ]
+        args: list[str | int] = [
+            rid,
+            pool,
+            kv_blocks,
+            limit_blocks,
+            repr(now + lease_s),
+            -1 if limit_slots is None else limit_slots,
+            tenant,
+            -1 if tenant_limit_blocks is None else tenant_limit_blocks,
+            -1 if tenant_limit_slots is None else tenant_limit_slots,
+        ]
+        return keys, args
+
+    async def _run(self, script: Any, keys: list[str], args: list[str | int]) -> Any:
+        try:
+            return await script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            if "KVGATE_STORE_RESET" in str(exc):
+                raise StoreReset(
+                    "the reservation store lost its data; waiting for the reconciler to rebuild it"
+                ) from exc
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
 
     async def try_reserve(
         self,
@@ -155,38 +214,61 @@ class RedisReservations:
         tenant_limit_blocks: int | None = None,
         tenant_limit_slots: int | None = None,
     ) -> Reservation | Literal["tenant"] | None:
-        p = self.prefix
-        slots = -1 if limit_slots is None else limit_slots
-        try:
-            value = await self._reserve(
-                keys=[
-                    f"{p}:held:{pool}",
-                    f"{p}:resv",
-                    f"{p}:exp",
-                    f"{p}:generation",
-                    f"{p}:tenants:{pool}",
-                ],
-                args=[
-                    rid,
-                    pool,
-                    kv_blocks,
-                    limit_blocks,
-                    repr(now + lease_s),
-                    slots,
-                    tenant,
-                    -1 if tenant_limit_blocks is None else tenant_limit_blocks,
-                    -1 if tenant_limit_slots is None else tenant_limit_slots,
-                ],
-            )
-        except (RedisError, OSError) as exc:
-            if "KVGATE_STORE_RESET" in str(exc):
-                raise StoreReset(
-                    "the reservation store lost its data; waiting for the reconciler to rebuild it"
-                ) from exc
-            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        keys, args = self._reserve_call(
+            rid,
+            pool,
+            kv_blocks,
+            limit_blocks,
+            now,
+            lease_s,
+            limit_slots,
+            tenant,
+            tenant_limit_blocks,
+            tenant_limit_slots,
+        )
+        value = await self._run(self._reserve, keys, args)
         if value in (b"TENANT", "TENANT"):
             return TENANT_LIMIT
         return None if value is None else _parse(rid, value)
+
+    async def reserve_unguarded(
+        self,
+        guard: Sequence[str],
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None = None,
+        tenant: str = "",
+        tenant_limit_blocks: int | None = None,
+        tenant_limit_slots: int | None = None,
+    ) -> tuple[Reservation, int, int] | Literal["tenant", "guarded"] | None:
+        """:meth:`try_reserve`, unless one of the retry guard's ``guard`` keys (full Redis
+        keys: :meth:`admission.storm.RedisStormStore.keys`) says not before a time after
+        ``now``; with the pool's held blocks and slots once it is in. One round trip."""
+        keys, args = self._reserve_call(
+            rid,
+            pool,
+            kv_blocks,
+            limit_blocks,
+            now,
+            lease_s,
+            limit_slots,
+            tenant,
+            tenant_limit_blocks,
+            tenant_limit_slots,
+        )
+        out = await self._run(self._reserve_unguarded, [*keys, *guard], [*args, repr(now)])
+        if out in (b"GUARDED", "GUARDED"):
+            return GUARDED
+        if out in (b"TENANT", "TENANT"):
+            return TENANT_LIMIT
+        if out is None:
+            return None
+        value, blocks, slots = out
+        return _parse(rid, value), int(blocks), int(slots)
 
     async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]:
         try:

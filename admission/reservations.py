@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 __all__ = [
+    "GUARDED",
     "TENANT_LIMIT",
     "InProcessReservations",
     "Reservation",
@@ -26,6 +28,8 @@ __all__ = [
 
 # what ``try_reserve`` answers when the tenant's own limit (not the pool's) refused it
 TENANT_LIMIT: Literal["tenant"] = "tenant"
+# what ``reserve_unguarded`` answers when the retry guard holds the attempt or its client back
+GUARDED: Literal["guarded"] = "guarded"
 
 
 def drain_rate(released: int, oldest_s: float | None, now: float, floor_s: float = 1.0) -> float:
@@ -60,6 +64,20 @@ class ReservationStore(Protocol):
         tenant_limit_blocks: int | None = None,
         tenant_limit_slots: int | None = None,
     ) -> Reservation | Literal["tenant"] | None: ...
+    async def reserve_unguarded(
+        self,
+        guard: Sequence[str],
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None = None,
+        tenant: str = "",
+        tenant_limit_blocks: int | None = None,
+        tenant_limit_slots: int | None = None,
+    ) -> tuple[Reservation, int, int] | Literal["tenant", "guarded"] | None: ...
     async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]: ...
     async def release(self, rid: str, now: float) -> Reservation | None: ...
     async def renew(self, rid: str, expires_at: float) -> Reservation | None: ...
@@ -119,6 +137,38 @@ class InProcessReservations:
         r = Reservation(rid, pool, kv_blocks, 1, now + lease_s, tenant)
         self._add(r, 1)
         return r
+
+    async def reserve_unguarded(
+        self,
+        guard: Sequence[str],
+        rid: str,
+        pool: str,
+        kv_blocks: int,
+        limit_blocks: int,
+        now: float,
+        lease_s: float,
+        limit_slots: int | None = None,
+        tenant: str = "",
+        tenant_limit_blocks: int | None = None,
+        tenant_limit_slots: int | None = None,
+    ) -> tuple[Reservation, int, int] | Literal["tenant", "guarded"] | None:
+        """:meth:`try_reserve` with the pool's held blocks and slots once it is in. The retry
+        guard lives elsewhere in process (``guard`` is empty: the caller asked it first)."""
+        r = await self.try_reserve(
+            rid,
+            pool,
+            kv_blocks,
+            limit_blocks,
+            now,
+            lease_s,
+            limit_slots,
+            tenant,
+            tenant_limit_blocks,
+            tenant_limit_slots,
+        )
+        if not isinstance(r, Reservation):
+            return r
+        return r, self._blocks.get(pool, 0), self._slots.get(pool, 0)
 
     def _add(self, r: Reservation, sign: int) -> None:
         if sign > 0:

@@ -34,6 +34,7 @@ __all__ = ["InProcessStormStore", "RedisStormStore", "StormGuard", "StormStore"]
 class StormStore(Protocol):
     async def not_before(self, attempt: str) -> float | None: ...
     async def not_before_many(self, attempts: Sequence[str]) -> list[float | None]: ...
+    def keys(self, attempts: Sequence[str]) -> list[str] | None: ...
     async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None: ...
     async def strike(self, client: str, window_s: float) -> int: ...
 
@@ -53,6 +54,10 @@ class InProcessStormStore:
 
     async def not_before_many(self, attempts: Sequence[str]) -> list[float | None]:
         return [await self.not_before(a) for a in attempts]
+
+    def keys(self, attempts: Sequence[str]) -> list[str] | None:
+        """None: not in Redis (a reservation script cannot read them)."""
+        return None
 
     async def set_not_before(self, attempt: str, at: float, ttl_s: float) -> None:
         if len(self._attempts) > 100_000:  # bounded: drop the expired ones
@@ -80,10 +85,15 @@ class RedisStormStore:
             raise AdmissionError(f"storm store unavailable: {exc}") from exc
         return None if v is None else float(v)
 
+    def keys(self, attempts: Sequence[str]) -> list[str]:
+        """The Redis keys holding the attempts' not-before times (a Lua script of the
+        reservation store reads them in the same round trip as it reserves)."""
+        return [f"{self.prefix}:retry:{a}" for a in attempts]
+
     async def not_before_many(self, attempts: Sequence[str]) -> list[float | None]:
         """:meth:`not_before` of each attempt, in one round trip."""
         try:
-            vs = await self.r.mget([f"{self.prefix}:retry:{a}" for a in attempts])
+            vs = await self.r.mget(self.keys(attempts))
         except (RedisError, OSError) as exc:
             raise AdmissionError(f"storm store unavailable: {exc}") from exc
         return [None if v is None else float(v) for v in vs]
@@ -115,13 +125,18 @@ class StormGuard:
     max_retry_after_s: float = 300.0
     client_burst: int = 20  # new requests a client may send during its Retry-After
 
+    @staticmethod
+    def attempts(client: str, attempt: str, new_requests: bool) -> list[str]:
+        """What :meth:`check_request` looks up: the attempt and, when ``new_requests``, the
+        client's own Retry-After."""
+        return [attempt, "client|" + client] if new_requests else [attempt]
+
     async def check_request(
         self, client: str, attempt: str, now: float, new_requests: bool
     ) -> Rejection | None:
         """:meth:`check` and, when ``new_requests``, :meth:`check_client`, with one read of
         the store for both (most requests are neither)."""
-        keys = [attempt, "client|" + client] if new_requests else [attempt]
-        ats = await self.store.not_before_many(keys)
+        ats = await self.store.not_before_many(self.attempts(client, attempt, new_requests))
         if ats[0] is not None and now < ats[0]:
             return await self.check(client, attempt, now, ats[0])
         if new_requests and ats[1] is not None and now < ats[1]:

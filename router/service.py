@@ -846,28 +846,27 @@ class RouterService:
                 if idempotency_key is not None
                 else attempt_fingerprint(client, p)
             )
-            early = await self.gate.early_retry(tenant, attempt, now, client)
-            if early is not None:
-                verdict = Verdict(False, 0, 0.0, early)
-            else:
-                verdict = await self.gate.admit(
-                    request_id,
-                    tenant,
-                    # approximate tokens: scaled to what the engine counts (router/calibrate.py)
-                    p.prompt_tokens_total
-                    if p.exact_tokens
-                    else self.calibration.prompt_tokens(p.model, p.prompt_tokens_total),
-                    p.max_tokens,
-                    block_size,
-                    pool,
-                    budget_nodes,
-                    now,
-                    p.model,
-                    OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
-                    slo[1].ttft_s if slo is not None else None,
-                )
-                if verdict.rejection is not None:
-                    await self.gate.refused(attempt, verdict.rejection, now, client, tenant)
+            verdict = await self.gate.screen_and_admit(
+                request_id,
+                tenant,
+                attempt,
+                client,
+                # approximate tokens: scaled to what the engine counts (router/calibrate.py)
+                p.prompt_tokens_total
+                if p.exact_tokens
+                else self.calibration.prompt_tokens(p.model, p.prompt_tokens_total),
+                p.max_tokens,
+                block_size,
+                pool,
+                budget_nodes,
+                now,
+                p.model,
+                OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
+                slo[1].ttft_s if slo is not None else None,
+            )
+            rejection = verdict.rejection
+            if rejection is not None and rejection.reason != RejectReason.RETRY_STORM:
+                await self.gate.refused(attempt, rejection, now, client, tenant)
         if verdict is not None and verdict.admitted and verdict.queue_wait_s:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.nodes(now), p.model, now, placement)

@@ -205,3 +205,34 @@ async def test_redis_storm_store_reads_attempt_and_client_at_once() -> None:
         await combined_equals_separate(*guards, time.time())
     finally:
         await client.aclose()
+
+
+def test_one_round_trip_in_redis_answers_as_guard_then_admission() -> None:
+    """The Lua path (retry-guard keys read in the reservation script) against the guard and
+    the full admission, on Redis itself."""
+    from hypothesis import given, settings
+
+    from admission.reservations import ReservationStore
+    from admission.storm import RedisStormStore, StormStore
+    from tests.unit.test_admission_one_trip import Case, cases, compare
+
+    async def run(case: Case) -> None:
+        client = Redis.from_url(REDIS)
+
+        async def make() -> tuple[ReservationStore, StormStore]:
+            prefix = f"test:{uuid.uuid4().hex[:8]}"
+            store = RedisReservations(client, prefix)
+            await store.mark_generation("test")
+            return store, RedisStormStore(client, prefix)
+
+        try:
+            await compare(case, make)
+        finally:
+            await client.aclose()
+
+    @settings(max_examples=60, deadline=None)
+    @given(case=cases)
+    def check(case: Case) -> None:
+        asyncio.run(run(case))
+
+    check()
