@@ -160,7 +160,10 @@ class KafkaBus:
     def __init__(self, settings: KafkaSettings, client_id: str, *, linger_ms: int = 5) -> None:
         self.settings = settings
         self.client_id = client_id
-        self._linger_ms = linger_ms
+        # the outbox is handed over every linger_ms, all at once: every partition's batch is
+        # then ready at the same moment and goes in one produce request per broker (the
+        # producer's own linger runs per partition, so its requests would not coalesce)
+        self._linger_s = linger_ms / 1000
         self._producer_obj: AIOKafkaProducer | None = None
         self._outbox: deque[tuple[str, bytes | None, bytes | None]] = deque()
         self._outbox_bytes = 0
@@ -190,7 +193,7 @@ class KafkaBus:
     async def start(self) -> None:
         self._producer_obj = AIOKafkaProducer(
             client_id=self.client_id,
-            linger_ms=self._linger_ms,
+            linger_ms=0,
             acks="all",
             enable_idempotence=True,
             max_batch_size=1 << 20,
@@ -281,6 +284,8 @@ class KafkaBus:
             if not self._outbox:
                 self._wake.clear()
                 await self._wake.wait()
+                if self._linger_s:
+                    await asyncio.sleep(self._linger_s)  # what else comes meanwhile goes along
                 continue
             item = self._take()
             topic, key, value = item
