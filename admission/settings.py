@@ -26,6 +26,13 @@ class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:16379/0"
     password: SecretStr | None = None
     socket_timeout_s: float = Field(default=1.0, gt=0)
+    max_connections: int = Field(
+        default=64,
+        ge=1,
+        description="connections a router keeps to Redis; a request finding them all busy waits "
+        "for one up to pool_timeout_s (then: 503 store unavailable), it is never refused at once",
+    )
+    pool_timeout_s: float = Field(default=1.0, gt=0)
 
 
 class Tenant(BaseModel):

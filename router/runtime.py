@@ -31,15 +31,22 @@ def build_router_app(s: Settings) -> web.Application:
     storm_store = None
     redis_client = None
     if s.admission.backend == "redis":
-        from redis.asyncio import Redis
+        from redis.asyncio import BlockingConnectionPool, Redis
 
         from admission.redis_store import RedisReservations
         from admission.storm import RedisStormStore
 
         password = s.redis.password.get_secret_value() if s.redis.password else None
-        redis_client = Redis.from_url(
-            s.redis.url, password=password, socket_timeout=s.redis.socket_timeout_s
+        # bounded, and waited for: redis-py's default pool refuses the 101st concurrent command
+        # ("Too many connections"), which failed admissions and releases under load
+        pool = BlockingConnectionPool.from_url(
+            s.redis.url,
+            password=password,
+            socket_timeout=s.redis.socket_timeout_s,
+            max_connections=s.redis.max_connections,
+            timeout=s.redis.pool_timeout_s,
         )
+        redis_client = Redis.from_pool(pool)  # closing the client closes the pool
         store = RedisReservations(redis_client, f"kvgate:{s.kafka.namespace}")
         storm_store = RedisStormStore(redis_client, f"kvgate:{s.kafka.namespace}")
     service = RouterService(

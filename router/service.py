@@ -1829,12 +1829,44 @@ class RouterService:
         client_request_id: str | None = None,
         decision_seq: int = 0,
     ) -> None:
+        """Build and queue the decision record once the request is on its way: scheduled for
+        the loop's next turn, after this task has sent the request upstream (the record never
+        delays the first token; the outbox keeps the order of what it is handed)."""
+        asyncio.get_running_loop().call_soon(
+            functools.partial(
+                self._post_decision,
+                rreq,
+                p,
+                d,
+                decision_us,
+                started,
+                block_size,
+                tenant,
+                verdict,
+                client_request_id,
+                decision_seq,
+            )
+        )
+
+    def _post_decision(
+        self,
+        rreq: RouteRequest,
+        p: ParsedRequest,
+        d: RouteDecision,
+        decision_us: float,
+        started: float,
+        block_size: int,
+        tenant: Tenant,
+        verdict: Verdict | None,
+        client_request_id: str | None,
+        decision_seq: int,
+    ) -> None:
         ages = [
             started - self.replica.index_updated_s.get(c.node_id, started)
             for c in d.candidates
             if c.hit_blocks
         ]
-        await self.bus.publish(
+        self.bus.post(
             DECISIONS,
             rreq.request_id,
             decision_record(

@@ -8,6 +8,9 @@ is fixed (two requests share block ``i`` exactly when they share the tokens up t
 * ``shared_prompt`` — support bots: a few long system prompts, short unique questions.
 * ``multi_turn`` — chat sessions whose context grows turn by turn (the answer becomes part of the
   next prompt, so the answer's blocks are listed for reuse).
+* ``conversation`` — long assistant conversations (a pasted document or code base, then many
+  turns): prompts grow to tens of thousands of tokens, users think for half a minute between
+  turns; the workload where keeping a session's KV pays most and losing it costs most.
 * ``zipf_hot`` — many prefixes with skewed popularity; one prefix carries ≥ 40 % of the traffic.
 * ``long_tail`` — no sharing, heavy-tailed lengths (a control case).
 """
@@ -138,6 +141,41 @@ def multi_turn(requests: int, rate: float, seed: int) -> Trace:
     return Trace("multi_turn", BLOCK, tuple(out[:requests]))
 
 
+def conversation(requests: int, rate: float, seed: int) -> Trace:
+    """Assistant conversations over a document or code base: one of a few apps' system prompts
+    (1.5–4k tokens), a first message carrying a pasted context (lognormal around 6k tokens, up
+    to 40k), then 3–16 turns (about 7) of short questions and medium answers, each prompt the
+    whole conversation so far, capped at 64k tokens; 5 s + ~30 s (exponential) of thinking
+    between an answer and the next question."""
+    rng = random.Random(seed)
+    apps = [(f"app{i}", rng.randint(1500, 4000)) for i in range(4)]
+    weights = [1.0 / (i + 1) for i in range(len(apps))]
+    mean_turns = 7.0
+    sessions_rate = rate / mean_turns
+    out: list[TraceRequest] = []
+    t = 0.0
+    s = 0
+    while len(out) < requests:
+        t += rng.expovariate(sessions_rate)
+        sid = f"c{s}"
+        s += 1
+        turns = min(16, 3 + int(rng.expovariate(1 / (mean_turns - 3))))
+        segments: list[tuple[str, int]] = [rng.choices(apps, weights)[0]]
+        segments.append((sid, _lognormal(rng, 6000, 0.8, 500, 40_000)))  # the pasted context
+        at = t
+        for turn in range(turns):
+            if turn:
+                segments.append((sid, _lognormal(rng, 150, 0.9, 4, 4000)))
+            answer = _lognormal(rng, 400, 0.7, 16, 2048)
+            out.append(_request(at, list(segments), answer, session=sid, reuse_answer=True))
+            segments.append((sid, answer))
+            at += 5.0 + rng.expovariate(1 / 30.0)
+            if sum(n for _, n in segments) > 64_000:
+                break
+    out.sort(key=lambda r: r.arrival_s)
+    return Trace("conversation", BLOCK, tuple(out[:requests]))
+
+
 def zipf_hot(requests: int, rate: float, seed: int) -> Trace:
     """200 document/agent prefixes (1–4k tokens): the hottest carries 45 % of the requests, the
     rest follow Zipf(1.1)."""
@@ -167,6 +205,7 @@ def long_tail(requests: int, rate: float, seed: int) -> Trace:
 WORKLOADS: dict[str, Callable[[int, float, int], Trace]] = {
     "shared_prompt": shared_prompt,
     "multi_turn": multi_turn,
+    "conversation": conversation,
     "zipf_hot": zipf_hot,
     "long_tail": long_tail,
 }

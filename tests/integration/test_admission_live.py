@@ -214,3 +214,36 @@ async def test_requests_longer_than_the_lease_keep_their_reservation(
         return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0
 
     await wait_until(released, 5, "every reservation released")
+
+
+async def test_more_concurrent_requests_than_redis_connections_wait_for_one(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    """Two Redis connections, 40 requests at once: each waits for a connection (bounded by
+    redis.pool_timeout_s) instead of failing with "Too many connections" — every request is
+    admitted, served and released."""
+    await ensure_topics(kafka_settings)
+    supervisor.env.update(
+        {
+            "KVGATE_ADMISSION__BACKEND": "redis",
+            "KVGATE_REDIS__URL": REDIS,
+            "KVGATE_REDIS__MAX_CONNECTIONS": "2",
+            "KVGATE_REDIS__POOL_TIMEOUT_S": "10",
+        }
+    )
+    _c, router = await Cluster.started(supervisor, {"n1": {}})
+
+    async def one(i: int) -> int:
+        body = {"model": MODEL, "prompt": f"pool test {i}", "max_tokens": 4, "stream": True}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(router + "/v1/completions", json=body) as r:
+                await r.read()
+                return r.status
+
+    assert await asyncio.gather(*(one(i) for i in range(40))) == [200] * 40
+
+    async def released() -> bool:
+        s = await get(router, "/v1/kvgate/state")
+        return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0 and s["inflight"] == 0
+
+    await wait_until(released, 10, "every reservation released")

@@ -1,3 +1,4 @@
+import itertools
 import json
 from pathlib import Path
 
@@ -141,3 +142,26 @@ def test_causal_bound_counts_only_blocks_that_could_exist() -> None:
     assert causal_hit_bound([first, late], bs, 1000.0, 0.01) == 64 / 96
     at_once = TraceRequest(0.0, 32, 8, (1, 2))  # arrives with the first: nothing computed yet
     assert causal_hit_bound([first, at_once], bs, 1000.0, 0.01) == 0.0
+
+
+def test_conversation_workload_grows_long_sessions_that_reuse_their_prefix() -> None:
+    from analytics.sim.workloads import make_workload
+
+    trace = make_workload("conversation", 2000, 10.0, 3)
+    assert trace == make_workload("conversation", 2000, 10.0, 3)  # a pure function of its seed
+    sessions: dict[str, list[TraceRequest]] = {}
+    for r in trace.requests:
+        assert r.session_id is not None
+        sessions.setdefault(r.session_id, []).append(r)
+    prompts = sorted(r.prompt_tokens for r in trace.requests)
+    assert prompts[len(prompts) // 2] >= 8_000  # tens of thousands of tokens, typically
+    assert max(prompts) >= 30_000 and max(prompts) <= 64_000 + 4_000 + 2_048
+    full = [turns for turns in sessions.values() if len(turns) >= 3]
+    assert len(full) >= 0.8 * len(sessions)  # several turns each (the last sessions are cut)
+    for turns in full:
+        for a, b in itertools.pairwise(turns):
+            assert b.arrival_s - a.arrival_s >= 5.0  # thinking between turns
+            assert b.prompt_tokens > a.prompt_tokens + a.output_tokens - 16
+            # the next prompt is the conversation so far: the previous prompt and answer
+            reused = a.block_hashes + a.output_block_hashes
+            assert b.block_hashes[: len(reused)] == reused
