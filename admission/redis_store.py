@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from admission.exceptions import AdmissionError, StoreReset
+from admission.redis_batch import ScriptBatcher
 from admission.reservations import GUARDED, TENANT_LIMIT, Reservation
 
 __all__ = ["RedisReservations"]
@@ -152,6 +153,7 @@ class RedisReservations:
         self.bucket_s = bucket_s
         self._reserve = client.register_script(_RESERVE)
         self._reserve_unguarded = client.register_script(_RESERVE_UNGUARDED)
+        self.batch = ScriptBatcher(client)  # reservations and releases of one loop turn
         self._release = client.register_script(_RELEASE)
         self._restore = client.register_script(_RESTORE)
         self._lead = client.register_script(_LEAD)
@@ -193,7 +195,7 @@ class RedisReservations:
 
     async def _run(self, script: Any, keys: list[str], args: list[str | int]) -> Any:
         try:
-            return await script(keys=keys, args=args)
+            return await self.batch.run(script, keys, args)
         except (RedisError, OSError) as exc:
             if "KVGATE_STORE_RESET" in str(exc):
                 raise StoreReset(
@@ -283,18 +285,16 @@ class RedisReservations:
         return {t: (b, s) for t, (b, s) in out.items()}
 
     async def release(self, rid: str, now: float) -> Reservation | None:
-        try:
-            value = await self._release(
-                keys=[f"{self.prefix}:resv", f"{self.prefix}:exp"],
-                args=[
-                    rid,
-                    self.prefix,
-                    int(now // self.bucket_s),
-                    int(self.drain_window_s + 2 * self.bucket_s),
-                ],
-            )
-        except (RedisError, OSError) as exc:
-            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+        value = await self._run(
+            self._release,
+            [f"{self.prefix}:resv", f"{self.prefix}:exp"],
+            [
+                rid,
+                self.prefix,
+                int(now // self.bucket_s),
+                int(self.drain_window_s + 2 * self.bucket_s),
+            ],
+        )
         return None if value is None else _parse(rid, value)
 
     async def renew(self, rid: str, expires_at: float) -> Reservation | None:

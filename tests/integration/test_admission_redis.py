@@ -236,3 +236,35 @@ def test_one_round_trip_in_redis_answers_as_guard_then_admission() -> None:
         asyncio.run(run(case))
 
     check()
+
+
+async def test_concurrent_scripts_share_round_trips_and_keep_their_answers(
+    redis_store: RedisReservations,
+) -> None:
+    """200 reservations at once against a limit of 50: one round trip carries many of them,
+    exactly 50 get in, each caller gets its own answer; the same after Redis forgot its scripts
+    (SCRIPT FLUSH: loaded again); and against a Redis that is not there every caller gets
+    AdmissionError."""
+    from admission.exceptions import AdmissionError
+
+    store = redis_store
+    got = await asyncio.gather(
+        *(store.try_reserve(f"r{i}", "p", 1, 50, 1.0, 60.0) for i in range(200))
+    )
+    assert sum(r is not None for r in got) == 50 and await store.held("p") == (50, 50)
+    assert {r.reservation_id for r in got if r is not None} <= {f"r{i}" for i in range(200)}
+    assert store.batch.round_trips < store.batch.calls / 10
+    released = await asyncio.gather(*(store.release(f"r{i}", 2.0) for i in range(200)))
+    assert sum(r is not None for r in released) == 50 and await store.held("p") == (0, 0)
+    await store.r.script_flush()
+    again = await asyncio.gather(
+        *(store.try_reserve(f"s{i}", "p", 1, 5, 3.0, 60.0) for i in range(20))
+    )
+    assert sum(r is not None for r in again) == 5
+    gone = RedisReservations(Redis.from_url("redis://127.0.0.1:1/0"), "test:gone")
+    outcomes = await asyncio.gather(
+        *(gone.try_reserve(f"g{i}", "p", 1, 5, 1.0, 60.0) for i in range(10)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(o, AdmissionError) for o in outcomes)
+    await gone.r.aclose()
