@@ -710,7 +710,7 @@ def bench_routing(
         typer.Option(help="comma-separated: trace file names in traces_dir and generated names"),
     ] = (
         "mooncake_fast25_synthetic_trace.jsonl,azure_llm_inference_2023_conv.csv,"
-        "shared_prompt,multi_turn,zipf_hot,long_tail"
+        "shared_prompt,multi_turn,conversation,zipf_hot,long_tail"
     ),
     policies: Annotated[str, typer.Option(help="comma-separated policies (default: all)")] = "",
     jobs: Annotated[int, typer.Option(help="parallel simulations")] = 2,
