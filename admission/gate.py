@@ -354,8 +354,6 @@ class AdmissionGate:
                     return None
             else:
                 guard = keys
-        self._asked(tenant, now)
-        self._node_blocks[pool] = list(node_blocks)
         expected = (
             self.estimator.expected(tenant.name, model, max_tokens, s.expected_output_cap)
             if s.learn_output
@@ -386,6 +384,8 @@ class AdmissionGate:
             return None  # guarded, over a tenant cap or not below yellow: the full path says
         r, held_blocks, held_slots = got
         usage = max(held_blocks / total_blocks, held_slots / slots_total)
+        self._asked(tenant, now)  # as admit() notes it (a guarded request never gets here)
+        self._node_blocks[pool] = list(node_blocks)
         self.held[request_id] = r
         await self.record("reserve", r, now)
         return Verdict(True, blocks, usage, output_estimate=expected)

@@ -113,6 +113,13 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        self.redis_scripts = Gauge(
+            "kvgate_router_redis_scripts",
+            "Reservation and release scripts sent to Redis since start (kind=calls) and the "
+            "round trips that carried them (kind=round_trips: calls of one loop turn share one)",
+            ["kind"],
+            registry=self.registry,
+        )
         self.kafka_queued = Gauge(
             "kvgate_router_kafka_queued",
             "Decision, outcome, ledger and control messages waiting for Kafka (the outbox)",

@@ -2031,6 +2031,10 @@ class RouterService:
         with contextlib.suppress(AdmissionError):
             m.reservations.set(await self.gate.store.count())
         m.kafka_queued.set(self.bus.queued)
+        batch = getattr(self.gate.store, "batch", None)  # the Redis store's (admission.redis_batch)
+        if batch is not None:
+            m.redis_scripts.labels("calls").set(batch.calls)
+            m.redis_scripts.labels("round_trips").set(batch.round_trips)
         for topic, n in self.bus.dropped.items():
             m.kafka_dropped.labels(topic).set(n)
         for mode in ("last_known", "load_only"):

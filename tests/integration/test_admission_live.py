@@ -15,7 +15,7 @@ from streams.schemas import Decision, LedgerEvent
 from streams.settings import KafkaSettings
 from streams.topics import DECISIONS, LEDGER
 from tests.conftest import REDIS, wait_until
-from tests.integration.cluster import MODEL, Cluster, get, post, read_topic
+from tests.integration.cluster import MODEL, Cluster, get, metric, post, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -247,3 +247,6 @@ async def test_more_concurrent_requests_than_redis_connections_wait_for_one(
         return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0 and s["inflight"] == 0
 
     await wait_until(released, 10, "every reservation released")
+    calls = await metric(router, 'kvgate_router_redis_scripts{kind="calls"}')
+    trips = await metric(router, 'kvgate_router_redis_scripts{kind="round_trips"}')
+    assert calls >= 80 and 0 < trips <= calls  # 40 reservations and 40 releases at least
