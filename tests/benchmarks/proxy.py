@@ -355,9 +355,9 @@ added TTFT is measured at half of each target's max rate against the engines rea
 the same rate. Everything shares the machine's 2 cores (the engines, Kafka, Redis, the worker, the
 proxies and the client): compare within this run.
 
-* **kvgate** (admission + routing + recording, the full path; best of `--workers`
-  {", ".join(n.removeprefix("kvgate-w") for n in report["targets"] if n[:8] == "kvgate-w")}:
-  {report["workers"]}): **{report["kvgate_max_rps"]:.0f} req/s**; sglang-router
+* **kvgate** (admission + routing + recording, the full path; `--workers` tried:
+  {", ".join(n.removeprefix("kvgate-w") for n in report["targets"] if n[:8] == "kvgate-w")};
+  best: {report["workers"]}): **{report["kvgate_max_rps"]:.0f} req/s**; sglang-router
   **{report["sglang_max_rps"]:.0f}**; bare proxy **{report["bare_max_rps"]:.0f}**; engines direct
   **{report["direct_max_rps"]:.0f}**.
 * kvgate ≥ sglang-router: **{yes[met["kvgate_vs_sglang"]]}**; kvgate ≥ 0.8 × bare:
