@@ -29,7 +29,14 @@ __all__ = ["RedisReservations"]
 # "pool|blocks|slots|expires|tenant" (no tenant field in values written before tenants were kept)
 _FIELDS = "local FIELDS = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|?(.*)$'\n"
 
-_RESERVE_BODY = """
+# unless a retry-guard key (KEYS[6..]) holds a time after ARGV[10]; a reservation answers
+# its value with the pool's held blocks and slots once it is in
+_RESERVE = """
+local now = tonumber(ARGV[10])
+for i = 6, #KEYS do
+  local at = redis.call('GET', KEYS[i])
+  if at and tonumber(at) > now then return 'GUARDED' end
+end
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
 if redis.call('EXISTS', KEYS[4]) == 0 then return {err = 'KVGATE_STORE_RESET'} end
 local rid = ARGV[1]; local pool = ARGV[2]; local blocks = tonumber(ARGV[3])
@@ -57,21 +64,8 @@ redis.call('HINCRBY', tenants, tenant .. '|slots', 1)
 local value = pool .. '|' .. blocks .. '|1|' .. expires .. '|' .. tenant
 redis.call('HSET', resv, rid, value)
 redis.call('ZADD', exp, expires, rid)
+return {value, redis.call('HGET', held, 'blocks'), redis.call('HGET', held, 'slots')}
 """
-_RESERVE = _RESERVE_BODY + "return value\n"
-# the same, unless a retry-guard key (KEYS[6..]) holds a time after ARGV[10]; it answers the
-# pool's held blocks and slots with the reservation
-_RESERVE_UNGUARDED = (
-    """
-local now = tonumber(ARGV[10])
-for i = 6, #KEYS do
-  local at = redis.call('GET', KEYS[i])
-  if at and tonumber(at) > now then return 'GUARDED' end
-end
-"""
-    + _RESERVE_BODY
-    + "return {value, redis.call('HGET', held, 'blocks'), redis.call('HGET', held, 'slots')}\n"
-)
 
 _RESTORE = """
 local held = KEYS[1]; local resv = KEYS[2]; local exp = KEYS[3]
@@ -152,46 +146,11 @@ class RedisReservations:
         self.drain_window_s = drain_window_s
         self.bucket_s = bucket_s
         self._reserve = client.register_script(_RESERVE)
-        self._reserve_unguarded = client.register_script(_RESERVE_UNGUARDED)
         self.batch = ScriptBatcher(client)  # reservations and releases of one loop turn
         self._release = client.register_script(_RELEASE)
         self._restore = client.register_script(_RESTORE)
         self._lead = client.register_script(_LEAD)
         self._renew = client.register_script(_RENEW)
-
-    def _reserve_call(
-        self,
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None,
-        tenant: str,
-        tenant_limit_blocks: int | None,
-        tenant_limit_slots: int | None,
-    ) -> tuple[list[str], list[str | int]]:
-        p = self.prefix
-        keys = [
-            f"{p}:held:{pool}",
-            f"{p}:resv",
-            f"{p}:exp",
-            f"{p}:generation",
-            f"{p}:tenants:{pool}",
-        ]
-        args: list[str | int] = [
-            rid,
-            pool,
-            kv_blocks,
-            limit_blocks,
-            repr(now + lease_s),
-            -1 if limit_slots is None else limit_slots,
-            tenant,
-            -1 if tenant_limit_blocks is None else tenant_limit_blocks,
-            -1 if tenant_limit_slots is None else tenant_limit_slots,
-        ]
-        return keys, args
 
     async def _run(self, script: Any, keys: list[str], args: list[str | int]) -> Any:
         try:
@@ -216,7 +175,8 @@ class RedisReservations:
         tenant_limit_blocks: int | None = None,
         tenant_limit_slots: int | None = None,
     ) -> Reservation | Literal["tenant"] | None:
-        keys, args = self._reserve_call(
+        r = await self.reserve_unguarded(
+            (),
             rid,
             pool,
             kv_blocks,
@@ -228,10 +188,9 @@ class RedisReservations:
             tenant_limit_blocks,
             tenant_limit_slots,
         )
-        value = await self._run(self._reserve, keys, args)
-        if value in (b"TENANT", "TENANT"):
-            return TENANT_LIMIT
-        return None if value is None else _parse(rid, value)
+        if isinstance(r, tuple):
+            return r[0]
+        return TENANT_LIMIT if r == TENANT_LIMIT else None  # no guard keys: never guarded
 
     async def reserve_unguarded(
         self,
@@ -250,19 +209,28 @@ class RedisReservations:
         """:meth:`try_reserve`, unless one of the retry guard's ``guard`` keys (full Redis
         keys: :meth:`admission.storm.RedisStormStore.keys`) says not before a time after
         ``now``; with the pool's held blocks and slots once it is in. One round trip."""
-        keys, args = self._reserve_call(
+        p = self.prefix
+        keys = [
+            f"{p}:held:{pool}",
+            f"{p}:resv",
+            f"{p}:exp",
+            f"{p}:generation",
+            f"{p}:tenants:{pool}",
+            *guard,
+        ]
+        args: list[str | int] = [
             rid,
             pool,
             kv_blocks,
             limit_blocks,
-            now,
-            lease_s,
-            limit_slots,
+            repr(now + lease_s),
+            -1 if limit_slots is None else limit_slots,
             tenant,
-            tenant_limit_blocks,
-            tenant_limit_slots,
-        )
-        out = await self._run(self._reserve_unguarded, [*keys, *guard], [*args, repr(now)])
+            -1 if tenant_limit_blocks is None else tenant_limit_blocks,
+            -1 if tenant_limit_slots is None else tenant_limit_slots,
+            repr(now),
+        ]
+        out = await self._run(self._reserve, keys, args)
         if out in (b"GUARDED", "GUARDED"):
             return GUARDED
         if out in (b"TENANT", "TENANT"):
