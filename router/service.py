@@ -960,7 +960,10 @@ class RouterService:
         self.metrics.decided(decision.reason, decision_us)
         if waited:
             self.metrics.queue_wait.labels(tenant.priority).observe(waited)
-        await self._publish_decision(
+        # the record is built on the loop's next turn, once this task has sent the request
+        # upstream: it never delays the first token (the outbox keeps the order it is handed)
+        asyncio.get_running_loop().call_soon(
+            self._publish_decision,
             rreq,
             p,
             decision,
@@ -1092,7 +1095,7 @@ class RouterService:
                     again.chosen,
                 )
                 self.metrics.reroutes.inc()
-                await self._publish_decision(
+                self._publish_decision(
                     rreq,
                     p,
                     replace(again, reason=f"reroute/{again.reason}"),
@@ -1816,7 +1819,7 @@ class RouterService:
         )
 
     # --- events --------------------------------------------------------------------------
-    async def _publish_decision(
+    def _publish_decision(
         self,
         rreq: RouteRequest,
         p: ParsedRequest,
@@ -1828,38 +1831,6 @@ class RouterService:
         verdict: Verdict | None,
         client_request_id: str | None = None,
         decision_seq: int = 0,
-    ) -> None:
-        """Build and queue the decision record once the request is on its way: scheduled for
-        the loop's next turn, after this task has sent the request upstream (the record never
-        delays the first token; the outbox keeps the order of what it is handed)."""
-        asyncio.get_running_loop().call_soon(
-            functools.partial(
-                self._post_decision,
-                rreq,
-                p,
-                d,
-                decision_us,
-                started,
-                block_size,
-                tenant,
-                verdict,
-                client_request_id,
-                decision_seq,
-            )
-        )
-
-    def _post_decision(
-        self,
-        rreq: RouteRequest,
-        p: ParsedRequest,
-        d: RouteDecision,
-        decision_us: float,
-        started: float,
-        block_size: int,
-        tenant: Tenant,
-        verdict: Verdict | None,
-        client_request_id: str | None,
-        decision_seq: int,
     ) -> None:
         ages = [
             started - self.replica.index_updated_s.get(c.node_id, started)

@@ -114,31 +114,66 @@ def shared_prompt(requests: int, rate: float, seed: int) -> Trace:
     )
 
 
-def multi_turn(requests: int, rate: float, seed: int) -> Trace:
-    """Chat sessions: a short shared system prompt, then turns whose prompt is the whole
-    conversation so far; users think ~20 s between an answer and the next message."""
-    rng = random.Random(seed)
-    sessions_rate = rate / 5.0  # mean turns per session ~5
+def _sessions(
+    name: str,
+    requests: int,
+    rate: float,
+    rng: random.Random,
+    mean_turns: float,
+    turns: Callable[[random.Random], int],
+    opening: Callable[[random.Random, str], list[tuple[str, int]]],
+    question: Callable[[random.Random, int], int | None],
+    answer: Callable[[random.Random], int],
+    think: Callable[[random.Random], float],
+    max_context: int,
+    sid_prefix: str,
+) -> Trace:
+    """Sessions (ids ``<sid_prefix><n>``) arriving at ``rate / mean_turns``: each draws its
+    number of turns, opens with ``opening`` (its first segments), then per turn adds the user's
+    ``question`` (None: none, e.g. the opening is the first message), asks for an ``answer``
+    that joins the conversation (its blocks listed for reuse), and waits ``think`` s; it ends
+    early past ``max_context`` tokens. Every prompt is the whole conversation so far."""
     out: list[TraceRequest] = []
     t = 0.0
     s = 0
     while len(out) < requests:
-        t += rng.expovariate(sessions_rate)
-        sid = f"s{s}"
+        t += rng.expovariate(rate / mean_turns)
+        sid = f"{sid_prefix}{s}"
         s += 1
-        turns = min(16, 1 + int(rng.expovariate(1 / 4.0)))
-        segments: list[tuple[str, int]] = [("chat-system", 350)]
+        n = turns(rng)
+        segments = opening(rng, sid)
         at = t
-        for _ in range(turns):
-            segments.append((sid, _lognormal(rng, 120, 0.9, 4, 2000)))
-            answer = _lognormal(rng, 220, 0.6, 8, 1200)
-            out.append(_request(at, list(segments), answer, session=sid, reuse_answer=True))
-            segments.append((sid, answer))
-            at += 2.0 + rng.expovariate(1 / 20.0)
-            if sum(n for _, n in segments) > 24_000:
+        for turn in range(n):
+            q = question(rng, turn)
+            if q is not None:
+                segments.append((sid, q))
+            a = answer(rng)
+            out.append(_request(at, list(segments), a, session=sid, reuse_answer=True))
+            segments.append((sid, a))
+            at += think(rng)
+            if sum(n for _, n in segments) > max_context:
                 break
     out.sort(key=lambda r: r.arrival_s)
-    return Trace("multi_turn", BLOCK, tuple(out[:requests]))
+    return Trace(name, BLOCK, tuple(out[:requests]))
+
+
+def multi_turn(requests: int, rate: float, seed: int) -> Trace:
+    """Chat sessions: a short shared system prompt, then turns whose prompt is the whole
+    conversation so far; users think ~20 s between an answer and the next message."""
+    return _sessions(
+        "multi_turn",
+        requests,
+        rate,
+        random.Random(seed),
+        mean_turns=5.0,
+        turns=lambda rng: min(16, 1 + int(rng.expovariate(1 / 4.0))),
+        opening=lambda _rng, _sid: [("chat-system", 350)],
+        question=lambda rng, _turn: _lognormal(rng, 120, 0.9, 4, 2000),
+        answer=lambda rng: _lognormal(rng, 220, 0.6, 8, 1200),
+        think=lambda rng: 2.0 + rng.expovariate(1 / 20.0),
+        max_context=24_000,
+        sid_prefix="s",
+    )
 
 
 def conversation(requests: int, rate: float, seed: int) -> Trace:
@@ -150,30 +185,25 @@ def conversation(requests: int, rate: float, seed: int) -> Trace:
     rng = random.Random(seed)
     apps = [(f"app{i}", rng.randint(1500, 4000)) for i in range(4)]
     weights = [1.0 / (i + 1) for i in range(len(apps))]
-    mean_turns = 7.0
-    sessions_rate = rate / mean_turns
-    out: list[TraceRequest] = []
-    t = 0.0
-    s = 0
-    while len(out) < requests:
-        t += rng.expovariate(sessions_rate)
-        sid = f"c{s}"
-        s += 1
-        turns = min(16, 3 + int(rng.expovariate(1 / (mean_turns - 3))))
-        segments: list[tuple[str, int]] = [rng.choices(apps, weights)[0]]
-        segments.append((sid, _lognormal(rng, 6000, 0.8, 500, 40_000)))  # the pasted context
-        at = t
-        for turn in range(turns):
-            if turn:
-                segments.append((sid, _lognormal(rng, 150, 0.9, 4, 4000)))
-            answer = _lognormal(rng, 400, 0.7, 16, 2048)
-            out.append(_request(at, list(segments), answer, session=sid, reuse_answer=True))
-            segments.append((sid, answer))
-            at += 5.0 + rng.expovariate(1 / 30.0)
-            if sum(n for _, n in segments) > 64_000:
-                break
-    out.sort(key=lambda r: r.arrival_s)
-    return Trace("conversation", BLOCK, tuple(out[:requests]))
+
+    def opening(rng: random.Random, sid: str) -> list[tuple[str, int]]:
+        app = rng.choices(apps, weights)[0]
+        return [app, (sid, _lognormal(rng, 6000, 0.8, 500, 40_000))]  # the pasted context
+
+    return _sessions(
+        "conversation",
+        requests,
+        rate,
+        rng,
+        mean_turns=7.0,
+        turns=lambda rng: min(16, 3 + int(rng.expovariate(1 / 4.0))),
+        opening=opening,
+        question=lambda rng, turn: _lognormal(rng, 150, 0.9, 4, 4000) if turn else None,
+        answer=lambda rng: _lognormal(rng, 400, 0.7, 16, 2048),
+        think=lambda rng: 5.0 + rng.expovariate(1 / 30.0),
+        max_context=64_000,
+        sid_prefix="c",
+    )
 
 
 def zipf_hot(requests: int, rate: float, seed: int) -> Trace:
