@@ -28,7 +28,7 @@ def test_bench_writes_every_number_and_the_targets(tmp_path: Path) -> None:
 
 
 def test_conversation_targets_compare_with_the_best_baseline_at_80_and_100() -> None:
-    from analytics.sim.bench import conversation_targets
+    from analytics.sim.bench_targets import conversation_targets
 
     def r(policy: str, load: float, hit: float, p50: float, p99: float) -> dict[str, object]:
         return {
