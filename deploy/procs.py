@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LocalInfra", "Proc", "Supervisor", "free_port"]
+__all__ = ["LocalInfra", "Proc", "Supervisor", "child_pids", "free_port"]
 
 DEPLOY = Path(__file__).resolve().parent
 
@@ -43,6 +43,20 @@ def free_port(span: int = 1) -> int:
         if all(_bindable(p) for p in ports[1:]):
             _HANDED_OUT.update(ports)
             return port
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux ``/proc``)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
 
 
 @dataclass

@@ -48,7 +48,7 @@ from typing import Any
 
 import aiohttp
 
-from deploy.procs import Proc, Supervisor, free_port
+from deploy.procs import Proc, Supervisor, child_pids, free_port
 from tests.benchmarks.livepeer import MODEL, pct, report_header, wait_http
 
 OUT = Path("docs/benchmarks")
@@ -175,20 +175,11 @@ async def added_latency(
 
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
-        todo.extend(children.get(p, []))
+        todo.extend(child_pids(p))
     return out
 
 

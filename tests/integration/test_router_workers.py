@@ -11,24 +11,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from deploy.procs import Supervisor, free_port
+from deploy.procs import Supervisor, child_pids, free_port
 from tests.conftest import REDIS, wait_until
 from tests.integration.cluster import MODEL, Cluster, get, post
 
 pytestmark = pytest.mark.integration
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 async def health(url: str) -> dict[str, str] | None:
@@ -85,18 +72,18 @@ async def test_two_workers_share_the_port_restart_and_stop(supervisor: Superviso
 
     # a worker killed -9 comes back on its admin port (a new process)
     parent = supervisor.procs["router"].pid
-    before = set(children(parent))
+    before = set(child_pids(parent))
     assert len(before) == 2
     os.kill(sorted(before)[0], signal.SIGKILL)
 
     async def replaced() -> bool:
-        now = set(children(parent))
+        now = set(child_pids(parent))
         return len(now) == 2 and now != before and await both_ready()
 
     await wait_until(replaced, 90.0, "the killed worker restarted and ready", 0.25)
 
     # SIGTERM to the supervisor: every worker stops cleanly, the supervisor exits 0
-    workers = children(parent)
+    workers = child_pids(parent)
     supervisor.procs["router"].popen.send_signal(signal.SIGTERM)
     assert supervisor.procs["router"].popen.wait(timeout=45) == 0
     assert not [p for p in workers if Path(f"/proc/{p}").exists()]
