@@ -11,7 +11,13 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["EngineProfile", "kv_blocks_for_memory", "kv_bytes_per_token"]
+__all__ = [
+    "EngineProfile",
+    "attention_pairs",
+    "experts_touched",
+    "kv_blocks_for_memory",
+    "kv_bytes_per_token",
+]
 
 GIB = 1 << 30
 
@@ -23,6 +29,20 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: i
 
 def kv_blocks_for_memory(kv_memory_bytes: float, bytes_per_token: int, block_size: int) -> int:
     return int(kv_memory_bytes // (bytes_per_token * block_size))
+
+
+def attention_pairs(start: int, tokens: int) -> int:
+    """(token, attended token) pairs of computing ``tokens`` positions from ``start`` on under a
+    causal mask: position i attends over i + 1 tokens (itself and every earlier one)."""
+    return tokens * start + tokens * (tokens + 1) // 2
+
+
+def experts_touched(experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts (per layer) that ``tokens`` tokens are routed to, each token to
+    ``top_k`` of ``experts`` uniformly: experts × (1 − (1 − k/E)^tokens)."""
+    if tokens <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
 class EngineProfile(BaseModel):
@@ -49,12 +69,22 @@ class EngineProfile(BaseModel):
     step_base_s: float = Field(default=0.0060, ge=0)  # 16 GB of weights at ~2.7 TB/s
     step_per_seq_s: float = Field(default=0.00003, ge=0)  # sampling and scheduling per sequence
     step_per_context_token_s: float = Field(default=4.9e-8, ge=0)  # 128 KiB KV per token read
-    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)  # ~45 % MFU of 989 TFLOPS
+    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)  # ~41 % MFU of 989 TFLOPS
+    # causal attention in prefill: each computed token attends over every earlier token of its
+    # sequence (4 × layers × heads × head dim FLOPs per pair), at the prefill's FLOP rate
+    prefill_attention_s_per_pair: float = Field(default=1.306e-9, ge=0)
+    # mixture of experts: a step reads the weights of every expert its tokens are routed to
+    # (the rest of the model is in step_base_s); 0 experts: a dense model
+    moe_experts: int = Field(default=0, ge=0)
+    moe_top_k: int = Field(default=0, ge=0)
+    moe_expert_read_s: float = Field(default=0.0, ge=0)  # one expert's weights, all layers
 
     @model_validator(mode="after")
     def _fits(self) -> EngineProfile:
         if self.num_gpu_blocks < 1:
             raise ValueError("the profile leaves no memory for the KV cache")
+        if self.moe_experts and not 0 < self.moe_top_k <= self.moe_experts:
+            raise ValueError("moe_top_k must be within 1..moe_experts")
         return self
 
     @property
@@ -75,13 +105,24 @@ class EngineProfile(BaseModel):
     def blocks_for_tokens(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
-    def step_time_s(self, decode_seqs: int, context_tokens: int, prefill_tokens: int) -> float:
-        """Duration of one engine step (one forward pass over the scheduled batch)."""
+    def step_time_s(
+        self, decode_seqs: int, context_tokens: int, prefill_tokens: int, prefill_pairs: int = 0
+    ) -> float:
+        """Duration of one engine step (one forward pass over the scheduled batch).
+
+        ``context_tokens``: KV tokens the decoding sequences read; ``prefill_pairs``: the
+        (token, attended token) pairs of the prefill chunks, :func:`attention_pairs` summed."""
         if decode_seqs == 0 and prefill_tokens == 0:
             return 0.0
-        return (
+        duration = (
             self.step_base_s
             + self.step_per_seq_s * decode_seqs
             + self.step_per_context_token_s * context_tokens
             + prefill_tokens / self.prefill_tokens_per_s
+            + self.prefill_attention_s_per_pair * prefill_pairs
         )
+        if self.moe_experts:
+            duration += self.moe_expert_read_s * experts_touched(
+                self.moe_experts, self.moe_top_k, decode_seqs + prefill_tokens
+            )
+        return duration

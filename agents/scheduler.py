@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from agents.kvcache import CacheEvent, KvCache
-from agents.profile import EngineProfile
+from agents.profile import EngineProfile, attention_pairs
 from streams.blocks import approx_tokenize, chain_hashes, chain_root
 
 __all__ = ["VOCAB", "DecodeRun", "EngineCore", "Sequence", "StepResult"]
@@ -244,6 +244,7 @@ class EngineCore:
             scheduled.append((seq, 1))
         # 2. chunked prefill of running requests, then admission of waiting ones
         prefill = 0
+        pairs = 0
         for seq in self.running:
             if budget <= 0:
                 break
@@ -253,6 +254,7 @@ class EngineCore:
                 n = min(budget, tokens - seq.computed)
                 budget -= n
                 prefill += n
+                pairs += attention_pairs(seq.computed, n)
                 scheduled.append((seq, n))
         while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
             seq = self.waiting[0]
@@ -263,8 +265,9 @@ class EngineCore:
             n = min(budget, seq.tokens - seq.computed)
             budget -= n
             prefill += n
+            pairs += attention_pairs(seq.computed, n)
             scheduled.append((seq, n))
-        duration = p.step_time_s(decode_seqs, context, prefill)
+        duration = p.step_time_s(decode_seqs, context, prefill, pairs)
         # 3. apply: computed KV is committed to the cache; completed prefills and decodes emit
         finished: list[Sequence] = []
         for seq, n in scheduled:

@@ -13,9 +13,7 @@ only *whether* the candidate is better but *where* it decides differently and wh
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -23,6 +21,7 @@ from typing import Any
 
 from admission.settings import AdmissionSettings
 from agents.profile import EngineProfile
+from analytics.htmlpage import page, png_b64, pyplot, table
 from analytics.recorded import Recorded, recorded_metrics
 from analytics.sim.admission import Refused
 from analytics.sim.cluster import SimConfig, simulate
@@ -324,19 +323,10 @@ def render_text(report: dict[str, Any]) -> str:
 
 
 def _plots(report: dict[str, Any]) -> list[tuple[str, str]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    png = png_b64
     out: list[tuple[str, str]] = []
     sides = report["sides"]
-
-    def png(fig: Any) -> str:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
-        plt.close(fig)
-        return base64.b64encode(buf.getvalue()).decode()
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for name, series in report["_series"].items():
@@ -373,11 +363,7 @@ def _plots(report: dict[str, Any]) -> list[tuple[str, str]]:
 def render_html(report: dict[str, Any], title: str = "kvgate replay report") -> str:
     """A self-contained page (plots inlined): for readers without Grafana."""
     e = html.escape
-    rows = _rows(report)
-    table = "<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in rows[0]) + "</tr>"
-    for r in rows[1:]:
-        table += "<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"
-    table += "</table>"
+    body_table = table(_rows(report))
     settings = ""
     for name, side in report["sides"].items():
         if side["settings"]:
@@ -413,10 +399,6 @@ def render_html(report: dict[str, Any], title: str = "kvgate replay report") -> 
             f"</th></tr>{reasons}</table><table><tr><th>request</th><th>node before</th>"
             f"<th>reason before</th><th>node after</th><th>reason after</th></tr>{sample}</table>"
         )
-    plots = "".join(
-        f'<h2>{e(t)}</h2><img alt="{e(t)}" src="data:image/png;base64,{b64}">'
-        for t, b64 in _plots(report)
-    )
     w = report["window"]
     span = (
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(w['since']))} – "
@@ -429,21 +411,10 @@ def render_html(report: dict[str, Any], title: str = "kvgate replay report") -> 
             f"The simulator's replay of the current settings differs from the recording in "
             f"{share:.1%} of decisions: compare the candidate with <em>replay: current</em>."
         )
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 960px; color: #222; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
-th:first-child, td:first-child {{ text-align: left; }}
-img {{ max-width: 100%; }}
-</style></head><body>
-<h1>{e(title)}</h1>
-<p>{w["requests"]} requests ({e(str(w["source"]))}), {span}; {len(report["nodes"])} nodes.
-SLO: TTFT ≤ {report["slo"]["ttft_s"]} s, TPOT ≤ {report["slo"]["tpot_s"]} s. {fidelity}</p>
-{table}
-<h2>Settings</h2>{settings}
-{changes}
-{plots}
-</body></html>
-"""
+    body = (
+        f"<p>{w['requests']} requests ({e(str(w['source']))}), {span}; "
+        f"{len(report['nodes'])} nodes. SLO: TTFT ≤ {report['slo']['ttft_s']} s, "
+        f"TPOT ≤ {report['slo']['tpot_s']} s. {fidelity}</p>\n{body_table}\n"
+        f"<h2>Settings</h2>{settings}\n{changes}"
+    )
+    return page(title, body, _plots(report))

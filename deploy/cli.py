@@ -14,6 +14,8 @@ from deploy.logs import configure
 from deploy.settings import Settings, load_settings, public_dump
 
 if TYPE_CHECKING:
+    from analytics.recorded import Recorded
+    from analytics.sim.traces import Trace
     from streams.schemas import ControlMessage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -510,6 +512,37 @@ def report(
     )
 
 
+def _recorded_trace(
+    s: Settings, since: str, until: str, router_id: str | None, limit: int | None
+) -> tuple[Recorded, Trace]:
+    """The decisions and outcomes recorded in ClickHouse in a window, and their traffic as a
+    trace (``typer.BadParameter`` when the window is bad, empty or ClickHouse unreachable)."""
+    import time
+
+    from analytics.clickhouse import open_clickhouse
+    from analytics.exceptions import ClickHouseError
+    from analytics.recorded import load_recorded, to_trace
+    from analytics.tuning import parse_when
+
+    now = time.time()
+    try:
+        t0, t1 = parse_when(since, now), parse_when(until, now)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        ch = open_clickhouse(s.clickhouse)
+    except ClickHouseError as exc:
+        raise typer.BadParameter(f"cannot open ClickHouse: {exc}") from exc
+    try:
+        rec = load_recorded(ch, s.clickhouse.database, t0, t1, router_id)
+    finally:
+        ch.close()
+    if not rec.requests:
+        raise typer.BadParameter("no recorded decisions in that window (see --since/--until)")
+    tr = to_trace(rec, f"ClickHouse {s.clickhouse.database}")
+    return rec, tr.head(limit) if limit is not None else tr
+
+
 def _tuning_report(
     trace: str | None,
     from_clickhouse: bool,
@@ -525,13 +558,8 @@ def _tuning_report(
     tpot_slo: float,
     json_output: bool,
 ) -> None:
-    import time
-
-    from analytics.clickhouse import open_clickhouse
-    from analytics.exceptions import ClickHouseError
-    from analytics.recorded import load_recorded, to_trace
     from analytics.sim.replay import open_trace
-    from analytics.tuning import Candidate, compare, parse_when, render_html, render_text
+    from analytics.tuning import Candidate, compare, render_html, render_text
 
     if config is None:
         raise typer.BadParameter("--config names the candidate settings (a YAML file)")
@@ -544,24 +572,7 @@ def _tuning_report(
     rec = None
     node_blocks: dict[str, int] | None = None
     if from_clickhouse:
-        now = time.time()
-        try:
-            t0, t1 = parse_when(since, now), parse_when(until, now)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
-        try:
-            ch = open_clickhouse(current_s.clickhouse)
-        except ClickHouseError as exc:
-            raise typer.BadParameter(f"cannot open ClickHouse: {exc}") from exc
-        try:
-            rec = load_recorded(ch, current_s.clickhouse.database, t0, t1, router_id)
-        finally:
-            ch.close()
-        if not rec.requests:
-            raise typer.BadParameter("no recorded decisions in that window (see --since/--until)")
-        tr = to_trace(rec, f"ClickHouse {current_s.clickhouse.database}")
-        if limit is not None:
-            tr = tr.head(limit)
+        rec, tr = _recorded_trace(current_s, since, until, router_id, limit)
     else:
         if trace is None:
             raise typer.BadParameter("give --trace FILE|WORKLOAD or --from-clickhouse")
@@ -590,6 +601,110 @@ def _tuning_report(
     typer.echo(render_text(result))
     if html is not None:
         typer.echo(f"\nreport: {html}")
+
+
+@app.command()
+def plan(
+    model: Annotated[
+        str | None, typer.Option(help="model alias or Hugging Face id (see --profiles)")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU alias: h100, h200, a100, l40s")] = None,
+    tp: Annotated[
+        int | None, typer.Option(help="GPUs per replica (default: the fewest that fit)")
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="a Mooncake .jsonl or Azure .csv trace")
+    ] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="a generated workload: multi_turn, conversation, ...")
+    ] = None,
+    from_clickhouse: Annotated[
+        bool, typer.Option("--from-clickhouse", help="the traffic recorded in ClickHouse")
+    ] = False,
+    since: Annotated[str, typer.Option(help="recorded window start (-2h, epoch, ISO)")] = "-1d",
+    until: Annotated[str, typer.Option(help="recorded window end")] = "now",
+    rate: Annotated[
+        float | None, typer.Option(help="requests per second to plan for (default: the trace's)")
+    ] = None,
+    slo: Annotated[
+        str, typer.Option(help="ttft=S,tpot=S[,attainment=P]: targets and the share to meet")
+    ] = "ttft=2,tpot=0.1,attainment=0.99",
+    policy: Annotated[str, typer.Option(help="routing policy to plan with")] = "kvgate",
+    baseline: Annotated[str, typer.Option(help="routing to compare with")] = "round_robin",
+    requests: Annotated[int, typer.Option(min=100, help="requests measured")] = 2000,
+    max_replicas: Annotated[int, typer.Option(min=1, help="search limit")] = 256,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    profiles: Annotated[
+        bool, typer.Option("--profiles", help="list the model/GPU profiles and exit")
+    ] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    html: Annotated[Path | None, typer.Option(help="also write an HTML report here")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Capacity plan: per-replica KV figures of MODEL on GPU, and the fewest replicas that meet
+    the SLO at RATE in the simulator, beside the count one fewer and the baseline's count."""
+    from agents.catalog import find_gpu, find_model
+    from analytics.plan import parse_slo, profile_table, render_html, render_text
+    from analytics.plan import plan as run_plan
+    from router.policies import POLICIES
+
+    if profiles:
+        typer.echo(profile_table())
+        return
+    if model is None or gpu is None:
+        raise typer.BadParameter("give --model and --gpu (--profiles lists them)")
+    if sum(x is not None and x is not False for x in (trace, workload, from_clickhouse)) != 1:
+        raise typer.BadParameter("give one of --trace FILE, --workload NAME, --from-clickhouse")
+    for name in (policy, baseline):
+        if name not in POLICIES:
+            raise typer.BadParameter(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    try:
+        m, g, target = find_model(model), find_gpu(gpu), parse_slo(slo)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    source: str | Trace
+    if workload is not None:
+        source = workload
+    elif trace is not None:
+        from analytics.sim.traces import load_trace
+
+        if not trace.exists():
+            raise typer.BadParameter(f"{trace}: no such trace")
+        source = load_trace(trace, seed=seed)
+    else:
+        _, source = _recorded_trace(_settings(config), since, until, None, None)
+    if rate is None:
+        if isinstance(source, str):
+            raise typer.BadParameter("--rate is needed with --workload")
+        span = max(1e-9, source.span_s)
+        rate = (len(source.requests) - 1) / span
+    from analytics.progress import status
+
+    try:
+        with status(f"sizing a fleet of {m.alias} on {g.alias} in the simulator"):
+            report = run_plan(
+                m,
+                g,
+                source,
+                rate=rate,
+                slo=target,
+                tp=tp,
+                policy=policy,
+                baseline=baseline,
+                requests=requests,
+                max_replicas=max_replicas,
+                seed=seed,
+            )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if html is not None:
+        html.write_text(render_html(report))
+    if json_output:
+        typer.echo(json.dumps(report))
+        return
+    typer.echo(render_text(report))
+    if html is not None:
+        typer.echo(f"report: {html}")
 
 
 @app.command()

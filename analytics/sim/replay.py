@@ -52,10 +52,14 @@ def replay_trace(
     seed: int = 0,
     capacity: float | None = None,
     cfg: SimConfig | None = None,
+    ttft_slo_s: float = 2.0,
+    tpot_slo_s: float = 0.1,
+    measure_from_s: float = 0.0,
 ) -> dict[str, Any]:
     """Replay ``trace``; ``load`` (e.g. 0.8) rescales arrivals to that fraction of the measured
     capacity, ``None`` keeps the trace's own timing. ``policy`` is a policy name or the whole
-    router configuration (policy and weights) to evaluate."""
+    router configuration (policy and weights) to evaluate. Requests arriving in the first
+    ``measure_from_s`` seconds are simulated (they warm the caches) but not measured."""
     cfg = replace(cfg or SimConfig(), nodes=nodes, seed=seed)
     cap = None
     if load is not None:
@@ -75,11 +79,16 @@ def replay_trace(
     started = time.perf_counter()
     done = simulate(trace, make_policy(settings), cfg, stats)
     wall = time.perf_counter() - started
+    if measure_from_s > 0 and trace.requests:
+        since = trace.requests[0].arrival_s + measure_from_s
+        done = [d for d in done if d.request.arrival_s >= since]
     profile = node_profile(cfg, trace.block_size)
     out = run_metrics(
         done,
         nodes,
         trace.block_size,
+        ttft_slo_s=ttft_slo_s,
+        tpot_slo_s=tpot_slo_s,
         cache_blocks_per_node=profile.num_gpu_blocks,
         prefill_tokens_per_s=profile.prefill_tokens_per_s,
         step_s=profile.step_base_s,

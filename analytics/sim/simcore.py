@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from agents.kvcache import CacheEvent, KvCache
-from agents.profile import EngineProfile
+from agents.profile import EngineProfile, attention_pairs
 from agents.scheduler import DecodeRun
 
 __all__ = ["SimCore", "SimSeq", "SimStep"]
@@ -160,6 +160,7 @@ class SimCore:
             decode_seqs, context = self._grow_preempting(grow, c)
         budget = p.max_num_batched_tokens - decode_seqs
         prefill = 0
+        pairs = 0
         scheduled: list[tuple[SimSeq, int]] = []
         for seq in self.prefilling.values():
             if budget <= 0:
@@ -167,6 +168,7 @@ class SimCore:
             n = min(budget, seq.n_prompt + seq.out - seq.computed)
             budget -= n
             prefill += n
+            pairs += attention_pairs(seq.computed, n)
             scheduled.append((seq, n))
         running = self.running
         while self.waiting and budget > 0 and len(running) < p.max_num_seqs:
@@ -183,8 +185,9 @@ class SimCore:
             n = min(budget, seq.n_prompt + seq.out - seq.computed)
             budget -= n
             prefill += n
+            pairs += attention_pairs(seq.computed, n)
             scheduled.append((seq, n))
-        duration = p.step_time_s(decode_seqs, context, prefill)
+        duration = p.step_time_s(decode_seqs, context, prefill, pairs)
         finished = self._decode_tick(c)
         first: list[SimSeq] = []
         if scheduled:
