@@ -5,7 +5,8 @@ A model is what its ``config.json`` says (layers, attention heads, KV heads, hea
 plus its parameter count from the model card; a GPU is its datasheet (memory, HBM bandwidth,
 dense bf16 tensor FLOP rate). ``docs/engine-model.md`` cites each figure. The derivation uses two
 efficiencies, the same for every pair, fitted once to the default profile (Llama-3.1-8B on one
-H100 SXM): 80 % of the datasheet's memory bandwidth, 40.6 % of its dense FLOP rate.
+H100 SXM): 80 % of the datasheet's memory bandwidth, 40.6 % of its dense FLOP rate; attention
+runs at 50 % of it (FlashAttention-2's published range on an A100 is 50-73 %).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ __all__ = [
 
 BANDWIDTH_EFFICIENCY = 0.80  # achievable share of the datasheet's HBM bandwidth
 FLOP_EFFICIENCY = 0.406  # model FLOP utilization of prefill (25,000 tokens/s for 8B on H100)
+# causal attention kernels (FlashAttention-2 forward: 50-73 % of an A100's peak, its paper)
+ATTENTION_EFFICIENCY = 0.50
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,7 @@ def derive_profile(
         raise ValueError(f"{model.kv_heads} KV heads cannot be split over {tp} GPUs")
     bandwidth = gpu.bandwidth_tb_s * 1e12 * BANDWIDTH_EFFICIENCY  # bytes/s, one GPU
     flops = gpu.bf16_tflops * 1e12 * FLOP_EFFICIENCY * tp  # FLOP/s, the replica
+    attention_flops = gpu.bf16_tflops * 1e12 * ATTENTION_EFFICIENCY * tp
     weights_bytes = model.params_b * 1e9 * dtype_bytes
     expert_bytes = model.expert_params_b * 1e9 * dtype_bytes
     dense_bytes = weights_bytes - model.experts * expert_bytes  # read by every step
@@ -180,7 +184,9 @@ def derive_profile(
         step_per_seq_s=0.00003,
         step_per_context_token_s=kv_bytes_per_gpu_token / bandwidth,
         prefill_tokens_per_s=flops / (2 * model.active_params_b * 1e9),
-        prefill_attention_s_per_pair=4 * model.layers * model.heads * model.head_dim / flops,
+        prefill_attention_s_per_pair=(
+            4 * model.layers * model.heads * model.head_dim / attention_flops
+        ),
         moe_experts=model.experts,
         moe_top_k=model.top_k,
         moe_expert_read_s=expert_bytes / tp / bandwidth,

@@ -72,7 +72,8 @@ class EngineProfile(BaseModel):
     prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)  # ~41 % MFU of 989 TFLOPS
     # causal attention in prefill: each computed token attends over every earlier token of its
     # sequence (4 × layers × heads × head dim FLOPs per pair), at the prefill's FLOP rate
-    prefill_attention_s_per_pair: float = Field(default=1.306e-9, ge=0)
+    # (4 × 32 × 4096 FLOPs at 50 % of 989 TFLOPS)
+    prefill_attention_s_per_pair: float = Field(default=1.06e-9, ge=0)
     # mixture of experts: a step reads the weights of every expert its tokens are routed to
     # (the rest of the model is in step_base_s); 0 experts: a dense model
     moe_experts: int = Field(default=0, ge=0)

@@ -328,7 +328,11 @@ def _headline(report: dict[str, Any]) -> str:
         f"{s['attainment']:.1%} of requests."
     )
     if ours is None:
-        return head + " No fleet within the search limit meets it."
+        best = report["fleet"][report["policy"]]["best_attainment"] or 0.0
+        return head + (
+            f" No fleet meets it: the best simulated attainment is {best:.1%} (more replicas "
+            "stopped helping, or the search limit was reached)."
+        )
     tail = f" {report['policy']}: {ours} replicas ({ours * report['tp']} GPUs)"
     if theirs is not None:
         tail += f"; {report['baseline']}: {theirs} replicas ({theirs * report['tp']} GPUs)"

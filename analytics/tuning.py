@@ -360,7 +360,9 @@ def _plots(report: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def render_html(report: dict[str, Any], title: str = "kvgate replay report") -> str:
+def render_html(
+    report: dict[str, Any], title: str = "kvgate replay report", extra: str = ""
+) -> str:
     """A self-contained page (plots inlined): for readers without Grafana."""
     e = html.escape
     body_table = table(_rows(report))
@@ -415,6 +417,6 @@ def render_html(report: dict[str, Any], title: str = "kvgate replay report") -> 
         f"<p>{w['requests']} requests ({e(str(w['source']))}), {span}; "
         f"{len(report['nodes'])} nodes. SLO: TTFT ≤ {report['slo']['ttft_s']} s, "
         f"TPOT ≤ {report['slo']['tpot_s']} s. {fidelity}</p>\n{body_table}\n"
-        f"<h2>Settings</h2>{settings}\n{changes}"
+        f"{extra}<h2>Settings</h2>{settings}\n{changes}"
     )
     return page(title, body, _plots(report))

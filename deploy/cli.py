@@ -707,6 +707,100 @@ def plan(
         typer.echo(f"report: {html}")
 
 
+@app.command("tune")
+def tune_cmd(
+    trace: Annotated[
+        str | None, typer.Option(help="a trace file (Mooncake .jsonl, Azure .csv) or workload")
+    ] = None,
+    from_clickhouse: Annotated[
+        bool, typer.Option("--from-clickhouse", help="tune on traffic recorded in ClickHouse")
+    ] = False,
+    since: Annotated[str, typer.Option(help="recorded window start (-24h, epoch, ISO)")] = "-24h",
+    until: Annotated[str, typer.Option(help="recorded window end")] = "now",
+    router_id: Annotated[str | None, typer.Option(help="only this router's traffic")] = None,
+    budget: Annotated[int, typer.Option(min=1, max=10_000, help="simulated trials")] = 200,
+    objective: Annotated[str, typer.Option(help="goodput, slo or p99 (TTFT)")] = "goodput",
+    nodes: Annotated[int, typer.Option(min=1, help="simulated engines (--trace)")] = 16,
+    load: Annotated[
+        float | None, typer.Option(help="offered load / capacity for --trace (e.g. 0.9)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="first N requests only")] = None,
+    ttft_slo: Annotated[float, typer.Option(help="TTFT target (s)")] = 2.0,
+    tpot_slo: Annotated[float, typer.Option(help="TPOT target (s)")] = 0.1,
+    seed: Annotated[int, typer.Option(help="the search's seed (same seed, same trials)")] = 0,
+    out: Annotated[
+        Path | None, typer.Option(help="write the best settings here (YAML, for kvgate weights)")
+    ] = None,
+    html: Annotated[Path | None, typer.Option(help="also write the HTML report here")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Search the kvgate policy's weights on the simulator (Optuna TPE, pruning, seeded) for
+    recorded traffic or a trace; report the best next to the current settings' replay (and the
+    recording), each weight's importance and sensitivity; --out writes the candidate for
+    `kvgate weights --config candidate.yaml --version N`."""
+    import yaml
+
+    from analytics.sim.cluster import SimConfig
+    from analytics.sim.replay import capacity_rps, open_trace
+    from analytics.tune import OBJECTIVES, offered_rps, summary, tune, with_weights
+    from analytics.tune import render_html as tune_html
+    from analytics.tune import render_text as tune_text
+    from analytics.tuning import Candidate, compare, render_html, render_text
+
+    if objective not in OBJECTIVES:
+        raise typer.BadParameter(f"objective: one of {', '.join(OBJECTIVES)}")
+    s = _settings(config)
+    current = Candidate(
+        s.router.model_copy(update={"policy": "kvgate"}), s.admission, s.engine.profile
+    )
+    rec = None
+    if from_clickhouse == (trace is not None):
+        raise typer.BadParameter("give --trace FILE|WORKLOAD or --from-clickhouse")
+    if from_clickhouse:
+        rec, tr = _recorded_trace(s, since, until, router_id, limit)
+        on = rec.nodes
+    else:
+        assert trace is not None
+        try:
+            tr = open_trace(trace, limit=limit, seed=seed)
+        except (FileNotFoundError, ValueError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        on = {f"node-{i:02d}": 0 for i in range(nodes)}
+        if load is not None:
+            cap = capacity_rps(tr, SimConfig(nodes=nodes, profile=s.engine.profile))
+            tr = tr.scaled(offered_rps(tr) / (load * cap))
+    from analytics.progress import status
+
+    with status(f"searching the weights: {budget} simulated trials of {len(tr.requests)} requests"):
+        result = tune(
+            tr,
+            current,
+            on,
+            budget=budget,
+            objective=objective,
+            seed=seed,
+            ttft_slo_s=ttft_slo,
+            tpot_slo_s=tpot_slo,
+        )
+        candidate = with_weights(current, result.best)
+        report = compare(rec, tr, current, candidate, on, ttft_slo, tpot_slo)
+    search = summary(result, objective, budget)
+    report["tuning"] = search
+    if out is not None:
+        doc = {"router": {"policy": "kvgate", "cost": candidate.router.cost.model_dump()}}
+        out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    if html is not None:
+        html.write_text(render_html(report, "kvgate tune report", tune_html(search)))
+    if json_output:
+        typer.echo(json.dumps({k: v for k, v in report.items() if not k.startswith("_")}))
+        return
+    typer.echo(tune_text(search) + "\n\n" + render_text(report))
+    for path, what in ((out, "candidate"), (html, "report")):
+        if path is not None:
+            typer.echo(f"{what}: {path}")
+
+
 @app.command()
 def weights(
     version: Annotated[int, typer.Option(help="new weights version (must be newer)")],
