@@ -106,3 +106,50 @@ def test_demo_runs_end_to_end_and_summarizes_from_clickhouse(kafka_up: str, tmp_
         "yellow_low_priority",
     }
     assert tight["changes_vs_current"]["now_refused"] == refused["refused"]
+
+    # the same recording planned and tuned: kvgate plan and kvgate tune read the window too
+    def run(*argv: str) -> dict[str, Any]:
+        res = subprocess.run(
+            [sys.executable, "-m", "deploy", *argv, "--json"],
+            env=env,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        assert res.returncode == 0, res.stderr.decode()[-3000:]
+        return cast(dict[str, Any], json.loads(res.stdout))
+
+    plan = run(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "l40s",
+        "--from-clickhouse",
+        "--since",
+        "-1h",
+        "--rate",
+        "20",
+        "--requests",
+        "100",
+    )
+    assert plan["requests"] == summary["requests"] and plan["rate_rps"] == 20
+    assert plan["fleet"]["kvgate"]["replicas"] >= 1
+    tuned = run(
+        "tune",
+        "--from-clickhouse",
+        "--since",
+        "-1h",
+        "--router-id",
+        summary["router_id"],
+        "--budget",
+        "3",
+        "--objective",
+        "p99",
+        "--out",
+        str(tmp_path / "tuned.yaml"),
+    )
+    assert tuned["tuning"]["trials"] == 3
+    assert tuned["sides"]["recorded"]["metrics"]["offered"] == summary["requests"]
+    assert "current_vs_recorded" in tuned  # the simulator's error on this traffic
+    assert "prefill_weight" in (tmp_path / "tuned.yaml").read_text()
