@@ -42,6 +42,7 @@ __all__ = [
     "render_html",
     "render_text",
     "replica_figures",
+    "router_for",
     "size_fleet",
 ]
 
@@ -154,6 +155,18 @@ def replica_figures(profile: EngineProfile, tp: int, trace: Trace) -> dict[str, 
     }
 
 
+def router_for(profile: EngineProfile, policy: str) -> RouterSettings:
+    """The router settings an operator would run with these engines: the policy, and kvgate's
+    cost model told the engines' step times and prefill rate (its defaults are an H100's)."""
+    cost = {
+        "prefill_tokens_per_s": profile.prefill_tokens_per_s,
+        "step_base_s": profile.step_base_s,
+        "step_per_seq_s": profile.step_per_seq_s,
+        "step_per_context_token_s": profile.step_per_context_token_s,
+    }
+    return RouterSettings.model_validate({"policy": policy, "cost": cost})
+
+
 def _evaluate(
     trace: Trace,
     warmup: float,
@@ -167,7 +180,7 @@ def _evaluate(
     out = replay_trace(
         trace,
         nodes=nodes,
-        policy=RouterSettings.model_validate({"policy": policy}),
+        policy=router_for(profile, policy),
         load=None,
         seed=seed,
         cfg=SimConfig(profile=profile),

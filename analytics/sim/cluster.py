@@ -23,6 +23,7 @@ from admission.slo import held, late_refusal
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun
+from analytics.autoscale import AutoscaleSettings, Observation, make_autoscaler
 from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
@@ -80,6 +81,21 @@ class SimConfig:
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     placement: Placement = FREE  # every request's required and preferred labels
     lanes: LaneSettings | None = None  # head-of-line isolation of long requests (router/lanes.py)
+    # a closed-loop autoscaler (analytics/autoscale.py): ``nodes`` at the start, then what it
+    # asks for; a new node serves after its lead time and starts cold
+    autoscaler: AutoscaleSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePoint:
+    """One autoscaler decision: the desired count, the nodes serving, the nodes paid for
+    (serving, loading their model, or draining), the forecast rate (predictive)."""
+
+    at_s: float
+    desired: int
+    serving: int
+    provisioned: int
+    arrivals_rps: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,11 +235,14 @@ def simulate(
     cfg: SimConfig,
     stats: dict[str, int] | None = None,
     refused_out: list[Refused] | None = None,
+    scale_out: list[ScalePoint] | None = None,
 ) -> list[Done]:
     """Replay ``trace`` through ``policy`` on ``cfg.nodes`` engines; returns finished requests.
     ``stats`` (if given) receives counters: pre-warm advice and warm-up requests. With
     ``cfg.admission``, requests pass admission control first; ``refused_out`` receives the
-    refusals."""
+    refusals. With ``cfg.autoscaler``, ``scale_out`` receives its decisions and
+    ``stats["gpu_seconds"]`` the node time paid for (from the decision to add a node, its model
+    load included, until it has drained after the decision to remove it)."""
     stats = stats if stats is not None else {}
     policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
     stats.setdefault("prewarm_advice", 0)
@@ -233,6 +252,10 @@ def simulate(
     profile = node_profile(cfg, trace.block_size)
     initial = node_names(cfg)
     joining = sorted({op.node for op in cfg.ops if op.kind == "join"} - set(initial))
+    scaler = make_autoscaler(cfg.autoscaler, cfg.nodes) if cfg.autoscaler is not None else None
+    if scaler is not None:  # the pool it draws from: every node it may ever run at once
+        spare = max(0, scaler.settings.max_replicas + 4 - len(initial))
+        joining += [f"node-{i:02d}" for i in range(len(initial), len(initial) + spare)]
     nodes = [_Node(name, SimCore(profile)) for name in initial + joining]
     by_id = {n.node_id: n for n in nodes}
     fleet = Fleet(cfg.outlier, cfg.slow_start)
@@ -290,6 +313,15 @@ def simulate(
         push(r.arrival_s, "arrive", i)
     for op in cfg.ops:
         push(op.at_s, "op", op)
+    # the autoscaler's state: nodes loading their model (join pending), nodes draining after
+    # leaving, arrivals and refusals since its last decision, node time paid for
+    loading: set[str] = set()
+    leaving: set[str] = set()
+    cancelled: set[str] = set()  # loads cancelled before they finished
+    seen = {"arrivals": 0, "refused": 0, "paid": len(initial), "at": t_start}
+    stats.setdefault("gpu_seconds", 0)
+    if scaler is not None:
+        push(t_start + scaler.settings.interval_s, "control", None)
 
     remaining = len(trace.requests)
 
@@ -481,6 +513,8 @@ def simulate(
         elif op.kind == "undrain":
             fleet.drained.discard(op.node)
         elif op.kind == "join":
+            if op.node in loading:  # the autoscaler's node: loaded, it serves from now
+                loading.discard(op.node)
             present.add(op.node)
             started[op.node] = now  # its view appears with the next heartbeat
         elif op.kind == "leave":
@@ -494,6 +528,68 @@ def simulate(
             serving = len(present - fleet.drained)
             adm.kv_blocks_total = profile.num_gpu_blocks * serving
             adm.slots_total = adm.settings.slots_per_node * serving
+
+    def control(now: float) -> None:
+        """One autoscaler decision: observe the pool, add cold nodes (serving after the lead
+        time) or remove the least busy ones (they drain)."""
+        assert scaler is not None
+        s = scaler.settings
+        for name in list(leaving):  # drained: no longer paid for
+            if by_id[name].core.idle and not by_id[name].busy:
+                leaving.discard(name)
+        serving = sorted(present - fleet.drained)
+        cores = [by_id[name].core for name in serving]
+        obs = Observation(
+            now=now,
+            replicas=len(serving),
+            arrivals=int(seen["arrivals"]),
+            waiting=sum(len(c.waiting) for c in cores) + len(holding) + len(lane_queue),
+            running=sum(len(c.running) for c in cores),
+            kv_used=(
+                sum(c.cache.used_blocks / c.cache.num_blocks for c in cores) / len(cores)
+                if cores
+                else 1.0
+            ),
+            refusals=len(refused) - int(seen["refused"]),
+        )
+        desired = scaler.observe(obs)
+        have = len(present) + len(loading)
+        if desired > have:
+            idle = [
+                n
+                for n in nodes
+                if n.node_id not in present
+                and n.node_id not in loading
+                and n.node_id not in leaving
+                and n.core.idle
+                and not n.busy
+            ]
+            for n in idle[: desired - have]:
+                n.core = SimCore(profile)  # a new replica: an empty cache
+                n.run, n.gen, n.finishing = None, n.gen + 1, []
+                index.drop_node(n.node_id)
+                loading.add(n.node_id)
+                push(now + s.lead_time_s, "op", FleetOp(now + s.lead_time_s, "join", n.node_id))
+        elif desired < have:
+            for _ in range(have - desired):
+                if loading:  # not serving yet: cancel the newest load
+                    name = max(loading)
+                    loading.discard(name)
+                    cancelled.add(name)
+                    continue
+                if len(present) <= max(1, s.min_replicas):
+                    break
+                name = min(present, key=lambda x: len(by_id[x].core.running))
+                operate(FleetOp(now, "leave", name), now)
+                leaving.add(name)
+        paid = len(present) + len(loading) + len(leaving)
+        stats["gpu_seconds"] += round(seen["paid"] * (now - seen["at"]))
+        seen.update(arrivals=0, refused=len(refused), paid=paid, at=now)
+        if scale_out is not None:
+            scale_out.append(
+                ScalePoint(now, desired, len(present), paid, obs.arrivals / s.interval_s)
+            )
+        push(now + s.interval_s, "control", None)
 
     def refuse(got: Refused) -> None:
         nonlocal remaining
@@ -593,6 +689,8 @@ def simulate(
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive" or kind == "retry":
             idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
+            if kind == "arrive":
+                seen["arrivals"] += 1
             assert isinstance(idx, int)
             if adm is None:
                 dispatch(idx, now, None)
@@ -617,7 +715,13 @@ def simulate(
                 elif isinstance(got, Refused):
                     retry(r, idx, attempt, got, now)
         elif kind == "op":
-            operate(cast(FleetOp, data), now)
+            op = cast(FleetOp, data)
+            if op.kind == "join" and op.node in cancelled:
+                cancelled.discard(op.node)
+                continue
+            operate(op, now)
+        elif kind == "control":
+            control(now)
         elif kind == "kv":  # a prompt's KV arrived at its decode node: it decodes from there
             dnode, dseq, reused = cast(tuple[str, SimSeq, int], data)
             n = by_id[dnode]
@@ -666,4 +770,7 @@ def simulate(
                     # the prompt's blocks are in the node's cache from now on
                     recent.add(node_id, meta[seq.request_id][0].block_hashes, now)
             step_done(n, now, res.finished)
+    if scaler is not None and trace.requests:  # the node time after the last decision
+        end = max((d.finish_s for d in done), default=seen["at"])
+        stats["gpu_seconds"] += round(seen["paid"] * max(0.0, end - seen["at"]))
     return done
