@@ -67,6 +67,10 @@ class AutoscaleSettings(BaseModel):
         default=4.0, gt=0, description="queued requests per replica that add one at once"
     )
     kv_high: float = Field(default=0.92, gt=0, le=1, description="mean KV use that adds one")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(
+        default=9108, ge=0, le=65535, description="kvgate autoscale's /metrics (None: off)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

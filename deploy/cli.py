@@ -358,6 +358,39 @@ def sink(config: ConfigOpt = None) -> None:
 
 
 @app.command()
+def autoscale(config: ConfigOpt = None) -> None:
+    """Run the autoscaling signal: desired replicas per pool and model from the heartbeats and
+    decisions, as the gauge kvgate_autoscale_desired_replicas and kvgate.control scale messages
+    (settings: autoscale.*; docs/operations.md)."""
+    from analytics.autoscaler import AutoscaleService
+    from streams.kafka import KafkaBus, ensure_topics
+    from streams.metrics_http import serve_metrics
+
+    s = _settings(config)
+    _logging()
+
+    async def main() -> None:
+        await ensure_topics(s.kafka)
+        bus = KafkaBus(s.kafka, "kvgate-autoscale")
+        await bus.start()
+        service = AutoscaleService(s.kafka, s.autoscale, bus)
+        runner = None
+        if s.autoscale.metrics_port is not None:
+            runner, port = await serve_metrics(
+                s.autoscale.metrics_host, s.autoscale.metrics_port, service.registry
+            )
+            logging.getLogger(__name__).info("autoscale metrics on :%d", port)
+        try:
+            await service.run()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            await bus.stop()
+
+    asyncio.run(main())
+
+
+@app.command()
 def infra(
     action: Annotated[str, typer.Argument(help="start | stop | status")],
     config: ConfigOpt = None,

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from admission.settings import AdmissionSettings, RedisSettings
 from agents.settings import AgentSettings, EngineSettings
+from analytics.autoscale import AutoscaleSettings
 from analytics.settings import ClickHouseSettings, SinkSettings
 from router.settings import RouterSettings
 from streams.settings import KafkaSettings, WorkerSettings
@@ -38,6 +39,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     sink: SinkSettings = Field(default_factory=SinkSettings)
+    autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
 
     @classmethod
     def settings_customise_sources(
