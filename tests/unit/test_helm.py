@@ -41,9 +41,13 @@ ALL_ON = [
     "epp.enabled=true",
     "--set",
     "inferencePool.enabled=true",
+    "--set",
+    "autoscale.enabled=true",
+    "--set",
+    "keda.enabled=true",
 ]
 # custom resources without Go types here: checked against their documented API below
-UNTYPED = ["InferencePool"]
+UNTYPED = ["InferencePool", "ScaledObject"]
 
 
 def _helm() -> str:
@@ -125,11 +129,39 @@ def test_every_object_is_there(objects: list[dict[str, Any]]) -> None:
         ("PrometheusRule", "kv-kvgate"),
         ("StatefulSet", "kv-kvgate-sim-engine"),
         ("InferencePool", "kv-kvgate"),
+        ("Deployment", "kv-kvgate-autoscale"),
+        ("ScaledObject", "kv-kvgate-engines"),
     ]:
         assert (kind, name) in kinds
     # off by default: monitoring CRDs (they need prometheus-operator) and simulated engines
     default = {o["kind"] for o in render()}
-    assert not default & {"ServiceMonitor", "PrometheusRule", "StatefulSet", "InferencePool"}
+    assert not default & {
+        "ServiceMonitor",
+        "PrometheusRule",
+        "StatefulSet",
+        "InferencePool",
+        "ScaledObject",
+    }
+    assert ("Deployment", "kv-kvgate-autoscale") not in {
+        (o["kind"], o["metadata"]["name"]) for o in render()
+    }
+    # KEDA's ScaledObject (keda.sh/v1alpha1): the documented fields, the signal's gauge
+    so = one(objects, "ScaledObject", "kv-kvgate-engines")
+    assert so["apiVersion"] == "keda.sh/v1alpha1"
+    assert set(so["spec"]) == {
+        "scaleTargetRef",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "pollingInterval",
+        "cooldownPeriod",
+        "triggers",
+    }
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["threshold"] == "1"
+    assert trigger["metadata"]["query"].startswith("max(kvgate_autoscale_desired_replicas{")
+    done = helm("template", "kv", str(CHART), "--set", "keda.enabled=true")
+    assert done.returncode != 0 and "autoscale.enabled" in done.stderr
     # a pool without the picker it points at is refused at render time
     done = helm("template", "kv", str(CHART), "--set", "inferencePool.enabled=true")
     assert done.returncode != 0 and "epp.enabled" in done.stderr
