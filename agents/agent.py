@@ -25,6 +25,7 @@ from agents.settings import AgentSettings
 from agents.vllm_events import KvEventSubscriber
 from streams.codec import decode
 from streams.exceptions import SchemaError
+from streams.fit import admissible_blocks
 from streams.kafka import KafkaBus, make_consumer
 from streams.schemas import ControlMessage, Heartbeat, KvEventBatch
 from streams.topics import CONTROL, HEARTBEATS, KV_EVENTS
@@ -59,6 +60,7 @@ class NodeAgent:
         self.prewarmed = 0
         self._warned_degraded = False
         self.adapters: list[str] = []  # LoRA adapters the engine serves
+        self.max_model_len: int | None = None  # the engine's context limit (/v1/models)
         self.scrape_failures = 0
         self.kv_index_state: Literal["events", "approximate", "degraded"] = "events"
         rank = settings.data_parallel_rank
@@ -156,6 +158,15 @@ class NodeAgent:
         data = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(data, list):
             return
+        lengths = [
+            m["max_model_len"]
+            for m in data
+            if isinstance(m, dict)
+            and not m.get("parent")
+            and type(m.get("max_model_len")) is int
+            and 0 < m["max_model_len"] <= 1 << 30
+        ]
+        self.max_model_len = max(lengths) if lengths else self.max_model_len
         self.adapters = sorted(
             {
                 m["id"]
@@ -202,6 +213,12 @@ class NodeAgent:
                     block_size=last.block_size,
                     kv_blocks_total=last.num_gpu_blocks,
                     kv_blocks_used=round(last.kv_usage * last.num_gpu_blocks),
+                    kv_blocks_admissible=admissible_blocks(
+                        last.num_gpu_blocks,
+                        round(last.kv_usage * last.num_gpu_blocks),
+                        s.fit_watermark,
+                    ),
+                    max_model_len=self.max_model_len,
                     running=last.running,
                     waiting=last.waiting,
                     prompt_tokens_per_s=self._rates[0],

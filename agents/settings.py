@@ -126,6 +126,13 @@ class AgentSettings(BaseModel):
         "sidecar scrapes http://127.0.0.1:8000 and advertises http://<pod IP>:8000)",
     )
     pool: str = "default"
+    fit_watermark: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        description="share of the engine's KV blocks kept free (vLLM's block manager watermark): "
+        "what the heartbeat's kv_blocks_admissible leaves out",
+    )
     role: Literal["mixed", "prefill", "decode"] = Field(
         default="mixed",
         description="what routers use the engine for: mixed (whole requests), prefill or decode "

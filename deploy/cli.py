@@ -1115,6 +1115,8 @@ EXTRAS = {
     "clickhouse_connect": "analytics",
     "grafana_client": "analytics",
     "matplotlib": "analytics",
+    "optuna": "analytics",
+    "statsmodels": "analytics",
 }
 
 

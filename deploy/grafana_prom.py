@@ -78,6 +78,27 @@ PROM_DASHBOARD: tuple[PromPanel, ...] = (
         "percentunit",
     ),
     PromPanel(
+        "Largest prompt one node can take (tokens): now and ever",
+        (
+            (
+                'max by (pool, model) (kvgate_router_fit_tokens{when="now"})',
+                "now {{pool}} {{model}}",
+            ),
+            (
+                'max by (pool, model) (kvgate_router_fit_tokens{when="ever"})',
+                "ever {{pool}} {{model}}",
+            ),
+        ),
+    ),
+    PromPanel(
+        "Autoscaling: desired and serving replicas, forecast arrivals",
+        (
+            ("max by (pool, model) (kvgate_autoscale_desired_replicas)", "desired {{model}}"),
+            ("max by (pool, model) (kvgate_autoscale_serving_replicas)", "serving {{model}}"),
+            ("max by (pool, model) (kvgate_autoscale_forecast_rps)", "forecast req/s {{model}}"),
+        ),
+    ),
+    PromPanel(
         "Tokens / s",
         (("sum by (kind) (rate(kvgate_router_tokens_total" + RATE + "))", "{{kind}}"),),
     ),

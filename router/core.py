@@ -53,6 +53,8 @@ class NodeView:
     decode_backlog_tokens: int = 0  # output this router's requests there are still to produce
     long_kv_blocks: int = 0  # KV blocks of this router's long requests there (router/lanes.py)
     prefill_tokens_per_s: float = 0.0  # its prefill rate as this router saw it (0: unknown)
+    kv_blocks_admissible: int | None = None  # its heartbeat's (None: from total and used)
+    max_model_len: int | None = None  # its engine's context limit, if known
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -119,6 +121,8 @@ class NodeView:
             decode_backlog_tokens,
             long_kv_blocks,
             prefill_tokens_per_s,
+            self.kv_blocks_admissible,
+            self.max_model_len,
         )
 
 

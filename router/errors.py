@@ -25,6 +25,7 @@ _STATUS = {
     RejectReason.STORE_UNAVAILABLE: 503,
     RejectReason.TENANT_QUOTA: 429,
     RejectReason.DEADLINE: 429,
+    RejectReason.NO_FIT_NOW: 503,
 }
 
 

@@ -82,6 +82,14 @@ class RouterMetrics:
             ["state"],
             registry=self.registry,
         )
+        self.fit_tokens = Gauge(
+            "kvgate_router_fit_tokens",
+            "The largest prompt one node of the pool and model can take: now (free plus "
+            "evictable KV, less the watermark: larger ones get 503 Retry-After) or ever (its "
+            "whole KV: larger ones get 413)",
+            ["pool", "model", "when"],
+            registry=self.registry,
+        )
         self.engine_restarts = Gauge(
             "kvgate_router_engine_restarts",
             "Engine restarts the nodes' agents reported (sum over nodes in the replica; per node "

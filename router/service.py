@@ -27,7 +27,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from admission.core import OutputShape, Rejection, RejectReason, Verdict
+from admission.core import OutputShape, Rejection, RejectReason, Verdict, retry_after
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
 from admission.pools import budget_key
@@ -57,6 +57,7 @@ from router.edge import (
 )
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
+from router.fit import UNFIT, fit, node_admissible_blocks, node_capacity_blocks
 from router.fleet import Fleet, Selection
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.lanes import UNKNOWN, LaneFacts, Lanes, lane_facts, may_wait
@@ -512,6 +513,8 @@ class RouterService:
                     block_size=hb.block_size,
                     kv_blocks_total=hb.kv_blocks_total,
                     kv_blocks_used=hb.kv_blocks_used,
+                    kv_blocks_admissible=hb.kv_blocks_admissible,
+                    max_model_len=hb.max_model_len,
                     running=hb.running,
                     waiting=hb.waiting,
                     healthy=hb.healthy,
@@ -935,13 +938,15 @@ class RouterService:
             lane_wait=may_wait(g.slo[1] if g.slo else None),
         )
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
-        if g.slo is not None and verdict is not None and verdict.admitted:
+        unfit = decision.reason in UNFIT  # answered at once: 413, or 503 with Retry-After
+        if g.slo is not None and verdict is not None and verdict.admitted and not unfit:
             rreq, decision, facts, held_s = await self._hold(
                 request_id, p, g, rreq, decision, facts, lanes
             )
             waited += held_s
         if (
             lanes
+            and not unfit
             and self.lanes.s.enabled
             and nodes
             and (verdict is None or verdict.admitted)
@@ -981,8 +986,10 @@ class RouterService:
             await self._publish_outcome(request_id, None, relay, p, started)
             return rejection_response(rej)
         if decision.chosen is None:
-            rej = Rejection(RejectReason.NO_CAPACITY, True, 1.0, "no healthy engine for this model")
-            relay = Relay(status="rejected", http_status=503, error=decision.reason)
+            rej = self._no_node(decision.reason, rreq)
+            relay = Relay(
+                status="rejected", http_status=rejection_status(rej), error=decision.reason
+            )
             await self._publish_outcome(request_id, None, relay, p, started)
             return rejection_response(rej)
         node = next(n for n in nodes if n.node_id == decision.chosen)
@@ -990,6 +997,25 @@ class RouterService:
         self.lanes.observe(uncached, facts.long_prompt, time.time())
         self._check_tokens(node, p)
         return rreq, decision, node, facts
+
+    def _no_node(self, reason: str, rreq: RouteRequest) -> Rejection:
+        """Why no node was chosen, as the client should hear it."""
+        if reason == "too_large":
+            return Rejection(
+                RejectReason.TOO_LARGE,
+                False,
+                None,
+                f"a prompt of {rreq.prompt_tokens} tokens fits in no engine's KV cache or context",
+            )
+        if reason == "no_fit_now":
+            wait = retry_after(1.0, self.gate.settings)
+            return Rejection(
+                RejectReason.NO_FIT_NOW,
+                True,
+                wait,
+                f"no engine has room for a prompt of {rreq.prompt_tokens} tokens now",
+            )
+        return Rejection(RejectReason.NO_CAPACITY, True, 1.0, "no healthy engine for this model")
 
     def _dispatched(
         self,
@@ -1177,6 +1203,14 @@ class RouterService:
             if lanes:  # a request that may not wait uses every node rather than none
                 nodes = self.lanes.select(nodes, facts, strict=lane_wait)
         sel = self.fleet.select(nodes, p.session_id or request_id, now)
+        if sel.nodes:  # only where its KV fits (router/fit.py)
+            fitted = fit(sel.nodes, rreq.prompt_tokens, matches)
+            if not fitted.ever:
+                return rreq, RouteDecision(None, "too_large", ()), facts
+            if not fitted.nodes:
+                return rreq, RouteDecision(None, "no_fit_now", ()), facts
+            if len(fitted.nodes) < len(sel.nodes):
+                sel = replace(sel, nodes=fitted.nodes)
         if load_only:
             decision = self._load_policy.decide(rreq, sel.nodes, {}, now)
             return rreq, self._fleet_decision(decision, sel, {}, now, advise), facts
@@ -1994,6 +2028,18 @@ class RouterService:
         for kind in ("events", "approximate", "degraded"):
             m.nodes_kv_index.labels(kind).set(sum(1 for hb in beats if hb.kv_index == kind))
         healthy = sum(1 for v in views if v.healthy and v.alive(now))
+        fits: dict[tuple[str, str], tuple[int, int]] = {}
+        for v in views:
+            if v.healthy and not v.draining and v.alive(now):
+                where = (v.pool, m.model(v.model))
+                was = fits.get(where, (0, 0))
+                fits[where] = (
+                    max(was[0], node_admissible_blocks(v) * v.block_size),
+                    max(was[1], node_capacity_blocks(v) * v.block_size),
+                )
+        for (pool, model), (now_tokens, ever_tokens) in fits.items():
+            m.fit_tokens.labels(pool, model, "now").set(now_tokens)
+            m.fit_tokens.labels(pool, model, "ever").set(ever_tokens)
         fleet = self.fleet.counts(views, now)
         for state, n in fleet.items():
             m.fleet_nodes.labels(state).set(n)

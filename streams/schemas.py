@@ -55,6 +55,16 @@ class Heartbeat(Message):
     block_size: int = Field(gt=0)
     kv_blocks_total: int = Field(ge=0)
     kv_blocks_used: int = Field(ge=0)
+    kv_blocks_admissible: int | None = Field(
+        default=None,
+        ge=0,
+        description="KV blocks the largest request it could admit now may take: free plus "
+        "evictable (cached, unreferenced) blocks, minus the engine's watermark (None: routers "
+        "derive it from kv_blocks_total and kv_blocks_used)",
+    )
+    max_model_len: int | None = Field(
+        default=None, gt=0, description="the engine's context limit (prompt + output), if known"
+    )
     running: int = Field(ge=0)
     waiting: int = Field(ge=0)
     prompt_tokens_per_s: float = Field(default=0.0, ge=0)

@@ -57,6 +57,7 @@ class Edge:
     http: aiohttp.ClientSession
     feeding: bool = True
     beats: dict[str, Heartbeat] = field(default_factory=dict)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> heartbeat fields
     runners: dict[str, web.AppRunner] = field(default_factory=dict)
 
     async def stop_engine(self, node: str) -> None:
@@ -171,6 +172,8 @@ async def edge(
                 now = time.time()
                 for node, url in urls.items():
                     hb = _beat(node, url, blocks, seq)
+                    if node in e.overrides:
+                        hb = hb.model_copy(update=e.overrides[node])
                     replica.load[node] = hb
                     replica.received[node] = now
                     e.beats[node] = hb

@@ -30,6 +30,7 @@ from analytics.sim.traces import Trace, TraceRequest
 from router.core import NodeView, Policy, RouteRequest, eligible
 from router.costpolicy import prefill_weight
 from router.disagg import decide_roles
+from router.fit import fit
 from router.fleet import Fleet
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.lanes import (
@@ -395,6 +396,11 @@ def simulate(
         placed = eligible(views, MODEL, now)
         if not cfg.placement.free:
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
+        # only where its KV fits now (router/fit.py); when nowhere, the engines queue it (the
+        # simulated clients have no 503 to retry on)
+        fitted = fit(placed, r.prompt_tokens, matches)
+        if fitted.nodes and len(fitted.nodes) < len(placed):
+            placed = fitted.nodes
         facts = LaneFacts(r.output_tokens)
         overdue = False
         if lanes is not None:

@@ -15,10 +15,13 @@ from analytics.settings import ClickHouseSettings, SinkSettings
 from analytics.sink import Sink
 from deploy.procs import Supervisor
 from streams.blocks import approx_tokenize, chain_hashes
+from streams.fit import admissible_blocks
 from streams.kafka import KafkaBus, ensure_topics
+from streams.schemas import Heartbeat
 from streams.settings import KafkaSettings
+from streams.topics import HEARTBEATS
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post
+from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +52,15 @@ async def test_engine_cache_reaches_tables_and_router_within_2s(
     state = await get(router, "/v1/kvgate/state")
     assert state["nodes"]["n1"]["indexed_blocks"] >= blocks
     assert state["nodes"]["n2"]["alive"]
+
+    # the agents say how large a request their engine can take now, and its context limit
+    def told(got: list[Heartbeat]) -> bool:
+        return any(h.max_model_len is not None for h in got)
+
+    beats = await read_topic(kafka_settings, HEARTBEATS, Heartbeat, told, 30)
+    hb = next(h for h in beats if h.max_model_len is not None)
+    assert hb.kv_blocks_admissible == admissible_blocks(hb.kv_blocks_total, hb.kv_blocks_used, 0.01)
+    assert hb.max_model_len > 1000
 
 
 async def test_each_routed_request_yields_one_decision_and_one_outcome_row(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,20 @@ def test_every_query_names_exported_metrics() -> None:
     m.held.set(0)
     m.disaggregated.labels("ok").inc()
     m.lane_holds.labels("long").inc()
-    exported = set(re.findall(r"^(kvgate_[a-z_]+)", m.render().decode(), re.MULTILINE))
+    m.fit_tokens.labels("default", "m", "now").set(1)
+    # the autoscaling panel reads kvgate autoscale's own /metrics
+    from prometheus_client import generate_latest
+
+    from analytics.autoscale import AutoscaleSettings
+    from analytics.autoscaler import AutoscaleService
+    from streams.settings import KafkaSettings
+    from tests.factories import heartbeat
+
+    scaler = AutoscaleService(KafkaSettings(), AutoscaleSettings(), bus=None)  # type: ignore[arg-type]
+    scaler.ingest([heartbeat("n1")])
+    scaler.tick(time.time())
+    text = m.render().decode() + generate_latest(scaler.registry).decode()
+    exported = set(re.findall(r"^(kvgate_[a-z_]+)", text, re.MULTILINE))
     for panel in PROM_DASHBOARD:
         for expr, _ in panel.exprs:
             names = set(re.findall(r"kvgate_[a-z_]+", expr))

@@ -13,7 +13,16 @@ import pytest
 from tests.deploykit import ROOT
 
 BLOCK = "import sys\nfor m in {mods!r}: sys.modules[m] = None\n"
-EXTRA_MODULES = ("faust", "mode", "chdb", "clickhouse_connect", "grafana_client", "matplotlib")
+EXTRA_MODULES = (
+    "faust",
+    "mode",
+    "chdb",
+    "clickhouse_connect",
+    "grafana_client",
+    "matplotlib",
+    "optuna",
+    "statsmodels",
+)
 
 
 def _kvgate_without_extras(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -40,13 +49,16 @@ def test_a_command_that_needs_an_extra_says_which() -> None:
     done = _kvgate_without_extras("worker")
     assert done.returncode == 2
     assert "pip install 'kvgate[worker]'" in done.stderr and "faust" in done.stderr
+    done = _kvgate_without_extras("tune", "--trace", "shared_prompt", "--budget", "1")
+    assert done.returncode == 2 and "pip install 'kvgate[analytics]'" in done.stderr
 
 
 def test_extras_declare_what_the_code_imports() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = " ".join(project["dependencies"])
     extras = project["optional-dependencies"]
-    for package in ("faust", "chdb", "clickhouse-connect", "grafana-client", "matplotlib"):
+    heavy = ("faust", "chdb", "clickhouse-connect", "grafana-client", "matplotlib", "optuna")
+    for package in (*heavy, "statsmodels"):
         assert package not in base, package
     assert any(d.startswith("faust-streaming") for d in extras["worker"])
     assert {d.split(">")[0] for d in extras["analytics"]} == {
@@ -54,6 +66,8 @@ def test_extras_declare_what_the_code_imports() -> None:
         "clickhouse-connect",
         "grafana-client",
         "matplotlib",
+        "optuna",
+        "statsmodels",
     }
     assert extras["all"] == ["kvgate[worker,analytics,epp,otel]"] and "kvgate[all]" in extras["dev"]
     assert any(d.startswith("xds-protos") for d in extras["epp"])

@@ -1,0 +1,60 @@
+"""Fragmentation and fit (router/fit.py): a request goes only where its KV fits now; 503 with
+Retry-After when some node could hold it but none can now, 413 when none ever could."""
+
+from __future__ import annotations
+
+import asyncio
+
+from router.core import NodeView
+from router.fit import fit
+from tests.edgekit import MODEL, bearer, edge
+from tests.factories import node_view
+
+
+def _view(nid: str, total: int, used: int, **kw: object) -> NodeView:
+    return node_view(nid, used=used, kv_blocks_total=total, **kw)
+
+
+def test_fit_reads_the_heartbeat_figure_or_derives_it() -> None:
+    a = _view("a", 200, 150)  # derived: 200 - 150 - 2 (1 % watermark) = 48 blocks
+    b = _view("b", 200, 0, kv_blocks_admissible=20)  # the agent knows better (evictable)
+    got = fit([a, b], 48 * 16, {})
+    assert [n.node_id for n in got.nodes] == ["a"] and got.largest_now_blocks == 48
+    assert got.largest_ever_blocks == 198 and got.ever
+    hit = fit([a, b], 60 * 16, {"b": 45})  # b holds 45 of the 60 prompt blocks: 15 new fit
+    assert [n.node_id for n in hit.nodes] == ["b"]
+    never = fit([a, b], 199 * 16, {})
+    assert not never.ever and not never.nodes
+    short = fit([_view("c", 200, 0, max_model_len=1024)], 1024, {})
+    assert not short.ever  # at its context limit: no room for one output token
+
+
+async def test_routing_admission_and_metrics_follow_the_fit() -> None:
+    prompt = list(range(1, 1501))  # 1,500 tokens: 94 blocks
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+    async with edge(blocks=200) as e:
+        full = {"kv_blocks_used": 150}  # 48 blocks left on each: the cluster has 96
+        e.overrides = {"n1": full, "n2": full}
+        await asyncio.sleep(0.5)
+        status, out, headers = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
+        assert status == 503, out
+        assert out["error"]["kvgate_reason"] == "no_fit_now" and out["error"]["retriable"]
+        assert int(headers["Retry-After"]) >= 1
+        e.overrides = {"n1": full}  # n2 drained its requests
+        await asyncio.sleep(0.5)
+        for _ in range(3):  # only n2 has room: every one goes there
+            status, out, _ = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
+            assert status == 200, out
+        assert [d.chosen_node for d in e.decisions()] == [None, "n2", "n2", "n2"]
+        assert e.decisions()[0].reason == "no_fit_now"
+        e.overrides = {"n1": {"max_model_len": 1024}, "n2": {"max_model_len": 1024}}
+        await asyncio.sleep(0.5)
+        status, out, _ = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
+        assert status == 413 and out["error"]["kvgate_reason"] == "too_large"
+        assert not out["error"]["retriable"]
+        assert await e.reservations() == 0  # the refused requests hold nothing
+        status, text, _ = await e.call("GET", "/metrics")
+        assert status == 200
+        assert f'kvgate_router_fit_tokens{{model="{MODEL}",pool="default",when="ever"}} 3168.0' in (
+            text
+        )
