@@ -97,27 +97,10 @@ def compare_scaling(
     """The day three ways; GPU-hours per GPU-replica (× tp for GPUs)."""
     peak = fixed_peak_replicas(peak_rps, settings)
     start = max(settings.min_replicas, 1)
-    runs = {
-        "fixed_peak": _run(trace, profile, router, peak, None, ttft_slo_s, tpot_slo_s),
-        "reactive": _run(
-            trace,
-            profile,
-            router,
-            start,
-            settings.model_copy(update={"mode": "reactive"}),
-            ttft_slo_s,
-            tpot_slo_s,
-        ),
-        "predictive": _run(
-            trace,
-            profile,
-            router,
-            start,
-            settings.model_copy(update={"mode": "predictive"}),
-            ttft_slo_s,
-            tpot_slo_s,
-        ),
-    }
+    runs = {"fixed_peak": _run(trace, profile, router, peak, None, ttft_slo_s, tpot_slo_s)}
+    for mode in ("reactive", "predictive"):
+        scaler = settings.model_copy(update={"mode": mode})
+        runs[mode] = _run(trace, profile, router, start, scaler, ttft_slo_s, tpot_slo_s)
     fixed = runs["fixed_peak"]
     for name in ("reactive", "predictive"):
         r = runs[name]
