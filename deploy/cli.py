@@ -841,11 +841,23 @@ def weights(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="NAME=VALUE over the config's weights")
     ] = None,
+    canary: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="only this share of requests (by session) gets the weights, the rest keep "
+            "theirs; 0 ends the canary",
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Publish new policy weights on kvgate.control: every router applies them at runtime and
-    records the version with each decision."""
+    records the version with each decision. With --canary, they decide only that share of the
+    requests (compare the two versions in Grafana), until a plain `kvgate weights` replaces the
+    current ones or --canary 0 ends it."""
     from router.control import weights_message
+    from router.weightscanary import weights_canary_message
 
     s = _settings(config)
     name = policy or s.router.policy
@@ -866,6 +878,10 @@ def weights(
     except Exception as exc:
         raise typer.BadParameter(str(exc)) from exc
 
+    if canary is not None:
+        _send_control(s, weights_canary_message(name, checked, canary))
+        typer.echo(json.dumps({"policy": name, "weights": checked, "canary_share": canary}))
+        return
     _send_control(s, weights_message(name, checked))
     typer.echo(json.dumps({"policy": name, "weights": checked}))
 

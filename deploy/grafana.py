@@ -169,6 +169,23 @@ GROUP BY time ORDER BY time"""),
             "s",
         ),
         Panel(
+            "By weights version (canary against current)",
+            "table",
+            (
+                _table("""
+SELECT weights_version, count() AS requests,
+       sum(ifNull(cached_tokens, 0)) / greatest(1, sum(prompt_tokens)) AS hit_rate,
+       quantile(0.5)(ttft_s) AS ttft_p50, quantile(0.99)(ttft_s) AS ttft_p99,
+       quantile(0.99)(tpot_s) AS tpot_p99
+FROM {db}.v_requests
+WHERE $__timeFilter(ts) AND admission = 'admitted' AND status = 'ok' AND {tenant}
+GROUP BY weights_version ORDER BY weights_version"""),
+            ),
+            "short",
+            "During a weights canary (kvgate weights --canary) the candidate's requests carry "
+            "its version: hit rate and latency of each version side by side.",
+        ),
+        Panel(
             "Node load spread",
             "timeseries",
             (

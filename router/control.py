@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from router.core import Policy
 from router.fleet import Fleet
+from router.weightscanary import WeightsCanary, apply_weights_canary
 from streams.background import Background
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import ControlMessage
@@ -89,7 +90,7 @@ def apply_canary(fleet: Fleet, msg: ControlMessage) -> str:
     return "applied" if group in fleet.canaries else "ended"
 
 
-def apply_weights(policy: Policy, msg: ControlMessage) -> str:
+def apply_weights(policy: Policy | WeightsCanary, msg: ControlMessage) -> str:
     """Apply a ``weights`` message to ``policy``; returns what happened (for logs and tests):
     ``applied``, ``other_policy``, ``not_newer``, ``invalid: ...`` or ``fixed_policy``."""
     if msg.payload.get("policy") != policy.name:
@@ -114,7 +115,12 @@ class ControlFollower(Background):
     """Follows ``kvgate.control`` and applies what concerns this router."""
 
     def __init__(
-        self, kafka: KafkaSettings, bus: KafkaBus, policy: Policy, client_id: str, fleet: Fleet
+        self,
+        kafka: KafkaSettings,
+        bus: KafkaBus,
+        policy: Policy | WeightsCanary,
+        client_id: str,
+        fleet: Fleet,
     ) -> None:
         self.kafka = kafka
         self.bus = bus
@@ -147,9 +153,21 @@ class ControlFollower(Background):
             else:
                 log.info("canary %s %s: %s", msg.subject, outcome, msg.payload)
             return outcome
+        if msg.kind == "weights" and msg.subject.startswith("weights-canary/"):
+            if not isinstance(self.policy, WeightsCanary):
+                return "ignored"
+            outcome = apply_weights_canary(self.policy, msg)
+            if outcome.startswith("invalid"):
+                self.refused += 1
+                log.warning("refused weights canary %s: %s", msg.subject, outcome)
+            elif outcome != "other_policy":
+                log.info("weights canary %s: %s", msg.subject, self.policy.state())
+            return outcome
         if msg.kind == "weights":
             outcome = apply_weights(self.policy, msg)
             if outcome == "applied":
+                if isinstance(self.policy, WeightsCanary):
+                    self.policy.promoted()
                 self.applied += 1
                 log.info(
                     "weights of %s now version %d", self.policy.name, self.policy.weights_version

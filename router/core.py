@@ -155,6 +155,7 @@ class RouteDecision:
     reason: str
     candidates: tuple[Candidate, ...]
     prefill: str | None = None  # disaggregated: the node that prefills (``chosen`` decodes)
+    weights_version: int | None = None  # a canary's weights decided it (router/weightscanary.py)
 
     @property
     def chosen_candidate(self) -> Candidate | None:
@@ -165,9 +166,13 @@ class RouteDecision:
 class Policy(Protocol):
     """Every routing policy: same inputs, same output."""
 
-    name: str
-    weights_version: int
     record_candidates: int  # candidates a decision keeps for its record (the chosen one always)
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weights_version(self) -> int: ...
 
     def decide(
         self,

@@ -75,6 +75,7 @@ from router.routerqueue import Held, RouterQueue, Waiting
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
+from router.weightscanary import WeightsCanary
 from streams.blocks import chain_hashes, chain_root, offloaded
 from streams.kafka import KafkaBus
 from streams.openai import error_body
@@ -247,7 +248,8 @@ class RouterService:
         self.settings = settings
         self.replica = replica
         self.bus = bus
-        self.policy = policy
+        # the policy, and the candidate weights of a canary (kvgate weights --canary)
+        self.policy = WeightsCanary(policy, settings)
         self.router_id = (
             settings.router_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
         )
@@ -1797,6 +1799,7 @@ class RouterService:
                 "router_id": self.router_id,
                 "policy": self.policy.name,
                 "weights_version": self.policy.weights_version,
+                "weights_canary": self.policy.state(),
                 "weights_refused": self.control.refused if self.control else 0,
                 **self.fleet.state(now),
                 "token_calibration": self.calibration.report(),
@@ -1880,7 +1883,11 @@ class RouterService:
                 d,
                 router_id=self.router_id,
                 policy=self.policy.name,
-                weights_version=self.policy.weights_version,
+                weights_version=(
+                    d.weights_version
+                    if d.weights_version is not None
+                    else self.policy.weights_version
+                ),
                 started=started,
                 block_size=block_size,
                 decision_us=decision_us,

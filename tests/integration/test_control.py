@@ -71,6 +71,43 @@ async def test_weights_change_at_runtime_on_every_router(
     )
     assert [d.weights_version for d in decisions if d.chosen_node] == [2]
 
+    # a canary: candidate weights v3 decide about half the requests, v2 the rest
+    def weights_cli(*args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "deploy", "weights", *args],
+            env={**os.environ, **supervisor.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+
+    weights_cli("--version", "3", "--set", "prefill_weight=0.5", "--canary", "0.5")
+
+    async def canary_on() -> bool:
+        state = await get(url, "/v1/kvgate/state")
+        return bool(state["weights_canary"]["candidate_version"] == 3)
+
+    await wait_until(canary_on, 20, "the canary on the router", 0.2)
+    for i in range(24):
+        body = {"model": MODEL, "prompt": f"canary request {i}", "max_tokens": 2}
+        status, _ = await post(url, "/v1/completions", body)
+        assert status == 200
+    decisions = await read_topic(
+        kafka_settings,
+        DECISIONS,
+        Decision,
+        lambda got: sum(1 for d in got if d.chosen_node) >= 25,
+    )
+    versions = [d.weights_version for d in decisions if d.chosen_node][1:]
+    assert set(versions) == {2, 3} and 4 <= versions.count(3) <= 20, versions
+    assert (await get(url, "/v1/kvgate/state"))["weights_version"] == 2  # still the current
+    # promoted: the current weights become v3 and the canary is over
+    weights_cli("--version", "3", "--set", "prefill_weight=0.5")
+    await wait_until(lambda: _on_version(url, 3), 20, "router on weights v3", 0.2)
+    state = await get(url, "/v1/kvgate/state")
+    assert state["weights_canary"]["candidate_version"] is None
+
 
 async def _on_version(url: str, want: int) -> bool:
     return bool((await get(url, "/v1/kvgate/state"))["weights_version"] == want)
