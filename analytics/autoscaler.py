@@ -68,9 +68,7 @@ class PoolState:
             self.refusals[key] += 1
 
 
-def observations(
-    state: PoolState, now: float, known: Iterable[Key] = ()
-) -> dict[Key, Observation]:
+def observations(state: PoolState, now: float, known: Iterable[Key] = ()) -> dict[Key, Observation]:
     """One observation per (pool, model) with a live replica, traffic, or in ``known`` (a pool
     whose replicas all stopped still gets a decision): the replicas whose heartbeat is within
     its lease (healthy, not draining) serve; counters since the last call."""
