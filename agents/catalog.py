@@ -205,11 +205,18 @@ def replica_gpus(
     """The fewest GPUs (1, 2, 4, 8) whose memory holds the weights and leaves at least
     ``min_kv_share`` of the usable memory for the KV cache (less makes a replica that holds a
     handful of long sequences: technically up, useless for serving)."""
-    usable = gpu.memory_gib * gpu_memory_utilization
     for tp in (1, 2, 4, 8):
-        if model.kv_heads % tp and tp % model.kv_heads:
+        try:
+            p = derive_profile(
+                model,
+                gpu,
+                tp,
+                dtype_bytes=dtype_bytes,
+                gpu_memory_utilization=gpu_memory_utilization,
+                activation_reserve_gib=activation_reserve_gib,
+            )
+        except ValueError:  # the KV heads do not split this way, or nothing is left for KV
             continue
-        kv = usable - model.params_b * 1e9 * dtype_bytes / tp / GIB - activation_reserve_gib
-        if kv >= min_kv_share * usable:
+        if p.kv_memory_gib >= min_kv_share * gpu.memory_gib * gpu_memory_utilization:
             return tp
     raise ValueError(f"{model.alias} does not fit on 8 × {gpu.alias}")

@@ -93,15 +93,21 @@ class EngineProfile(BaseModel):
         return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype_bytes)
 
     @property
-    def num_gpu_blocks(self) -> int:
-        if self.num_gpu_blocks_override is not None:
-            return self.num_gpu_blocks_override
-        free = (
+    def kv_memory_gib(self) -> float:
+        """What vLLM leaves the KV cache: its share of the GPU less weights and activations."""
+        return (
             self.gpu_memory_gib * self.gpu_memory_utilization
             - self.weights_gib
             - self.activation_reserve_gib
         )
-        return kv_blocks_for_memory(free * GIB, self.kv_bytes_per_token, self.block_size)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
+        return kv_blocks_for_memory(
+            self.kv_memory_gib * GIB, self.kv_bytes_per_token, self.block_size
+        )
 
     def blocks_for_tokens(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)

@@ -134,9 +134,7 @@ def replica_figures(profile: EngineProfile, tp: int, trace: Trace) -> dict[str, 
     mean = statistics.fmean(lengths)
     p95 = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
     kv_tokens = profile.num_gpu_blocks * profile.block_size
-    kv_per_gpu = profile.gpu_memory_gib * profile.gpu_memory_utilization - (
-        profile.weights_gib + profile.activation_reserve_gib
-    )
+    kv_per_gpu = profile.kv_memory_gib
     return {
         "gpus": tp,
         "weights_gib": round(profile.weights_gib * tp, 2),

@@ -24,7 +24,7 @@ from agents.profile import EngineProfile
 from analytics.htmlpage import page, png_b64, pyplot, table
 from analytics.recorded import Recorded, recorded_metrics
 from analytics.sim.admission import Refused
-from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.cluster import SimConfig, acting_on, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace
 from router.policies import make_policy
@@ -110,12 +110,7 @@ def replay_side(
         profile=profile,
         admission=settings.admission if settings.admission.enabled else None,
     )
-    if settings.router.policy == "kvgate":
-        cfg = replace(
-            cfg,
-            prewarm=settings.router.prewarm,
-            recent_prefill_ttl_s=settings.router.recent_prefill_ttl_s,
-        )
+    cfg = acting_on(cfg, settings.router)
     refused: list[Refused] = []
     done = simulate(trace, make_policy(settings.router), cfg, {}, refused)
     m = run_metrics(

@@ -30,6 +30,7 @@ __all__ = [
     "UNFIT",
     "Fit",
     "fit",
+    "fit_floor_tokens",
     "node_admissible_blocks",
     "node_capacity_blocks",
 ]
@@ -49,6 +50,14 @@ def node_capacity_blocks(n: NodeView) -> int:
     return admissible_blocks(n.kv_blocks_total, 0, FIT_WATERMARK)
 
 
+def fit_floor_tokens(n: NodeView) -> int:
+    """The longest prompt that fits on ``n`` now even with nothing of it cached: a prompt no
+    longer than every node's floor fits everywhere (the filter has nothing to do)."""
+    bs = n.block_size
+    tokens = min(node_admissible_blocks(n), node_capacity_blocks(n)) * bs
+    return tokens if n.max_model_len is None else min(tokens, n.max_model_len - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Fit:
     nodes: list[NodeView]  # where the request fits now
@@ -59,20 +68,33 @@ class Fit:
 
 def fit(nodes: Sequence[NodeView], prompt_tokens: int, matches: Mapping[str, int]) -> Fit:
     """The nodes of ``nodes`` where a prompt of ``prompt_tokens`` fits now (``matches``: the
-    prefix blocks each node holds), and whether any could ever hold it."""
-    now: list[NodeView] = []
+    prefix blocks each node holds), and whether any could ever hold it. On the decision path:
+    one pass of plain arithmetic per node, and ``nodes`` itself (no copy) when all fit."""
+    kept: list[NodeView] | None = None  # built only once a node is left out
     ever = False
     largest_now = largest_ever = 0
-    for n in nodes:
-        bs = n.block_size or 1
-        need = math.ceil(prompt_tokens / bs)
-        cap = node_capacity_blocks(n)
-        room = node_admissible_blocks(n)
-        largest_ever = max(largest_ever, cap)
-        largest_now = max(largest_now, room)
-        if need > cap or (n.max_model_len is not None and prompt_tokens >= n.max_model_len):
-            continue
-        ever = True
-        if need - min(need, matches.get(n.node_id, 0)) <= room:
-            now.append(n)
-    return Fit(now, ever, largest_now, largest_ever)
+    hit = matches.get
+    for i, n in enumerate(nodes):
+        need = -(-prompt_tokens // n.block_size)
+        total = n.kv_blocks_total
+        cap = total - math.ceil(FIT_WATERMARK * total)
+        room = n.kv_blocks_admissible
+        if room is None:
+            room = cap - n.kv_blocks_used
+            if room < 0:
+                room = 0
+        if cap > largest_ever:
+            largest_ever = cap
+        if room > largest_now:
+            largest_now = room
+        limit = n.max_model_len
+        ok = need <= cap and (limit is None or prompt_tokens < limit)
+        if ok:
+            ever = True
+            cached = hit(n.node_id, 0)
+            ok = need - (cached if cached < need else need) <= room
+        if not ok and kept is None:
+            kept = list(nodes[:i])
+        elif ok and kept is not None:
+            kept.append(n)
+    return Fit(list(nodes) if kept is None else kept, ever, largest_now, largest_ever)

@@ -57,7 +57,13 @@ from router.edge import (
 )
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
-from router.fit import UNFIT, fit, node_admissible_blocks, node_capacity_blocks
+from router.fit import (
+    UNFIT,
+    fit,
+    fit_floor_tokens,
+    node_admissible_blocks,
+    node_capacity_blocks,
+)
 from router.fleet import Fleet, Selection
 from router.hotprefix import HotPrefixes, PrewarmAdvice
 from router.lanes import UNKNOWN, LaneFacts, Lanes, lane_facts, may_wait
@@ -284,6 +290,10 @@ class RouterService:
         )
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
+        # per node, the longest prompt that fits there now whatever its cache holds; their
+        # minimum lets the fit filter (router/fit.py) skip its pass for every shorter prompt
+        self._fit_floors: dict[str, int] = {}
+        self.fit_floor = 0
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self._adapter_base: dict[str, str] = {}  # LoRA adapter -> its base model (heartbeats)
@@ -489,6 +499,8 @@ class RouterService:
         if now - self._last_sweep > 30.0:
             self.ledger.sweep(now)
             self._last_sweep = now
+            load = self.replica.load
+            self._fit_floors = {k: v for k, v in self._fit_floors.items() if k in load}
         feed = self.feed.update(now)
         rx = self.replica.last_heartbeat_rx or now
         received = self.replica.received
@@ -498,6 +510,7 @@ class RouterService:
         approx.clear()
         adapters: dict[str, str] = {}
         roles = False
+        refloor = False
         for hb in self.replica.load.values():
             roles = roles or hb.role != "mixed"
             if hb.kv_index != "events":  # approximate, or events that do not arrive
@@ -531,6 +544,8 @@ class RouterService:
                     kv_link_gbps=hb.kv_link_gbps,
                 )
                 cache[hb.node_id] = (hb, view)
+                self._fit_floors[hb.node_id] = fit_floor_tokens(view)
+                refloor = True
             else:
                 view = cached[1]
             if gap:
@@ -558,6 +573,8 @@ class RouterService:
                 del cache[node]
                 self.approx.forget(node)
             self.fleet.forget(self.replica.load)
+        if refloor:
+            self.fit_floor = min(self._fit_floors.values(), default=0)
         return out
 
     def _candidates(
@@ -1205,7 +1222,7 @@ class RouterService:
             if lanes:  # a request that may not wait uses every node rather than none
                 nodes = self.lanes.select(nodes, facts, strict=lane_wait)
         sel = self.fleet.select(nodes, p.session_id or request_id, now)
-        if sel.nodes:  # only where its KV fits (router/fit.py)
+        if sel.nodes and rreq.prompt_tokens > self.fit_floor:  # where its KV fits (router/fit.py)
             fitted = fit(sel.nodes, rreq.prompt_tokens, matches)
             if not fitted.ever:
                 return rreq, RouteDecision(None, "too_large", ()), facts

@@ -45,7 +45,7 @@ from router.lanes import (
 from router.ledger import InflightLedger
 from router.placement import FREE, Placement
 from router.recent import RecentPrefills, merge_matches
-from router.settings import OutlierSettings, SlowStartSettings
+from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
 
@@ -210,6 +210,14 @@ def fold(index: PrefixIndex, node_id: str, events: list[CacheEvent]) -> None:
             index.drop_node(node_id)
     if stored:
         index.add_many(node_id, stored)
+
+
+def acting_on(cfg: SimConfig, router: RouterSettings) -> SimConfig:
+    """``cfg`` with the kvgate system acting on the router's own advice: pre-warming hot
+    prefixes and remembering its recent prefills (other policies have neither)."""
+    if router.policy != "kvgate":
+        return cfg
+    return replace(cfg, prewarm=router.prewarm, recent_prefill_ttl_s=router.recent_prefill_ttl_s)
 
 
 def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from analytics.sim.cluster import SimConfig, node_profile, simulate
+from analytics.sim.cluster import SimConfig, acting_on, node_profile, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace, load_trace
 from analytics.sim.workloads import WORKLOADS, make_workload
@@ -71,10 +71,7 @@ def replay_trace(
         if isinstance(policy, RouterSettings)
         else RouterSettings.model_validate({"policy": policy})
     )
-    if settings.policy == "kvgate":  # the kvgate system acts on its pre-warm advice
-        cfg = replace(
-            cfg, prewarm=settings.prewarm, recent_prefill_ttl_s=settings.recent_prefill_ttl_s
-        )
+    cfg = acting_on(cfg, settings)
     stats: dict[str, int] = {}
     started = time.perf_counter()
     done = simulate(trace, make_policy(settings), cfg, stats)

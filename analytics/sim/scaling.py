@@ -14,7 +14,7 @@ from typing import Any
 
 from agents.profile import EngineProfile
 from analytics.autoscale import AutoscaleSettings
-from analytics.sim.cluster import ScalePoint, SimConfig, simulate
+from analytics.sim.cluster import ScalePoint, SimConfig, acting_on, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace
 from router.policies import make_policy
@@ -62,9 +62,7 @@ def _run(
     ttft_slo_s: float,
     tpot_slo_s: float,
 ) -> dict[str, Any]:
-    cfg = SimConfig(nodes=nodes, profile=profile, autoscaler=autoscaler)
-    if router.policy == "kvgate":
-        cfg = replace(cfg, prewarm=router.prewarm, recent_prefill_ttl_s=router.recent_prefill_ttl_s)
+    cfg = acting_on(SimConfig(nodes=nodes, profile=profile, autoscaler=autoscaler), router)
     stats: dict[str, int] = {}
     points: list[ScalePoint] = []
     done = simulate(trace, make_policy(router), cfg, stats, scale_out=points)

@@ -58,3 +58,27 @@ async def test_routing_admission_and_metrics_follow_the_fit() -> None:
         assert f'kvgate_router_fit_tokens{{model="{MODEL}",pool="default",when="ever"}} 3168.0' in (
             text
         )
+
+
+def test_a_prompt_within_every_floor_fits_everywhere() -> None:
+    import random
+
+    from router.fit import fit_floor_tokens
+
+    rng = random.Random(7)
+    for _ in range(200):
+        nodes = [
+            _view(
+                f"n{i}",
+                rng.randint(8, 400),
+                0,
+                kv_blocks_used=rng.randint(0, 400),
+                max_model_len=rng.choice([None, rng.randint(64, 8000)]),
+            )
+            for i in range(rng.randint(1, 6))
+        ]
+        floor = min(fit_floor_tokens(n) for n in nodes)
+        for prompt in (max(1, floor - 5), floor, floor + 1, floor + 300):
+            got = fit(nodes, prompt, {})
+            if prompt <= floor:  # the router skips the pass: it must have found every node
+                assert got.ever and [n.node_id for n in got.nodes] == [n.node_id for n in nodes]
