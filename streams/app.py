@@ -28,6 +28,7 @@ from streams.faustpatch import (
     commit_folded_offsets,
     dispatch_without_tasks,
     flush_before_transaction_commit,
+    fold_input_inline,
     restore_only_settled_changelogs,
     write_tables_before_commit,
 )
@@ -131,6 +132,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     write_tables_before_commit()
     commit_folded_offsets()
     dispatch_without_tasks()
+    fold_input_inline()
     allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()
@@ -258,9 +260,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
 
     app.before_commit = write_tables  # type: ignore[attr-defined]
 
-    async def dead_letter(event: Any, error: str, consumer: str) -> None:
+    async def dead_letter(msg: Any, error: str, consumer: str) -> None:
         folded["dead_lettered"] += 1
-        msg = event.message
         log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
         letter = kafka_dead_letter(msg, error, consumer)
         await dlq.send(key=msg.topic.encode(), value=encode(letter))
@@ -276,85 +277,98 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         if beats.pop(node, None) is not None:
             load.put(partition, node.encode(), None)
 
-    async def node_message(event: Any, model: type[M], consumer: str) -> M | None:
-        """The event's message, or None when it was a retirement (handled here) or invalid
+    async def node_message(msg: Any, model: type[M], consumer: str) -> M | None:
+        """The record's message, or None when it was a retirement (handled here) or invalid
         (dead-lettered)."""
-        if not await ordered.admit(event):
+        if not await ordered.admit(msg):
             return None
-        key = event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None
-        if event.value is None and key is not None:
-            forget(key, event.message.partition)
+        key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else None
+        if msg.value is None and key is not None:
+            forget(key, msg.partition)
             return None
         try:
-            msg = decode(model, event.value)
+            decoded = decode(model, msg.value)
         except SchemaError as exc:
-            await dead_letter(event, str(exc), consumer)
+            await dead_letter(msg, str(exc), consumer)
             return None
-        if key != getattr(msg, "node_id", None):
-            await dead_letter(event, "the message key must be the node id", consumer)
+        if key != getattr(decoded, "node_id", None):
+            await dead_letter(msg, "the message key must be the node id", consumer)
             return None
         rebuild()
-        return msg
+        return decoded
 
-    @app.agent(heartbeats)
-    async def fold_heartbeats(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            hb = await node_message(event, Heartbeat, "worker.load")
-            if hb is None:
-                continue
-            folded["heartbeats"] += 1
-            prev = beats.get(hb.node_id)
-            if is_newer(None if prev is None else prev[:2], (hb.epoch, hb.seq)):
-                part = event.message.partition
-                load.put(part, hb.node_id.encode(), event.value)
-                beats[hb.node_id] = (hb.epoch, hb.seq, hb.ts, part)
+    async def fold_heartbeat(msg: Any) -> None:
+        hb = await node_message(msg, Heartbeat, "worker.load")
+        if hb is None:
+            return
+        folded["heartbeats"] += 1
+        prev = beats.get(hb.node_id)
+        if is_newer(None if prev is None else prev[:2], (hb.epoch, hb.seq)):
+            load.put(msg.partition, hb.node_id.encode(), msg.value)
+            beats[hb.node_id] = (hb.epoch, hb.seq, hb.ts, msg.partition)
 
-    @app.agent(kv_events)
-    async def fold_kv_events(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            batch = await node_message(event, KvEventBatch, "worker.prefix_index")
-            if batch is None:
-                continue
-            folded["kv_events"] += 1
-            node = batch.node_id
-            seg = nodes.get(node)
-            if seg is None:
-                seg = nodes[node] = NodeSegments(event.message.partition)
-            seg.partition = event.message.partition
-            plan = plan_kv(seg.cursor, seg.blocks, batch)
-            if not plan.apply:
-                continue
-            if plan.gap:
-                log.warning("KV batches of %s were lost before %s/%d", node, batch.epoch, batch.seq)
-            seg.apply(plan, replaced=batch.kind == "snapshot" or batch.cleared)
-            dirty.add(node)
+    async def fold_kv_batch(msg: Any) -> None:
+        batch = await node_message(msg, KvEventBatch, "worker.prefix_index")
+        if batch is None:
+            return
+        folded["kv_events"] += 1
+        node = batch.node_id
+        seg = nodes.get(node)
+        if seg is None:
+            seg = nodes[node] = NodeSegments(msg.partition)
+        seg.partition = msg.partition
+        plan = plan_kv(seg.cursor, seg.blocks, batch)
+        if not plan.apply:
+            return
+        if plan.gap:
+            log.warning("KV batches of %s were lost before %s/%d", node, batch.epoch, batch.seq)
+        seg.apply(plan, replaced=batch.kind == "snapshot" or batch.cleared)
+        dirty.add(node)
 
-    @app.agent(ledger_topic)
-    async def fold_ledger(stream: faust.StreamT[bytes]) -> None:
+    async def fold_ledger_event(msg: Any) -> None:
         """One entry per open reservation: set on reserve, its lease moved on renew, deleted on
         release or expire (all idempotent, so a replay folds to the same table)."""
-        async for event in stream.events():
-            if not await ordered.admit(event):
-                continue
-            try:
-                ev = decode(LedgerEvent, event.value)
-            except SchemaError as exc:
-                await dead_letter(event, str(exc), "worker.kv_ledger")
-                continue
-            folded["ledger"] += 1
-            key = ev.reservation_id.encode()
-            part = event.message.partition
-            if ev.kind == "reserve":
-                ledger.put(part, key, event.value)
-                continue
-            held = ledger.get(key)
-            if held is None:  # closed already (or never opened): nothing to change
-                continue
-            entry = ledger_fold(ev, LedgerEvent.model_validate_json(held))
-            if entry is None:
-                ledger.put(part, key, None)
-            else:  # a renew: the open entry with its new lease
-                ledger.put(part, key, entry.model_dump_json().encode())
+        if not await ordered.admit(msg):
+            return
+        try:
+            ev = decode(LedgerEvent, msg.value)
+        except SchemaError as exc:
+            await dead_letter(msg, str(exc), "worker.kv_ledger")
+            return
+        folded["ledger"] += 1
+        key = ev.reservation_id.encode()
+        if ev.kind == "reserve":
+            ledger.put(msg.partition, key, msg.value)
+            return
+        held = ledger.get(key)
+        if held is None:  # closed already (or never opened): nothing to change
+            return
+        entry = ledger_fold(ev, LedgerEvent.model_validate_json(held))
+        if entry is None:
+            ledger.put(msg.partition, key, None)
+        else:  # a renew: the open entry with its new lease
+            ledger.put(msg.partition, key, entry.model_dump_json().encode())
+
+    # the consumer hands each input record straight to its fold (fold_input_inline); the agents
+    # subscribe the topics and fold whatever Faust still delivers through a stream
+    folds = {
+        HEARTBEATS.name(ns): fold_heartbeat,
+        KV_EVENTS.name(ns): fold_kv_batch,
+        LEDGER.name(ns): fold_ledger_event,
+    }
+    app.inline_folds = folds  # type: ignore[attr-defined]
+
+    def subscribe(topic: Any) -> None:
+        fold = folds[topic.get_topic_name()]
+
+        async def drain(stream: faust.StreamT[bytes]) -> None:
+            async for event in stream.events():
+                await fold(event.message)
+
+        app.agent(topic, name=f"fold-{topic.get_topic_name()}")(drain)
+
+    for topic in (heartbeats, kv_events, ledger_topic):
+        subscribe(topic)
 
     @app.page("/metrics")
     async def metrics(view: Any, request: Any) -> Any:

@@ -9,6 +9,8 @@
 * :func:`dispatch_without_tasks`: handing a fetched record to its stream costs no asyncio tasks.
 * :func:`commit_folded_offsets`: commits carry the input offsets the agents folded, not the ones
   Faust acknowledged.
+* :func:`fold_input_inline`: records of the topics an app folds itself go straight to its fold,
+  past Faust's channels, streams, events and acknowledgements.
 """
 
 from __future__ import annotations
@@ -24,17 +26,20 @@ from typing import Any
 from streams.settings import KafkaSettings
 
 __all__ = [
+    "FOLDED",
     "UnsentTableWrite",
     "allow_commit_bursts",
     "buffered_records_sent",
     "commit_folded_offsets",
     "dispatch_without_tasks",
     "flush_before_transaction_commit",
+    "fold_input_inline",
     "restore_only_settled_changelogs",
     "write_tables_before_commit",
 ]
 
 log = logging.getLogger(__name__)
+FOLDED = object()  # what a record handed to an inline fold returns to the consumer's dispatch
 
 
 def flush_before_transaction_commit(timeout_s: float = 30.0) -> None:
@@ -267,9 +272,11 @@ def dispatch_without_tasks() -> None:
         ctx = contextvars.copy_context()
         try:
             waiting_on = ctx.run(work.send, None)
-        except StopIteration:
+        except StopIteration as done:
             if asyncio.iscoroutine(guard):
                 guard.close()
+            if done.value is FOLDED:  # folded already (fold_input_inline): no stream to wait for
+                return None
             # give way once, as Faust's dispatch did: the stream's agent takes the record now,
             # so records do not pile up in stream buffers that a rebalance clears (Faust then
             # counts a cleared record as read, and a later fetch past it as a gap it skips)
@@ -362,3 +369,41 @@ def commit_folded_offsets() -> None:
 
     folded_offsets.folded_only = True  # type: ignore[attr-defined]
     Consumer._filter_committable_offsets = folded_offsets  # type: ignore[method-assign]
+
+
+def fold_input_inline() -> None:
+    """Hand each record of the topics an app folds itself straight to its fold.
+
+    An app that sets ``inline_folds`` (input topic name -> ``async fold(message)``) has every
+    record of those topics folded by the consumer's dispatch as soon as it is fetched, with the
+    raw key and value of Faust's message: no channel decode, stream buffer, event, agent step or
+    acknowledgement per record, which cost the worker several times its own fold. Offsets are
+    what the fold says it folded (:func:`commit_folded_offsets`), so nothing is acknowledged.
+    While Faust's flow is suspended (a rebalance) a fetched record is dropped unfolded, as
+    Faust's streams drop it; the fold's offset frontier reads the partition again from where it
+    stopped. The app's agents on those topics then never receive a record. Other topics (tables'
+    changelogs during recovery, anything without a fold) go through Faust as before. Idempotent."""
+    from faust.transport.conductor import Conductor
+
+    compile_handler = Conductor._compile_message_handler
+    if getattr(compile_handler, "folds_inline", False):
+        return
+
+    def compile_inline(self: Conductor) -> Any:
+        deliver = compile_handler(self)
+        app = self.app
+        flow = app.flow_control
+
+        async def on_message(message: Any) -> Any:
+            folds = getattr(app, "inline_folds", None)
+            fold = None if folds is None else folds.get(message.topic)
+            if fold is None:
+                return await deliver(message)
+            if flow.is_active():
+                await fold(message)
+            return FOLDED
+
+        return on_message
+
+    compile_inline.folds_inline = True  # type: ignore[attr-defined]
+    Conductor._compile_message_handler = compile_inline  # type: ignore[method-assign]

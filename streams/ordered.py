@@ -45,11 +45,10 @@ class OrderedInput:
         """After a rebalance: every partition starts again from its committed offset."""
         self.frontier.reset()
 
-    async def admit(self, event: Any) -> bool:
-        """Whether to fold ``event``: the next record of its partition. A record past a hole is
-        dropped and the partition read again from the hole (or the hole stepped over when the
-        broker holds no record there)."""
-        msg = event.message
+    async def admit(self, msg: Any) -> bool:
+        """Whether to fold the Faust message ``msg``: the next record of its partition. A record
+        past a hole is dropped and the partition read again from the hole (or the hole stepped
+        over when the broker holds no record there)."""
         consumer = self.app.consumer
         committed = consumer._committed_offset.get(msg.tp)
         verdict = self.frontier.observe(msg.tp, msg.offset, committed, time.monotonic())

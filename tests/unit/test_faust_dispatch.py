@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from faust.transport.conductor import Conductor
 from faust.transport.consumer import Consumer
+from faust.types import TP
 from mode import Service
 from mode.utils.locks import Event
 
-from streams.faustpatch import dispatch_without_tasks
+from streams.faustpatch import FOLDED, dispatch_without_tasks, fold_input_inline
 
 seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="outside")
 
@@ -114,3 +117,65 @@ async def test_the_flow_guard_interrupts_a_callback_that_waits(svc: _Svc) -> Non
     await asyncio.wait_for(dispatch(svc, callback(), suspend_flow.wait()), 2)
     await asyncio.sleep(0.01)
     assert cleaned == [True] and stuck.cancelled()
+
+
+class _Flow:
+    def __init__(self) -> None:
+        self.active = True
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+async def test_records_of_folded_topics_go_straight_to_their_fold() -> None:
+    """fold_input_inline: a topic with a fold gets its records folded at dispatch (no channel,
+    stream or acknowledgement); other topics still go through Faust's per-partition callback;
+    while the flow is suspended (a rebalance) a folded topic's record is dropped unfolded."""
+    fold_input_inline()
+    fold_input_inline()  # idempotent
+    folded: list[tuple[str, int]] = []
+    delivered: list[tuple[str, int]] = []
+
+    async def fold(message: Any) -> None:
+        folded.append((message.topic, message.offset))
+
+    async def through_faust(message: Any) -> None:
+        delivered.append((message.topic, message.offset))
+
+    flow = _Flow()
+    app = SimpleNamespace(client_only=False, flow_control=flow, inline_folds={"in": fold})
+    conductor = SimpleNamespace(
+        app=app,
+        _tp_to_callback={TP("changelog", 0): through_faust},
+        _tp_to_callback_lock=asyncio.Lock(),
+    )
+    on_message = Conductor._compile_message_handler(conductor)  # type: ignore[arg-type]
+
+    def record(topic: str, offset: int) -> Any:
+        return SimpleNamespace(topic=topic, partition=0, offset=offset, tp=TP(topic, 0))
+
+    assert await on_message(record("in", 0)) is FOLDED
+    assert await on_message(record("changelog", 5)) is None
+    flow.active = False
+    assert await on_message(record("in", 1)) is FOLDED
+    assert folded == [("in", 0)] and delivered == [("changelog", 5)]
+
+
+async def test_a_folded_record_does_not_give_way_to_the_loop(svc: _Svc) -> None:
+    """The dispatch of a record that was folded inline returns without a loop iteration (there
+    is no stream that must take it first)."""
+    order: list[str] = []
+
+    async def folded() -> object:
+        order.append("fold")
+        return FOLDED
+
+    async def other() -> None:
+        order.append("other")
+
+    loop = asyncio.get_running_loop()
+    loop.call_soon(order.append, "loop")
+    await dispatch(svc, folded(), Event().wait())
+    order.append("after")
+    await dispatch(svc, other(), Event().wait())
+    assert order == ["fold", "after", "other", "loop"]
