@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 RAW_TOPIC: dict[str, Any] = {**RAW, "key_serializer": "raw", "value_serializer": "raw"}
 M = TypeVar("M", bound=Message)
+PRODUCER_BATCH_BYTES = 512 * 1024  # a commit's table records of one partition: a few batches
 COMMIT_BURST = 100_000  # table records one commit may write before Faust holds the input up
 # changelog segments roll every minute, so compaction keeps what a restarting reader folds close
 # to the tables' size (one base and a few deltas per node) instead of a week of records
@@ -61,10 +62,13 @@ class CoalescedTable:
     A key written ten times in one commit interval costs one changelog record; a key set and
     deleted in the same interval, none. Writes go to the changelog partition given (the input
     partition of the node or reservation, as Faust's own writes do) and to the table's
-    in-memory store, which is what recovery restores and :meth:`items` reads."""
+    in-memory store, which is what recovery restores and :meth:`items` reads. The changelog
+    records are left in ``outbox``, which the commit sends in one batch per partition
+    (:func:`streams.faustpatch.send_table_records`) before it commits."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, outbox: list[tuple[str, int, bytes, bytes | None]]) -> None:
         self.table = table
+        self.outbox = outbox
         self.pending: dict[bytes, tuple[int, bytes | None]] = {}
 
     def get(self, key: bytes) -> bytes | None:
@@ -91,6 +95,7 @@ class CoalescedTable:
         stay pending until the partition is back or :meth:`drop` discards them."""
         store = self.table.data
         data = store.data
+        topic = self.table.changelog_topic.get_topic_name()
         parts = getattr(store, "_key_partition", None)
         sent = 0
         kept: dict[bytes, tuple[int, bytes | None]] = {}
@@ -108,7 +113,7 @@ class CoalescedTable:
                 data[key] = value
                 if parts is not None:
                     parts[key] = partition
-            self.table.send_changelog(partition, key, value)
+            self.outbox.append((topic, partition, key, value))
             sent += 1
         self.pending = kept
         return sent
@@ -157,6 +162,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         producer_linger_ms=5,
         producer_max_request_size=8 * 1024 * 1024,
+        producer_max_batch_size=PRODUCER_BATCH_BYTES,
         table_standby_replicas=0,
         datadir=worker.data_dir,
         key_serializer="raw",
@@ -167,6 +173,9 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ledger_topic = app.topic(LEDGER.name(ns), **RAW_TOPIC)
     dlq = app.topic(DLQ.name(ns), **RAW_TOPIC)
 
+    outbox: list[tuple[str, int, bytes, bytes | None]] = []  # sent by the commit (faustpatch)
+    app.table_outbox = outbox  # type: ignore[attr-defined]
+
     def table(name: str) -> CoalescedTable:
         return CoalescedTable(
             app.Table(
@@ -175,7 +184,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
                 partitions=kafka.partitions,
                 extra_topic_configs=CHANGELOG_CONFIG,
                 **RAW,
-            )
+            ),
+            outbox,
         )
 
     load, index, ledger = table(LOAD.name), table(PREFIX_INDEX.name), table(KV_LEDGER.name)
@@ -259,6 +269,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             written[name] += table.write(mine[table])
 
     app.before_commit = write_tables  # type: ignore[attr-defined]
+    commit_seconds: dict[str, list[float]] = {}  # phase -> [sum, count, last] (faustpatch)
+    app.commit_seconds = commit_seconds  # type: ignore[attr-defined]
 
     async def dead_letter(msg: Any, error: str, consumer: str) -> None:
         folded["dead_lettered"] += 1
@@ -411,6 +423,24 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             "counter",
             "Changelog records written, by table (coalesced per commit interval)",
             [(f'{{table="{t}"}}', written[t]) for t in ("prefix_index", "load", "kv_ledger")],
+        )
+        phases = ("write", "send", "commit")
+        family(
+            "kvgate_worker_commit_seconds",
+            "summary",
+            "Time of the worker's commits, by phase: write (coalesced table records), send (until "
+            "Kafka has them), commit (input offsets, the transaction with exactly-once)",
+            [
+                (f'_{part}{{phase="{p}"}}', commit_seconds.get(p, [0.0, 0, 0.0])[i])
+                for p in phases
+                for i, part in ((0, "sum"), (1, "count"))
+            ],
+        )
+        family(
+            "kvgate_worker_last_commit_seconds",
+            "gauge",
+            "Time of the worker's last commit, by phase",
+            [(f'{{phase="{p}"}}', commit_seconds.get(p, [0.0, 0, 0.0])[2]) for p in phases],
         )
         lag: Counter[str] = Counter()
         consumer: Any = app.consumer

@@ -6,6 +6,9 @@ with ``stored`` new blocks and ``removed`` old ones (its cache holds ``cache_blo
 hashes carry their production time (``ms << 20 | counter``) so that a reader can measure, per
 block, the time from production to visibility. Messages are built as dicts and encoded with
 orjson (the benchmark measures the pipeline, not pydantic); one of each is validated at start.
+Each round of messages goes out as one record batch per partition, keyed by node and placed as
+Kafka's default partitioner places a node's own records: the simulated fleet shares the
+measuring machine's cores, so it spends as little of them as it can.
 
     python -m tests.benchmarks.loadgen --bootstrap 127.0.0.1:19092 --namespace ns --nodes 100 \
         --duration 20
@@ -17,9 +20,11 @@ import argparse
 import asyncio
 import time
 from collections import deque
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 
 from streams.schemas import Heartbeat, KvEventBatch
 from streams.topics import HEARTBEATS, KV_EVENTS
@@ -44,6 +49,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     await producer.start()
     hb_topic, kv_topic = HEARTBEATS.name(args.namespace), KV_EVENTS.name(args.namespace)
     nodes = [f"{args.prefix}{i:05d}" for i in range(args.nodes)]
+    partition_of = await _partitions(producer, (hb_topic, kv_topic), nodes)
     epoch = f"{int(time.time() * 1000):013d}-bench"
     caches: dict[str, deque[int]] = {n: deque() for n in nodes}
     hb_seq = dict.fromkeys(nodes, 0)
@@ -68,16 +74,16 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         if now_m >= next_hb:
             lag_max = max(lag_max, now_m - next_hb)
             next_hb += args.hb_interval_s
+            beats = []
             for n in nodes:
                 hb_seq[n] += 1
-                await producer.send(
-                    hb_topic, orjson.dumps(_hb(n, epoch, hb_seq[n], now)), n.encode()
-                )
-                sent += 1
+                beats.append((n, orjson.dumps(_hb(n, epoch, hb_seq[n], now))))
+            sent += await _send_round(producer, hb_topic, partition_of[hb_topic], beats)
         if now_m >= next_kv:
             lag_max = max(lag_max, now_m - next_kv)
             next_kv += args.kv_interval_s
             now_ms = int(now * 1000)
+            batches = []
             for n in nodes:
                 cache = caches[n]
                 stored = []
@@ -88,12 +94,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                     cache.append(b)
                 removed = [cache.popleft() for _ in range(max(0, len(cache) - args.cache_blocks))]
                 kv_seq[n] += 1
-                await producer.send(
-                    kv_topic,
-                    orjson.dumps(_kv(n, epoch, kv_seq[n], now, stored, removed, "delta")),
-                    n.encode(),
-                )
-                sent += 1
+                value = orjson.dumps(_kv(n, epoch, kv_seq[n], now, stored, removed, "delta"))
+                batches.append((n, value))
+            sent += await _send_round(producer, kv_topic, partition_of[kv_topic], batches)
         await asyncio.sleep(max(0.0, min(next_hb, next_kv) - time.monotonic(), tick / 50))
     await producer.flush()
     await producer.stop()
@@ -104,6 +107,39 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         "msgs_per_s": sent / elapsed,
         "producer_lag_max_s": lag_max,
     }
+
+
+async def _partitions(
+    producer: AIOKafkaProducer, topics: tuple[str, ...], nodes: list[str]
+) -> dict[str, dict[str, int]]:
+    """Per topic, the partition of each node's records (Kafka's default partitioner by key)."""
+    out = {}
+    for topic in topics:
+        parts = sorted(await producer.partitions_for(topic))
+        pick = DefaultPartitioner()
+        out[topic] = {n: pick(n.encode(), parts, parts) for n in nodes}
+    return out
+
+
+async def _send_round(
+    producer: AIOKafkaProducer,
+    topic: str,
+    partition_of: dict[str, int],
+    records: list[tuple[str, bytes]],
+) -> int:
+    """Send ``records`` (node, value) as one record batch per partition (more when a batch
+    fills); returns how many were sent."""
+    batches: dict[int, Any] = {}
+    for node, value in records:
+        part = partition_of[node]
+        batch = batches.get(part) or batches.setdefault(part, producer.create_batch())
+        if batch.append(key=node.encode(), value=value, timestamp=None) is None:
+            await producer.send_batch(batch, topic, partition=part)
+            batch = batches[part] = producer.create_batch()
+            batch.append(key=node.encode(), value=value, timestamp=None)
+    for part, batch in batches.items():
+        await producer.send_batch(batch, topic, partition=part)
+    return len(records)
 
 
 def _hb(node: str, epoch: str, seq: int, ts: float) -> dict[str, object]:

@@ -262,7 +262,10 @@ async def settle(env: Env, replica: TableReplica, timeout_s: float = 180.0) -> N
         while time.monotonic() < deadline:
             seq += 1
             for p in probes:
-                await bus.send(HEARTBEATS, p, heartbeat(p, seq=seq))
+                # fields left at their default are left out: a baseline revision's worker (which
+                # may predate them) folds the probes too
+                value = heartbeat(p, seq=seq).model_dump_json(exclude_defaults=True).encode()
+                await bus.publish_raw(bus.topic(HEARTBEATS), p.encode(), value)
             await bus.flush()
             await asyncio.sleep(2.0)
             if all(p in replica.load and replica.load[p].seq >= seq for p in probes):
