@@ -5,7 +5,8 @@ Bootstrap from the tables, then follow the input:
 1. read the committed offsets of the worker's consumer group on the input topics;
 2. read the table changelogs (``load``, ``prefix_segments``) to their end,
    ``read_committed`` — under exactly-once that is the state the worker committed *at least up to*
-   those offsets;
+   those offsets — keeping the last record per key (what compaction keeps), then fold those: a
+   changelog not yet compacted holds a minute or more of rewrites that need not be folded;
 3. consume the input topics (heartbeats, KV events) from those offsets and fold every event with
    the worker's own pure folds (:mod:`streams.folds`); the per-node cursors skip what the tables
    already held, so the result is exact, and every later event reaches the router without waiting
@@ -35,7 +36,15 @@ from streams.folds import KvCursor, heartbeat_is_newer, plan_kv
 from streams.kafka import make_consumer
 from streams.prefix_index import PrefixIndex
 from streams.schemas import Heartbeat, KvEventBatch
-from streams.segments import BASE, Segment, SegmentState, fold_segment, parse_segment_key
+from streams.segments import (
+    BASE,
+    Segment,
+    SegmentState,
+    fold_segment,
+    parse_segment_key,
+    read_segment,
+    restore_node,
+)
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import LOAD, PREFIX_INDEX, app_id
 from streams.topics import HEARTBEATS, KV_EVENTS
@@ -80,6 +89,14 @@ class TablesThenInput(Background):
 
     def _apply_input(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
         raise NotImplementedError
+
+    def _bootstrap_apply(self) -> Callable[[str, bytes | None, bytes | None, float], None]:
+        """What folds a changelog record while bootstrapping (phase 1 of a replica that
+        follows the input); :meth:`_bootstrap_done` is called once the tables are read."""
+        return self._apply_changelog
+
+    def _bootstrap_done(self, now: float) -> None:
+        """The tables were read to their end (phase 1 is over)."""
 
     def _tick(self, now: float) -> None:
         """Called every few seconds while following the input."""
@@ -138,7 +155,8 @@ class TablesThenInput(Background):
             tables.assign(tps)
             await tables.seek_to_beginning(*tps)
             if self.follow_input:
-                await self._drain(tables, tps, self._apply_changelog)
+                await self._drain(tables, tps, self._bootstrap_apply())
+                self._bootstrap_done(time.time())
             else:
                 await self._drain(tables, tps, self._apply_changelog, forever=True)
                 return
@@ -261,10 +279,12 @@ class TableReplica(TablesThenInput):
         self.gaps = 0
         self.on_load: Callable[[Heartbeat, float], None] | None = None
         self.on_block: Callable[[str, int, float], None] | None = None
+        # while bootstrapping: the last record per (changelog, key), what compaction would keep
+        self.latest: dict[tuple[str, bytes], bytes | None] = {}
 
     def _reset(self) -> None:
         self.index, self.load, self.cursors = PrefixIndex(), {}, {}
-        self.received, self.segments = {}, {}
+        self.received, self.segments, self.latest = {}, {}, {}
 
     def _describe(self) -> str:
         return f"{len(self.load)} nodes, {len(self.index)} blocks"
@@ -282,12 +302,59 @@ class TableReplica(TablesThenInput):
         if topic == self.index_topic:
             self._apply_segment(key, value, now)
         else:
-            node = key.decode()
-            if value is None:
-                self.load.pop(node, None)
-                return
-            with contextlib.suppress(SchemaError, ValueError):
-                self._set_load(Heartbeat.model_validate_json(value), now, live=False)
+            self._apply_load(topic, key, value, now)
+
+    def _bootstrap_apply(self) -> Callable[[str, bytes | None, bytes | None, float], None]:
+        return self._keep_latest
+
+    def _keep_latest(self, topic: str, key: bytes | None, value: bytes | None, _: float) -> None:
+        """Bootstrap: keep the last record per key; :meth:`_bootstrap_done` folds them. A
+        changelog not yet compacted holds many records per key (a node's base and deltas are
+        rewritten every few commit intervals); only the last one says what the table holds."""
+        if key is not None:
+            self.records += 1
+            self.latest[(topic, key)] = value
+
+    def _bootstrap_done(self, now: float) -> None:
+        """Fold the tables as their last records per key say: the load table's heartbeats, and
+        each node's segments restored as the worker restores them (its base, then its
+        generation's deltas by slot; :func:`streams.segments.restore_node`)."""
+        latest, self.latest = self.latest, {}
+        by_node: dict[str, dict[tuple[str, int], Segment]] = {}
+        for (topic, key), value in latest.items():
+            if topic != self.index_topic:
+                self.apply_record(self._apply_load, topic, key, value, now)
+                continue
+            if value is None:  # a deleted key (a retired node, a smaller base): nothing held
+                continue
+            try:
+                node, seg = read_segment(key, value)
+            except ValueError as exc:
+                self.bad_records += 1
+                log.warning("%s skipped a %s record: %s", self.client_id, topic, exc)
+                continue
+            by_node.setdefault(node, {})[(seg.kind, seg.index)] = seg
+        for node, records in by_node.items():
+            blocks, state, _ = restore_node(records)
+            if state.cursor is None:  # no base (deltas of a node whose base was deleted)
+                continue
+            self.index.add_many(node, blocks)
+            if self.on_block is not None:
+                for block in blocks:
+                    self.on_block(node, block, now)
+            self.cursors[node] = state.cursor
+            self.segments[node] = state
+            self.index_updated_s[node] = now
+
+    def _apply_load(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
+        if key is None:
+            return
+        node = key.decode()
+        if value is None:
+            self.load.pop(node, None)
+            return
+        with contextlib.suppress(SchemaError, ValueError):
+            self._set_load(Heartbeat.model_validate_json(value), now, live=False)
 
     def _apply_segment(self, key: bytes, value: bytes | None, now: float) -> None:
         node, kind, index = parse_segment_key(key)

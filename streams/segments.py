@@ -38,6 +38,7 @@ __all__ = [
     "fold_segment",
     "group_records",
     "parse_segment_key",
+    "read_segment",
     "restore_node",
     "segment_key",
 ]
@@ -297,11 +298,18 @@ def group_records(
     out: dict[str, dict[tuple[str, int], Segment]] = {}
     for key, value in items:
         try:
-            node, kind, index = parse_segment_key(key)
-            seg = Segment.decode(value)
+            node, seg = read_segment(key, value)
         except ValueError:
             continue
-        if seg.kind != kind or seg.index != index:
-            continue
-        out.setdefault(node, {})[(kind, index)] = seg
+        out.setdefault(node, {})[(seg.kind, seg.index)] = seg
     return out
+
+
+def read_segment(key: bytes, value: bytes) -> tuple[str, Segment]:
+    """(node, segment) of one record; ValueError when the key or the value is not a segment's,
+    or they disagree on its kind or index."""
+    node, kind, index = parse_segment_key(key)
+    seg = Segment.decode(value)
+    if seg.kind != kind or seg.index != index:
+        raise ValueError(f"the record's kind or index is not its key's: {key!r}")
+    return node, seg

@@ -1,6 +1,7 @@
 """The prefix index's segment layout: whatever batches a node sends and whenever the worker
-writes, a reader folding the changelog in order, a reader of the compacted log and the worker
-restoring from its table all hold the worker's blocks and cursor."""
+writes, a reader folding the changelog in order, a reader of the compacted log, a router
+bootstrapping from either (last record per key) and the worker restoring from its table all hold
+the worker's blocks and cursor."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.folds import KvCursor, plan_kv
+from streams.replica import TableReplica
 from streams.schemas import KvEventBatch
 from streams.segments import (
     BASE,
@@ -26,6 +28,7 @@ from streams.segments import (
     parse_segment_key,
     segment_key,
 )
+from streams.settings import KafkaSettings, WorkerSettings
 
 NODE = "node|a"  # a node id with the separator in it
 
@@ -87,9 +90,21 @@ def restored(log: Log) -> NodeSegments:
     return NodeSegments.restored(0, group_records(log.table().items()).get(NODE, {}))
 
 
+def bootstrapped(records: list[tuple[bytes, bytes | None]]) -> tuple[set[int], KvCursor | None]:
+    """What a router's replica holds after bootstrapping from ``records`` (it keeps the last
+    record per key, then restores each node as the worker does)."""
+    r = TableReplica(KafkaSettings(), WorkerSettings(), "t")
+    apply = r._bootstrap_apply()
+    for key, value in records:
+        apply(r.index_topic, key, value, 1.0)
+    r._bootstrap_done(1.0)
+    return r.index.blocks_of(NODE), r.cursors.get(NODE)
+
+
 def check(writer: NodeSegments, log: Log) -> None:
     for records in (log.records, log.compacted()):
         assert read_in_order(records) == (writer.blocks, writer.cursor)
+        assert bootstrapped(records) == (writer.blocks, writer.cursor)
     back = restored(log)
     assert (back.blocks, back.cursor, back.gen, back.next_slot) == (
         writer.blocks,
