@@ -25,6 +25,7 @@ from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.faustpatch import (
     allow_commit_bursts,
+    commit_at_fixed_rate,
     commit_folded_offsets,
     dispatch_without_tasks,
     flush_before_transaction_commit,
@@ -138,6 +139,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     commit_folded_offsets()
     dispatch_without_tasks()
     fold_input_inline()
+    commit_at_fixed_rate()
     allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()
@@ -316,7 +318,9 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         folded["heartbeats"] += 1
         prev = beats.get(hb.node_id)
         if is_newer(None if prev is None else prev[:2], (hb.epoch, hb.seq)):
-            load.put(msg.partition, hb.node_id.encode(), msg.value)
+            # what was validated, not the bytes received: fields this version does not know
+            # (a newer agent's, or anyone's junk) never reach the table
+            load.put(msg.partition, hb.node_id.encode(), encode(hb))
             beats[hb.node_id] = (hb.epoch, hb.seq, hb.ts, msg.partition)
 
     async def fold_kv_batch(msg: Any) -> None:
@@ -350,7 +354,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         folded["ledger"] += 1
         key = ev.reservation_id.encode()
         if ev.kind == "reserve":
-            ledger.put(msg.partition, key, msg.value)
+            ledger.put(msg.partition, key, encode(ev))
             return
         held = ledger.get(key)
         if held is None:  # closed already (or never opened): nothing to change

@@ -1,7 +1,10 @@
 """The value model of every kvgate topic: versioned pydantic models, published as JSON Schema.
 
 Every model carries ``schema_version``; a consumer rejects versions it does not know (the message
-goes to the dead-letter topic). Fields are only ever added with defaults within one version.
+goes to the dead-letter topic). Fields are only ever added with defaults within one version, and a
+consumer ignores fields it does not know: during a rolling upgrade a newer agent's heartbeat (a
+field added since) is read by an older worker or router as the version it knows, instead of
+being dead-lettered and its node lost.
 Times are Unix seconds (float) unless the name says otherwise; block hashes are 63-bit integers
 produced by :mod:`streams.blocks`.
 """
@@ -35,9 +38,10 @@ BlockHash = Annotated[int, Field(ge=0, le=INT63)]
 
 
 class Message(BaseModel):
-    """Base of every topic value: frozen, strict about unknown fields."""
+    """Base of every topic value: frozen; fields it does not know are ignored (a newer
+    producer's additions), every field it knows is validated."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class Heartbeat(Message):
