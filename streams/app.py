@@ -25,7 +25,6 @@ from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.faustpatch import (
     allow_commit_bursts,
-    commit_at_fixed_rate,
     commit_folded_offsets,
     dispatch_without_tasks,
     flush_before_transaction_commit,
@@ -139,7 +138,6 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     commit_folded_offsets()
     dispatch_without_tasks()
     fold_input_inline()
-    commit_at_fixed_rate()
     allow_commit_bursts(COMMIT_BURST)
     if worker.exactly_once:
         flush_before_transaction_commit()

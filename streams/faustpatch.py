@@ -13,8 +13,6 @@
   past Faust's channels, streams, events and acknowledgements.
 * :func:`send_table_records`: a commit's table records go out as one record batch per changelog
   partition, in that partition's transaction.
-* :func:`commit_at_fixed_rate`: a commit starts every commit interval, not an interval after the
-  previous one ended.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ __all__ = [
     "UnsentTableWrite",
     "allow_commit_bursts",
     "buffered_records_sent",
-    "commit_at_fixed_rate",
     "commit_folded_offsets",
     "dispatch_without_tasks",
     "flush_before_transaction_commit",
@@ -502,34 +499,3 @@ async def table_records_sent(futures: list[asyncio.Future[Any]], timeout_s: floa
         ) from None
     except Exception as exc:
         raise UnsentTableWrite(f"table records were not sent; not committing: {exc}") from exc
-
-
-def commit_at_fixed_rate(min_pause: float = 0.1) -> None:
-    """Start a commit every ``broker_commit_interval``, measured from the start of the previous
-    one.
-
-    Faust's commit timer sleeps a whole interval after each commit, so its period is the
-    interval plus the commit's own time: with a commit that writes a thousand nodes' segments
-    and ends a dozen transactions (~0.3 s), table writes reach a ``read_committed`` reader up to
-    1.3 s + 0.3 s after they were folded, not 1 s + 0.3 s. Here the pause after a commit is the
-    interval minus what the commit took, and at least ``min_pause`` of the interval (the input
-    is folded while a commit waits on the broker, but a commit that takes longer than the
-    interval must not start the next at once, back to back). Idempotent."""
-    from faust.transport.consumer import Consumer
-    from mode.services import ServiceTask
-
-    current = Consumer._commit_handler
-    if getattr(current.fun, "fixed_rate", False):
-        return
-
-    async def fixed_rate_commits(self: Any) -> None:
-        interval = float(self.commit_interval)
-        await self.sleep(interval)
-        while not self.should_stop:
-            started = time.monotonic()
-            await self.commit()
-            took = time.monotonic() - started
-            await self.sleep(max(min_pause * interval, interval - took))
-
-    fixed_rate_commits.fixed_rate = True  # type: ignore[attr-defined]
-    Consumer._commit_handler = ServiceTask(fixed_rate_commits)  # type: ignore[method-assign]

@@ -10,15 +10,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from faust.transport.consumer import Consumer, TransactionManager
+from faust.transport.consumer import TransactionManager
 from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 
-from streams.faustpatch import (
-    UnsentTableWrite,
-    commit_at_fixed_rate,
-    flush_before_transaction_commit,
-)
+from streams.faustpatch import UnsentTableWrite, flush_before_transaction_commit
 
 CONF = SimpleNamespace(producer_threaded=False, id="kvgate-worker")
 
@@ -112,34 +108,3 @@ async def test_a_failed_table_write_refuses_the_commit(
     with pytest.raises(UnsentTableWrite, match="failed"):
         await tm.commit(OFFSETS)
     assert producer.committed_with == []
-
-
-async def test_a_commit_starts_every_interval_whatever_the_last_one_took() -> None:
-    """commit_at_fixed_rate: the pause after a commit is the interval minus the commit's time
-    (Faust paused a whole interval after it), and never shorter than a tenth of the interval."""
-    commit_at_fixed_rate()
-    commit_at_fixed_rate()  # idempotent
-    handler = Consumer._commit_handler.fun
-    took = [0.05, 0.3]  # the first commit takes a quarter of the interval, the second more
-
-    class _Consumer:
-        commit_interval = 0.2
-        should_stop = False
-
-        def __init__(self) -> None:
-            self.pauses: list[float] = []
-
-        async def sleep(self, seconds: float) -> None:
-            self.pauses.append(seconds)
-            if len(self.pauses) > len(took):
-                self.should_stop = True
-
-        async def commit(self) -> None:
-            await asyncio.sleep(took[len(self.pauses) - 1])
-
-    c = _Consumer()
-    await asyncio.wait_for(handler(c), 5)
-    first, after_short, after_long = c.pauses
-    assert first == 0.2
-    assert 0.1 <= after_short <= 0.16  # 0.2 - 0.05, less whatever the loop added
-    assert after_long == pytest.approx(0.02)  # a tenth of the interval, not back to back
