@@ -39,6 +39,7 @@ __all__ = [
     "fold_input_inline",
     "restore_only_settled_changelogs",
     "send_table_records",
+    "table_records_sent",
     "write_tables_before_commit",
 ]
 
@@ -199,14 +200,20 @@ async def buffered_records_sent(producer: Any, timeout_s: float) -> None:
         return
     if last.cancelled():
         raise UnsentTableWrite("a buffered table write was cancelled; not committing")
+    await _sent_or_refuse(asyncio.shield(last), timeout_s, "a buffered table write")
+
+
+async def _sent_or_refuse(sending: Any, timeout_s: float, what: str) -> None:
+    """Wait for ``sending`` (table records on their way to Kafka); a commit must not happen
+    when they fail or take longer than ``timeout_s``: :class:`UnsentTableWrite`."""
     try:
-        await asyncio.wait_for(asyncio.shield(last), timeout_s)
+        await asyncio.wait_for(sending, timeout_s)
     except TimeoutError:
         raise UnsentTableWrite(
-            f"a buffered table write was not sent within {timeout_s:.0f} s; not committing"
+            f"{what} was not sent within {timeout_s:.0f} s; not committing"
         ) from None
     except Exception as exc:
-        raise UnsentTableWrite(f"a buffered table write failed; not committing: {exc}") from exc
+        raise UnsentTableWrite(f"{what} failed; not committing: {exc}") from exc
 
 
 def write_tables_before_commit(timeout_s: float = 30.0) -> None:
@@ -489,13 +496,5 @@ def _table_producer(app: Any, topic: str, partition: int) -> tuple[Any, Any]:
 
 async def table_records_sent(futures: list[asyncio.Future[Any]], timeout_s: float) -> None:
     """Wait until every batch of :func:`send_table_records` reached Kafka."""
-    if not futures:
-        return
-    try:
-        await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
-    except TimeoutError:
-        raise UnsentTableWrite(
-            f"table records were not sent within {timeout_s:.0f} s; not committing"
-        ) from None
-    except Exception as exc:
-        raise UnsentTableWrite(f"table records were not sent; not committing: {exc}") from exc
+    if futures:
+        await _sent_or_refuse(asyncio.gather(*futures), timeout_s, "a batch of table records")

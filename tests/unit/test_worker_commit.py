@@ -14,7 +14,12 @@ from faust.transport.consumer import TransactionManager
 from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 
-from streams.faustpatch import UnsentTableWrite, flush_before_transaction_commit
+from streams.faustpatch import (
+    UnsentTableWrite,
+    flush_before_transaction_commit,
+    send_table_records,
+    table_records_sent,
+)
 
 CONF = SimpleNamespace(producer_threaded=False, id="kvgate-worker")
 
@@ -108,3 +113,56 @@ async def test_a_failed_table_write_refuses_the_commit(
     with pytest.raises(UnsentTableWrite, match="failed"):
         await tm.commit(OFFSETS)
     assert producer.committed_with == []
+
+
+class _Batch:
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.records: list[tuple[bytes, bytes | None]] = []
+
+    def append(self, *, key: bytes, value: bytes | None, timestamp: None) -> object | None:
+        if len(self.records) >= self.room:
+            return None
+        self.records.append((key, value))
+        return object()
+
+
+class _BatchProducer:
+    """aiokafka's batch API as the worker's table writes use it."""
+
+    def __init__(self, room: int, fail: bool = False) -> None:
+        self.room, self.fail = room, fail
+        self.sent: list[tuple[str, int, list[tuple[bytes, bytes | None]]]] = []
+
+    def create_batch(self) -> _Batch:
+        return _Batch(self.room)
+
+    async def send_batch(self, batch: _Batch, topic: str, *, partition: int) -> Any:
+        self.sent.append((topic, partition, batch.records))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail:
+            done.set_exception(RuntimeError("broker said no"))
+        else:
+            done.set_result(None)
+        return done
+
+
+async def test_table_records_leave_as_one_batch_per_partition_and_a_failure_refuses() -> None:
+    producer = _BatchProducer(room=3)
+    app = SimpleNamespace(
+        in_transaction=False, producer=SimpleNamespace(_ensure_producer=lambda: producer)
+    )
+    records = [("load", 0, b"a", b"1"), ("load", 1, b"b", b"2"), ("load", 0, b"c", None)]
+    records += [("index", 0, f"k{i}".encode(), b"v") for i in range(4)]
+    await table_records_sent(await send_table_records(app, records), 5)
+    assert [(t, p, len(r)) for t, p, r in producer.sent] == [
+        ("load", 0, 2),
+        ("load", 1, 1),
+        ("index", 0, 3),  # a full batch goes, the rest follows in the next
+        ("index", 0, 1),
+    ]
+    assert producer.sent[0][2] == [(b"a", b"1"), (b"c", None)]  # in order, deletes included
+    failing = _BatchProducer(room=10, fail=True)
+    app.producer = SimpleNamespace(_ensure_producer=lambda: failing)
+    with pytest.raises(UnsentTableWrite, match="broker said no"):
+        await table_records_sent(await send_table_records(app, records[:1]), 5)
