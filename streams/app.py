@@ -23,14 +23,16 @@ import faust
 
 from streams.codec import decode, encode
 from streams.exceptions import SchemaError
-from streams.faustpatch import (
+from streams.faustcommit import (
     allow_commit_bursts,
+    flush_before_transaction_commit,
+    write_tables_before_commit,
+)
+from streams.faustpatch import (
     commit_folded_offsets,
     dispatch_without_tasks,
-    flush_before_transaction_commit,
     fold_input_inline,
     restore_only_settled_changelogs,
-    write_tables_before_commit,
 )
 from streams.folds import is_newer, plan_kv
 from streams.kafka import KafkaBus
@@ -42,6 +44,7 @@ from streams.segments import BASE, NodeSegments, group_records, segment_key
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.tables import KV_LEDGER, LOAD, PREFIX_INDEX, app_id
 from streams.topics import DLQ, HEARTBEATS, KV_EVENTS, LEDGER
+from streams.workermetrics import input_lag, render_metrics
 
 __all__ = ["build_app"]
 
@@ -64,7 +67,7 @@ class CoalescedTable:
     partition of the node or reservation, as Faust's own writes do) and to the table's
     in-memory store, which is what recovery restores and :meth:`items` reads. The changelog
     records are left in ``outbox``, which the commit sends in one batch per partition
-    (:func:`streams.faustpatch.send_table_records`) before it commits."""
+    (:func:`streams.faustcommit.send_table_records`) before it commits."""
 
     def __init__(self, table: Any, outbox: list[tuple[str, int, bytes, bytes | None]]) -> None:
         self.table = table
@@ -173,7 +176,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     ledger_topic = app.topic(LEDGER.name(ns), **RAW_TOPIC)
     dlq = app.topic(DLQ.name(ns), **RAW_TOPIC)
 
-    outbox: list[tuple[str, int, bytes, bytes | None]] = []  # sent by the commit (faustpatch)
+    outbox: list[tuple[str, int, bytes, bytes | None]] = []  # sent by the commit (faustcommit)
     app.table_outbox = outbox  # type: ignore[attr-defined]
 
     def table(name: str) -> CoalescedTable:
@@ -269,7 +272,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
             written[name] += table.write(mine[table])
 
     app.before_commit = write_tables  # type: ignore[attr-defined]
-    commit_seconds: dict[str, list[float]] = {}  # phase -> [sum, count, last] (faustpatch)
+    commit_seconds: dict[str, list[float]] = {}  # phase -> [sum, count, last] (faustcommit)
     app.commit_seconds = commit_seconds  # type: ignore[attr-defined]
 
     async def dead_letter(msg: Any, error: str, consumer: str) -> None:
@@ -361,7 +364,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         if entry is None:
             ledger.put(msg.partition, key, None)
         else:  # a renew: the open entry with its new lease
-            ledger.put(msg.partition, key, entry.model_dump_json().encode())
+            ledger.put(msg.partition, key, encode(entry))
 
     # the consumer hands each input record straight to its fold (fold_input_inline); the agents
     # subscribe the topics and fold whatever Faust still delivers through a stream
@@ -386,80 +389,11 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
 
     @app.page("/metrics")
     async def metrics(view: Any, request: Any) -> Any:
-        """The worker's figures for Prometheus: input folded by source, dead letters, what its
-        tables hold, and how far its consumer is behind its inputs."""
-        lines = []
-
-        def family(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
-            lines.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}"])
-            suffix = "_total" if kind == "counter" else ""
-            lines.extend(f"{name}{suffix}{labels} {value}" for labels, value in samples)
-
-        family(
-            "kvgate_worker_folded",
-            "counter",
-            "Input messages folded into the tables, by source",
-            [(f'{{source="{src}"}}', folded[src]) for src in ("heartbeats", "kv_events", "ledger")],
-        )
-        family(
-            "kvgate_worker_dead_lettered",
-            "counter",
-            "Input messages sent to the dead-letter topic",
-            [("", folded["dead_lettered"])],
-        )
-        family(
-            "kvgate_worker_input_rereads",
-            "counter",
-            "Times an input partition was read again from a record that was never delivered",
-            [("", folded["reread"])],
-        )
-        family("kvgate_worker_nodes", "gauge", "Nodes in its load table", [("", len(beats))])
-        family(
-            "kvgate_worker_index_entries",
-            "gauge",
-            "(node, block) entries of its prefix index partitions",
-            [("", sum(len(seg.blocks) for seg in nodes.values()))],
-        )
-        family(
-            "kvgate_worker_table_records",
-            "counter",
-            "Changelog records written, by table (coalesced per commit interval)",
-            [(f'{{table="{t}"}}', written[t]) for t in ("prefix_index", "load", "kv_ledger")],
-        )
-        phases = ("write", "send", "commit")
-        family(
-            "kvgate_worker_commit_seconds",
-            "summary",
-            "Time of the worker's commits, by phase: write (coalesced table records), send (until "
-            "Kafka has them), commit (input offsets, the transaction with exactly-once)",
-            [
-                (f'_{part}{{phase="{p}"}}', commit_seconds.get(p, [0.0, 0, 0.0])[i])
-                for p in phases
-                for i, part in ((0, "sum"), (1, "count"))
-            ],
-        )
-        family(
-            "kvgate_worker_last_commit_seconds",
-            "gauge",
-            "Time of the worker's last commit, by phase",
-            [(f'{{phase="{p}"}}', commit_seconds.get(p, [0.0, 0, 0.0])[2]) for p in phases],
-        )
-        lag: Counter[str] = Counter()
-        consumer: Any = app.consumer
-        for tp in consumer.assignment():
-            source = inputs.get(tp.topic)
-            committed = consumer._committed_offset.get(tp)
-            if source is None:
-                continue
-            with contextlib.suppress(Exception):
-                lag[source] += max(0, consumer.highwater(tp) - (committed or 0))
-        family(
-            "kvgate_worker_consumer_lag",
-            "gauge",
-            "Input messages not yet committed, by source",
-            [(f'{{source="{src}"}}', lag[src]) for src in ("heartbeats", "kv_events", "ledger")],
-        )
-        return view.web.text("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+        """The worker's figures for Prometheus (:mod:`streams.workermetrics`)."""
+        entries = sum(len(seg.blocks) for seg in nodes.values())
+        lag = input_lag(app.consumer, inputs)
+        text = render_metrics(folded, written, len(beats), entries, commit_seconds, lag)
+        return view.web.text(text, content_type="text/plain; version=0.0.4")
 
     reaper: KafkaBus | None = None
 

@@ -41,8 +41,8 @@ from streams.segments import (
     Segment,
     SegmentState,
     fold_segment,
+    group_records,
     parse_segment_key,
-    read_segment,
     restore_node,
 )
 from streams.settings import KafkaSettings, WorkerSettings
@@ -320,21 +320,13 @@ class TableReplica(TablesThenInput):
         each node's segments restored as the worker restores them (its base, then its
         generation's deltas by slot; :func:`streams.segments.restore_node`)."""
         latest, self.latest = self.latest, {}
-        by_node: dict[str, dict[tuple[str, int], Segment]] = {}
+        segments: list[tuple[bytes, bytes]] = []
         for (topic, key), value in latest.items():
             if topic != self.index_topic:
                 self.apply_record(self._apply_load, topic, key, value, now)
-                continue
-            if value is None:  # a deleted key (a retired node, a smaller base): nothing held
-                continue
-            try:
-                node, seg = read_segment(key, value)
-            except ValueError as exc:
-                self.bad_records += 1
-                log.warning("%s skipped a %s record: %s", self.client_id, topic, exc)
-                continue
-            by_node.setdefault(node, {})[(seg.kind, seg.index)] = seg
-        for node, records in by_node.items():
+            elif value is not None:  # (a deleted key: a retired node, a smaller base)
+                segments.append((key, value))
+        for node, records in group_records(segments, self._bad_segment).items():
             blocks, state, _ = restore_node(records)
             if state.cursor is None:  # no base (deltas of a node whose base was deleted)
                 continue
@@ -345,6 +337,10 @@ class TableReplica(TablesThenInput):
             self.cursors[node] = state.cursor
             self.segments[node] = state
             self.index_updated_s[node] = now
+
+    def _bad_segment(self, key: bytes, exc: ValueError) -> None:
+        self.bad_records += 1
+        log.warning("%s skipped a %s record: %s", self.client_id, self.index_topic, exc)
 
     def _apply_load(self, topic: str, key: bytes | None, value: bytes | None, now: float) -> None:
         if key is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from streams.folds import KvCursor, KvPlan
@@ -293,13 +293,17 @@ def _note(block: int, cancels: set[int], otherwise: set[int]) -> None:
 
 def group_records(
     items: Iterable[tuple[bytes, bytes]],
+    on_bad: Callable[[bytes, ValueError], None] | None = None,
 ) -> dict[str, dict[tuple[str, int], Segment]]:
-    """A table's segment records by node (records that do not parse are left out)."""
+    """A table's segment records by node; records that do not parse are left out (and handed to
+    ``on_bad`` with the reason, if given)."""
     out: dict[str, dict[tuple[str, int], Segment]] = {}
     for key, value in items:
         try:
             node, seg = read_segment(key, value)
-        except ValueError:
+        except ValueError as exc:
+            if on_bad is not None:
+                on_bad(key, exc)
             continue
         out.setdefault(node, {})[(seg.kind, seg.index)] = seg
     return out

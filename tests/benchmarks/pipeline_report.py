@@ -153,9 +153,9 @@ def write(result: dict[str, Any]) -> None:
         "blocks and up to 16 delta slots, `streams/segments.py`), the load table the latest "
         "heartbeat per node, the ledger the last state per reservation. Each input record is "
         "folded as Faust's consumer hands it out, past Faust's streams and acknowledgements "
-        "(`fold_input_inline`), and a commit's table records leave as one record batch per "
-        "changelog partition in its transaction (`send_table_records`, both in "
-        "`streams/faustpatch.py`). The simulated fleet (a separate process on the same cores) "
+        "(`streams/faustpatch.py`, `fold_input_inline`), and a commit's table records leave as "
+        "one record batch per changelog partition in its transaction (`streams/faustcommit.py`, "
+        "`send_table_records`). The simulated fleet (a separate process on the same cores) "
         "sends each round of messages as one record batch per partition.",
         "",
         *_cost_lines(result),

@@ -1,6 +1,8 @@
 """The worker's exactly-once commit waits for the table writes buffered before it
-(streams.faustpatch.flush_before_transaction_commit), and only for those; a write that fails refuses
-the commit. Faust's own producer buffer runs here, with a slow sender standing for aiokafka."""
+(streams.faustcommit.flush_before_transaction_commit), and only for those; a write that fails
+refuses the commit. Faust's own producer buffer runs here, with a slow sender standing for
+aiokafka. The table records a commit writes leave in one batch per partition, and leave even
+when no offset moved."""
 
 from __future__ import annotations
 
@@ -10,15 +12,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from faust.transport.consumer import TransactionManager
+from faust.transport.consumer import Consumer, TransactionManager
 from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 
-from streams.faustpatch import (
+from streams.faustcommit import (
     UnsentTableWrite,
     flush_before_transaction_commit,
     send_table_records,
     table_records_sent,
+    write_tables_before_commit,
 )
 
 CONF = SimpleNamespace(producer_threaded=False, id="kvgate-worker")
@@ -166,3 +169,21 @@ async def test_table_records_leave_as_one_batch_per_partition_and_a_failure_refu
     app.producer = SimpleNamespace(_ensure_producer=lambda: failing)
     with pytest.raises(UnsentTableWrite, match="broker said no"):
         await table_records_sent(await send_table_records(app, records[:1]), 5)
+
+
+async def test_table_records_are_sent_when_no_offset_moved() -> None:
+    """A rebalance rewrote the tables while the input is idle: Faust finds no offset to commit
+    and skips its commit, but the records the hook wrote still leave at once (not at some later
+    commit, when their partition may be someone else's)."""
+    write_tables_before_commit()
+    producer = _BatchProducer(room=10)
+    outbox: list[tuple[str, int, bytes, bytes | None]] = []
+    app = SimpleNamespace(
+        in_transaction=False,
+        producer=SimpleNamespace(_ensure_producer=lambda: producer),
+        table_outbox=outbox,
+        before_commit=lambda: outbox.append(("load", 2, b"n1", b"hb")),
+    )
+    consumer = SimpleNamespace(app=app, _filter_committable_offsets=lambda tps: {})
+    assert await Consumer._commit_tps(consumer, [], True) is False  # type: ignore[arg-type]
+    assert producer.sent == [("load", 2, [(b"n1", b"hb")])] and outbox == []
