@@ -3,10 +3,12 @@
 
 A model is what its ``config.json`` says (layers, attention heads, KV heads, head dim, experts)
 plus its parameter count from the model card; a GPU is its datasheet (memory, HBM bandwidth,
-dense bf16 tensor FLOP rate). ``docs/engine-model.md`` cites each figure. The derivation uses two
-efficiencies, the same for every pair, fitted once to the default profile (Llama-3.1-8B on one
-H100 SXM): 80 % of the datasheet's memory bandwidth, 40.6 % of its dense FLOP rate; attention
-runs at 50 % of it (FlashAttention-2's published range on an A100 is 50-73 %).
+dense bf16 tensor FLOP rate). ``docs/engine-model.md`` cites each figure. The derivation uses the
+same constants for every pair: prefill runs at 40.6 % of the dense FLOP rate (25,000 tokens/s
+for Llama-3.1-8B on one H100), attention at 50 % of it (FlashAttention-2's published range on an
+A100 is 50-73 %); a decode step reads the weights at 70 % of the datasheet's memory bandwidth and
+costs 1.6 ms more on the host (scheduling, sampling, launches) — those two fitted to vLLM's own
+latency benchmark (8B, 70B and Mixtral on H100 and H200; ``docs/engine-model.md``, calibration).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ __all__ = [
     "replica_gpus",
 ]
 
-BANDWIDTH_EFFICIENCY = 0.80  # achievable share of the datasheet's HBM bandwidth
+# fitted to vLLM's latency benchmark (docs/engine-model.md, "Calibration"): the share of the
+# datasheet's HBM bandwidth a decode step achieves, and what every step costs besides its kernels
+BANDWIDTH_EFFICIENCY = 0.70
+STEP_OVERHEAD_S = 0.0016
 FLOP_EFFICIENCY = 0.406  # model FLOP utilization of prefill (25,000 tokens/s for 8B on H100)
 # causal attention kernels (FlashAttention-2 forward: 50-73 % of an A100's peak, its paper)
 ATTENTION_EFFICIENCY = 0.50
@@ -180,7 +185,7 @@ def derive_profile(
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
-        step_base_s=dense_bytes / tp / bandwidth + comm,
+        step_base_s=dense_bytes / tp / bandwidth + comm + STEP_OVERHEAD_S,
         step_per_seq_s=0.00003,
         step_per_context_token_s=kv_bytes_per_gpu_token / bandwidth,
         prefill_tokens_per_s=flops / (2 * model.active_params_b * 1e9),

@@ -66,9 +66,9 @@ class EngineProfile(BaseModel):
     max_num_batched_tokens: int = Field(default=8192, gt=0)  # chunked-prefill token budget / step
     # timing: step = base + per_seq × decode batch + per_ctx × context tokens read
     #         + prefill tokens / prefill rate
-    step_base_s: float = Field(default=0.0060, ge=0)  # 16 GB of weights at ~2.7 TB/s
+    step_base_s: float = Field(default=0.00845, ge=0)  # 16 GB at 70 % of 3.35 TB/s + 1.6 ms
     step_per_seq_s: float = Field(default=0.00003, ge=0)  # sampling and scheduling per sequence
-    step_per_context_token_s: float = Field(default=4.9e-8, ge=0)  # 128 KiB KV per token read
+    step_per_context_token_s: float = Field(default=5.59e-8, ge=0)  # 128 KiB KV per token read
     prefill_tokens_per_s: float = Field(default=25_000.0, gt=0)  # ~41 % MFU of 989 TFLOPS
     # causal attention in prefill: each computed token attends over every earlier token of its
     # sequence (4 × layers × heads × head dim FLOPs per pair), at the prefill's FLOP rate

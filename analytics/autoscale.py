@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -34,6 +35,7 @@ __all__ = [
     "Predictive",
     "Reactive",
     "forecast",
+    "history_intervals",
     "make_autoscaler",
 ]
 
@@ -70,6 +72,12 @@ class AutoscaleSettings(BaseModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(
         default=9108, ge=0, le=65535, description="kvgate autoscale's /metrics (None: off)"
+    )
+    history_from_clickhouse: bool = Field(
+        default=True, description="on start, rebuild the arrival history from the decision log"
+    )
+    history_timeout_s: float = Field(
+        default=10.0, gt=0, le=300, description="longest wait for that history before starting"
     )
 
 
@@ -147,16 +155,27 @@ class _Hysteresis:
         return self.desired
 
 
+def history_intervals(s: AutoscaleSettings) -> int:
+    """How many intervals of arrivals :class:`Predictive` keeps: its trend window, or two
+    seasons and one interval (what Holt-Winters needs), whichever is longer."""
+    return max(int(s.history_s / s.interval_s), int(2 * s.season_s / s.interval_s) + 1)
+
+
 class Predictive:
     """The forecast-driven scaler (module docstring)."""
 
     def __init__(self, settings: AutoscaleSettings, initial: int) -> None:
         self.settings = settings
         s = settings
-        keep = max(int(s.history_s / s.interval_s), int(2 * s.season_s / s.interval_s) + 1)
-        self.rates: deque[float] = deque(maxlen=keep)
+        self.rates: deque[float] = deque(maxlen=history_intervals(s))
         self.hold = _Hysteresis(settings, initial)
         self.last_forecast_rps = 0.0
+
+    def seed(self, rates: Sequence[float]) -> None:
+        """Start from a recorded arrival history (requests/s per interval, oldest first), as if
+        each had been observed: a restarted scaler keeps its trend and, with two seasons of
+        record, its seasonality."""
+        self.rates.extend(max(0.0, float(r)) for r in rates if math.isfinite(r))
 
     def observe(self, obs: Observation) -> int:
         s = self.settings

@@ -7,6 +7,11 @@ The scaler's answer is exported as the gauge ``kvgate_autoscale_desired_replicas
 (for KEDA's Prometheus scaler or an HPA on external metrics) and published on ``kvgate.control``
 as a ``scale`` message (subject ``scale/<pool>/<model>``, compacted: the latest per pool/model).
 
+A restarted service does not start blind: :func:`load_history` rebuilds each (pool, model)'s
+arrival history from the decision log in ClickHouse (every decision is one arrival, as in the live
+count), so the trend — and the seasonality once two seasons are on record — survives a restart.
+ClickHouse unreachable or slow (``history_timeout_s``): the service starts cold and says so.
+
 Every message is validated (malformed ones go to the dead-letter topic); the tables it keeps are
 bounded (``MAX_NODES`` heartbeats, ``MAX_KEYS`` pools × models); a Kafka outage stops the inputs
 but not the loop: replicas whose heartbeats stop age out after their lease, as the routers do.
@@ -18,19 +23,34 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from analytics.autoscale import Autoscaler, AutoscaleSettings, Observation, make_autoscaler
+from analytics.autoscale import (
+    Autoscaler,
+    AutoscaleSettings,
+    Observation,
+    Predictive,
+    history_intervals,
+    make_autoscaler,
+)
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import ControlMessage, Decision, Heartbeat
 from streams.settings import KafkaSettings
 from streams.topics import CONTROL, DECISIONS, HEARTBEATS
 
-__all__ = ["AutoscaleService", "PoolState", "observations", "scale_message"]
+__all__ = [
+    "AutoscaleService",
+    "PoolState",
+    "arrival_history",
+    "history_query",
+    "load_history",
+    "observations",
+    "scale_message",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +137,72 @@ def scale_message(
     )
 
 
+def history_query(db: str, interval_s: float, since: float, until: float) -> str:
+    """Decisions per (pool, model) and interval bucket (``floor(ts / interval_s)``) in
+    ``[since, until)``; a request decided twice (redelivered) counts once."""
+    if not db.isidentifier():
+        raise ValueError(f"bad database name {db!r}")
+    step = max(1, round(interval_s * 1000))
+    return (
+        f"SELECT pool, model, intDiv(toUnixTimestamp64Milli(ts), {step}) AS bucket, "
+        f"uniqExact(request_id) AS n FROM {db}.decisions "
+        f"WHERE ts >= fromUnixTimestamp64Milli(toInt64({int(since * 1000)})) "
+        f"AND ts < fromUnixTimestamp64Milli(toInt64({int(until * 1000)})) "
+        "GROUP BY pool, model, bucket ORDER BY pool, model, bucket"
+    )
+
+
+def arrival_history(
+    rows: Iterable[dict[str, Any]], interval_s: float, since: float, until: float
+) -> dict[Key, list[float]]:
+    """The rows of :func:`history_query` as one arrival rate per interval, oldest first, from
+    ``since`` to ``until``: an interval with no decision is a zero (a quiet night is history
+    too). Malformed rows are skipped; at most ``MAX_KEYS`` pools × models."""
+    step = max(1, round(interval_s * 1000))
+    first, last = int(since * 1000) // step, int(until * 1000) // step
+    counts: dict[Key, dict[int, int]] = {}
+    for row in rows:
+        try:
+            key = (str(row["pool"]), str(row["model"]))
+            bucket, n = int(row["bucket"]), int(row["n"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not first <= bucket < last or n < 0:
+            continue
+        if key not in counts and len(counts) >= MAX_KEYS:
+            continue
+        counts.setdefault(key, {})[bucket] = n
+    return {
+        key: [by.get(b, 0) / interval_s for b in range(first, last)] for key, by in counts.items()
+    }
+
+
+async def load_history(
+    query: Callable[[str], list[dict[str, Any]]],
+    db: str,
+    s: AutoscaleSettings,
+    now: float,
+    timeout_s: float = 10.0,
+) -> dict[Key, list[float]]:
+    """The arrival history of every (pool, model) from the decision log, ending at ``now``.
+    ``query`` runs one SQL statement (in a thread: it may block, e.g. open a store and close
+    it); the history is empty (and logged) when it fails or takes longer than ``timeout_s``."""
+    since = now - history_intervals(s) * s.interval_s
+    sql = history_query(db, s.interval_s, since, now)
+    try:
+        rows = await asyncio.wait_for(asyncio.to_thread(query, sql), timeout_s)
+    except Exception as exc:  # any failure of the store: start cold, never block the signal
+        log.warning("autoscale: no arrival history from ClickHouse (%r); starting cold", exc)
+        return {}
+    history = arrival_history(rows, s.interval_s, since, now)
+    log.info(
+        "autoscale: arrival history of %d pool/model(s), %d intervals each",
+        len(history),
+        history_intervals(s),
+    )
+    return history
+
+
 class AutoscaleService:
     """The live loop: inputs from Kafka, one decision per interval per (pool, model)."""
 
@@ -132,6 +218,7 @@ class AutoscaleService:
         self.bus = bus
         self.state = PoolState()
         self.scalers: dict[Key, Autoscaler] = {}
+        self.history: dict[Key, list[float]] = {}  # recorded arrivals, for scalers not yet made
         self.decisions = 0
         reg = registry if registry is not None else CollectorRegistry()
         self.registry = reg
@@ -159,10 +246,14 @@ class AutoscaleService:
         """Decide for every (pool, model) and reset the counters; returns the messages."""
         s = self.settings
         out = []
-        for key, obs in sorted(observations(self.state, now, self.scalers).items()):
+        known = set(self.scalers) | set(self.history)
+        for key, obs in sorted(observations(self.state, now, known).items()):
             scaler = self.scalers.get(key)
             if scaler is None:
                 scaler = self.scalers[key] = make_autoscaler(s, max(s.min_replicas, obs.replicas))
+                recorded = self.history.pop(key, None)
+                if recorded and isinstance(scaler, Predictive):
+                    scaler.seed(recorded)
             want = scaler.observe(obs)
             ahead = getattr(scaler, "last_forecast_rps", None)
             ahead_rps = float(ahead) if ahead is not None else None
@@ -175,6 +266,14 @@ class AutoscaleService:
         self.state.refusals.clear()
         self.decisions += len(out)
         return out
+
+    def seed(self, history: dict[Key, list[float]]) -> None:
+        """Recorded arrival histories (:func:`load_history`): each (pool, model) gets its own
+        when its scaler is made, and is decided from the first interval (a pool whose replicas
+        all stopped while the service was down still gets a decision)."""
+        for key, rates in list(history.items())[:MAX_KEYS]:
+            if key not in self.scalers:
+                self.history[key] = rates
 
     def ingest(self, items: Iterable[Any]) -> None:
         for msg in items:

@@ -34,6 +34,7 @@ from router.settings import RouterSettings
 __all__ = [
     "Slo",
     "at_rate",
+    "batch_latency_s",
     "idle_ttft_s",
     "parse_slo",
     "plan",
@@ -389,6 +390,32 @@ def idle_ttft_s(profile: EngineProfile, prompt_tokens: int) -> float:
         n = min(profile.max_num_batched_tokens, prompt_tokens - done)
         total += profile.step_time_s(0, 0, n, attention_pairs(done, n))
         done += n
+    return total
+
+
+def batch_latency_s(
+    profile: EngineProfile, batch: int, prompt_tokens: int, output_tokens: int
+) -> float:
+    """End-to-end time of ``batch`` equal requests started together on an idle replica (what
+    vLLM's ``benchmark_latency`` measures): the prompts prefilled within the step's token budget
+    (the step that completes them samples the first token), then one decode step per further
+    output token with every sequence's context growing by one."""
+    if batch < 1 or prompt_tokens < 1 or output_tokens < 1:
+        raise ValueError("batch, prompt_tokens and output_tokens must be positive")
+    total = 0.0
+    done = [0] * batch
+    while done[-1] < prompt_tokens:
+        budget, tokens, pairs = profile.max_num_batched_tokens, 0, 0
+        for i in range(batch):
+            n = min(budget - tokens, prompt_tokens - done[i])
+            if n <= 0:
+                continue
+            pairs += attention_pairs(done[i], n)
+            done[i] += n
+            tokens += n
+        total += profile.step_time_s(0, 0, tokens, pairs)
+    for step in range(1, output_tokens):
+        total += profile.step_time_s(batch, batch * (prompt_tokens + step), 0)
     return total
 
 

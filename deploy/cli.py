@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -361,19 +362,40 @@ def sink(config: ConfigOpt = None) -> None:
 def autoscale(config: ConfigOpt = None) -> None:
     """Run the autoscaling signal: desired replicas per pool and model from the heartbeats and
     decisions, as the gauge kvgate_autoscale_desired_replicas and kvgate.control scale messages
-    (settings: autoscale.*; docs/operations.md)."""
-    from analytics.autoscaler import AutoscaleService
+    (settings: autoscale.*; docs/operations.md). On start it rebuilds the arrival history from
+    the decision log in ClickHouse (autoscale.history_from_clickhouse)."""
+    from analytics.autoscaler import AutoscaleService, load_history
+    from analytics.clickhouse import open_clickhouse
     from streams.kafka import KafkaBus, ensure_topics
     from streams.metrics_http import serve_metrics
 
     s = _settings(config)
     _logging()
 
+    def query(sql: str) -> list[dict[str, Any]]:
+        ch = open_clickhouse(s.clickhouse)  # chDB: fails while the sink holds the path
+        try:
+            return ch.query(sql)
+        finally:
+            ch.close()
+
+    async def history() -> dict[tuple[str, str], list[float]]:
+        if not s.autoscale.history_from_clickhouse or s.autoscale.mode != "predictive":
+            return {}
+        return await load_history(
+            query,
+            s.clickhouse.database,
+            s.autoscale,
+            time.time(),
+            timeout_s=s.autoscale.history_timeout_s,
+        )
+
     async def main() -> None:
         await ensure_topics(s.kafka)
         bus = KafkaBus(s.kafka, "kvgate-autoscale")
         await bus.start()
         service = AutoscaleService(s.kafka, s.autoscale, bus)
+        service.seed(await history())
         runner = None
         if s.autoscale.metrics_port is not None:
             runner, port = await serve_metrics(

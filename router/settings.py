@@ -34,9 +34,9 @@ class CostWeights(BaseModel):
 
     version: int = Field(default=1, ge=0)
     prefill_tokens_per_s: float = Field(default=25_000.0, gt=0, le=1e8)
-    step_base_s: float = Field(default=0.006, ge=0, le=10)
+    step_base_s: float = Field(default=0.00845, ge=0, le=10)
     step_per_seq_s: float = Field(default=0.00003, ge=0, le=1)
-    step_per_context_token_s: float = Field(default=4.9e-8, ge=0, le=1e-3)
+    step_per_context_token_s: float = Field(default=5.59e-8, ge=0, le=1e-3)
     prefill_weight: float = Field(
         default=3.0,
         ge=0,

@@ -3,7 +3,7 @@
     python -m tests.benchmarks.planning [--requests 2000]
 
 * **Calibration.** Each row puts a figure the engine model predicts (``agents/catalog.py``
-  profiles, ``analytics.plan.idle_ttft_s``) next to a published measurement, with its source;
+  profiles, :mod:`analytics.calibration`) next to a published measurement, with its source;
   ``calibration_max_error`` is the largest relative error over the rows that have one.
 * **Plans.** ``kvgate plan`` on generated workloads: kvgate's replica count, the count one fewer,
   and round-robin's count for the same SLO, each simulated.
@@ -36,7 +36,8 @@ from admission.settings import AdmissionSettings
 from agents.catalog import derive_profile, find_gpu, find_model
 from agents.profile import EngineProfile
 from analytics.autoscale import AutoscaleSettings
-from analytics.plan import at_rate, idle_ttft_s, parse_slo, plan, router_for
+from analytics.calibration import calibration_rows
+from analytics.plan import at_rate, parse_slo, plan, router_for
 from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.scaling import compare_scaling, diurnal
@@ -47,39 +48,10 @@ from router.settings import RouterSettings
 
 OUT = Path("docs/benchmarks")
 
-# (what, model, gpu, prompt tokens, published seconds, source)
-CALIBRATION: tuple[tuple[str, str, str, int, float, str], ...] = (
-    (
-        "prefill of a 1M-token prompt, 8B model, one A100",
-        "llama-3.1-8b",
-        "a100",
-        1_000_000,
-        30 * 60.0,
-        "MInference 1.0 (Jiang et al., NeurIPS 2024), abstract: 30 minutes for an 8B LLM to "
-        "pre-fill 1M tokens on a single A100",
-    ),
-)
-
 PLANS: tuple[tuple[str, str, str, float, str], ...] = (
     ("llama-3.1-8b", "h100", "multi_turn", 100.0, "ttft=1,tpot=0.05,attainment=0.99"),
     ("llama-3.1-8b", "h100", "conversation", 4.0, "ttft=2,tpot=0.1,attainment=0.95"),
 )
-
-
-def calibration() -> list[dict[str, Any]]:
-    rows = []
-    for what, model, gpu, tokens, published, source in CALIBRATION:
-        predicted = idle_ttft_s(derive_profile(find_model(model), find_gpu(gpu)), tokens)
-        rows.append(
-            {
-                "what": what,
-                "published_s": published,
-                "model_s": round(predicted, 1),
-                "error": round(predicted / published - 1, 4),
-                "source": source,
-            }
-        )
-    return rows
 
 
 def plans(requests: int) -> list[dict[str, Any]]:
@@ -225,6 +197,10 @@ def _pct(v: Any) -> str:
     return f"{v:.1%}" if isinstance(v, float) else "–"
 
 
+def _seconds(s: float) -> str:
+    return f"{s:,.0f} s" if s >= 100 else f"{s * 1e3:,.0f} ms"
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Planning",
@@ -239,13 +215,15 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for r in report["calibration"]:
         lines.append(
-            f"| {r['what']} | {r['published_s']:,.0f} s | {r['model_s']:,.0f} s | "
+            f"| {r['what']} | {_seconds(r['published_s'])} | {_seconds(r['model_s'])} | "
             f"{r['error']:+.1%} | {r['source']} |"
         )
     lines += [
         "",
         f"`calibration_max_error` = {report['calibration_max_error']:.1%} over the rows with a "
-        "published figure; `docs/engine-model.md` lists the quantities with none found yet.",
+        "published figure. The decode rows are in-sample: the model's bandwidth share and "
+        "per-step overhead were fitted to them (`agents/catalog.py`); `docs/engine-model.md` "
+        "has the fit, a held-out check and the quantities with no published figure yet.",
         "",
         "## Capacity plans (`kvgate plan`)",
         "",
@@ -328,7 +306,7 @@ def main() -> None:
     ap.add_argument("--day-hours", type=float, default=6.0)
     ap.add_argument("--mean-rps", type=float, default=10.0)
     args = ap.parse_args()
-    cal = calibration()
+    cal = calibration_rows()
     tuned = tuning(args.tune_budget, 800)
     scaled = autoscaling(args.day_hours, args.mean_rps)
     predictive = scaled["runs"]["predictive"]
