@@ -184,17 +184,19 @@ async def load_history(
     now: float,
     timeout_s: float = 10.0,
 ) -> dict[Key, list[float]]:
-    """The arrival history of every (pool, model) from the decision log, ending at ``now``.
+    """The arrival history of every (pool, model) from the decision log, up to the last whole
+    interval before ``now``.
     ``query`` runs one SQL statement (in a thread: it may block, e.g. open a store and close
     it); the history is empty (and logged) when it fails or takes longer than ``timeout_s``."""
-    since = now - history_intervals(s) * s.interval_s
-    sql = history_query(db, s.interval_s, since, now)
+    until = (now // s.interval_s) * s.interval_s  # the last whole interval: no partial count
+    since = until - history_intervals(s) * s.interval_s
+    sql = history_query(db, s.interval_s, since, until)
     try:
         rows = await asyncio.wait_for(asyncio.to_thread(query, sql), timeout_s)
     except Exception as exc:  # any failure of the store: start cold, never block the signal
         log.warning("autoscale: no arrival history from ClickHouse (%r); starting cold", exc)
         return {}
-    history = arrival_history(rows, s.interval_s, since, now)
+    history = arrival_history(rows, s.interval_s, since, until)
     log.info(
         "autoscale: arrival history of %d pool/model(s), %d intervals each",
         len(history),

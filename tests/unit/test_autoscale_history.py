@@ -123,3 +123,12 @@ def test_the_history_query_refuses_a_hostile_database_name() -> None:
 
     with pytest.raises(ValueError):
         history_query("kvgate; DROP TABLE x", 30, 0, 60)
+
+
+def test_a_season_too_long_to_fit_keeps_the_trend_window_only() -> None:
+    from analytics.autoscale import MAX_SEASON_INTERVALS, history_intervals
+
+    assert history_intervals(AutoscaleSettings()) == 2 * 2880 + 1  # a day of 30 s, twice
+    fine = AutoscaleSettings(interval_s=2.0)  # a day would be 43,200 intervals
+    assert 86400 / 2.0 > MAX_SEASON_INTERVALS
+    assert history_intervals(fine) == 900  # the 30 min trend window
