@@ -102,6 +102,7 @@ async def freshness_step(
         "heartbeat_p99_ms": _ms(pct(hb_lat, 0.99)),
         "block_samples": len(kv_lat),
         "block_p50_ms": _ms(pct(kv_lat, 0.5)),
+        "block_p90_ms": _ms(pct(kv_lat, 0.9)),
         "block_p99_ms": _ms(pct(kv_lat, 0.99)),
         "blocks_seen_ratio": round(
             len(kv_lat) / max(1, produced_blocks * (1 - args.warmup / duration)), 3
@@ -217,6 +218,7 @@ class Env:
             web_port=free_port(),
             data_dir=str(self.tmp / "worker"),
             exactly_once=not args.at_least_once,
+            commit_interval_s=args.commit_interval,
         )
         self.sup = Supervisor(
             self.tmp / "logs",
@@ -227,6 +229,7 @@ class Env:
                 "KVGATE_WORKER__WEB_PORT": str(self.worker.web_port),
                 "KVGATE_WORKER__DATA_DIR": self.worker.data_dir,
                 "KVGATE_WORKER__EXACTLY_ONCE": str(self.worker.exactly_once).lower(),
+                "KVGATE_WORKER__COMMIT_INTERVAL_S": str(self.worker.commit_interval_s),
             },
         )
 
@@ -514,6 +517,9 @@ def cli() -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--at-least-once", action="store_true")
+    p.add_argument(
+        "--commit-interval", type=float, default=1.0, help="the worker's commit interval, s"
+    )
     p.add_argument(
         "--modes",
         type=lambda s: s.split(","),

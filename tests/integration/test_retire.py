@@ -46,20 +46,24 @@ async def test_silent_node_is_retired_from_tables_and_router_replicas(
         await tables.start()
         await router.start()
 
-        async def beat_alive() -> None:
-            await bus.send(HEARTBEATS, "alive", heartbeat("alive", seq=int(time.time() * 10)))
+        async def beat(node: str) -> None:
+            await bus.send(HEARTBEATS, node, heartbeat(node, seq=int(time.time() * 10)))
 
-        await bus.send(HEARTBEATS, "gone", heartbeat("gone"))
-        await beat_alive()
+        async def beat_alive() -> None:
+            await beat("alive")
 
         async def both_present() -> bool:
+            # both beat until both are seen: a worker slow to start (a busy machine) would
+            # otherwise fold "gone"'s only heartbeat already older than its 3 s TTL
+            await beat("gone")
+            await beat_alive()
             return all(
                 len(r.index.blocks_of(n)) == 3 and n in r.load
                 for r in (tables, router)
                 for n in ("gone", "alive")
             )
 
-        await wait_until(both_present, 60, "both nodes in the tables and the router")
+        await wait_until(both_present, 60, "both nodes in the tables and the router", 0.5)
 
         async def gone_retired() -> bool:
             await beat_alive()
