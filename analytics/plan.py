@@ -385,12 +385,7 @@ def render_html(report: dict[str, Any]) -> str:
 
 def idle_ttft_s(profile: EngineProfile, prompt_tokens: int) -> float:
     """TTFT of one prompt alone on an idle replica: its chunked prefill, step by step."""
-    total, done = 0.0, 0
-    while done < prompt_tokens:
-        n = min(profile.max_num_batched_tokens, prompt_tokens - done)
-        total += profile.step_time_s(0, 0, n, attention_pairs(done, n))
-        done += n
-    return total
+    return batch_latency_s(profile, 1, prompt_tokens, 1) if prompt_tokens > 0 else 0.0
 
 
 def batch_latency_s(

@@ -1,20 +1,8 @@
-"""A router's in-memory replica of the load table and the prefix index.
-
-Bootstrap from the tables, then follow the input:
-
-1. read the committed offsets of the worker's consumer group on the input topics;
-2. read the table changelogs (``load``, ``prefix_segments``) to their end,
-   ``read_committed`` — under exactly-once that is the state the worker committed *at least up to*
-   those offsets — keeping the last record per key (what compaction keeps), then fold those: a
-   changelog not yet compacted holds a minute or more of rewrites that need not be folded;
-3. consume the input topics (heartbeats, KV events) from those offsets and fold every event with
-   the worker's own pure folds (:mod:`streams.folds`); the per-node cursors skip what the tables
-   already held, so the result is exact, and every later event reaches the router without waiting
-   for the worker's transaction to commit.
-
-A router killed at any time rebuilds the same state on restart. ``follow_input=False`` keeps
-following the changelogs instead: the replica then shows exactly what the tables hold (tests and
-operators use it to check the worker).
+"""A router's in-memory replica of the load table and the prefix index: bootstrapped from the
+worker's tables, then following its input (the three phases and their exactness are in
+:mod:`streams.tablesinput`). A router killed at any time rebuilds the same state on restart;
+``follow_input=False`` keeps following the changelogs instead, so the replica shows exactly what
+the tables hold (tests and operators use it to check the worker).
 """
 
 from __future__ import annotations
