@@ -25,6 +25,8 @@ from streams.codec import decode, encode
 from streams.exceptions import SchemaError
 from streams.faustcommit import (
     allow_commit_bursts,
+    commit_on_a_fixed_cadence,
+    commit_transactions_together,
     flush_before_transaction_commit,
     write_tables_before_commit,
 )
@@ -142,8 +144,10 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     dispatch_without_tasks()
     fold_input_inline()
     allow_commit_bursts(COMMIT_BURST)
+    commit_on_a_fixed_cadence()
     if worker.exactly_once:
         flush_before_transaction_commit()
+        commit_transactions_together()
         restore_only_settled_changelogs(kafka)
     # Faust creates its data directory without parents: started anywhere, it must exist
     Path(worker.data_dir).mkdir(parents=True, exist_ok=True)

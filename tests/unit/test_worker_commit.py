@@ -18,6 +18,8 @@ from faust.types import TP
 
 from streams.faustcommit import (
     UnsentTableWrite,
+    commit_on_a_fixed_cadence,
+    commit_transactions_together,
     flush_before_transaction_commit,
     send_table_records,
     table_records_sent,
@@ -187,3 +189,95 @@ async def test_table_records_are_sent_when_no_offset_moved() -> None:
     consumer = SimpleNamespace(app=app, _filter_committable_offsets=lambda tps: {})
     assert await Consumer._commit_tps(consumer, [], True) is False  # type: ignore[arg-type]
     assert producer.sent == [("load", 2, [(b"n1", b"hb")])] and outbox == []
+
+
+class _TransactionalProducer:
+    """One partition's transactional producer: each request takes ``step_s``."""
+
+    def __init__(self, name: str, trace: list[str], step_s: float, fails: bool = False) -> None:
+        self.name, self.trace, self.step_s, self.fails = name, trace, step_s, fails
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+        self.trace.append(f"{self.name} offsets")
+        await asyncio.sleep(self.step_s)
+
+    async def commit_transaction(self) -> None:
+        await asyncio.sleep(self.step_s)
+        if self.fails:
+            raise ConnectionError("coordinator gone")
+        self.trace.append(f"{self.name} committed")
+
+    async def begin_transaction(self) -> None:
+        self.trace.append(f"{self.name} begun")
+
+
+def _driver(producers: dict[str, _TransactionalProducer]) -> Any:
+    from collections import defaultdict
+
+    return SimpleNamespace(_transaction_producers=producers, _trn_locks=defaultdict(asyncio.Lock))
+
+
+async def test_an_exactly_once_commit_ends_its_partitions_transactions_side_by_side() -> None:
+    from faust.transport.drivers.aiokafka import Producer
+
+    commit_transactions_together()
+    commit_transactions_together()  # idempotent
+    trace: list[str] = []
+    producers = {f"w-0-{p}": _TransactionalProducer(f"p{p}", trace, 0.01) for p in range(4)}
+    by_id = {tid: {TP("kvgate.kv-events", i): 10 * i} for i, tid in enumerate(producers)}
+    await Producer.commit_transactions(_driver(producers), by_id, "w")  # type: ignore[arg-type]
+    # every partition sent its offsets before any transaction ended: they ran together
+    assert trace[:4] == ["p0 offsets", "p1 offsets", "p2 offsets", "p3 offsets"]
+    assert sorted(trace[4:]) == sorted(
+        [f"p{p} committed" for p in range(4)] + [f"p{p} begun" for p in range(4)]
+    )
+
+
+async def test_one_failed_transaction_is_raised_after_the_others_committed() -> None:
+    from faust.transport.drivers.aiokafka import Producer
+
+    commit_transactions_together()
+    trace: list[str] = []
+    producers = {
+        "w-0-0": _TransactionalProducer("p0", trace, 0.01, fails=True),
+        "w-0-1": _TransactionalProducer("p1", trace, 0.02),
+    }
+    by_id = {tid: {TP("kvgate.kv-events", 0): 1} for tid in producers}
+    with pytest.raises(ConnectionError, match="coordinator"):
+        await Producer.commit_transactions(  # type: ignore[arg-type]
+            _driver(producers), by_id, "w", start_new_transaction=False
+        )
+    assert "p1 committed" in trace and "p0 committed" not in trace
+    assert not any(t.endswith("begun") for t in trace)
+
+
+async def test_commits_start_every_interval_whatever_each_one_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faust sleeps a whole interval after each commit; here the sleep is what is left of the
+    interval, and nothing when a commit took longer than one."""
+    import streams.faustcommit as faustcommit
+
+    commit_on_a_fixed_cadence()
+    commit_on_a_fixed_cadence()  # idempotent
+    clock = [100.0]
+    monkeypatch.setattr(faustcommit, "_now", lambda: clock[0])
+    took = iter([0.3, 0.05, 1.7])
+    slept: list[float] = []
+
+    class _Consumer:
+        commit_interval = 1.0
+        should_stop = False
+
+        async def commit(self) -> None:
+            clock[0] += next(took)
+
+        async def sleep(self, n: float) -> None:
+            slept.append(n)
+            clock[0] += n
+            if len(slept) == 4:
+                self.should_stop = True
+
+    handler = Consumer._commit_handler
+    await handler.fun(_Consumer())  # type: ignore[attr-defined, arg-type]
+    assert slept == pytest.approx([1.0, 0.7, 0.95, 0.0])
