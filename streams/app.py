@@ -33,6 +33,7 @@ from streams.faustcommit import (
 from streams.faustpatch import (
     commit_folded_offsets,
     dispatch_without_tasks,
+    fetch_without_long_waits,
     fold_input_inline,
     restore_only_settled_changelogs,
 )
@@ -143,6 +144,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     commit_folded_offsets()
     dispatch_without_tasks()
     fold_input_inline()
+    fetch_without_long_waits(kafka.follow_fetch_wait_ms)
     allow_commit_bursts(COMMIT_BURST)
     commit_on_a_fixed_cadence()
     if worker.exactly_once:

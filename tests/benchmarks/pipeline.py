@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from deploy.procs import Supervisor, free_port
-from streams.kafka import KafkaBus, ensure_topics
+from streams.kafka import KafkaBus, delete_namespace_topics, ensure_topics
 from streams.replica import TableReplica
 from streams.schemas import Heartbeat
 from streams.settings import KafkaSettings, WorkerSettings
@@ -252,6 +252,12 @@ class Env:
             names.append(name)
         return names
 
+    async def close(self) -> None:
+        """Stop the processes and delete the namespace's topics (a broker that keeps every
+        run's partitions slows the runs after it)."""
+        self.sup.stop_all()
+        await delete_namespace_topics(self.kafka)
+
 
 async def settle(env: Env, replica: TableReplica, timeout_s: float = 180.0) -> None:
     """Wait until the workers fold every partition: probe heartbeats keyed to land on all of
@@ -326,7 +332,7 @@ async def sweep(
             await asyncio.sleep(args.settle)
     finally:
         await replica.stop()
-        env.sup.stop_all()
+        await env.close()
     return steps
 
 
@@ -351,7 +357,7 @@ async def worker_cost(args: argparse.Namespace, source: Path | None) -> dict[str
         wall = time.monotonic() - t0
     finally:
         await replica.stop()
-        env.sup.stop_all()
+        await env.close()
     changes = args.cost_nodes * args.stored * 2 / 0.1 * args.duration
     return {
         "nodes": args.cost_nodes,
@@ -409,7 +415,7 @@ async def router_restart(args: argparse.Namespace) -> dict[str, Any]:
         with contextlib.suppress(asyncio.CancelledError):
             await gen
     finally:
-        env.sup.stop_all()
+        await env.close()
     return {
         "nodes": args.restart_nodes,
         "first_start_ready_s": round(first, 2),
@@ -468,7 +474,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             env.spawn_workers(1)
             overhead = await router_overhead(env.sup, args.requests)
         finally:
-            env.sup.stop_all()
+            await env.close()
     steps = sweeps["router"]
     ok = [s for s in steps if s["meets_1s_p99"]]
     best = max(ok, key=lambda s: s["nodes"]) if ok else None

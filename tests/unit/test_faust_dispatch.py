@@ -179,3 +179,21 @@ async def test_a_folded_record_does_not_give_way_to_the_loop(svc: _Svc) -> None:
     order.append("after")
     await dispatch(svc, other(), Event().wait())
     assert order == ["fold", "after", "other", "loop"]
+
+
+async def test_the_workers_fetches_wait_briefly_for_idle_partitions() -> None:
+    """Faust builds its worker consumer with a 1,500 ms fetch wait: a fetch for the idle
+    partitions held the busy ones up that long (aiokafka sends one fetch per broker at a
+    time). The consumer Faust builds now carries the wait given."""
+    import faust
+
+    from streams.faustpatch import fetch_without_long_waits
+
+    fetch_without_long_waits(100)
+    fetch_without_long_waits(100)  # idempotent
+    app = faust.App("t-fetch", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False)
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        assert consumer._fetch_max_wait_ms == 100
+    finally:
+        await consumer.stop()
