@@ -31,11 +31,12 @@ from streams.faustcommit import (
     write_tables_before_commit,
 )
 from streams.faustpatch import (
+    FAUST_FETCH_WAIT_MS,
     commit_folded_offsets,
     dispatch_without_tasks,
-    fetch_without_long_waits,
     fold_input_inline,
     restore_only_settled_changelogs,
+    set_fetch_wait,
 )
 from streams.folds import is_newer, plan_kv
 from streams.kafka import KafkaBus
@@ -144,7 +145,6 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     commit_folded_offsets()
     dispatch_without_tasks()
     fold_input_inline()
-    fetch_without_long_waits(kafka.follow_fetch_wait_ms)
     allow_commit_bursts(COMMIT_BURST)
     commit_on_a_fixed_cadence()
     if worker.exactly_once:
@@ -227,6 +227,10 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         mirror_ok = False
         ordered.reset()
 
+    @app.on_partitions_revoked.connect
+    def _recovery_fetches(*_: Any, **__: Any) -> None:
+        set_fetch_wait(app, FAUST_FETCH_WAIT_MS)  # Faust's own, while it recovers tables
+
     @app.timer(interval=ordered.frontier.retry_s)  # type: ignore[untyped-decorator]
     async def reread_quiet_partitions() -> None:
         await ordered.reread_quiet()
@@ -235,6 +239,8 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         nonlocal mirror_ok
         if mirror_ok:
             return
+        # folding input again: recovery is over (faustpatch.set_fetch_wait)
+        set_fetch_wait(app, kafka.follow_fetch_wait_ms)
         mine = {table: owned(topic) for table, topic in feeds.items()}
         for gone in [n for n, seg in nodes.items() if seg.partition not in mine[index]]:
             del nodes[gone]

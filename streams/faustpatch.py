@@ -7,7 +7,7 @@
   Faust acknowledged.
 * :func:`fold_input_inline`: records of the topics an app folds itself go straight to its fold,
   past Faust's channels, streams, events and acknowledgements.
-* :func:`fetch_without_long_waits`: a fetch for idle partitions does not hold up the busy ones.
+* :func:`set_fetch_wait`: a fetch for idle partitions does not hold up the busy ones.
 """
 
 from __future__ import annotations
@@ -23,43 +23,42 @@ from typing import Any
 from streams.settings import KafkaSettings
 
 __all__ = [
+    "FAUST_FETCH_WAIT_MS",
     "FOLDED",
     "commit_folded_offsets",
     "dispatch_without_tasks",
-    "fetch_without_long_waits",
     "fold_input_inline",
     "restore_only_settled_changelogs",
+    "set_fetch_wait",
 ]
 
 log = logging.getLogger(__name__)
 FOLDED = object()  # what a record handed to an inline fold returns to the consumer's dispatch
 
 
-def fetch_without_long_waits(wait_ms: int) -> None:
-    """Let the worker's consumer wait at most ``wait_ms`` in a fetch (Faust fixes 1,500 ms).
+FAUST_FETCH_WAIT_MS = 1_500  # the fetch wait Faust gives the worker's consumer
+
+
+def set_fetch_wait(app: Any, wait_ms: int) -> bool:
+    """Make the worker's consumer wait at most ``wait_ms`` in its next fetches; False when it
+    has no running consumer yet.
 
     aiokafka sends one fetch at a time to a broker, for the assigned partitions whose fetched
     records have all been handed over; partitions still holding records are left out. Under
     load the busy inputs (KV events, heartbeats) usually still hold records when the next fetch
     goes out, so that fetch asks only for the idle ones (the reservation ledger), and the broker
-    holds it until ``fetch_max_wait_ms`` passes with nothing to return. Until it answers no
-    fetch for the busy partitions can go to that broker: the worker stopped folding for up to
-    1.5 s at a time at 1,000 nodes, and its tables fell behind by that much. Idempotent."""
-    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-
-    create = AIOKafkaConsumerThread._create_worker_consumer
-    if getattr(create, "short_fetch_wait", None) == wait_ms:
-        return
-    create = getattr(create, "faust_create", create)
-
-    def create_worker_consumer(self: Any, transport: Any) -> Any:
-        consumer = create(self, transport)
-        consumer._fetch_max_wait_ms = wait_ms  # read by its fetcher when it starts
-        return consumer
-
-    create_worker_consumer.short_fetch_wait = wait_ms  # type: ignore[attr-defined]
-    create_worker_consumer.faust_create = create  # type: ignore[attr-defined]
-    AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
+    holds it for the whole wait with nothing to return. Until it answers no fetch for the busy
+    partitions can go to that broker: with Faust's 1,500 ms the worker stopped folding for up to
+    1.5 s at a time at 1,000 nodes. The worker shortens the wait once it folds input and gives
+    Faust's back when a rebalance starts: with short waits during the recovery of partitions
+    another worker just gave up, the recovery waited out its settle timeout (10 s without
+    folding, measured with two workers)."""
+    consumer = getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None:
+        return False
+    fetcher._fetch_max_wait_ms = wait_ms  # read by each fetch request it builds
+    return True
 
 
 def restore_only_settled_changelogs(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:

@@ -181,19 +181,26 @@ async def test_a_folded_record_does_not_give_way_to_the_loop(svc: _Svc) -> None:
     assert order == ["fold", "after", "other", "loop"]
 
 
-async def test_the_workers_fetches_wait_briefly_for_idle_partitions() -> None:
-    """Faust builds its worker consumer with a 1,500 ms fetch wait: a fetch for the idle
-    partitions held the busy ones up that long (aiokafka sends one fetch per broker at a
-    time). The consumer Faust builds now carries the wait given."""
-    import faust
+async def test_the_workers_fetch_wait_is_set_on_its_running_consumer() -> None:
+    """Faust builds its worker consumer with a 1,500 ms fetch wait; the worker shortens it on
+    the running fetcher (each fetch request reads it) and gives it back for a recovery. A real
+    aiokafka consumer, started against a broker that does not answer, has no fetcher yet."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.consumer.fetcher import Fetcher
 
-    from streams.faustpatch import fetch_without_long_waits
+    from streams.faustpatch import FAUST_FETCH_WAIT_MS, set_fetch_wait
 
-    fetch_without_long_waits(100)
-    fetch_without_long_waits(100)  # idempotent
-    app = faust.App("t-fetch", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False)
-    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+    app = SimpleNamespace(consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=consumer)))
+    assert not set_fetch_wait(app, 100)  # not started: nothing to set
+    fetcher = Fetcher.__new__(Fetcher)
+    fetcher._fetch_max_wait_ms = FAUST_FETCH_WAIT_MS
+    consumer._fetcher = fetcher
     try:
-        assert consumer._fetch_max_wait_ms == 100
+        assert set_fetch_wait(app, 100) and fetcher._fetch_max_wait_ms == 100
+        assert set_fetch_wait(app, FAUST_FETCH_WAIT_MS)
+        assert fetcher._fetch_max_wait_ms == FAUST_FETCH_WAIT_MS
+        assert not set_fetch_wait(SimpleNamespace(consumer=SimpleNamespace()), 100)
     finally:
+        consumer._fetcher = None
         await consumer.stop()
