@@ -225,6 +225,8 @@ def agent(
 @app.command()
 def worker(config: ConfigOpt = None) -> None:
     """Run the Faust worker that materializes the load table and the prefix index."""
+    import gc
+
     from faust import Worker
 
     from streams.app import build_app
@@ -233,6 +235,7 @@ def worker(config: ConfigOpt = None) -> None:
     s = _settings(config)
     _logging()
     asyncio.run(ensure_topics(s.kafka))
+    gc.set_threshold(s.worker.gc_young_threshold, 10, 10)
     faust_app = build_app(s.kafka, s.worker)
     Worker(faust_app, loglevel="WARNING").execute_from_commandline()
 
