@@ -49,6 +49,8 @@ from typing import Any
 import aiohttp
 
 from deploy.procs import Proc, Supervisor, child_pids, free_port
+from deploy.settings import load_settings
+from streams.kafka import delete_namespace_topics
 from tests.benchmarks.livepeer import MODEL, pct, report_header, wait_http
 
 OUT = Path("docs/benchmarks")
@@ -213,10 +215,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         import sglang_router  # noqa: F401
     except ImportError:
         sys.exit("sglang-router is not installed: pip install -e '.[peer]'")
+    namespace = f"proxy{uuid.uuid4().hex[:8]}"
     sup = Supervisor(
         Path(tempfile.mkdtemp(prefix="kvgate-proxy-")),
         {
-            "KVGATE_KAFKA__NAMESPACE": f"proxy{uuid.uuid4().hex[:8]}",
+            "KVGATE_KAFKA__NAMESPACE": namespace,
             "KVGATE_WORKER__DATA_DIR": tempfile.mkdtemp(prefix="kvgate-proxy-worker-"),
             "KVGATE_WORKER__WEB_PORT": str(free_port()),
         },
@@ -270,6 +273,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 print(t.name, "half", json.dumps(half), flush=True)
     finally:
         sup.stop_all()
+        kafka = load_settings().kafka.model_copy(update={"namespace": namespace})
+        await delete_namespace_topics(kafka)  # a broker keeping every run's topics slows the next
     return summarize(result)
 
 
