@@ -998,11 +998,19 @@ def bench_routing(
     policies: Annotated[str, typer.Option(help="comma-separated policies (default: all)")] = "",
     jobs: Annotated[int, typer.Option(help="parallel simulations")] = 2,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
+    retarget: Annotated[
+        bool,
+        typer.Option(
+            help="compute the bounds, targets and tables of OUT/routing.json again from its "
+            "runs, without simulating (the workloads must be the ones it ran)"
+        ),
+    ] = False,
 ) -> None:
     """Every routing policy on public traces and generated workloads at several loads."""
     import sys
 
     from analytics.sim.bench import bench_routing as run
+    from analytics.sim.bench import retarget as rebuild
     from analytics.sim.workloads import WORKLOADS
     from router.policies import POLICIES
 
@@ -1015,6 +1023,13 @@ def bench_routing(
             if not path.exists():
                 raise typer.BadParameter(f"{path} does not exist")
             sources.append((str(path), requests))
+    command = "kvgate bench " + " ".join(sys.argv[2:])
+    if retarget:
+        if not (out / "routing.json").exists():
+            raise typer.BadParameter(f"{out / 'routing.json'} does not exist: nothing to retarget")
+        rebuild(sources, out, command)
+        typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
+        return
     chosen = [p for p in policies.split(",") if p] or list(POLICIES)
     for p in chosen:
         if p not in POLICIES:
@@ -1024,7 +1039,7 @@ def bench_routing(
         nodes=nodes,
         loads=[float(x) for x in loads.split(",")],
         out_dir=out,
-        command="kvgate bench " + " ".join(sys.argv[2:]),
+        command=command,
         policies=chosen,
         jobs=jobs,
     )

@@ -7,10 +7,17 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from agents.profile import EngineProfile
 from analytics.sim.cluster import Done
-from analytics.sim.traces import causal_hit_bound, hit_bound, pooled_lru_bound
+from analytics.sim.traces import (
+    TraceRequest,
+    causal_hit_bound,
+    hit_bound,
+    pooled_lru_bound,
+    ttft_floors,
+)
 
-__all__ = ["latency_and_spread", "pct", "run_metrics"]
+__all__ = ["latency_and_spread", "latency_bounds", "pct", "run_metrics"]
 
 
 def pct(values: Sequence[float], q: float) -> float | None:
@@ -98,4 +105,19 @@ def run_metrics(
         "throughput_rps": len(done) / span,
         "goodput_rps": len(ok) / span,
         "reasons": dict(Counter(d.reason for d in done)),
+    }
+
+
+def latency_bounds(
+    requests: Sequence[TraceRequest], profile: EngineProfile, ttft_slo_s: float = 2.0
+) -> dict[str, float | None]:
+    """What no routing policy can beat on these requests (:func:`ttft_floors`): the TTFT
+    floor's p50 and p99 (lower bounds of every policy's, percentiles as :func:`pct` takes
+    them) and the share of requests whose floor is within ``ttft_slo_s`` (an upper bound of
+    the SLO attainment)."""
+    floors = ttft_floors(requests, profile)
+    return {
+        "ttft_floor_p50_s": pct(floors, 0.5),
+        "ttft_floor_p99_s": pct(floors, 0.99),
+        "slo_bound": sum(1 for f in floors if f <= ttft_slo_s) / len(floors) if floors else None,
     }

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from analytics.sim.cluster import SimConfig, acting_on, node_profile, simulate
-from analytics.sim.metrics import run_metrics
+from analytics.sim.metrics import latency_bounds, run_metrics
 from analytics.sim.traces import Trace, load_trace
 from analytics.sim.workloads import WORKLOADS, make_workload
 from router.policies import make_policy
 from router.settings import RouterSettings
 
-__all__ = ["capacity_rps", "open_trace", "replay", "replay_trace"]
+__all__ = ["at_load", "bounds_at", "capacity_rps", "open_trace", "replay", "replay_trace"]
 
 
 def capacity_rps(trace: Trace, cfg: SimConfig, probe_requests: int = 12_000) -> float:
@@ -30,6 +30,25 @@ def capacity_rps(trace: Trace, cfg: SimConfig, probe_requests: int = 12_000) -> 
     if b <= a:
         return len(finish) / max(1e-9, finish[-1] - burst.requests[0].arrival_s)
     return (len(finish) // 2) / (b - a)
+
+
+def at_load(trace: Trace, load: float, capacity: float) -> Trace:
+    """``trace`` with its arrivals rescaled to ``load`` × ``capacity`` requests per second."""
+    rate = len(trace.requests) / max(1e-9, trace.span_s)
+    return trace.scaled(rate / (load * capacity))
+
+
+def bounds_at(
+    trace: Trace,
+    load: float,
+    capacity: float,
+    cfg: SimConfig | None = None,
+    ttft_slo_s: float = 2.0,
+) -> dict[str, float | None]:
+    """:func:`analytics.sim.metrics.latency_bounds` of ``trace`` at ``load`` (as
+    :func:`replay_trace` replays it) on the engines of ``cfg``."""
+    profile = node_profile(cfg or SimConfig(), trace.block_size)
+    return latency_bounds(at_load(trace, load, capacity).requests, profile, ttft_slo_s)
 
 
 def open_trace(source: str | Path, *, limit: int | None = None, seed: int = 0) -> Trace:
@@ -64,8 +83,7 @@ def replay_trace(
     cap = None
     if load is not None:
         cap = capacity if capacity is not None else capacity_rps(trace, cfg)
-        rate = len(trace.requests) / max(1e-9, trace.span_s)
-        trace = trace.scaled(rate / (load * cap))
+        trace = at_load(trace, load, cap)
     settings = (
         policy
         if isinstance(policy, RouterSettings)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from admission.settings import Priority
+from agents.profile import EngineProfile, attention_pairs
 from streams.blocks import HASH_MASK
 
 __all__ = [
@@ -24,8 +26,10 @@ __all__ = [
     "TraceRequest",
     "causal_hit_bound",
     "hit_bound",
+    "idle_prefill_s",
     "load_trace",
     "pooled_lru_bound",
+    "ttft_floors",
 ]
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -137,26 +141,16 @@ def hit_bound(requests: Sequence[TraceRequest], block_size: int) -> float:
     return hit / total if total else 0.0
 
 
-def causal_hit_bound(
-    requests: Sequence[TraceRequest],
-    block_size: int,
-    prefill_tokens_per_s: float,
-    step_s: float,
-) -> float:
-    """The infinite-cache bound without time travel: a block can only be served once some
-    request could have computed it — its prompt blocks after that request's prefill on an idle
-    engine (``prompt / prefill_tokens_per_s``), its answer blocks after the decode steps that
-    fill them (``step_s`` each, the fastest step). Independent of the routing policy. When a
-    workload's follow-up turns arrive before the previous answer could exist (chat sessions
-    compressed to a high load), :func:`hit_bound` still counts those answers; this does not."""
+def _causally(
+    requests: Sequence[TraceRequest], block_size: int, prefill_tokens_per_s: float, step_s: float
+) -> Iterator[tuple[TraceRequest, dict[int, float]]]:
+    """Each request in arrival order with the earliest time each block could exist before it
+    (block -> time): its prompt blocks once some request could have prefilled them on an idle
+    engine (``prompt / prefill_tokens_per_s``), its answer blocks once the decode steps that
+    fill them (``step_s`` each, the fastest step) could have run."""
     ready: dict[int, float] = {}
-    hit = total = 0
     for r in sorted(requests, key=lambda x: x.arrival_s):
-        total += r.prompt_tokens
-        for h in r.block_hashes:
-            at = ready.get(h)
-            if at is not None and at <= r.arrival_s:
-                hit += block_size
+        yield r, ready
         prefilled = r.arrival_s + r.prompt_tokens / prefill_tokens_per_s
         for h in r.block_hashes:
             if prefilled < ready.get(h, float("inf")):
@@ -167,7 +161,102 @@ def causal_hit_bound(
             at = prefilled + max(1, end_token - r.prompt_tokens) * step_s
             if at < ready.get(h, float("inf")):
                 ready[h] = at
+
+
+def causal_hit_bound(
+    requests: Sequence[TraceRequest],
+    block_size: int,
+    prefill_tokens_per_s: float,
+    step_s: float,
+) -> float:
+    """The infinite-cache bound without time travel: a block can only be served once some
+    request could have computed it (:func:`_causally`). Independent of the routing policy.
+    When a workload's follow-up turns arrive before the previous answer could exist (chat
+    sessions compressed to a high load), :func:`hit_bound` still counts those answers; this
+    does not."""
+    hit = total = 0
+    for r, ready in _causally(requests, block_size, prefill_tokens_per_s, step_s):
+        total += r.prompt_tokens
+        for h in r.block_hashes:
+            at = ready.get(h)
+            if at is not None and at <= r.arrival_s:
+                hit += block_size
     return hit / total if total else 0.0
+
+
+def _idle_chunks(
+    profile: EngineProfile, prompt_tokens: int, cached_tokens: int
+) -> Iterator[tuple[int, float]]:
+    """The prefill of a prompt on an idle engine that holds its first ``cached_tokens`` (whole
+    blocks; at least one token is computed): after each chunk of ``max_num_batched_tokens``
+    (one engine step, alone in the batch), the tokens computed so far and the time taken."""
+    bs = profile.block_size
+    done = min(cached_tokens // bs * bs, (prompt_tokens - 1) // bs * bs)
+    t = 0.0
+    while done < prompt_tokens:
+        n = min(profile.max_num_batched_tokens, prompt_tokens - done)
+        t += profile.step_time_s(0, 0, n, attention_pairs(done, n))
+        done += n
+        yield done, t
+
+
+def idle_prefill_s(profile: EngineProfile, prompt_tokens: int, cached_tokens: int) -> float:
+    """Time to the first token of a prompt on an idle engine that holds its first
+    ``cached_tokens`` (:func:`_idle_chunks`)."""
+    return max((t for _, t in _idle_chunks(profile, prompt_tokens, cached_tokens)), default=0.0)
+
+
+def ttft_floors(requests: Sequence[TraceRequest], profile: EngineProfile) -> list[float]:
+    """Each request's TTFT floor, in arrival order: the least wait plus prefill on an idle
+    engine (:func:`idle_prefill_s`) holding every block of its prompt that exists by the time
+    the prefill starts — at its arrival, or later, once more of its prefix exists (an engine
+    that queues a request admits it with the blocks cached by then). A block exists once the
+    earliest request having it could have computed it on such an engine: a prompt block when the
+    chunk holding it ends, an answer block after the decode steps that fill it
+    (``step_base_s`` each, the fastest step). No router on a cluster of such engines does better
+    for any request, so the floors' percentiles bound every policy's TTFT percentiles from
+    below, and the share of floors within an SLO bounds its attainment from above."""
+    bs = profile.block_size
+    step_s = profile.step_base_s
+    ready: dict[int, float] = {}
+    out: list[float] = []
+    for r in sorted(requests, key=lambda x: x.arrival_s):
+        now = r.arrival_s
+        hashes = r.block_hashes
+        # when each prefix length becomes usable (a prefix needs all of its blocks)
+        starts: list[tuple[float, int]] = [(now, 0)]  # (start, prefix blocks held then)
+        latest = now
+        for j, h in enumerate(hashes):
+            at = ready.get(h)
+            if at is None:
+                break
+            if at > latest:
+                latest = at
+                starts.append((latest, j + 1))
+            else:
+                starts[-1] = (latest, j + 1)
+        floor = math.inf
+        for start, held in starts:
+            wait = start - now
+            if wait >= floor:
+                break
+            t = 0.0
+            done = held
+            for computed, t in _idle_chunks(profile, r.prompt_tokens, held * bs):
+                at = start + t
+                for h in hashes[done : computed // bs]:
+                    if at < ready.get(h, math.inf):
+                        ready[h] = at
+                done = max(done, computed // bs)
+            floor = min(floor, wait + t)
+        out.append(floor)
+        first_out = len(hashes)  # the answer's blocks follow the prompt's full blocks
+        for j, h in enumerate(r.output_block_hashes):
+            end_token = (first_out + j + 1) * bs  # the block is full at this token
+            at = now + floor + max(1, end_token - r.prompt_tokens) * step_s
+            if at < ready.get(h, math.inf):
+                ready[h] = at
+    return out
 
 
 def pooled_lru_bound(

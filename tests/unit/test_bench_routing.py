@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from analytics.sim.bench import bench_routing
+from analytics.sim.bench import bench_routing, retarget
 
 
 def test_bench_writes_every_number_and_the_targets(tmp_path: Path) -> None:
@@ -25,21 +25,43 @@ def test_bench_writes_every_number_and_the_targets(tmp_path: Path) -> None:
     md = (tmp_path / "routing.md").read_text()
     assert "## Simulator speed" in md and "| shared_prompt |" in md
     assert (tmp_path / "routing_ttft_p99_s.png").exists()
+    floor = saved["bounds"]["shared_prompt"]["0.8"]
+    assert 0 < floor["ttft_floor_p50_s"] <= floor["ttft_floor_p99_s"]
+    kvgate = next(r for r in saved["results"] if r["policy"] == "kvgate")
+    assert floor["ttft_floor_p99_s"] <= kvgate["ttft_p99_s"]
+    assert "TTFT floor p50" in md
+
+    # the targets again from the saved runs, without simulating
+    again = retarget([("shared_prompt", 300)], tmp_path, "kvgate bench routing --retarget")
+    assert again["targets"] == report["targets"] and again["bounds"] == report["bounds"]
+    assert again["results"] == report["results"]
+    assert again["retargeted"]["command"] == "kvgate bench routing --retarget"
+    assert "computed again from these runs" in (tmp_path / "routing.md").read_text()
+
+
+MOONCAKE = "mooncake_fast25_synthetic_trace"
+
+
+def run(
+    policy: str, load: float, hit: float, p50: float, p99: float, goodput: float = 10.0
+) -> dict[str, object]:
+    """One simulated run's figures as the targets read them (a Mooncake run)."""
+    return {
+        "trace": MOONCAKE,
+        "policy": policy,
+        "load": load,
+        "hit_rate": hit,
+        "ttft_p50_s": p50,
+        "ttft_p99_s": p99,
+        "slo_attainment": 0.98,
+        "goodput_rps": goodput,
+    }
 
 
 def test_conversation_targets_compare_with_the_best_baseline_at_80_and_100() -> None:
     from analytics.sim.bench_targets import conversation_targets
 
-    def r(policy: str, load: float, hit: float, p50: float, p99: float) -> dict[str, object]:
-        return {
-            "trace": "mooncake_fast25_synthetic_trace",
-            "policy": policy,
-            "load": load,
-            "hit_rate": hit,
-            "ttft_p50_s": p50,
-            "ttft_p99_s": p99,
-            "slo_attainment": 0.98,
-        }
+    r = run
 
     results = [
         r("kvgate", 0.8, 0.50, 0.10, 1.0),
@@ -65,3 +87,43 @@ def test_conversation_targets_compare_with_the_best_baseline_at_80_and_100() -> 
     slo = rows[("conversations: SLO attainment >= 97.5 % at 100% load", results[0]["trace"])]
     assert slo["met"]
     assert len(rows) == 2 + 4  # 80 %: hit, p99; 100 %: hit, p99, p50, SLO
+    assert all("feasible" not in t for t in rows.values())  # no bounds given
+
+
+def test_conversation_targets_say_what_is_within_reach_and_who_serves_the_load() -> None:
+    from analytics.sim.bench_targets import conversation_targets
+
+    trace = MOONCAKE
+
+    def r(policy: str, load: float, hit: float, p99: float, goodput: float) -> dict[str, object]:
+        return run(policy, load, hit, p99 / 10, p99, goodput)
+
+    results = [
+        r("kvgate", 0.8, 0.50, 1.0, 10.0),
+        r("llmd_weighted+tuned", 0.8, 0.52, 1.1, 9.5),
+        r("vllm_prefix_aware", 0.8, 0.60, 90.0, 0.5),  # everything on one node
+        r("kvgate", 1.0, 0.49, 2.0, 12.0),
+        r("llmd_weighted", 1.0, 0.40, 3.0, 12.0),
+    ]
+    bounds = {
+        trace: {
+            "0.8": {"ttft_floor_p50_s": 0.01, "ttft_floor_p99_s": 0.9, "slo_bound": 0.99},
+            "1.0": {"ttft_floor_p50_s": 0.2, "ttft_floor_p99_s": 0.9, "slo_bound": 0.96},
+        }
+    }
+    rows = {t["target"]: t for t in conversation_targets(results, bounds)}
+    hit = rows["conversations: hit rate >= the best baseline's at 80% load"]
+    assert hit["reference"] == "vllm_prefix_aware 0.600 (goodput 0.05× kvgate's)"
+    serving = rows[
+        "conversations: hit rate >= the best baseline's that serves the load "
+        "(goodput >= 0.9x kvgate's) at 80% load"
+    ]
+    assert serving["reference"] == "llmd_weighted+tuned 0.520" and not serving["met"]
+    # 100 %: the best hit rate serves the load, no second row
+    assert not any("serves the load" in t and "100%" in t for t in rows)
+    p99 = rows["conversations: P99 TTFT <= 0.85x the best baseline at 80% load"]
+    assert p99["feasible"] and p99["bound"] == "floor 0.900 s"  # 0.9 <= 0.85 × 1.1
+    p50 = rows["conversations: P50 TTFT <= 0.5x the best baseline at 100% load"]
+    assert not p50["feasible"]  # floor 0.2 > 0.5 × 0.3
+    slo = rows["conversations: SLO attainment >= 97.5 % at 100% load"]
+    assert not slo["feasible"] and slo["bound"] == "SLO bound 0.960"
