@@ -998,11 +998,12 @@ def bench_routing(
     policies: Annotated[str, typer.Option(help="comma-separated policies (default: all)")] = "",
     jobs: Annotated[int, typer.Option(help="parallel simulations")] = 2,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
-    retarget: Annotated[
+    reuse: Annotated[
         bool,
         typer.Option(
-            help="compute the bounds, targets and tables of OUT/routing.json again from its "
-            "runs, without simulating (the workloads must be the ones it ran)"
+            help="keep OUT/routing.json's runs: only --policies run again (none: no run), then "
+            "the bounds, targets and tables are computed again (the workloads must be the "
+            "ones it ran)"
         ),
     ] = False,
 ) -> None:
@@ -1010,7 +1011,7 @@ def bench_routing(
     import sys
 
     from analytics.sim.bench import bench_routing as run
-    from analytics.sim.bench import retarget as rebuild
+    from analytics.sim.bench import reuse as rebuild
     from analytics.sim.workloads import WORKLOADS
     from router.policies import POLICIES
 
@@ -1024,16 +1025,20 @@ def bench_routing(
                 raise typer.BadParameter(f"{path} does not exist")
             sources.append((str(path), requests))
     command = "kvgate bench " + " ".join(sys.argv[2:])
-    if retarget:
-        if not (out / "routing.json").exists():
-            raise typer.BadParameter(f"{out / 'routing.json'} does not exist: nothing to retarget")
-        rebuild(sources, out, command)
-        typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
-        return
-    chosen = [p for p in policies.split(",") if p] or list(POLICIES)
-    for p in chosen:
+    named = [p for p in policies.split(",") if p]
+    for p in named:
         if p not in POLICIES:
             raise typer.BadParameter(f"unknown policy {p!r}")
+    if reuse:
+        if not (out / "routing.json").exists():
+            raise typer.BadParameter(f"{out / 'routing.json'} does not exist: nothing to reuse")
+        try:
+            rebuild(sources, out, command, named, jobs)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        typer.echo(f"wrote {out / 'routing.md'} and {out / 'routing.json'}")
+        return
+    chosen = named or list(POLICIES)
     run(
         sources,
         nodes=nodes,

@@ -31,7 +31,7 @@ from analytics.sim.replay import bounds_at, capacity_rps, open_trace, replay_tra
 from router.policies import POLICIES, TUNING_GRID, grid_points
 from router.settings import RouterSettings
 
-__all__ = ["bench_routing", "retarget"]
+__all__ = ["bench_routing", "reuse"]
 
 KEYS = (
     "ttft_p50_s",
@@ -159,18 +159,7 @@ def bench_routing(
                         more.append((s, lim, nodes, settings, load, caps[s]))
         for r in tracked(pool.map(_one, more), len(more), "tuned peers"):
             results.append({**r, "policy": r["policy"] + TUNED})
-    # simulator speed on its own (the runs above share the cores two by two), three runs each:
-    # this machine is noisy, the median is what to expect and the best what it can do
-    speed = {}
-    for s, lim in sources:
-        with status(f"measuring the simulator's speed on {Path(s).name}"):
-            runs = [_one((s, lim, nodes, "kvgate", 0.8, caps[s])) for _ in range(SPEED_RUNS)]
-        per_min = sorted(r["sim_requests_per_min"] for r in runs)
-        speed[runs[0]["trace"]] = {
-            "median": per_min[len(per_min) // 2],
-            "best": per_min[-1],
-            "runs": per_min,
-        }
+    speed = _speed(sources, nodes, caps)
     bounds = _bounds(sources, loads, caps)
     report = {
         "command": command,
@@ -190,6 +179,25 @@ def bench_routing(
     return report
 
 
+def _speed(
+    sources: Sequence[tuple[str, int | None]], nodes: int, caps: dict[str, float]
+) -> dict[str, dict[str, Any]]:
+    """The simulator's speed on each workload on its own (the benchmark's runs share the cores
+    two by two), three runs each: this machine is noisy, the median is what to expect and the
+    best what it can do."""
+    speed = {}
+    for s, lim in sources:
+        with status(f"measuring the simulator's speed on {Path(s).name}"):
+            runs = [_one((s, lim, nodes, "kvgate", 0.8, caps[s])) for _ in range(SPEED_RUNS)]
+        per_min = sorted(r["sim_requests_per_min"] for r in runs)
+        speed[runs[0]["trace"]] = {
+            "median": per_min[len(per_min) // 2],
+            "best": per_min[-1],
+            "runs": per_min,
+        }
+    return speed
+
+
 def _bounds(
     sources: Sequence[tuple[str, int | None]], loads: Sequence[float], caps: dict[str, float]
 ) -> dict[str, dict[str, dict[str, Any]]]:
@@ -203,12 +211,22 @@ def _bounds(
     return out
 
 
-def retarget(
-    sources: Sequence[tuple[str, int | None]], out_dir: Path, command: str
+def reuse(
+    sources: Sequence[tuple[str, int | None]],
+    out_dir: Path,
+    command: str,
+    rerun: Sequence[str] = (),
+    jobs: int = 2,
 ) -> dict[str, Any]:
-    """The bounds, targets, tables and plots of ``out_dir/routing.json`` computed again from
-    its runs, without simulating them again (after a change to the targets or the bounds; the
-    runs keep their date). ``sources``: the workloads the runs replayed."""
+    """``out_dir/routing.json`` brought up to date without running it all again: the policies
+    in ``rerun`` replay every workload at every load of the saved runs (after a change to
+    them; the other policies' runs and the peers' tuning are kept), then the bounds, targets,
+    tables and plots are computed again. ``sources``: the workloads the saved runs replayed.
+    A tuned peer cannot be rerun this way (its tuning would have to run again too)."""
+    tuned = [p for p in rerun if p in TUNING_GRID]
+    if tuned:
+        raise ValueError(f"{', '.join(tuned)}: tuned peers are rerun by the whole benchmark")
+    started = time.time()
     report: dict[str, Any] = json.loads((out_dir / "routing.json").read_text())
     caps: dict[str, float] = {}
     ran: list[tuple[str, int | None]] = []
@@ -217,14 +235,35 @@ def retarget(
         if name in report["capacity_rps"]:
             caps[s] = report["capacity_rps"][name]
             ran.append((s, lim))
-    loads = sorted({r["load"] for r in report["results"] if r["load"] is not None})
+    results: list[dict[str, Any]] = report["results"]
+    loads = sorted({r["load"] for r in results if r["load"] is not None})
+    if rerun:
+        work = [
+            (s, lim, report["nodes"], p, load, caps[s])
+            for s, lim in ran
+            for load in loads
+            for p in rerun
+        ]
+        with ProcessPoolExecutor(jobs) as pool:
+            fresh = list(tracked(pool.map(_one, work), len(work), "simulations"))
+        again = {(r["trace"], r["policy"], r["load"]): r for r in fresh}
+        results = [again.pop((r["trace"], r["policy"], r["load"]), r) for r in results]
+        results += list(again.values())
+        if "kvgate" in rerun:
+            report["sim_requests_per_min_alone"] = _speed(ran, report["nodes"], caps)
+    report["results"] = results
     report["bounds"] = _bounds(ran, loads, caps)
     report["targets"] = (
-        targets(report["results"])
-        + conversation_targets(report["results"], report["bounds"])
+        targets(results)
+        + conversation_targets(results, report["bounds"])
         + speed_targets(report["sim_requests_per_min_alone"])
     )
-    report["retargeted"] = {"command": command, "date": time.strftime("%Y-%m-%d")}
+    report["reused"] = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d"),
+        "rerun": list(rerun),
+        "wall_s": round(time.time() - started),
+    }
     _write(report, out_dir)
     return report
 
@@ -319,11 +358,17 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
         "",
         *(
             [
-                f"Bounds, targets and tables computed again from these runs on "
-                f"{report['retargeted']['date']}: `{report['retargeted']['command']}`",
+                f"Updated on {report['reused']['date']} by `{report['reused']['command']}`: "
+                + (
+                    f"{', '.join(report['reused']['rerun'])} ran again; the other policies' "
+                    "runs (and the peers' tuning) are those of the command above, "
+                    if report["reused"]["rerun"]
+                    else "no run again; "
+                )
+                + "the bounds, targets and tables were computed again.",
                 "",
             ]
-            if report.get("retargeted")
+            if report.get("reused")
             else []
         ),
         f"Machine: {report['machine']}; date {report['date']}; {report['wall_s']} s of wall "

@@ -1,7 +1,9 @@
 import json
 from pathlib import Path
 
-from analytics.sim.bench import bench_routing, retarget
+import pytest
+
+from analytics.sim.bench import bench_routing, reuse
 
 
 def test_bench_writes_every_number_and_the_targets(tmp_path: Path) -> None:
@@ -32,11 +34,28 @@ def test_bench_writes_every_number_and_the_targets(tmp_path: Path) -> None:
     assert "TTFT floor p50" in md
 
     # the targets again from the saved runs, without simulating
-    again = retarget([("shared_prompt", 300)], tmp_path, "kvgate bench routing --retarget")
+    source = [("shared_prompt", 300)]
+    again = reuse(source, tmp_path, "kvgate bench routing --reuse", jobs=1)
     assert again["targets"] == report["targets"] and again["bounds"] == report["bounds"]
     assert again["results"] == report["results"]
-    assert again["retargeted"]["command"] == "kvgate bench routing --retarget"
-    assert "computed again from these runs" in (tmp_path / "routing.md").read_text()
+    assert again["reused"]["command"] == "kvgate bench routing --reuse"
+    assert "no run again" in (tmp_path / "routing.md").read_text()
+
+    # one policy again (a change to it): its rows are replaced, the others' kept
+    saved = json.loads((tmp_path / "routing.json").read_text())
+    for r in saved["results"]:
+        if r["policy"] == "kvgate":
+            r["hit_rate"] = -1.0  # stands for a stale number
+    (tmp_path / "routing.json").write_text(json.dumps(saved))
+    cmd = "kvgate bench routing --reuse --policies kvgate"
+    fresh = reuse(source, tmp_path, cmd, ["kvgate"], jobs=1)
+    rows = {r["policy"]: r for r in fresh["results"]}
+    assert len(fresh["results"]) == 3 and rows["kvgate"]["hit_rate"] == kvgate["hit_rate"]
+    assert rows["round_robin"] == next(r for r in report["results"] if r["policy"] == "round_robin")
+    assert fresh["reused"]["rerun"] == ["kvgate"]
+    assert "kvgate ran again" in (tmp_path / "routing.md").read_text()
+    with pytest.raises(ValueError, match="tuned peers"):
+        reuse(source, tmp_path, cmd, ["llmd_weighted"], jobs=1)
 
 
 MOONCAKE = "mooncake_fast25_synthetic_trace"
