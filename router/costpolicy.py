@@ -18,10 +18,14 @@ has seen a few prefills there, else ``prefill_tokens_per_s``):
   blocks queues or preempts), counting the growth still ahead of the requests running there
   (this router's remaining decode, router/ledger.py: a node whose running requests will soon
   finish has more room than one whose long generations have far to go);
-* ``affinity_s`` — a request with a session key gets a small bonus on the session's home node
-  (consistent hashing with bounded loads, :mod:`router.affinity`): a soft preference that load
-  outweighs. After the first turn the prefix hit on the node holding the conversation is the
-  stronger pull, and it works across router replicas because it comes from the shared index.
+* ``affinity_s`` — a request with a session key gets a small bonus on the session's home node:
+  the node this router sent the session's previous turn to, while it is a candidate (the node
+  that holds the conversation; a home kept through a short overload, where the load bound of a
+  hash ring would move it and pull the next turn away from its context); for a session this
+  router has not seen, the node of consistent hashing with bounded loads (:mod:`router.affinity`,
+  the same on every router replica). A soft preference that load outweighs. After the first
+  turn the prefix hit on the node holding the conversation is the stronger pull, and it works
+  across router replicas because it comes from the shared index.
 
 Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
 noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,7 +47,9 @@ from router.affinity import HashRing, point
 from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.settings import CostWeights
 
-__all__ = ["CompletionCostPolicy", "index_confidence", "prefill_weight"]
+__all__ = ["SESSION_HOMES", "CompletionCostPolicy", "index_confidence", "prefill_weight"]
+
+SESSION_HOMES = 100_000  # sessions whose last node a router remembers (least recent go first)
 
 
 def prefill_weight(policy: object) -> float:
@@ -82,6 +89,7 @@ class CompletionCostPolicy(PolicyBase):
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
         self._smooth: dict[str, _Smoothed] = {}
         self._ring = HashRing(c=w.affinity_load_bound)
+        self._homes: OrderedDict[str, str] = OrderedDict()  # session -> node of its last turn
         self.record_candidates = record_candidates
 
     def set_weights_from(self, raw: Mapping[str, object]) -> None:
@@ -226,12 +234,15 @@ class CompletionCostPolicy(PolicyBase):
         now: float,
     ) -> RouteDecision:
         total_blocks = max(1, len(request.block_hashes))
+        session = request.session_id
         home = None
-        if request.session_id is not None and self.w.session_affinity_s > 0:
-            home = self._ring.home(
-                point(request.session_id),
-                {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
-            )
+        if session is not None and self.w.session_affinity_s > 0:
+            home = self._homes.get(session)
+            if home is None or not any(n.node_id == home for n in nodes):
+                home = self._ring.home(
+                    point(session),
+                    {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
+                )
         # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
@@ -271,4 +282,14 @@ class CompletionCostPolicy(PolicyBase):
         )
         uncached = max(0, request.prompt_tokens - matches.get(best.node_id, 0) * best.block_size)
         self._avg_uncached += self.w.prefill_ewma * (uncached - self._avg_uncached)
+        if session is not None and self.w.session_affinity_s > 0:
+            self._remember(session, best.node_id)
         return RouteDecision(best.node_id, reason, cands)
+
+    def _remember(self, session: str, node: str) -> None:
+        """``node`` is where ``session``'s last turn went (at most SESSION_HOMES sessions)."""
+        homes = self._homes
+        homes[session] = node
+        homes.move_to_end(session)
+        if len(homes) > SESSION_HOMES:
+            homes.popitem(last=False)

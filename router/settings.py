@@ -58,7 +58,7 @@ class CostWeights(BaseModel):
         default=1.0, gt=0, le=3600, description="trust decay of a lagging index"
     )
     session_affinity_s: float = Field(
-        default=0.05, ge=0, le=600, description="bonus of a session's home node (0: no affinity)"
+        default=0.1, ge=0, le=600, description="bonus of a session's home node (0: no affinity)"
     )
     affinity_load_bound: float = Field(
         default=1.25, ge=1, le=100, description="home nodes above this × mean load are skipped"

@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from router.affinity import point
 from router.control import apply_weights, weights_message
 from router.core import NodeView, RouteRequest
 from router.costpolicy import CompletionCostPolicy
@@ -94,6 +93,34 @@ def test_session_affinity_is_shared_by_replicas_and_yields_to_load() -> None:
     assert policy().decide(req, loaded, {}, NOW).chosen != home
 
 
+def test_a_session_keeps_the_home_its_last_turn_went_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ring home of a session is its home until it has a turn somewhere: from then on the
+    node of its last turn (which holds its context) is, even once the ring's node is free
+    again; a home that left the candidates gives way to the ring's."""
+    nodes = [node(f"n{i}") for i in range(8)]
+
+    def turn(p: CompletionCostPolicy, i: int, among: list[NodeView]) -> str | None:
+        req = RouteRequest(f"t{i}", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-7")
+        d = p.decide(req, among, {}, NOW)
+        assert d.reason == "session_home"
+        return d.chosen
+
+    ring = turn(policy(), 0, nodes)
+    p = policy()
+    busy = [node(n.node_id, pending=40) if n.node_id == ring else n for n in nodes]
+    req = RouteRequest("t1", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-7")
+    first = p.decide(req, busy, {}, NOW).chosen
+    assert first != ring
+    assert turn(p, 2, nodes) == first  # the ring's node is free again: the session stays
+    assert turn(p, 3, [n for n in nodes if n.node_id != first]) == ring
+    monkeypatch.setattr("router.costpolicy.SESSION_HOMES", 2)
+    for i in range(3):  # the least recent sessions are forgotten first
+        p.decide(RouteRequest(f"o{i}", "m", [], 40, 8, session_id=f"other-{i}"), nodes, {}, NOW)
+    assert "chat-7" not in p._homes and len(p._homes) == 2
+
+
 def test_heartbeat_load_is_smoothed() -> None:
     p = policy()
     a = node("a", running=0, heartbeat_ts=NOW - 1)
@@ -134,8 +161,7 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
     )
     matches = {"a": 10, "b": 40}
     p.decide(req, nodes, matches, NOW)  # smoothing state settles on these heartbeats
-    loads = {x.node_id: float(x.running + x.waiting + x.pending) for x in nodes}
-    home = p._ring.home(point("s1"), loads)
+    home = p._homes["s1"]  # the node of the session's last turn
     expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home) for n in nodes}
     d = p.decide(req, nodes, matches, NOW)
     assert {c.node_id: c.score for c in d.candidates} == pytest.approx(expected)
