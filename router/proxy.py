@@ -67,7 +67,25 @@ class ClientStalled(Exception):
     """The client stopped taking the stream."""
 
 
-async def _write(resp: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+async def _write(
+    resp: web.StreamResponse,
+    data: bytes,
+    timeout_s: float,
+    transport: Any = None,
+    high_water: int = 0,
+) -> None:
+    """Write ``data`` to the client, giving up after ``timeout_s`` of a client that takes
+    nothing. A write can only wait when the connection's ``transport`` is paused (its buffer
+    above ``high_water``); with nothing buffered and less than that to write it cannot be, and
+    the write goes without a timer (the common case: the kernel takes every SSE chunk)."""
+    if (
+        transport is not None
+        and len(data) < high_water
+        and not transport.is_closing()
+        and transport.get_write_buffer_size() == 0
+    ):
+        await resp.write(data)
+        return
     try:
         async with asyncio.timeout(timeout_s):
             await resp.write(data)
@@ -85,8 +103,9 @@ def _bound_send_buffer(request: web.Request, size: int) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-    if isinstance(transport, asyncio.WriteTransport):
-        transport.set_write_buffer_limits(high=size)
+    limits = getattr(transport, "set_write_buffer_limits", None)  # (uvloop's transports
+    if limits is not None:  # are not asyncio.WriteTransport instances)
+        limits(high=size)
 
 
 def _has_text(choice: dict[str, Any]) -> bool:
@@ -236,13 +255,16 @@ async def forward(
             _bound_send_buffer(request, send_buffer_bytes)
             await resp.prepare(request)
             lines = _SseLines(relay, p.include_usage, on_first_token, started)
+            client = request.transport
+            limits = getattr(client, "get_write_buffer_limits", None)
+            high = limits()[1] if limits is not None else 0
             async for data in up.content.iter_any():  # as the engine wrote it
                 out = lines.feed(data)
                 if out:
-                    await _write(resp, out, write_timeout_s)
+                    await _write(resp, out, write_timeout_s, client, high)
             out = lines.feed(b"", final=True)
             if out:
-                await _write(resp, out, write_timeout_s)
+                await _write(resp, out, write_timeout_s, client, high)
             await resp.write_eof()
             relay.status = "ok"
             return resp, relay

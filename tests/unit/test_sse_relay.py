@@ -4,13 +4,15 @@ the first token, output tokens and usage are seen as on a line-by-line read."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.proxy import Relay, _SseLines
+from router.proxy import ClientStalled, Relay, _SseLines, _write
 
 
 def _event(obj: dict[str, object]) -> bytes:
@@ -96,3 +98,49 @@ def test_nothing_is_held_back_but_an_unfinished_line() -> None:
     assert lines.feed(first + first[:9]) == first  # the first token goes out at once
     assert relay.ttft_s is not None and lines.rest == first[:9]
     assert lines.feed(first[9:]) == first
+
+
+class _Transport:
+    """What the relay asks of a client connection: its write buffer and whether it closes."""
+
+    def __init__(self, buffered: int) -> None:
+        self.buffered = buffered
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Response:
+    """A response whose write waits for ``release`` (a client that takes nothing)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.written: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        await self.release.wait()
+        self.written.append(data)
+
+
+async def test_a_write_that_could_wait_is_timed_and_one_that_cannot_goes_untimed() -> None:
+    """With the client's buffer empty and less than its high-water mark to write, the write
+    cannot be paused: it goes without a timer. Otherwise a client that takes nothing for the
+    write timeout is cut off."""
+    resp = _Response()
+    with pytest.raises(ClientStalled):  # data buffered already: the write may wait
+        await _write(resp, b"x", 0.05, _Transport(buffered=10), 1 << 16)  # type: ignore[arg-type]
+    with pytest.raises(ClientStalled):  # more than the high-water mark: it may too
+        await _write(resp, b"x" * 100, 0.05, _Transport(buffered=0), 64)  # type: ignore[arg-type]
+    with pytest.raises(ClientStalled):  # no transport known: always timed
+        await _write(resp, b"x", 0.05)  # type: ignore[arg-type]
+    untimed = asyncio.create_task(
+        _write(resp, b"y", 0.05, _Transport(buffered=0), 1 << 16)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0.1)  # past the timeout: no timer runs
+    assert not untimed.done()
+    resp.release.set()
+    await untimed
+    assert resp.written == [b"y"]
