@@ -125,12 +125,15 @@ SERVING = 0.9  # a baseline "serves the load" with at least this share of kvgate
 SLO_TARGET = 0.975
 
 
-def _reach(floor: float | None, limit: float) -> dict[str, Any]:
-    """Whether a latency target is within reach of any router: the TTFT floor (no policy's
-    percentile is below it) against the target's limit."""
-    if floor is None:
-        return {}
-    return {"bound": f"floor {floor:.3f} s", "feasible": floor <= limit}
+def _reach(bound: float | None, label: str, feasible: bool) -> dict[str, Any]:
+    """Whether a target is within reach of any router, from a bound no policy passes (a TTFT
+    floor, the SLO bound); nothing when the bound is not known."""
+    return {} if bound is None else {"bound": label.format(bound), "feasible": feasible}
+
+
+def _floor(bound: float | None, limit: float) -> dict[str, Any]:
+    """:func:`_reach` of a latency target: the TTFT floor against the target's limit."""
+    return _reach(bound, "floor {:.3f} s", bound is not None and bound <= limit)
 
 
 def conversation_targets(
@@ -181,8 +184,9 @@ def conversation_targets(
             serving = {
                 p: r for p, r in base.items() if r["goodput_rps"] >= SERVING * k["goodput_rps"]
             }
-            if serving and max(serving, key=lambda p: serving[p]["hit_rate"]) != best:
-                best = max(serving, key=lambda p: serving[p]["hit_rate"])
+            top = max(serving, key=lambda p: serving[p]["hit_rate"], default=best)
+            if top != best:
+                best = top
                 ratio = (
                     k["hit_rate"] / serving[best]["hit_rate"] if serving[best]["hit_rate"] else 1.0
                 )
@@ -204,7 +208,7 @@ def conversation_targets(
                 f"{best} {base[best]['ttft_p99_s']:.3f}",
                 ratio,
                 ratio <= 0.85,
-                **_reach(floor.get("ttft_floor_p99_s"), 0.85 * base[best]["ttft_p99_s"]),
+                **_floor(floor.get("ttft_floor_p99_s"), 0.85 * base[best]["ttft_p99_s"]),
             )
             if load == 1.0:
                 best = min(base, key=lambda p: base[p]["ttft_p50_s"])
@@ -216,17 +220,14 @@ def conversation_targets(
                     f"{best} {base[best]['ttft_p50_s']:.3f}",
                     ratio,
                     ratio <= 0.5,
-                    **_reach(floor.get("ttft_floor_p50_s"), 0.5 * base[best]["ttft_p50_s"]),
+                    **_floor(floor.get("ttft_floor_p50_s"), 0.5 * base[best]["ttft_p50_s"]),
                 )
                 if trace.startswith("mooncake"):
                     slo_bound = floor.get("slo_bound")
-                    reach = (
-                        {}
-                        if slo_bound is None
-                        else {
-                            "bound": f"SLO bound {slo_bound:.3f}",
-                            "feasible": slo_bound >= SLO_TARGET,
-                        }
+                    reach = _reach(
+                        slo_bound,
+                        "SLO bound {:.3f}",
+                        slo_bound is not None and slo_bound >= SLO_TARGET,
                     )
                     row(
                         "conversations: SLO attainment >= 97.5 % at 100% load",

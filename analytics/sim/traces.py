@@ -153,14 +153,22 @@ def _causally(
         yield r, ready
         prefilled = r.arrival_s + r.prompt_tokens / prefill_tokens_per_s
         for h in r.block_hashes:
-            if prefilled < ready.get(h, float("inf")):
+            if prefilled < ready.get(h, math.inf):
                 ready[h] = prefilled
-        first_out = len(r.block_hashes)  # the answer's blocks follow the prompt's full blocks
-        for j, h in enumerate(r.output_block_hashes):
-            end_token = (first_out + j + 1) * block_size  # the block is full at this token
-            at = prefilled + max(1, end_token - r.prompt_tokens) * step_s
-            if at < ready.get(h, float("inf")):
-                ready[h] = at
+        _answer_ready(ready, r, block_size, prefilled, step_s)
+
+
+def _answer_ready(
+    ready: dict[int, float], r: TraceRequest, block_size: int, first_token_s: float, step_s: float
+) -> None:
+    """The earliest times ``r``'s answer blocks could exist, into ``ready``: each once the
+    decode steps that fill it (``step_s`` each, the fastest step) ran after its first token."""
+    first_out = len(r.block_hashes)  # the answer's blocks follow the prompt's full blocks
+    for j, h in enumerate(r.output_block_hashes):
+        end_token = (first_out + j + 1) * block_size  # the block is full at this token
+        at = first_token_s + max(1, end_token - r.prompt_tokens) * step_s
+        if at < ready.get(h, math.inf):
+            ready[h] = at
 
 
 def causal_hit_bound(
@@ -216,8 +224,7 @@ def ttft_floors(requests: Sequence[TraceRequest], profile: EngineProfile) -> lis
     (``step_base_s`` each, the fastest step). No router on a cluster of such engines does better
     for any request, so the floors' percentiles bound every policy's TTFT percentiles from
     below, and the share of floors within an SLO bounds its attainment from above."""
-    bs = profile.block_size
-    step_s = profile.step_base_s
+    bs, step_s = profile.block_size, profile.step_base_s
     ready: dict[int, float] = {}
     out: list[float] = []
     for r in sorted(requests, key=lambda x: x.arrival_s):
@@ -247,15 +254,10 @@ def ttft_floors(requests: Sequence[TraceRequest], profile: EngineProfile) -> lis
                 for h in hashes[done : computed // bs]:
                     if at < ready.get(h, math.inf):
                         ready[h] = at
-                done = max(done, computed // bs)
+                done = computed // bs
             floor = min(floor, wait + t)
         out.append(floor)
-        first_out = len(hashes)  # the answer's blocks follow the prompt's full blocks
-        for j, h in enumerate(r.output_block_hashes):
-            end_token = (first_out + j + 1) * bs  # the block is full at this token
-            at = now + floor + max(1, end_token - r.prompt_tokens) * step_s
-            if at < ready.get(h, math.inf):
-                ready[h] = at
+        _answer_ready(ready, r, bs, now + floor, step_s)
     return out
 
 
