@@ -89,7 +89,8 @@ class CompletionCostPolicy(PolicyBase):
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
         self._smooth: dict[str, _Smoothed] = {}
         self._ring = HashRing(c=w.affinity_load_bound)
-        self._homes: OrderedDict[str, str] = OrderedDict()  # session -> node of its last turn
+        # session (by its hash: a client's key can be megabytes long) -> node of its last turn
+        self._homes: OrderedDict[int, str] = OrderedDict()
         self.record_candidates = record_candidates
 
     def set_weights_from(self, raw: Mapping[str, object]) -> None:
@@ -237,7 +238,7 @@ class CompletionCostPolicy(PolicyBase):
         session = request.session_id
         home = None
         if session is not None and self.w.session_affinity_s > 0:
-            home = self._homes.get(session)
+            home = self._homes.get(hash(session))
             if home is None or not any(n.node_id == home for n in nodes):
                 home = self._ring.home(
                     point(session),
@@ -283,10 +284,10 @@ class CompletionCostPolicy(PolicyBase):
         uncached = max(0, request.prompt_tokens - matches.get(best.node_id, 0) * best.block_size)
         self._avg_uncached += self.w.prefill_ewma * (uncached - self._avg_uncached)
         if session is not None and self.w.session_affinity_s > 0:
-            self._remember(session, best.node_id)
+            self._remember(hash(session), best.node_id)
         return RouteDecision(best.node_id, reason, cands)
 
-    def _remember(self, session: str, node: str) -> None:
+    def _remember(self, session: int, node: str) -> None:
         """``node`` is where ``session``'s last turn went (at most SESSION_HOMES sessions)."""
         homes = self._homes
         homes[session] = node

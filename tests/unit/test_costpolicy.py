@@ -118,7 +118,7 @@ def test_a_session_keeps_the_home_its_last_turn_went_to(
     monkeypatch.setattr("router.costpolicy.SESSION_HOMES", 2)
     for i in range(3):  # the least recent sessions are forgotten first
         p.decide(RouteRequest(f"o{i}", "m", [], 40, 8, session_id=f"other-{i}"), nodes, {}, NOW)
-    assert "chat-7" not in p._homes and len(p._homes) == 2
+    assert hash("chat-7") not in p._homes and len(p._homes) == 2
 
 
 def test_heartbeat_load_is_smoothed() -> None:
@@ -161,7 +161,7 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
     )
     matches = {"a": 10, "b": 40}
     p.decide(req, nodes, matches, NOW)  # smoothing state settles on these heartbeats
-    home = p._homes["s1"]  # the node of the session's last turn
+    home = p._homes[hash("s1")]  # the node of the session's last turn
     expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home) for n in nodes}
     d = p.decide(req, nodes, matches, NOW)
     assert {c.node_id: c.score for c in d.candidates} == pytest.approx(expected)
