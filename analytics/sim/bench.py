@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from analytics.progress import status, tracked
+from analytics.sim.bench_report import SPEED_RUNS, write_report
 from analytics.sim.bench_targets import (
-    SPEED_TARGET,
+    GOODPUT_FLOOR,
+    TUNE_LOAD,
     TUNED,
     conversation_targets,
+    run_params,
     speed_targets,
     targets,
 )
@@ -33,40 +36,11 @@ from router.settings import RouterSettings
 
 __all__ = ["bench_routing", "reuse"]
 
-KEYS = (
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p99_s",
-    "e2e_p99_s",
-    "hit_rate",
-    "hit_bound",
-    "hit_bound_causal",
-    "hit_bound_pooled_lru",
-    "slo_attainment",
-    "load_cov",
-    "max_over_mean_load",
-    "throughput_rps",
-    "goodput_rps",
-)
-TUNE_LOAD = 0.8  # the load the peers are tuned at (the targets' load)
-SPEED_RUNS = 3
-
 
 def _one(args: tuple[str, int | None, int, str | RouterSettings, float, float]) -> dict[str, Any]:
     source, limit, nodes, policy, load, cap = args
     trace = open_trace(source, limit=limit)
     return replay_trace(trace, nodes=nodes, policy=policy, load=load, capacity=cap)
-
-
-def _params(r: dict[str, Any]) -> tuple[tuple[str, float], ...]:
-    """A run's peer parameters, its defaults' when it ran without any."""
-    params = r.get("policy_params") or (
-        grid_points(r["policy"])[0] if r["policy"] in TUNING_GRID else {}
-    )
-    return tuple(sorted(params.items()))
-
-
-GOODPUT_FLOOR = 0.98  # a tuned peer keeps this share of its grid's best goodput
 
 
 def _tuned_order(grid: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -101,7 +75,7 @@ def _tune(
         peer = out.setdefault(r["trace"], {}).setdefault(r["policy"], {"grid": []})
         peer["grid"].append(
             {
-                "params": dict(_params(r)),
+                "params": dict(run_params(r)),
                 "ttft_p99_s": r["ttft_p99_s"],
                 "hit_rate": r["hit_rate"],
                 "slo_attainment": r["slo_attainment"],
@@ -145,7 +119,7 @@ def bench_routing(
         peers = [p for p in policies if p in TUNING_GRID] if tune else []
         tuning, grid = _tune(pool, sources, nodes, peers, caps, results) if peers else ({}, [])
         # each tuned peer at every load: runs already made (defaults, the grid) are reused
-        done = {(r["trace"], r["policy"], _params(r), r["load"]): r for r in results + grid}
+        done = {(r["trace"], r["policy"], run_params(r), r["load"]): r for r in results + grid}
         more = []
         for s, lim in sources:
             name = open_trace(s, limit=lim).name
@@ -175,7 +149,7 @@ def bench_routing(
         "sim_requests_per_min_alone": speed,
         "results": results,
     }
-    _write(report, out_dir)
+    write_report(report, out_dir)
     return report
 
 
@@ -264,186 +238,5 @@ def reuse(
         "rerun": list(rerun),
         "wall_s": round(time.time() - started),
     }
-    _write(report, out_dir)
+    write_report(report, out_dir)
     return report
-
-
-def _write(report: dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "routing.json").write_text(json.dumps(report, indent=2) + "\n")
-    plots = _plots(report, out_dir)
-    (out_dir / "routing.md").write_text(_markdown(report, plots))
-
-
-def _plots(report: dict[str, Any], out_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-    traces = sorted({r["trace"] for r in report["results"]})
-    for metric, label in (("ttft_p99_s", "TTFT p99 (s, log)"), ("hit_rate", "prefix hit rate")):
-        fig, axes = plt.subplots(
-            2, (len(traces) + 1) // 2, figsize=(5 * ((len(traces) + 1) // 2), 8)
-        )
-        for ax, trace in zip(axes.flat, traces, strict=False):
-            rows = [r for r in report["results"] if r["trace"] == trace]
-            for policy in sorted({r["policy"] for r in rows}):
-                pts = sorted((r["load"], r[metric]) for r in rows if r["policy"] == policy)
-                ax.plot(
-                    [x for x, _ in pts],
-                    [y for _, y in pts],
-                    marker="o",
-                    linewidth=2.5 if policy == "kvgate" else 1,
-                    label=policy,
-                )
-            ax.set_title(trace, fontsize=9)
-            ax.set_xlabel("offered load / capacity")
-            ax.set_ylabel(label)
-            if metric == "ttft_p99_s":
-                ax.set_yscale("log")
-        axes.flat[0].legend(fontsize=7)
-        fig.tight_layout()
-        name = f"routing_{metric}.png"
-        fig.savefig(out_dir / name, dpi=80)
-        plt.close(fig)
-        names.append(name)
-    return names
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return "–" if v is None else str(v)
-
-
-def _tuning_markdown(tuning: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    if not tuning:
-        return []
-    lines = [
-        "",
-        "## Tuned peers",
-        "",
-        f"Each peer's parameters searched on each workload at {TUNE_LOAD:.0%} load over the grid "
-        "of `router.policies.TUNING_GRID` (the defaults included), keeping the lowest TTFT p99 "
-        f"(then the highest hit rate) among the points within {GOODPUT_FLOOR:.0%} of the grid's "
-        f"best goodput; `<peer>{TUNED}` rows below run those parameters at every "
-        "load. Tuned in sample: the peer at its best on this very traffic.",
-        "",
-        "| workload | peer | tuned parameters | TTFT p99 defaults → tuned | hit rate defaults → "
-        "tuned | grid |",
-        "|---|---|---|---|---|---:|",
-    ]
-    for trace, peers in sorted(tuning.items()):
-        for peer, t in sorted(peers.items()):
-            default = next(g for g in t["grid"] if g["params"] == dict(_params({"policy": peer})))
-            best = t["grid"][0]
-            params = ", ".join(f"{k} {v:g}" for k, v in best["params"].items())
-            if best is default:
-                params += " (the defaults)"
-            lines.append(
-                f"| {trace} | {peer} | {params} | {default['ttft_p99_s']:.3f} → "
-                f"{best['ttft_p99_s']:.3f} | {default['hit_rate']:.3f} → {best['hit_rate']:.3f} | "
-                f"{len(t['grid'])} |"
-            )
-    return lines
-
-
-def _markdown(report: dict[str, Any], plots: list[str]) -> str:
-    lines = [
-        "# Routing benchmark (virtual-time simulation)",
-        "",
-        f"Command: `{report['command']}`",
-        "",
-        *(
-            [
-                f"Updated on {report['reused']['date']} by `{report['reused']['command']}`: "
-                + (
-                    f"{', '.join(report['reused']['rerun'])} ran again; the other policies' "
-                    "runs (and the peers' tuning) are those of the command above, "
-                    if report["reused"]["rerun"]
-                    else "no run again; "
-                )
-                + "the bounds, targets and tables were computed again.",
-                "",
-            ]
-            if report.get("reused")
-            else []
-        ),
-        f"Machine: {report['machine']}; date {report['date']}; {report['wall_s']} s of wall "
-        f"time. {report['nodes']} simulated engines (Llama-3.1-8B on H100 profile, "
-        "docs/engine-model.md); the router sees heartbeats every 0.5 s and KV events 150 ms "
-        "late, and counts its own dispatches. Load is relative to the capacity measured on the "
-        "same workload (saturated throughput under least-requests). SLO: TTFT ≤ 2 s and TPOT ≤ "
-        "0.1 s. `hit_bound` is the infinite-cache bound; `hit_bound_causal` the same without "
-        "time travel (a block counts only once an idle engine could have computed it: compressed "
-        "chat sessions send the next turn before the previous answer can exist); "
-        "`hit_bound_pooled_lru` what one LRU cache with the whole cluster's KV memory would "
-        "reach.",
-        "",
-        "The baselines are copies of peer routers' policies; docs/baselines.md says what each "
-        "source does, what the copy does, every difference, and how the copies' numbers moved "
-        "when they were re-read against their sources.",
-        "",
-        "## Targets",
-        "",
-        "`within reach`: whether any router could meet a latency or SLO target on these "
-        "engines. Each request's TTFT floor is its prefill on an idle engine holding every "
-        "block of its prompt that could exist by then (an infinite cache, no queue: "
-        "`analytics.sim.traces.ttft_floors`); no policy's TTFT percentile is below the floors' "
-        "(checked request by request against simulated runs in the tests), and no policy "
-        "meets the TTFT SLO for more requests than the floors do.",
-        "",
-        "| target | workload | kvgate | reference | ratio | met | within reach |",
-        "|---|---|---:|---|---:|---|---|",
-    ]
-    for t in report["targets"]:
-        reach = ""
-        if "feasible" in t:
-            reach = f"{'yes' if t['feasible'] else '**no**'} ({t['bound']})"
-        lines.append(
-            f"| {t['target']} | {t['trace']} | {_fmt(t['kvgate'])} | {t['reference']} | "
-            f"{t['ratio']:.3f} | {'yes' if t['met'] else '**no**'} | {reach} |"
-        )
-    lines += _tuning_markdown(report.get("tuning") or {})
-    lines += ["", *[f"![{p}]({p})" for p in plots], ""]
-    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
-    for r in report["results"]:
-        groups.setdefault((r["trace"], r["load"]), []).append(r)
-    bounds = report.get("bounds") or {}
-    for (trace, load), rows in groups.items():
-        cap = rows[0]["capacity_rps"]
-        b = bounds.get(trace, {}).get(str(load))
-        floor = (
-            f"; TTFT floor p50 {_fmt(b['ttft_floor_p50_s'])} s, p99 {_fmt(b['ttft_floor_p99_s'])} "
-            f"s, SLO bound {_fmt(b['slo_bound'])}"
-            if b
-            else ""
-        )
-        lines += [
-            f"## {trace}, load {load} (capacity {cap:.1f} req/s, {rows[0]['requests']} "
-            f"requests{floor})",
-            "",
-            "| policy | " + " | ".join(KEYS) + " |",
-            "|---|" + "---:|" * len(KEYS),
-        ]
-        for r in sorted(rows, key=lambda x: x["ttft_p99_s"] or 0):
-            lines.append(f"| {r['policy']} | " + " | ".join(_fmt(r.get(k)) for k in KEYS) + " |")
-        lines.append("")
-    alone = report["sim_requests_per_min_alone"]
-    lines += [
-        "## Simulator speed",
-        "",
-        "Simulated requests per minute of wall time, one run at a time (kvgate, 80 % load; "
-        f"target {SPEED_TARGET:,}), {SPEED_RUNS} runs per workload:",
-        "",
-        "| workload | median | best | runs |",
-        "|---|---:|---:|---|",
-        *[
-            f"| {t} | {v['median']:,} | {v['best']:,} | {', '.join(f'{x:,}' for x in v['runs'])} |"
-            for t, v in alone.items()
-        ],
-        "",
-    ]
-    return "\n".join(lines)

@@ -6,26 +6,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.policies import POLICIES
+from router.policies import POLICIES, TUNING_GRID, grid_points
 
 __all__ = [
     "BASELINES",
+    "GOODPUT_FLOOR",
     "SHARING",
     "SPEED_TARGET",
     "TUNED",
+    "TUNE_LOAD",
     "conversation_targets",
+    "run_params",
     "speed_targets",
     "targets",
 ]
 
 BASELINES = tuple(p for p in POLICIES if p not in ("kvgate", "seed_score"))  # other systems'
 TUNED = "+tuned"  # a peer with its parameters tuned on the workload (label suffix)
+TUNE_LOAD = 0.8  # the load the peers are tuned at (the targets' load)
+GOODPUT_FLOOR = 0.98  # a tuned peer keeps this share of its grid's best goodput
 SPEED_TARGET = 100_000  # simulated requests per minute of wall time
 # workloads with prefix sharing (the 80 % targets) and without (the no-regression target)
 SHARING = ("shared_prompt", "multi_turn", "conversation", "mooncake_fast25_synthetic_trace")
 # long multi-turn conversations: hit rate without giving up the latency lead, at 80 and 100 %
 CONVERSATIONS = ("mooncake_fast25_synthetic_trace", "multi_turn", "conversation")
 NO_SHARING = ("long_tail", "azure_llm_inference_2023_conv", "azure_llm_inference_2023_code")
+
+
+def run_params(r: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """A run's peer parameters, its defaults' when it ran without any."""
+    params = r.get("policy_params") or (
+        grid_points(r["policy"])[0] if r["policy"] in TUNING_GRID else {}
+    )
+    return tuple(sorted(params.items()))
 
 
 def _at(results: list[dict[str, Any]], trace: str, load: float) -> dict[str, dict[str, Any]]:

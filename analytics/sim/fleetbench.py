@@ -30,6 +30,7 @@ from typing import Any
 from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
 from analytics.progress import status
 from analytics.sim.admission import Refused
+from analytics.sim.bench_report import fmt
 from analytics.sim.cluster import Done, FleetOp, SimConfig, node_names, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.replay import capacity_rps, open_trace
@@ -334,12 +335,6 @@ def bench_fleet(
     return result
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "–"
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
 def _markdown(r: dict[str, Any]) -> str:
     cols = (
         "failed",
@@ -364,7 +359,7 @@ def _markdown(r: dict[str, Any]) -> str:
         "|---|" + "---:|" * len(cols),
     ]
     for name, row in r["rows"].items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
     lines += [
         "",
         "## SLO classes at 120 % load",
@@ -384,7 +379,7 @@ def _markdown(r: dict[str, Any]) -> str:
             for cls, v in runs[label].items():
                 lines.append(
                     f"| {name} | {label} | {cls} | {v['offered']} | {v['completed']} | "
-                    f"{_fmt(v['slo_attainment'])} | {v['refused']} | "
+                    f"{fmt(v['slo_attainment'])} | {v['refused']} | "
                     f"{v['refused_by_reason'] or '–'} | {v['refusals_without_retry_after']} |"
                 )
     hol = r.get("long_tail")
@@ -415,12 +410,12 @@ def _markdown(r: dict[str, Any]) -> str:
                 continue
             for label, v in rows.items():
                 lines.append(
-                    f"| {key[5:]} | {label} | {v['completed']} | {_fmt(v['short_ttft_p50_s'])} | "
-                    f"{_fmt(v['short_ttft_p99_s'])} | {_fmt(v['long_ttft_p99_s'])} | "
-                    f"{_fmt(v['long_tpot_p99_s'])} | {_fmt(v['output_tokens_per_s'])} | "
-                    f"{_fmt(v.get('short_ttft_p99_ratio'))} | "
-                    f"{_fmt(v.get('throughput_ratio'))} | "
-                    f"{_fmt(v.get('long_tpot_p99_ratio'))} |"
+                    f"| {key[5:]} | {label} | {v['completed']} | {fmt(v['short_ttft_p50_s'])} | "
+                    f"{fmt(v['short_ttft_p99_s'])} | {fmt(v['long_ttft_p99_s'])} | "
+                    f"{fmt(v['long_tpot_p99_s'])} | {fmt(v['output_tokens_per_s'])} | "
+                    f"{fmt(v.get('short_ttft_p99_ratio'))} | "
+                    f"{fmt(v.get('throughput_ratio'))} | "
+                    f"{fmt(v.get('long_tpot_p99_ratio'))} |"
                 )
     lines += [
         "",
@@ -440,10 +435,10 @@ def _markdown(r: dict[str, Any]) -> str:
             if not isinstance(v, dict):
                 continue
             lines.append(
-                f"| {name} | {label} | {_fmt(v['disaggregated_share'])} | "
-                f"{_fmt(v['ttft_p50_s'])} | {_fmt(v['ttft_p99_s'])} | {_fmt(v['tpot_p50_s'])} | "
-                f"{_fmt(v['tpot_p99_s'])} | {_fmt(v['slo_attainment'])} | "
-                f"{_fmt(v['goodput_rps'])} |"
+                f"| {name} | {label} | {fmt(v['disaggregated_share'])} | "
+                f"{fmt(v['ttft_p50_s'])} | {fmt(v['ttft_p99_s'])} | {fmt(v['tpot_p50_s'])} | "
+                f"{fmt(v['tpot_p99_s'])} | {fmt(v['slo_attainment'])} | "
+                f"{fmt(v['goodput_rps'])} |"
             )
     lines += [
         "",
