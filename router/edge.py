@@ -38,6 +38,7 @@ __all__ = [
     "forwarded_peer",
     "match_key",
     "mint_id",
+    "path_guard",
     "read_body",
     "requested_priority",
     "trace_headers",
@@ -162,6 +163,32 @@ async def read_body(request: web.Request, max_bytes: int, timeout_s: float) -> b
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# a path segment kvgate refuses: a dot segment, or one with a percent-encoded or backslash
+# character (no path kvgate serves needs either)
+_BAD_SEGMENT = re.compile(r"\.{1,2}|.*[%\\].*")
+
+
+@web.middleware
+async def path_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Requests whose path is not already in normal form are refused with a 400 before any
+    route sees them: dot segments (``/v1/../x``, ``/v1/./x``), percent-encoded characters
+    (``/v1/%2e%2e/x``), backslashes and empty segments (``/v1//x``). Every path kvgate
+    serves is plain ASCII without them, so no client needs one, and a path that would be
+    normalized differently by an engine cannot reach it."""
+    raw = request.raw_path.partition("?")[0]
+    segments = raw.split("/")[1:]
+    if not raw.startswith("/") or any(
+        (not seg and i < len(segments) - 1) or _BAD_SEGMENT.fullmatch(seg)
+        for i, seg in enumerate(segments)
+    ):
+        raise Refusal(
+            400,
+            "the request path must be in normal form: no dot segments, empty segments, "
+            "percent-encoded characters or backslashes",
+            reason="bad_path",
+        )
+    return await handler(request)
 
 
 @web.middleware

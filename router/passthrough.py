@@ -1,10 +1,16 @@
-"""The rest of an engine's OpenAI API (``/v1/embeddings``, ``/v1/score``, ``/v1/rerank``…),
-passed through to a node that serves the request's model.
+"""The engines' non-generating OpenAI API (``/v1/embeddings``, ``/v1/score``, ``/v1/rerank``,
+``/v1/classify``), passed through to a node that serves the request's model.
 
 These requests hold no long generation and no reusable prefix: they are not admitted against
 the KV budget and not routed by cache, only sent to the least loaded node serving their model.
 The tenant's key is checked first, the body is bounded, the engine's answer is streamed back as
 it comes, and the client sees which node answered (``X-Kvgate-Node``).
+
+Only the paths of :data:`PASSTHROUGH_PATHS` pass, and each is sent upstream as the constant
+path kvgate knows, never as the client spelled it: a client's path cannot name another engine
+endpoint (``/v1/../reset_prefix_cache``), and engine admin endpoints under ``/v1``
+(``/v1/load_lora_adapter``…) are not reachable by tenants. Generating endpoints kvgate does not
+admit yet (``/v1/responses``, ``/v1/messages``) are refused rather than passed around admission.
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from aiohttp import web
 from router.core import NodeView
 from router.edge import Refusal
 
-__all__ = ["pick_node", "relay", "request_model"]
+__all__ = ["NOT_ADMITTED", "PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
+
+# the non-generating OpenAI-style endpoints vLLM and SGLang serve under /v1 (JSON bodies with
+# a ``model``): they pass through; nothing else under /v1 does
+PASSTHROUGH_PATHS = ("/v1/embeddings", "/v1/score", "/v1/rerank", "/v1/classify")
+# generating endpoints of the engines that kvgate does not admit or account for yet: refused,
+# never passed around admission, quotas and write timeouts
+NOT_ADMITTED = ("/v1/responses", "/v1/messages")
 
 
 def request_model(raw: bytes) -> str:
@@ -46,8 +59,13 @@ async def relay(
     raw: bytes,
     headers: Mapping[str, str],
 ) -> web.StreamResponse:
-    """POST ``raw`` to the same path on ``node`` and stream its answer back."""
-    url = node.endpoint.rstrip("/") + request.path_qs
+    """POST ``raw`` to ``node`` at the request's route (one of :data:`PASSTHROUGH_PATHS`,
+    the registered constant, not the client's spelling of it) and stream its answer back."""
+    path = request.match_info.route.resource.canonical if request.match_info.route.resource else ""
+    if path not in PASSTHROUGH_PATHS:  # registered only for those; a guard, not a filter
+        raise Refusal(404, f"no such endpoint: {request.path[:200]}", "NotFoundError")
+    query = f"?{request.query_string}" if request.query_string else ""
+    url = node.endpoint.rstrip("/") + path + query
     try:
         async with http.post(
             url, data=raw, headers={"Content-Type": "application/json", **headers}

@@ -51,6 +51,7 @@ from router.edge import (
     error_middleware,
     match_key,
     mint_id,
+    path_guard,
     read_body,
     requested_priority,
     trace_headers,
@@ -71,7 +72,13 @@ from router.ledger import InflightLedger
 from router.metrics import RouterMetrics
 from router.outlier import Failure
 from router.parse import ParsedRequest, parse_request
-from router.passthrough import pick_node, relay, request_model
+from router.passthrough import (
+    NOT_ADMITTED,
+    PASSTHROUGH_PATHS,
+    pick_node,
+    relay,
+    request_model,
+)
 from router.placement import FREE, Placement, placement_of
 from router.policies import LeastRequestsPolicy
 from router.proxy import Relay, forward
@@ -327,7 +334,8 @@ class RouterService:
         """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
         own key), the admin endpoints for admin keys, probes and metrics for anyone."""
         app = web.Application(
-            client_max_size=self.settings.max_body_bytes, middlewares=[error_middleware]
+            client_max_size=self.settings.max_body_bytes,
+            middlewares=[error_middleware, path_guard],
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -337,8 +345,11 @@ class RouterService:
         app.router.add_post("/v1/kvgate/renew", self._gateway_renew)
         app.router.add_get("/v1/kvgate/state", self._admin_only(self._state))
         app.router.add_get("/v1/models", self._models)
-        # the rest of the engines' API (embeddings, score, rerank…): passed through by model
-        app.router.add_post("/v1/{tail:.+}", self._passthrough)
+        # the engines' non-generating API (embeddings, score, rerank…): passed through by
+        # model; nothing else under /v1 reaches an engine (router/passthrough.py)
+        for path in PASSTHROUGH_PATHS:
+            app.router.add_post(path, self._passthrough)
+        app.router.add_post("/v1/{tail:.+}", self._not_served)
         self._add_probes(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -347,7 +358,7 @@ class RouterService:
     def admin_app(self) -> web.Application:
         """The admin listener (``router.admin_port``, loopback by default): the admin
         endpoints without credentials, probes and metrics. Its lifecycle is the main app's."""
-        app = web.Application(client_max_size=1 << 20, middlewares=[error_middleware])
+        app = web.Application(client_max_size=1 << 20, middlewares=[error_middleware, path_guard])
         app.router.add_post("/v1/kvgate/decide", self._decide)
         app.router.add_get("/v1/kvgate/state", self._state)
         self._add_probes(app)
@@ -1957,10 +1968,19 @@ class RouterService:
             self.metrics.slo.labels(name, "met" if met else "missed").inc()
         await self.bus.publish(OUTCOMES, request_id, record)
 
+    async def _not_served(self, request: web.Request) -> web.StreamResponse:
+        """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints
+        (``/v1/load_lora_adapter``…), generating endpoints it does not admit, unknown paths."""
+        path = request.path[:200]
+        if path in NOT_ADMITTED:
+            msg = (
+                f"{path} is not served through kvgate: use /v1/chat/completions or /v1/completions"
+            )
+            raise Refusal(404, msg, "NotFoundError", reason="not_served")
+        raise Refusal(404, f"no such endpoint: {path}", "NotFoundError", reason="not_served")
+
     async def _passthrough(self, request: web.Request) -> web.StreamResponse:
-        """Any other ``POST /v1/…`` of the OpenAI API, to a node serving its model."""
-        if request.match_info["tail"].startswith("kvgate/"):
-            raise Refusal(404, f"no such endpoint: {request.path[:200]}", "NotFoundError")
+        """``POST`` of an allow-listed non-generating endpoint, to a node serving its model."""
         self._tenant(request)
         raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         model = request_model(raw)

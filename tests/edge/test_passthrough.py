@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from tests.edgekit import MODEL, _serve, bearer, edge
+from tests.edgekit import MODEL, _serve, bearer, edge, raw_http
 
 
 async def test_embeddings_and_other_endpoints_reach_a_node_of_the_model() -> None:
@@ -64,5 +65,69 @@ async def test_embeddings_and_other_endpoints_reach_a_node_of_the_model() -> Non
                 "POST", "/v1/embeddings", data=b"not json", headers=bearer("sk-alpha")
             )
             assert status == 400
+    finally:
+        await runner.cleanup()
+
+
+async def test_no_path_reaches_an_engine_endpoint_outside_the_allow_list() -> None:
+    """Dot segments, encodings and engine admin or unadmitted generating endpoints under /v1
+    are refused by the router (400 / 404) and never reach an engine, even with a valid key
+    and with the router adding the engine's own key."""
+    seen: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    runner, url = await _serve(app)
+    try:
+        async with edge(router={"upstream_api_key": "engine-key-0123"}) as e:
+            for node in e.engines:
+                e.engines[node] = url
+            body = orjson.dumps({"model": MODEL, "input": "hello"})
+            port = int(e.url.rsplit(":", 1)[1])
+
+            async def post(path: str) -> int:
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-alpha\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n"
+                ).encode()
+                answer = await raw_http(port, head + body)
+                return int(answer.split(b" ", 2)[1])
+
+            for _ in range(50):  # until a heartbeat carried the capturing endpoint
+                if await post("/v1/embeddings") == 200 and seen:
+                    break
+                await asyncio.sleep(0.05)
+            assert seen == ["/v1/embeddings"]
+            traversals = [
+                "/v1/../reset_prefix_cache",
+                "/v1/%2e%2e/reset_prefix_cache",
+                "/v1/%2E%2E/reset_prefix_cache",
+                "/v1/embeddings/../../reset_prefix_cache",
+                "/v1/./embeddings/..%2F..%2Freset_prefix_cache",
+                "/v1/embeddings%2F..%2F..%2Freset_prefix_cache",
+                "/v1/..%2freset_prefix_cache",
+                "/v1//embeddings",
+                "/v1/.%2e/sleep",
+                "/v1/embeddings/..\\..\\reset_prefix_cache",
+            ]
+            for path in traversals:
+                assert await post(path) == 400, path
+            for path in (
+                "/v1/load_lora_adapter",
+                "/v1/unload_lora_adapter",
+                "/v1/responses",
+                "/v1/messages",
+                "/v1/embeddings/extra",
+                "/v1/kvgate/anything",
+            ):
+                assert await post(path) == 404, path
+            # the engine path is kvgate's constant, whatever the client's spelling
+            assert await post("/v1/score?x=1") == 200
+            assert seen == ["/v1/embeddings", "/v1/score?x=1"]
     finally:
         await runner.cleanup()
