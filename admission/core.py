@@ -43,7 +43,7 @@ class RejectReason(StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"  # the reservation store is down or being rebuilt
     TENANT_QUOTA = "tenant_quota"  # the tenant is at its concurrency, KV share or fair share
     DEADLINE = "deadline"  # its SLO class's TTFT cannot be met: refused early, not served late
-    NO_FIT_NOW = "no_fit_now"  # some node could hold its KV, none can now (router/fit.py)
+    NO_FIT_NOW = "no_fit_now"  # some node could hold its KV, none can now (router/decision/fit.py)
 
 
 @dataclass(frozen=True, slots=True)

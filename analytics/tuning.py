@@ -27,7 +27,7 @@ from analytics.sim.admission import Refused
 from analytics.sim.cluster import SimConfig, acting_on, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
 __all__ = [

@@ -503,7 +503,7 @@ def replay(
     if trace is None:
         raise typer.BadParameter("give --trace FILE|WORKLOAD or --from-clickhouse")
     from analytics.sim.replay import replay as run_replay
-    from router.policies import POLICIES
+    from router.decision.policies import POLICIES
 
     router = _settings(config).router
     if policy is not None:
@@ -704,7 +704,7 @@ def plan(
     from agents.catalog import find_gpu, find_model
     from analytics.plan import parse_slo, profile_table, render_html, render_text
     from analytics.plan import plan as run_plan
-    from router.policies import POLICIES
+    from router.decision.policies import POLICIES
 
     if profiles:
         typer.echo(profile_table())
@@ -882,7 +882,7 @@ def weights(
     requests (compare the two versions in Grafana), until a plain `kvgate weights` replaces the
     current ones or --canary 0 ends it."""
     from router.control import weights_message
-    from router.weightscanary import weights_canary_message
+    from router.decision.policies.canary import weights_canary_message
 
     s = _settings(config)
     name = policy or s.router.policy
@@ -1013,7 +1013,7 @@ def bench_routing(
     from analytics.sim.bench import bench_routing as run
     from analytics.sim.bench import reuse as rebuild
     from analytics.sim.workloads import WORKLOADS
-    from router.policies import POLICIES
+    from router.decision.policies import POLICIES
 
     sources: list[tuple[str, int | None]] = []
     for name in workloads.split(","):

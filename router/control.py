@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from router.core import Policy
-from router.fleet import Fleet
-from router.weightscanary import WeightsCanary, apply_weights_canary
+from router.decision.fleet import Fleet
+from router.decision.policies.canary import WeightsCanary, apply_weights_canary
+from router.decision.types import Policy
 from streams.background import Background
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import ControlMessage

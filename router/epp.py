@@ -41,7 +41,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
-from router.edge import Refusal, forwarded_peer
+from router.http.edge import Refusal, forwarded_peer
 
 __all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
 

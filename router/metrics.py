@@ -198,7 +198,7 @@ class RouterMetrics:
         self.lane_held = Gauge(
             "kvgate_router_lane_queue_requests",
             "Requests waiting in the router's queue while the engines are queued (lane rules, "
-            "router/lanes.py)",
+            "router/decision/lanes.py)",
             registry=self.registry,
         )
         self.lane_holds = Counter(

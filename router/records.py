@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from router.core import RouteDecision, RouteRequest
+from router.decision.types import RouteDecision, RouteRequest
+from router.http.proxy import Relay
 from router.parse import ParsedRequest
-from router.proxy import Relay
 from streams.schemas import CandidateScore, Decision, Outcome
 
 __all__ = ["decision_record", "outcome_record"]

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from admission.reconciler import Reconciler
 from router.control import ControlFollower
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.service import RouterService
 from streams.kafka import KafkaBus, ensure_topics
 from streams.ledger import LedgerReplica

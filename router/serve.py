@@ -12,7 +12,7 @@ spreads connections over them), each a whole router with its own replicas of the
 ``i`` serves its admin listener on ``admin_port + i``. The parent only supervises: it restarts a
 worker that dies and stops them all on SIGTERM / SIGINT.
 
-Body size and read time are bounded per request (:mod:`router.edge`).
+Body size and read time are bounded per request (:mod:`router.http.edge`).
 """
 
 from __future__ import annotations

@@ -37,13 +37,33 @@ from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from admission.slo import Slo, held, late_refusal, slo_of
 from admission.storm import StormStore
-from router.approx import ApproxIndex
-from router.calibrate import TokenCalibration
 from router.control import ControlFollower
-from router.core import NodeView, Policy, RouteDecision, RouteRequest, eligible
-from router.costpolicy import prefill_weight
-from router.disagg import decide_roles, decode_body, prefill_body, valid_transfer_params
-from router.edge import (
+from router.decision.approx import ApproxIndex
+from router.decision.calibrate import TokenCalibration
+from router.decision.disagg import decide_roles, decode_body, prefill_body, valid_transfer_params
+from router.decision.fit import (
+    UNFIT,
+    fit,
+    fit_floor_tokens,
+    node_admissible_blocks,
+    node_capacity_blocks,
+)
+from router.decision.fleet import Fleet, Selection
+from router.decision.holdqueue import UNKNOWN
+from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
+from router.decision.inflight import InflightLedger
+from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.decision.outlier import Failure
+from router.decision.placement import FREE, Placement, placement_of
+from router.decision.policies import LeastRequestsPolicy
+from router.decision.policies.canary import WeightsCanary
+from router.decision.policies.cost import prefill_weight
+from router.decision.recent import RecentPrefills, merge_matches
+from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.errors import rejection_response, rejection_status
+from router.feed import FeedWatch
+from router.flow.waiting import Held, RouterQueue, Waiting
+from router.http.edge import (
     GATEWAY_KEY_HEADER,
     Refusal,
     bearer_key,
@@ -56,39 +76,20 @@ from router.edge import (
     requested_priority,
     trace_headers,
 )
-from router.errors import rejection_response, rejection_status
-from router.feed import FeedWatch
-from router.fit import (
-    UNFIT,
-    fit,
-    fit_floor_tokens,
-    node_admissible_blocks,
-    node_capacity_blocks,
-)
-from router.fleet import Fleet, Selection
-from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import UNKNOWN, LaneFacts, Lanes, lane_facts, may_wait
-from router.ledger import InflightLedger
-from router.metrics import RouterMetrics
-from router.outlier import Failure
-from router.parse import ParsedRequest, parse_request
-from router.passthrough import (
+from router.http.passthrough import (
     NOT_ADMITTED,
     PASSTHROUGH_PATHS,
     pick_node,
     relay,
     request_model,
 )
-from router.placement import FREE, Placement, placement_of
-from router.policies import LeastRequestsPolicy
-from router.proxy import Relay, forward
-from router.recent import RecentPrefills, merge_matches
+from router.http.proxy import Relay, forward
+from router.metrics import RouterMetrics
+from router.parse import ParsedRequest, parse_request
 from router.records import decision_record, outcome_record, refusal_record
-from router.routerqueue import Held, RouterQueue, Waiting
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
-from router.weightscanary import WeightsCanary
 from streams.blocks import chain_hashes, chain_root, offloaded
 from streams.kafka import KafkaBus
 from streams.openai import error_body
@@ -298,7 +299,8 @@ class RouterService:
         self._behind_since: dict[str, float] = {}
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
         # per node, the longest prompt that fits there now whatever its cache holds; their
-        # minimum lets the fit filter (router/fit.py) skip its pass for every shorter prompt
+        # minimum lets the fit filter (router/decision/fit.py) skip its pass for every shorter
+        # prompt
         self._fit_floors: dict[str, int] = {}
         self.fit_floor = 0
         # loaded once: a bad tokenizer path fails at start, not on the first request
@@ -346,7 +348,7 @@ class RouterService:
         app.router.add_get("/v1/kvgate/state", self._admin_only(self._state))
         app.router.add_get("/v1/models", self._models)
         # the engines' non-generating API (embeddings, score, rerank…): passed through by
-        # model; nothing else under /v1 reaches an engine (router/passthrough.py)
+        # model; nothing else under /v1 reaches an engine (router/http/passthrough.py)
         for path in PASSTHROUGH_PATHS:
             app.router.add_post(path, self._passthrough)
         app.router.add_post("/v1/{tail:.+}", self._not_served)
@@ -578,7 +580,7 @@ class RouterService:
         if adapters or self._adapter_base:  # a base model's name is never an adapter's
             bases = {hb.model for hb in self.replica.load.values()}
             self._adapter_base = {a: m for a, m in adapters.items() if a not in bases}
-        self._roles = roles  # some node is a prefill or decode node (router/disagg.py)
+        self._roles = roles  # some node is a prefill or decode node (router/decision/disagg.py)
         if len(cache) > 2 * len(self.replica.load) + 16:  # retired nodes
             for node in set(cache) - set(self.replica.load):
                 del cache[node]
@@ -884,7 +886,8 @@ class RouterService:
                 tenant,
                 attempt,
                 client,
-                # approximate tokens: scaled to what the engine counts (router/calibrate.py)
+                # approximate tokens: scaled to what the engine counts
+                # (router/decision/calibrate.py)
                 p.prompt_tokens_total
                 if p.exact_tokens
                 else self.calibration.prompt_tokens(p.model, p.prompt_tokens_total),
@@ -1206,8 +1209,9 @@ class RouterService:
     ) -> tuple[RouteRequest, RouteDecision, LaneFacts]:
         """The routing decision (skipped when admission rejected the request); ``advise``:
         may publish pre-warm advice (not for dry runs); ``lanes``: under the lane rules
-        (router/lanes.py), with the request's facts for them; ``lane_wait``: the request may
-        wait in the router's queue (router/lanes.py ``may_wait``)."""
+        (router/decision/lanes.py), with the request's facts for them; ``lane_wait``: the request
+        may
+        wait in the router's queue (router/decision/lanes.py ``may_wait``)."""
         adapter = p.model if p.model in self._adapter_base else None
         hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
         rreq = RouteRequest(
@@ -1233,7 +1237,9 @@ class RouterService:
             if lanes:  # a request that may not wait uses every node rather than none
                 nodes = self.lanes.select(nodes, facts, strict=lane_wait)
         sel = self.fleet.select(nodes, p.session_id or request_id, now)
-        if sel.nodes and rreq.prompt_tokens > self.fit_floor:  # where its KV fits (router/fit.py)
+        if (
+            sel.nodes and rreq.prompt_tokens > self.fit_floor
+        ):  # where its KV fits (router/decision/fit.py)
             fitted = fit(sel.nodes, rreq.prompt_tokens, matches)
             if not fitted.ever:
                 return rreq, RouteDecision(None, "too_large", ()), facts
@@ -1277,7 +1283,7 @@ class RouterService:
         now: float,
         disaggregate: bool,
     ) -> RouteDecision:
-        """The policy's decision over the nodes' roles (router/disagg.py)."""
+        """The policy's decision over the nodes' roles (router/decision/disagg.py)."""
         if not self._roles:  # every node serves whole requests
             return self.policy.decide(rreq, nodes, matches, now)
         return decide_roles(
@@ -1432,7 +1438,7 @@ class RouterService:
         facts: LaneFacts,
         started: float,
     ) -> tuple[RouteRequest, RouteDecision, LaneFacts, float]:
-        """The lane rules' queue (router/lanes.py): while the engines are queued (or, for a
+        """The lane rules' queue (router/decision/lanes.py): while the engines are queued (or, for a
         long request, no node has room for long requests), the request waits in the router's
         queue, short requests first, re-routed when its turn comes; at most
         ``lanes.hold_max_s`` (or half its lease) since it arrived, then it goes to its best

@@ -6,10 +6,61 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from router.lanes import LaneSettings
 from streams.tokenization import TokenizerSpec
 
-__all__ = ["CostWeights", "OutlierSettings", "RouterSettings", "SeedWeights", "SlowStartSettings"]
+__all__ = [
+    "CostWeights",
+    "LaneSettings",
+    "OutlierSettings",
+    "RouterSettings",
+    "SeedWeights",
+    "SlowStartSettings",
+]
+
+
+class LaneSettings(BaseModel):
+    """Head-of-line isolation of long requests (router/decision/lanes.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    long_prompt_tokens: int = Field(
+        default=8192, ge=1, description="an uncached prompt this long is a long request"
+    )
+    long_output_tokens: int = Field(
+        default=1024, ge=1, description="an expected output this long is a long request"
+    )
+    max_long_kv_share: float = Field(
+        default=0.5, gt=0, le=1, description="of a node's KV blocks, for long requests"
+    )
+    hold: bool = Field(
+        default=True, description="requests wait in the router while the engines are queued"
+    )
+    hold_queue_s: float = Field(
+        default=1.0, ge=0, description="… more than this much prefill queued on the best node"
+    )
+    long_yield_s: float = Field(
+        default=10.0, ge=0, description="a long request yields to short ones this much younger"
+    )
+    hold_max_s: float = Field(default=60.0, ge=0, description="a request waits at most this")
+    max_waiting: int = Field(
+        default=10_000, ge=0, description="requests the router's queue holds (then: sent at once)"
+    )
+    lane: bool = Field(default=False, description="prefill long prompts on a lane of nodes")
+    lane_floor: float = Field(default=0.125, ge=0, le=1, description="of the pool's nodes")
+    lane_ceiling: float = Field(default=0.5, ge=0, le=1, description="of the pool's nodes")
+    lane_headroom: float = Field(
+        default=1.5, ge=1, description="lane size = long prompts' share of prefill work × this"
+    )
+    lane_window_s: float = Field(
+        default=60.0, gt=0, description="half-life of the prefill work the lane is sized on"
+    )
+    spill_queue_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="short requests use lane nodes when every other node has this much "
+        "prefill queued",
+    )
 
 
 class SeedWeights(BaseModel):
@@ -67,7 +118,7 @@ class CostWeights(BaseModel):
 
 class OutlierSettings(BaseModel):
     """Outlier ejection on the outcomes the router sees (Envoy's outlier detection; names and
-    defaults follow its ``OutlierDetection`` message, router/outlier.py)."""
+    defaults follow its ``OutlierDetection`` message, router/decision/outlier.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -215,7 +266,7 @@ class RouterSettings(BaseModel):
     disaggregation: bool = Field(
         default=True,
         description="split requests over prefill and decode nodes when a model has both "
-        "(router/disagg.py)",
+        "(router/decision/disagg.py)",
     )
     kv_link_gbps: float = Field(
         default=100.0, gt=0, description="KV transfer bandwidth of nodes that do not say theirs"
@@ -255,7 +306,7 @@ class RouterSettings(BaseModel):
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
     upstream_idle_timeout_s: float = Field(default=300.0, gt=0)
     stale_heartbeat_s: float | None = Field(default=None, gt=0, description="default: lease")
-    # --- who may call what (router/edge.py) ---
+    # --- who may call what (router/http/edge.py) ---
     gateway_keys: dict[str, str] = Field(
         default_factory=dict,
         description="gateway key -> gateway name: the callers of /v1/kvgate/route, /release and "

@@ -26,7 +26,7 @@ from admission.settings import AdmissionSettings, Tenant
 from agents.profile import EngineProfile
 from agents.settings import EngineSettings
 from agents.simengine import SimEngine
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.serve import Listeners, start_listeners
 from router.service import RouterService
 from router.settings import RouterSettings

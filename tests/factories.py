@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from router.core import NodeView
+from router.decision.types import NodeView
 from streams.schemas import CandidateScore, Decision, Heartbeat, LedgerEvent, Outcome
 
 NOW = 1000.0  # the clock of tests that build node views

@@ -31,7 +31,7 @@ from analytics.sim.bench_targets import (
 )
 from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import bounds_at, capacity_rps, open_trace, replay_trace
-from router.policies import POLICIES, TUNING_GRID, grid_points
+from router.decision.policies import POLICIES, TUNING_GRID, grid_points
 from router.settings import RouterSettings
 
 __all__ = ["bench_routing", "reuse"]

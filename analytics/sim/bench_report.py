@@ -96,7 +96,8 @@ def _tuning_markdown(tuning: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         "## Tuned peers",
         "",
         f"Each peer's parameters searched on each workload at {TUNE_LOAD:.0%} load over the grid "
-        "of `router.policies.TUNING_GRID` (the defaults included), keeping the lowest TTFT p99 "
+        "of `router.decision.policies.TUNING_GRID` (the defaults included), keeping the lowest "
+        "TTFT p99 "
         f"(then the highest hit rate) among the points within {GOODPUT_FLOOR:.0%} of the grid's "
         f"best goodput; `<peer>{TUNED}` rows below run those parameters at every "
         "load. Tuned in sample: the peer at its best on this very traffic.",

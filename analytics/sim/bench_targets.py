@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.policies import POLICIES, TUNING_GRID, grid_points
+from router.decision.policies import POLICIES, TUNING_GRID, grid_points
 
 __all__ = [
     "BASELINES",

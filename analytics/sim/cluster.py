@@ -5,8 +5,8 @@ Each node is an :class:`analytics.sim.simcore.SimCore` — the live simulated en
 group (step for step the same results, see ``tests/unit/test_simcore.py``). The router sees what
 the live router would: heartbeats every ``heartbeat_interval_s`` and KV-cache changes
 ``index_lag_s`` late, plus its own dispatches that the heartbeats do not show yet
-(:class:`router.ledger.InflightLedger`). Every request is routed by a
-:class:`router.core.Policy`, the same objects the live router uses.
+(:class:`router.decision.inflight.InflightLedger`). Every request is routed by a
+:class:`router.decision.types.Policy`, the same objects the live router uses.
 """
 
 from __future__ import annotations
@@ -27,25 +27,18 @@ from analytics.autoscale import AutoscaleSettings, Observation, make_autoscaler
 from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
-from router.core import NodeView, Policy, RouteRequest, eligible
-from router.costpolicy import prefill_weight
-from router.disagg import decide_roles
-from router.fit import fit
-from router.fleet import Fleet
-from router.hotprefix import HotPrefixes, PrewarmAdvice
-from router.lanes import (
-    UNKNOWN,
-    HoldQueue,
-    LaneFacts,
-    Lanes,
-    LaneSettings,
-    lane_facts,
-    may_wait,
-)
-from router.ledger import InflightLedger
-from router.placement import FREE, Placement
-from router.recent import RecentPrefills, merge_matches
-from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
+from router.decision.disagg import decide_roles
+from router.decision.fit import fit
+from router.decision.fleet import Fleet
+from router.decision.holdqueue import UNKNOWN, HoldQueue
+from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
+from router.decision.inflight import InflightLedger
+from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.decision.placement import FREE, Placement
+from router.decision.policies.cost import prefill_weight
+from router.decision.recent import RecentPrefills, merge_matches
+from router.decision.types import NodeView, Policy, RouteRequest, eligible
+from router.settings import LaneSettings, OutlierSettings, RouterSettings, SlowStartSettings
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
 
@@ -62,14 +55,15 @@ class SimConfig:
     index_lag_s: float = 0.15  # agent flush (100 ms) + Kafka + fold
     seed: int = 0
     fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
-    prewarm: bool = False  # act on hot-prefix advice (router.hotprefix) like the live agents
+    prewarm: bool = False  # act on hot-prefix advice (router/decision/hotprefix.py) like the live agents
     prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
     admission: AdmissionSettings | None = None  # admission control in front of routing
     retries: RetryModel | None = None  # refused clients retry (None: a refusal is final)
     storm_guard: bool = False  # the retry-storm guard in front of admission
-    recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router.recent)
+    recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router/decision/recent.py)
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
-    # the live router's fleet rules (router/fleet.py): outlier ejection, slow start, and the
+    # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
+    # the
     # operations on the fleet over time (drain, join, leave, canary)
     outlier: OutlierSettings = field(default_factory=lambda: OutlierSettings(enabled=False))
     slow_start: SlowStartSettings = field(default_factory=lambda: SlowStartSettings(window_s=0))
@@ -81,7 +75,9 @@ class SimConfig:
     kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     placement: Placement = FREE  # every request's required and preferred labels
-    lanes: LaneSettings | None = None  # head-of-line isolation of long requests (router/lanes.py)
+    lanes: LaneSettings | None = (
+        None  # head-of-line isolation of long requests (router/decision/lanes.py)
+    )
     # a closed-loop autoscaler (analytics/autoscale.py): ``nodes`` at the start, then what it
     # asks for; a new node serves after its lead time and starts cold
     autoscaler: AutoscaleSettings | None = None
@@ -404,7 +400,8 @@ def simulate(
         placed = eligible(views, MODEL, now)
         if not cfg.placement.free:
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
-        # only where its KV fits now (router/fit.py); when nowhere, the engines queue it (the
+        # only where its KV fits now (router/decision/fit.py); when nowhere, the engines queue it
+        # (the
         # simulated clients have no 503 to retry on)
         fitted = fit(placed, r.prompt_tokens, matches)
         if fitted.nodes and len(fitted.nodes) < len(placed):

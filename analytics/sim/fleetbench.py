@@ -1,4 +1,5 @@
-"""``kvgate bench fleet``: the fleet rules (router/fleet.py) on a simulated cluster, each against
+"""``kvgate bench fleet``: the fleet rules (router/decision/fleet.py) on a simulated cluster, each
+against
 the same run without them. Writes ``fleet.json`` (every number) and ``fleet.md``.
 
 Scenarios, all with the ``kvgate`` policy on the same trace at the same load:
@@ -35,7 +36,7 @@ from analytics.sim.cluster import Done, FleetOp, SimConfig, node_names, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.traces import Trace
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
 
 __all__ = ["bench_fleet"]
@@ -139,7 +140,8 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def long_tail_isolation(*, nodes: int = 16, requests: int = 6000) -> dict[str, Any]:
-    """Head-of-line isolation (router/lanes.py) on ``long_tail``: today's kvgate, the lane rules
+    """Head-of-line isolation (router/decision/lanes.py) on ``long_tail``: today's kvgate, the lane
+    rules
     (defaults: KV share and the router's queue) and the rules with a lane of nodes, per load.
     Short and long as the default thresholds split them (8k-token prompt, 1k-token answer)."""
     trace0 = open_trace("long_tail", limit=requests)

@@ -20,7 +20,7 @@ from analytics.sim.admission import Refused
 from analytics.sim.cluster import Done, SimConfig, simulate
 from analytics.sim.metrics import pct
 from analytics.sim.traces import Trace
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
 __all__ = ["PRIORITY_MIX", "overload_run", "with_priorities"]

@@ -11,7 +11,7 @@ from analytics.sim.cluster import SimConfig, acting_on, node_profile, simulate
 from analytics.sim.metrics import latency_bounds, run_metrics
 from analytics.sim.traces import Trace, load_trace
 from analytics.sim.workloads import WORKLOADS, make_workload
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
 __all__ = ["at_load", "bounds_at", "capacity_rps", "open_trace", "replay", "replay_trace"]

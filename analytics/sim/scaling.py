@@ -17,7 +17,7 @@ from analytics.autoscale import AutoscaleSettings
 from analytics.sim.cluster import ScalePoint, SimConfig, acting_on, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
 __all__ = ["compare_scaling", "diurnal", "fixed_peak_replicas"]

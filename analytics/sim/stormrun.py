@@ -18,7 +18,7 @@ from analytics.sim.admission import Refused
 from analytics.sim.cluster import RetryModel, SimConfig, simulate
 from analytics.sim.metrics import pct
 from analytics.sim.traces import Trace
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
 __all__ = ["STORM_CLIENT", "storm_run", "with_clients"]

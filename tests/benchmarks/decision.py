@@ -26,9 +26,9 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from router.core import NodeView, RouteRequest, eligible
-from router.ledger import InflightLedger
-from router.policies import make_policy
+from router.decision.inflight import InflightLedger
+from router.decision.policies import make_policy
+from router.decision.types import NodeView, RouteRequest, eligible
 from router.settings import RouterSettings
 from streams.blocks import approx_tokenize, chain_hashes
 from streams.prefix_index import PrefixIndex

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from router.calibrate import TokenCalibration
+from router.decision.calibrate import TokenCalibration
 from streams.tokenization import TokenizerSpec
 from tests.edgekit import ADMIN, GATEWAY, bearer, completion, edge
 

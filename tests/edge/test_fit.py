@@ -1,12 +1,13 @@
-"""Fragmentation and fit (router/fit.py): a request goes only where its KV fits now; 503 with
+"""Fragmentation and fit (router/decision/fit.py): a request goes only where its KV fits now; 503
+with
 Retry-After when some node could hold it but none can now, 413 when none ever could."""
 
 from __future__ import annotations
 
 import asyncio
 
-from router.core import NodeView
-from router.fit import fit
+from router.decision.fit import fit
+from router.decision.types import NodeView
 from tests.edgekit import MODEL, bearer, edge
 from tests.factories import node_view
 
@@ -63,7 +64,7 @@ async def test_routing_admission_and_metrics_follow_the_fit() -> None:
 def test_a_prompt_within_every_floor_fits_everywhere() -> None:
     import random
 
-    from router.fit import fit_floor_tokens
+    from router.decision.fit import fit_floor_tokens
 
     rng = random.Random(7)
     for _ in range(200):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.hotprefix import HotPrefixes, PrewarmAdvice
+from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
 from streams.topics import CONTROL
 from tests.edgekit import (
     ADMIN,

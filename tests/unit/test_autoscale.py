@@ -13,7 +13,7 @@ from analytics.plan import router_for
 from analytics.sim.cluster import ScalePoint, SimConfig, simulate
 from analytics.sim.scaling import compare_scaling, diurnal, fixed_peak_replicas
 from analytics.sim.workloads import make_workload
-from router.policies import make_policy
+from router.decision.policies import make_policy
 
 S = AutoscaleSettings(
     replica_rps=5.0, interval_s=30, lead_time_s=120, scale_down_delay_s=300, season_s=3600

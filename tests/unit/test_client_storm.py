@@ -9,7 +9,7 @@ import asyncio
 from admission.core import Rejection, RejectReason
 from admission.settings import Tenant
 from admission.storm import InProcessStormStore, StormGuard
-from router.edge import forwarded_peer
+from router.http.edge import forwarded_peer
 from router.service import client_identity
 
 ANON = Tenant(name="anonymous")

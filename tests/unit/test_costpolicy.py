@@ -5,8 +5,8 @@ import math
 import pytest
 
 from router.control import apply_weights, weights_message
-from router.core import NodeView, RouteRequest
-from router.costpolicy import CompletionCostPolicy
+from router.decision.policies.cost import CompletionCostPolicy
+from router.decision.types import NodeView, RouteRequest
 from router.settings import CostWeights
 from tests.unit.test_policy import NOW, node
 
@@ -115,7 +115,7 @@ def test_a_session_keeps_the_home_its_last_turn_went_to(
     assert first != ring
     assert turn(p, 2, nodes) == first  # the ring's node is free again: the session stays
     assert turn(p, 3, [n for n in nodes if n.node_id != first]) == ring
-    monkeypatch.setattr("router.costpolicy.SESSION_HOMES", 2)
+    monkeypatch.setattr("router.decision.policies.cost.SESSION_HOMES", 2)
     for i in range(3):  # the least recent sessions are forgotten first
         p.decide(RouteRequest(f"o{i}", "m", [], 40, 8, session_id=f"other-{i}"), nodes, {}, NOW)
     assert hash("chat-7") not in p._homes and len(p._homes) == 2

@@ -1,4 +1,5 @@
-"""Prefill/decode disaggregation, the pure part (router/disagg.py): roles, the pair and its cost,
+"""Prefill/decode disaggregation, the pure part (router/decision/disagg.py): roles, the pair and
+its cost,
 and the two requests of vLLM's disaggregated flow (field names as vLLM's NixlConnector and its
 proxies use them)."""
 
@@ -6,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.core import RouteRequest
-from router.costpolicy import CompletionCostPolicy
-from router.disagg import (
+from router.decision.disagg import (
     colocated_cost,
     decode_body,
     plan_pd,
@@ -17,6 +16,8 @@ from router.disagg import (
     transfer_s,
     valid_transfer_params,
 )
+from router.decision.policies.cost import CompletionCostPolicy
+from router.decision.types import RouteRequest
 from router.settings import CostWeights
 from tests.factories import NOW, node_view
 

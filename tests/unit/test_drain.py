@@ -4,7 +4,7 @@ topic keeps its latest state), applied in order, malformed ones refused."""
 from __future__ import annotations
 
 from router.control import ControlFollower, canary_message, drain_message
-from router.fleet import Fleet
+from router.decision.fleet import Fleet
 from router.settings import OutlierSettings, SlowStartSettings
 from streams.schemas import ControlMessage
 

@@ -1,4 +1,5 @@
-"""The fleet rules in front of every routing decision (router/fleet.py, router/outlier.py):
+"""The fleet rules in front of every routing decision (router/decision/fleet.py,
+router/decision/outlier.py):
 outlier ejection with Envoy's semantics, slow start of new replicas, canary shares. Time is
 passed in."""
 
@@ -6,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.core import NodeView
-from router.fleet import Fleet
-from router.outlier import OutlierDetector
+from router.decision.fleet import Fleet
+from router.decision.outlier import OutlierDetector
+from router.decision.types import NodeView
 from router.settings import OutlierSettings, SlowStartSettings
 from tests.factories import node_view
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from router.control import apply_weights
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 from streams.codec import decode
 from streams.exceptions import SchemaError

@@ -1,4 +1,4 @@
-"""Head-of-line isolation (router/lanes.py, router/routerqueue.py, the ledger's remaining
+"""Head-of-line isolation (router/decision/lanes.py, router/flow/waiting.py, the ledger's remaining
 decode): which requests are long, where they may go, who waits in the router and in what order,
 and the simulator's long_tail workload in overload with and without the rules."""
 
@@ -12,21 +12,14 @@ import pytest
 
 from analytics.sim.cluster import SimConfig, simulate
 from analytics.sim.traces import Trace, TraceRequest
-from router.core import RouteRequest
-from router.costpolicy import CompletionCostPolicy
-from router.lanes import (
-    UNKNOWN,
-    HoldQueue,
-    LaneFacts,
-    Lanes,
-    LaneSettings,
-    lane_facts,
-    may_wait,
-)
-from router.ledger import TPOT_PRIOR_S, InflightLedger
-from router.policies import make_policy
-from router.routerqueue import RouterQueue, Waiting
-from router.settings import CostWeights, RouterSettings
+from router.decision.holdqueue import UNKNOWN, HoldQueue
+from router.decision.inflight import TPOT_PRIOR_S, InflightLedger
+from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.decision.policies import make_policy
+from router.decision.policies.cost import CompletionCostPolicy
+from router.decision.types import RouteRequest
+from router.flow.waiting import RouterQueue, Waiting
+from router.settings import CostWeights, LaneSettings, RouterSettings
 from tests.factories import NOW, node_view
 
 S = LaneSettings()

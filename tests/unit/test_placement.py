@@ -1,4 +1,5 @@
-"""Placement constraints (router/placement.py): required labels filter, preferred labels and the
+"""Placement constraints (router/decision/placement.py): required labels filter, preferred labels
+and the
 router's zone draw requests while those nodes have room, and malformed labels are refused."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from admission.settings import Tenant
 from agents.profile import EngineProfile
 from analytics.sim.cluster import SimConfig, simulate
 from analytics.sim.traces import Trace, TraceRequest
-from router.core import NodeView
-from router.placement import Placement, parse_labels, placement_of
-from router.policies import LeastRequestsPolicy
+from router.decision.placement import Placement, parse_labels, placement_of
+from router.decision.policies import LeastRequestsPolicy
+from router.decision.types import NodeView
 from streams.schemas import Heartbeat
 from tests.factories import heartbeat
 from tests.unit.test_fleet import view

@@ -1,6 +1,6 @@
-from router.core import RouteRequest, eligible
-from router.ledger import InflightLedger
-from router.policies import SeedScorePolicy
+from router.decision.inflight import InflightLedger
+from router.decision.policies import SeedScorePolicy
+from router.decision.types import RouteRequest, eligible
 from router.settings import SeedWeights
 from streams.prefix_index import PrefixIndex
 from tests.factories import NOW
@@ -93,7 +93,7 @@ def test_prefix_index_longest_contiguous_match_and_drop() -> None:
 
 
 def test_least_requests_counts_pending_too() -> None:
-    from router.policies import LeastRequestsPolicy
+    from router.decision.policies import LeastRequestsPolicy
 
     d = LeastRequestsPolicy().decide(
         REQ, [node("a", running=2), node("b", running=1, pending=3)], {}, NOW
@@ -102,7 +102,7 @@ def test_least_requests_counts_pending_too() -> None:
 
 
 def test_power_of_two_takes_the_less_loaded_of_its_pair() -> None:
-    from router.policies import PowerOfTwoPolicy
+    from router.decision.policies import PowerOfTwoPolicy
 
     p = PowerOfTwoPolicy(seed=1)
     nodes = [node("a", running=9), node("b", running=0)]
@@ -110,7 +110,7 @@ def test_power_of_two_takes_the_less_loaded_of_its_pair() -> None:
 
 
 def test_consistent_hash_is_stable_and_moves_little_when_a_node_leaves() -> None:
-    from router.policies import ConsistentHashPolicy
+    from router.decision.policies import ConsistentHashPolicy
 
     p = ConsistentHashPolicy()
     nodes = [node(n) for n in "abcd"]
@@ -124,7 +124,7 @@ def test_consistent_hash_is_stable_and_moves_little_when_a_node_leaves() -> None
 
 
 def test_every_policy_has_the_same_interface() -> None:
-    from router.policies import POLICIES
+    from router.decision.policies import POLICIES
     from router.settings import RouterSettings
 
     for name, factory in POLICIES.items():
@@ -135,7 +135,7 @@ def test_every_policy_has_the_same_interface() -> None:
 
 
 def test_sglang_cache_aware_follows_its_own_tree_until_load_is_imbalanced() -> None:
-    from router.baselines import SglangCacheAwarePolicy
+    from router.decision.policies.peers import SglangCacheAwarePolicy
 
     p = SglangCacheAwarePolicy(balance_abs_threshold=4, balance_rel_threshold=1.5)
     nodes = [node("a"), node("b")]
@@ -151,8 +151,8 @@ def test_sglang_cache_aware_follows_its_own_tree_until_load_is_imbalanced() -> N
 def test_sglang_cache_aware_balances_on_its_own_requests_in_flight() -> None:
     """Attached to the router's ledger (as the live router and the simulator do), the load is
     the router's own count per worker, not the heartbeat's."""
-    from router.baselines import SglangCacheAwarePolicy
-    from router.ledger import InflightLedger
+    from router.decision.inflight import InflightLedger
+    from router.decision.policies.peers import SglangCacheAwarePolicy
 
     p = SglangCacheAwarePolicy(balance_abs_threshold=4, balance_rel_threshold=1.5)
     led = InflightLedger()
@@ -167,7 +167,7 @@ def test_sglang_cache_aware_balances_on_its_own_requests_in_flight() -> None:
 
 
 def test_dynamo_cost_is_overlap_weighted_prefill_plus_decode_blocks() -> None:
-    from router.baselines import DynamoCostPolicy
+    from router.decision.policies.peers import DynamoCostPolicy
 
     d = DynamoCostPolicy().decide(REQ, [node("a", used=10), node("b", used=0)], {"a": 4}, NOW)
     costs = {c.node_id: -c.score for c in d.candidates}
@@ -179,8 +179,8 @@ def test_dynamo_cost_counts_its_own_active_sequences_like_dynamo() -> None:
     prefill = (uncached prompt tokens of requests not past their first token + the prompt)
     / block size − overlap; decode = distinct active prompt blocks + the request's blocks not
     among them."""
-    from router.baselines import DynamoCostPolicy
-    from router.ledger import InflightLedger
+    from router.decision.inflight import InflightLedger
+    from router.decision.policies.peers import DynamoCostPolicy
 
     p = DynamoCostPolicy()
     led = InflightLedger(track_blocks=True)
@@ -204,7 +204,7 @@ def test_dynamo_cost_counts_its_own_active_sequences_like_dynamo() -> None:
 
 
 def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
-    from router.baselines import LlmdWeightedPolicy
+    from router.decision.policies.peers import LlmdWeightedPolicy
 
     d = LlmdWeightedPolicy().decide(REQ, [node("a", waiting=4), node("b", used=50)], {"a": 4}, NOW)
     parts = {c.node_id: c.components for c in d.candidates}
@@ -214,7 +214,7 @@ def test_llmd_weighted_scores_prefix_queue_and_kv() -> None:
 
 
 def test_vllm_prefix_aware_follows_its_trie_and_ignores_load() -> None:
-    from router.vllmstack import VllmStackPrefixAwarePolicy
+    from router.decision.policies.vllmstack import VllmStackPrefixAwarePolicy
 
     p = VllmStackPrefixAwarePolicy()
     nodes = [node("a"), node("b"), node("c")]
@@ -232,7 +232,7 @@ def test_vllm_prefix_aware_follows_its_trie_and_ignores_load() -> None:
 
 
 def test_vllm_prefix_aware_keeps_its_trie_bounded() -> None:
-    from router.vllmstack import VllmStackPrefixAwarePolicy
+    from router.decision.policies.vllmstack import VllmStackPrefixAwarePolicy
 
     p = VllmStackPrefixAwarePolicy(max_blocks=8)
     nodes = [node("a"), node("b")]
@@ -242,7 +242,7 @@ def test_vllm_prefix_aware_keeps_its_trie_bounded() -> None:
 
 
 def test_vllm_prefix_aware_below_min_match_goes_to_lowest_routed_qps() -> None:
-    from router.vllmstack import VllmStackPrefixAwarePolicy
+    from router.decision.policies.vllmstack import VllmStackPrefixAwarePolicy
 
     p = VllmStackPrefixAwarePolicy(min_match_blocks=3)
     nodes = [node("a"), node("b")]
@@ -256,7 +256,7 @@ def test_vllm_prefix_aware_below_min_match_goes_to_lowest_routed_qps() -> None:
 
 
 def test_vllm_kv_aware_uses_the_index_within_its_threshold_else_session_or_qps() -> None:
-    from router.vllmstack import VllmStackKvAwarePolicy
+    from router.decision.policies.vllmstack import VllmStackKvAwarePolicy
 
     p = VllmStackKvAwarePolicy(kv_aware_threshold=32)  # tokens
     nodes = [node("a"), node("b"), node("c")]
@@ -273,7 +273,7 @@ def test_vllm_kv_aware_uses_the_index_within_its_threshold_else_session_or_qps()
 def test_policy_params_reach_the_peer_and_are_checked() -> None:
     import pytest
 
-    from router.policies import TUNING_GRID, grid_points, make_policy
+    from router.decision.policies import TUNING_GRID, grid_points, make_policy
     from router.settings import RouterSettings
 
     p = make_policy(RouterSettings(policy="llmd_weighted", policy_params={"prefix": 5.0}))

@@ -1,4 +1,4 @@
-from router.recent import RecentPrefills, merge_matches
+from router.decision.recent import RecentPrefills, merge_matches
 
 
 def test_a_completed_prefill_counts_until_it_expires() -> None:

@@ -2,9 +2,9 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from router.core import Candidate, RouteDecision, RouteRequest
+from router.decision.types import Candidate, RouteDecision, RouteRequest
+from router.http.proxy import Relay
 from router.parse import parse_request
-from router.proxy import Relay
 from router.records import decision_record, outcome_record
 from streams.blocks import approx_tokenize
 from streams.openai import ChatMessage, render_chat

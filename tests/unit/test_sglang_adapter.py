@@ -6,7 +6,7 @@ from __future__ import annotations
 from agents.enginemetrics import parse_metrics, render_sglang_metrics
 from agents.profile import EngineProfile
 from agents.scheduler import EngineCore
-from router.approx import ApproxIndex
+from router.decision.approx import ApproxIndex
 
 SGLANG = """\
 # HELP sglang:prompt_tokens_total Number of prefill tokens processed.

@@ -1,5 +1,6 @@
 """Prefill/decode disaggregation in the virtual-time simulator, with the live router's choice
-(router/disagg.py): split requests are prefilled on a prefill node, their KV reaches the decode
+(router/decision/disagg.py): split requests are prefilled on a prefill node, their KV reaches the
+decode
 node after the transfer, decoding there runs without prefills beside it."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections import Counter
 from agents.profile import EngineProfile
 from analytics.sim.cluster import Done, SimConfig, simulate
 from analytics.sim.traces import Trace, TraceRequest
-from router.policies import make_policy
+from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
 PROFILE = EngineProfile(num_gpu_blocks_override=4000, block_size=16)

@@ -1,4 +1,5 @@
-"""The fleet rules in the simulator, with the live router's code (router/fleet.py): a drained
+"""The fleet rules in the simulator, with the live router's code (router/decision/fleet.py): a
+drained
 node gets nothing new, a broken engine is ejected after a few failures and comes back once
 healed, a joining node ramps up over its slow-start window, a canary takes its share."""
 
@@ -9,7 +10,7 @@ from collections import Counter
 from agents.profile import EngineProfile
 from analytics.sim.cluster import FleetOp, SimConfig, simulate
 from analytics.sim.traces import Trace, TraceRequest
-from router.policies import LeastRequestsPolicy
+from router.decision.policies import LeastRequestsPolicy
 from router.settings import OutlierSettings, SlowStartSettings
 
 PROFILE = EngineProfile(num_gpu_blocks_override=2000, block_size=16)

@@ -8,7 +8,7 @@ from agents.profile import EngineProfile
 from analytics.sim.cluster import SimConfig, simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.traces import Trace, TraceRequest, hit_bound, load_trace
-from router.policies import RoundRobinPolicy, SeedScorePolicy
+from router.decision.policies import RoundRobinPolicy, SeedScorePolicy
 from router.settings import SeedWeights
 
 PROFILE = EngineProfile(num_gpu_blocks_override=400, block_size=16)
@@ -192,7 +192,7 @@ def test_no_policy_beats_the_ttft_floor_of_any_request(policy: str) -> None:
     from analytics.sim.metrics import latency_bounds
     from analytics.sim.traces import ttft_floors
     from analytics.sim.workloads import make_workload
-    from router.policies import make_policy
+    from router.decision.policies import make_policy
     from router.settings import RouterSettings
 
     trace = make_workload("multi_turn", 800, 60.0, 5)  # busy: queues, spreads, evictions

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.proxy import ClientStalled, Relay, _SseLines, _write
+from router.http.proxy import ClientStalled, Relay, _SseLines, _write
 
 
 def _event(obj: dict[str, object]) -> bytes:

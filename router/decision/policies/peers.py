@@ -11,11 +11,11 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
+from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 
 
 class ActiveSequences(Protocol):
-    """What a router knows of its own requests in flight (router/ledger.py)."""
+    """What a router knows of its own requests in flight (router/decision/inflight.py)."""
 
     def active_blocks(self, node: str) -> int: ...
 
@@ -166,7 +166,8 @@ class DynamoCostPolicy(PolicyBase):
     ``potential_decode_blocks``: the distinct prompt blocks of its requests in flight there, plus
     the request's blocks not among them (``router_assume_kv_reuse`` on; output blocks not counted,
     ``router_track_output_blocks`` off). kvgate's copy reads the same from the router's in-flight
-    ledger (``sequences``, attached by the host; router/ledger.py with ``track_blocks``); without
+    ledger (``sequences``, attached by the host; router/decision/inflight.py with
+    ``track_blocks``); without
     it (a host that has none) it falls back to the heartbeat's KV use plus unreflected
     dispatches. Defaults: credit 1.0, credit decay 0 (off), prefill_load_scale 1.0,
     decode_active_request_weight 0, temperature 0 (the minimum; ties at random, here a

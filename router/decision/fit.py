@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from router.core import NodeView
+from router.decision.types import NodeView
 from streams.fit import admissible_blocks
 
 __all__ = [

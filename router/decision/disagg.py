@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from admission.slo import expected_ttft_s
-from router.core import Candidate, NodeView, Policy, RouteDecision, RouteRequest
+from router.decision.types import Candidate, NodeView, Policy, RouteDecision, RouteRequest
 
 __all__ = [
     "PdPlan",

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from router.core import NodeView
+from router.decision.types import NodeView
 
 __all__ = ["HotPrefixes", "PrewarmAdvice"]
 

@@ -17,7 +17,8 @@
   real seconds: engines 10× slower than the configured ``cost.prefill_tokens_per_s`` make misses
   10× costlier, and a router that kept the configured rate would spread prompts onto nodes that
   must prefill them.
-* **Long requests' KV** (router/lanes.py): the blocks (prompt + expected output) of the long
+* **Long requests' KV** (router/decision/lanes.py): the blocks (prompt + expected output) of the
+long
   requests in flight on each node.
 * **Active blocks** (``track_blocks``; the ``dynamo_cost`` baseline): the distinct prompt blocks
   of the requests in flight on each node, a block shared by several counted once — NVIDIA
@@ -132,7 +133,7 @@ class InflightLedger:
         hashes: Sequence[int] = (),
     ) -> None:
         """``expected_output``: the decode it is expected to do; ``long_blocks``: its KV blocks
-        when it is a long request (router/lanes.py), else 0; ``hashes``: its prompt blocks
+        when it is a long request (router/decision/lanes.py), else 0; ``hashes``: its prompt blocks
         (kept with ``track_blocks``)."""
         prev = self._entries.get(request_id)
         self.finish(request_id)  # a re-dispatch replaces the entry
@@ -299,7 +300,8 @@ class InflightLedger:
     def router_state(
         self, node: str, heartbeat_ts: float, now: float, group: str = ""
     ) -> tuple[int, int, int, int, float]:
-        """What :meth:`router.core.NodeView.with_router_state` takes, in one pass (the decision's
+        """What :meth:`router.decision.types.NodeView.with_router_state` takes, in one pass (the
+        decision's
         per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
         :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
         node's model, whose nodes share a prefill rate)."""

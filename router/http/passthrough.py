@@ -22,8 +22,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from router.core import NodeView
-from router.edge import Refusal
+from router.decision.types import NodeView
+from router.http.edge import Refusal
 
 __all__ = ["NOT_ADMITTED", "PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
 

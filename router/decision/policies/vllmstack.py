@@ -1,5 +1,6 @@
 """The vLLM production-stack router's policies, re-implemented as baselines (see
-router/baselines.py for the other peers and docs/baselines.md for every difference)."""
+router/decision/policies/peers.py for the other peers and docs/baselines.md for every
+difference)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import random
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from router.affinity import HashRing, point
-from router.baselines import tiebreak
-from router.core import (
+from router.decision.affinity import HashRing, point
+from router.decision.policies.peers import tiebreak
+from router.decision.types import (
     Candidate,
     NodeView,
     PolicyBase,

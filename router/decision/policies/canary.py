@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from router.core import NodeView, Policy, RouteDecision, RouteRequest
-from router.policies import make_policy
+from router.decision.policies import make_policy
+from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest
 from router.settings import CostWeights, RouterSettings, SeedWeights
 from streams.schemas import ControlMessage
 

@@ -11,7 +11,7 @@ the live router and the simulator apply the same rules.
   ``max(min_weight, (age / window) ** (1 / aggression))`` — a fresh replica with an empty cache
   ramps up instead of taking full traffic at its first heartbeat. Replicas that start together
   (a new fleet) are not slowed: there is nothing to shift their traffic to.
-* **Outlier ejection** (:mod:`router.outlier`).
+* **Outlier ejection** (:mod:`router.decision.outlier`).
 
 Nothing here ever empties the candidate list on its own: when a rule would leave no node, the
 nodes it removed stay (the admission budget already refused what does not fit).
@@ -23,8 +23,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from router.core import NodeView
-from router.outlier import OutlierDetector
+from router.decision.outlier import OutlierDetector
+from router.decision.types import NodeView
 from router.settings import OutlierSettings, SlowStartSettings
 
 __all__ = ["CanaryGroup", "Fleet", "Selection"]

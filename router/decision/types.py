@@ -46,12 +46,18 @@ class NodeView:
     kv_index_age_s: float = 0.0  # since the index last applied a KV batch of this node
     adapters: frozenset[str] = frozenset()  # LoRA adapters it serves besides its model
     dp_rank: int | None = None  # the engine's data-parallel rank this node is
-    started_at: float | None = None  # when its engine started (slow start, router/fleet.py)
+    started_at: float | None = (
+        None  # when its engine started (slow start, router/decision/fleet.py)
+    )
     labels: frozenset[tuple[str, str]] = frozenset()  # (key, value): zone, GPU type, …
-    role: str = "mixed"  # mixed, prefill or decode (disaggregated prefill, router/disagg.py)
+    role: str = (
+        "mixed"  # mixed, prefill or decode (disaggregated prefill, router/decision/disagg.py)
+    )
     kv_link_gbps: float | None = None  # its KV transfer bandwidth (None: the router's default)
     decode_backlog_tokens: int = 0  # output this router's requests there are still to produce
-    long_kv_blocks: int = 0  # KV blocks of this router's long requests there (router/lanes.py)
+    long_kv_blocks: int = (
+        0  # KV blocks of this router's long requests there (router/decision/lanes.py)
+    )
     prefill_tokens_per_s: float = 0.0  # its prefill rate as this router saw it (0: unknown)
     kv_blocks_admissible: int | None = None  # its heartbeat's (None: from total and used)
     max_model_len: int | None = None  # its engine's context limit, if known
@@ -155,7 +161,9 @@ class RouteDecision:
     reason: str
     candidates: tuple[Candidate, ...]
     prefill: str | None = None  # disaggregated: the node that prefills (``chosen`` decodes)
-    weights_version: int | None = None  # a canary's weights decided it (router/weightscanary.py)
+    weights_version: int | None = (
+        None  # a canary's weights decided it (router/decision/policies/canary.py)
+    )
 
     @property
     def chosen_candidate(self) -> Candidate | None:

@@ -27,9 +27,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from router.core import NodeView
-from router.edge import trace_headers
-from router.outlier import Failure
+from router.decision.outlier import Failure
+from router.decision.types import NodeView
+from router.http.edge import trace_headers
 from router.parse import ParsedRequest
 from streams.openai import error_body
 

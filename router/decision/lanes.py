@@ -16,7 +16,8 @@ reaches ``long_output_tokens``. The rules, applied to the nodes a request may us
 placement and fleet rules and before the policy:
 
 * **share** — long requests may hold at most ``max_long_kv_share`` of a node's KV blocks
-  (prompt + expected output of this router's long requests in flight there, router/ledger.py):
+  (prompt + expected output of this router's long requests in flight there,
+  router/decision/inflight.py):
   every engine keeps room for short requests, and long ones spread.
 * **queue** — a request waits in the router, not in an engine's queue, while its best node
   already has more than ``hold_queue_s`` of prefill queued (or, for a long request, while no
@@ -31,81 +32,28 @@ placement and fleet rules and before the policy:
   the same nodes. It takes capacity from short requests: it pays only where long prompts are a
   large share of the work (docs/benchmarks/fleet.md).
 
-The cost policy (router/costpolicy.py) counts each node's remaining decode, so that the KV growth
+The cost policy (router/decision/policies/cost.py) counts each node's remaining decode, so that the
+KV growth
 of long generations already running there weighs on new requests.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from admission.settings import SloClass
-from router.core import NodeView
+from router.decision.types import NodeView
+from router.settings import LaneSettings
 
 __all__ = [
-    "UNKNOWN",
-    "HoldQueue",
     "LaneFacts",
-    "LaneSettings",
     "Lanes",
     "lane_facts",
     "may_wait",
 ]
-
-T = TypeVar("T")
-
-
-class LaneSettings(BaseModel):
-    """Head-of-line isolation of long requests (router/lanes.py)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = True
-    long_prompt_tokens: int = Field(
-        default=8192, ge=1, description="an uncached prompt this long is a long request"
-    )
-    long_output_tokens: int = Field(
-        default=1024, ge=1, description="an expected output this long is a long request"
-    )
-    max_long_kv_share: float = Field(
-        default=0.5, gt=0, le=1, description="of a node's KV blocks, for long requests"
-    )
-    hold: bool = Field(
-        default=True, description="requests wait in the router while the engines are queued"
-    )
-    hold_queue_s: float = Field(
-        default=1.0, ge=0, description="… more than this much prefill queued on the best node"
-    )
-    long_yield_s: float = Field(
-        default=10.0, ge=0, description="a long request yields to short ones this much younger"
-    )
-    hold_max_s: float = Field(default=60.0, ge=0, description="a request waits at most this")
-    max_waiting: int = Field(
-        default=10_000, ge=0, description="requests the router's queue holds (then: sent at once)"
-    )
-    lane: bool = Field(default=False, description="prefill long prompts on a lane of nodes")
-    lane_floor: float = Field(default=0.125, ge=0, le=1, description="of the pool's nodes")
-    lane_ceiling: float = Field(default=0.5, ge=0, le=1, description="of the pool's nodes")
-    lane_headroom: float = Field(
-        default=1.5, ge=1, description="lane size = long prompts' share of prefill work × this"
-    )
-    lane_window_s: float = Field(
-        default=60.0, gt=0, description="half-life of the prefill work the lane is sized on"
-    )
-    spill_queue_s: float = Field(
-        default=0.5,
-        ge=0,
-        description="short requests use lane nodes when every other node has this much "
-        "prefill queued",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,62 +173,3 @@ class Lanes:
     def key(self, arrival_s: float, long: bool) -> float:
         """A held request's place in the router's queue (smallest first)."""
         return arrival_s + (self.s.long_yield_s if long else 0.0)
-
-
-UNKNOWN = ""  # what a held request names as its blocker when it cannot tell
-
-
-class HoldQueue(Generic[T]):
-    """The requests waiting in the router, smallest :meth:`Lanes.key` first."""
-
-    def __init__(self, max_blocked_long: int = 8, max_failed: int = 64) -> None:
-        # (key, tie, long, item, the node that held it back last time: UNKNOWN when none)
-        self._heap: list[tuple[float, int, bool, T, str]] = []
-        self._tie = itertools.count()
-        self.max_blocked_long = max_blocked_long
-        self.max_failed = max_failed
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def push(self, key: float, long: bool, item: T, blocker: str = UNKNOWN) -> None:
-        heapq.heappush(self._heap, (key, next(self._tie), long, item, blocker))
-
-    def release(self, attempt: Callable[[T], str | None]) -> int:
-        """Offer the waiting requests a place in order. ``attempt`` sends one and returns None,
-        or returns the node that holds it back (its best node, queued; :data:`UNKNOWN` when it
-        cannot tell). A queued node holds back only the requests that want it: a short request
-        held by a node already found queued in this round is passed over without routing it
-        again, the ones behind it whose best node has room go (requests with prefix affinity
-        want different nodes; stopping at the first held one would leave idle engines behind a
-        busy one). A round stops at a short request held for an unknown reason (the ones behind
-        it would be too), after ``max_blocked_long`` long ones held (no node has long-request
-        room), or after ``max_failed`` attempts that did not send. Returns how many went."""
-        kept: list[tuple[float, int, bool, T, str]] = []
-        busy: set[str] = set()
-        sent = blocked_long = failed = 0
-        heap = self._heap
-        while heap:
-            key, tie, long, item, blocker = heapq.heappop(heap)
-            if not long and blocker != UNKNOWN and blocker in busy:
-                kept.append((key, tie, long, item, blocker))
-                continue
-            got = attempt(item)
-            if got is None:
-                sent += 1
-                continue
-            kept.append((key, tie, long, item, got))
-            failed += 1
-            if long:
-                blocked_long += 1
-                if blocked_long >= self.max_blocked_long:
-                    break
-            elif got == UNKNOWN:
-                break
-            else:
-                busy.add(got)
-            if failed >= self.max_failed:
-                break
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        return sent

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from router.core import NodeView
+from router.decision.types import NodeView
 from streams.labels import KEY, VALUE
 
 __all__ = [

@@ -1,7 +1,8 @@
 """kvgate's default policy: route on the expected completion cost of the request, in seconds.
 
 For every eligible node the policy estimates, from that node's performance model (the weights
-below; the prefill rate is the one this router observed on the node, router/ledger.py, once it
+below; the prefill rate is the one this router observed on the node, router/decision/inflight.py,
+once it
 has seen a few prefills there, else ``prefill_tokens_per_s``):
 
 * ``queue_s`` — prefill already queued there: this router's own dispatches awaiting their first
@@ -16,13 +17,15 @@ has seen a few prefills there, else ``prefill_tokens_per_s``):
   prefill shares the step with them), weighted by ``interference``;
 * ``kv_s`` — KV pressure: the request's blocks beyond the node's soft limit (an engine out of
   blocks queues or preempts), counting the growth still ahead of the requests running there
-  (this router's remaining decode, router/ledger.py: a node whose running requests will soon
+  (this router's remaining decode, router/decision/inflight.py: a node whose running requests will
+  soon
   finish has more room than one whose long generations have far to go);
 * ``affinity_s`` — a request with a session key gets a small bonus on the session's home node:
   the node this router sent the session's previous turn to, while it is a candidate (the node
   that holds the conversation; a home kept through a short overload, where the load bound of a
   hash ring would move it and pull the next turn away from its context); for a session this
-  router has not seen, the node of consistent hashing with bounded loads (:mod:`router.affinity`,
+  router has not seen, the node of consistent hashing with bounded loads
+  (:mod:`router.decision.affinity`,
   the same on every router replica). A soft preference that load outweighs. After the first
   turn the prefix hit on the node holding the conversation is the stronger pull, and it works
   across router replicas because it comes from the shared index.
@@ -43,8 +46,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from router.affinity import HashRing, point
-from router.core import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
+from router.decision.affinity import HashRing, point
+from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.settings import CostWeights
 
 __all__ = ["SESSION_HOMES", "CompletionCostPolicy", "index_confidence", "prefill_weight"]

@@ -1,4 +1,5 @@
-"""The live router's queue of held requests (router/lanes.py's ``queue`` rule): requests wait
+"""The live router's queue of held requests (router/decision/lanes.py's ``queue`` rule): requests
+wait
 here, not in an engine's queue, while the engines are queued; one task offers them a place in
 the queue's order (short requests first) whenever a request ends, and every ``poll_s``.
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from router.lanes import UNKNOWN, HoldQueue
+from router.decision.holdqueue import UNKNOWN, HoldQueue
 
 __all__ = ["Held", "RouterQueue", "Waiting"]
 

@@ -1,0 +1,1 @@
+"""The router's HTTP surfaces (aiohttp): thin adapters over the flow layer."""
