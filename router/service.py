@@ -27,42 +27,52 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from admission.core import OutputShape, Rejection, RejectReason, Verdict, retry_after
+from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
-from admission.pools import budget_key
 from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
-from admission.slo import Slo, held, late_refusal, slo_of
+from admission.slo import Slo, slo_of
 from admission.storm import StormStore
 from router.control import ControlFollower
 from router.decision.approx import ApproxIndex
 from router.decision.calibrate import TokenCalibration
-from router.decision.disagg import decide_roles, decode_body, prefill_body, valid_transfer_params
+from router.decision.candidates import budget, budget_totals, candidates
+from router.decision.disagg import decode_body, prefill_body, valid_transfer_params
 from router.decision.fit import (
-    UNFIT,
-    fit,
     fit_floor_tokens,
     node_admissible_blocks,
     node_capacity_blocks,
 )
-from router.decision.fleet import Fleet, Selection
-from router.decision.holdqueue import UNKNOWN
+from router.decision.fleet import Fleet
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
 from router.decision.inflight import InflightLedger
-from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.decision.lanes import Lanes
 from router.decision.outlier import Failure
+from router.decision.pipeline import (
+    Ask,
+    Decision,
+    Held,
+    Mode,
+    Refused,
+    Routed,
+    Rules,
+    Snapshot,
+    commit,
+    decide,
+    no_node,
+)
 from router.decision.placement import FREE, Placement, placement_of
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
-from router.decision.policies.cost import prefill_weight
 from router.decision.recent import RecentPrefills, merge_matches
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
-from router.flow.waiting import Held, RouterQueue, Waiting
+from router.flow.waiting import Held as QueueHeld
+from router.flow.waiting import RouterQueue, Waiting
 from router.http.edge import (
     GATEWAY_KEY_HEADER,
     Refusal,
@@ -202,7 +212,6 @@ class Gated:
     client_request_id: str | None = None  # the client's X-Request-Id: a label, never a key
     slo: Slo | None = None  # its SLO class (admission/slo.py)
     budget: tuple[str, list[int]] = ("", [])  # its admission budget: name, nodes' KV blocks
-    disaggregate: bool = True  # may be split over prefill and decode nodes (not for gateways)
 
 
 # a request routed for a gateway: (gateway, node, request, its block hashes, tenant, started,
@@ -271,7 +280,7 @@ class RouterService:
         if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
             policy.sequences = self.ledger  # type: ignore[attr-defined]
         self.lanes = Lanes(settings.lanes, settings.cost.prefill_tokens_per_s)
-        self.queue: RouterQueue[tuple[RouteRequest, RouteDecision, LaneFacts]] = RouterQueue(
+        self.queue: RouterQueue[tuple[Routed | Refused, Snapshot]] = RouterQueue(
             settings.hold_poll_s, settings.lanes.max_waiting
         )
         self.fleet = Fleet(settings.outlier, settings.slow_start)
@@ -328,9 +337,19 @@ class RouterService:
         self._started_at = time.time()
         self.feed = FeedWatch(settings, replica)
         self._prober: asyncio.Task[None] | None = None
-        self._load_policy = LeastRequestsPolicy()
         self._zone = (settings.zone_label, settings.zone) if settings.zone else None
         self._roles = False  # some node has the prefill or decode role
+        self.rules = Rules(
+            self.policy,
+            self.fleet,
+            self.gate.settings,
+            self.lanes,
+            self.hot,
+            fallback=LeastRequestsPolicy(),
+            disaggregation=settings.disaggregation,
+            kv_bytes_per_token=settings.kv_bytes_per_token,
+            kv_link_gbps=settings.kv_link_gbps,
+        )
 
     def app(self) -> web.Application:
         """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
@@ -593,38 +612,17 @@ class RouterService:
     def _candidates(
         self, all_nodes: list[NodeView], model: str, now: float, placement: Placement = FREE
     ) -> list[NodeView] | Rejection:
-        """Eligible nodes without the ones whose queue is over the cap; when what is left is
-        less than ``min_healthy_share`` of the model's known KV capacity, a 503 instead of
-        piling requests onto the few nodes that are left. Then the request's placement: only
-        nodes with its required labels (none: 503), its preferred ones while they have room."""
-        nodes = self._open_candidates(all_nodes, model, now)
-        if isinstance(nodes, Rejection) or placement.free or not nodes:
-            return nodes
-        allowed = placement.allowed(nodes)
-        if not allowed:
-            return Rejection(
-                RejectReason.NO_CAPACITY,
-                True,
-                self.gate.settings.min_retry_after_s,
-                f"no healthy node of this model has the labels {placement.describe()}",
-            )
-        return placement.preferred(allowed)
-
-    def _open_candidates(
-        self, all_nodes: list[NodeView], model: str, now: float
-    ) -> list[NodeView] | Rejection:
-        nodes = eligible(all_nodes, model, now)
-        open_nodes = [n for n in nodes if n.waiting <= self.settings.max_queue]
-        known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
-        share = sum(n.kv_blocks_total for n in open_nodes) / known if known else 0.0
-        if nodes and share < self.gate.settings.min_healthy_share:
-            return Rejection(
-                RejectReason.NODES_UNHEALTHY,
-                True,
-                self.gate.settings.min_retry_after_s,
-                f"only {share:.0%} of the cluster's KV capacity is healthy and not backed up",
-            )
-        return open_nodes or nodes
+        """The request's candidates (router/decision/candidates.py), or why there are none."""
+        adm = self.gate.settings
+        return candidates(
+            all_nodes,
+            model,
+            now,
+            self.settings.max_queue,
+            adm.min_healthy_share,
+            adm.min_retry_after_s,
+            placement,
+        )
 
     def _index_lag(self, hb: Heartbeat, now: float) -> tuple[int, float]:
         """KV batches the node announced (heartbeat ``kv_seq``) that the index lacks, and since
@@ -870,7 +868,9 @@ class RouterService:
         if isinstance(nodes, Rejection):
             return self._refuse(nodes.reason, rejection_response(nodes))
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        pool, budget_nodes = self._budget(all_nodes, nodes, p.model, now, not placement.free)
+        pool, budget_nodes = budget(
+            all_nodes, nodes, p.model, now, self._adapter_base, not placement.free
+        )
         verdict = None
         if self.gate.settings.enabled:
             # retries of one attempt: the client's Idempotency-Key, within its tenant (or its
@@ -909,39 +909,62 @@ class RouterService:
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
         return Gated(tenant, nodes, block_size, verdict, now, slo=slo, budget=(pool, budget_nodes))
 
-    def _budget(
-        self,
-        all_nodes: list[NodeView],
-        nodes: list[NodeView],
-        model: str,
-        now: float,
-        placed: bool = False,
-    ) -> tuple[str, list[int]]:
-        """The admission budget a request for ``model`` draws on (admission.pools): its name
-        and the KV blocks of each of its nodes — the eligible nodes of the candidates' pool
-        that run their base model (an adapter's requests share their base model's KV).
-        ``nodes``: the candidates; ``placed``: narrowed by placement labels."""
-        if not nodes:
-            base = self._adapter_base.get(model, model)
-            return budget_key("default", base), []
-        pool, base = nodes[0].pool, nodes[0].model
-        if model == base and not placed:  # the candidates are the base model's nodes
-            group = [n for n in nodes if n.pool == pool]
-        else:  # an adapter's nodes or a placement's subset: the whole base model's
-            group = [
-                n for n in eligible(all_nodes, base, now) if n.pool == pool and n.model == base
-            ]
-        return budget_key(pool, base), [n.kv_blocks_total for n in group or nodes]
+    def _route_request(
+        self, request_id: str, p: ParsedRequest, block_size: int, queue_weight: float = 1.0
+    ) -> RouteRequest:
+        """What routing knows of ``p``: its prompt's chained block hashes (salted by its
+        ``cache_salt`` and LoRA adapter), its sizes and its session."""
+        adapter = p.model if p.model in self._adapter_base else None
+        hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
+        return RouteRequest(
+            request_id,
+            p.model,
+            hashes,
+            p.prompt_tokens_total,
+            p.max_tokens,
+            p.session_id,
+            queue_weight,
+        )
 
-    @staticmethod
-    def _budget_totals(views: Sequence[NodeView], now: float) -> dict[str, int]:
-        """Every (pool, model) budget's KV blocks: its healthy, undrained, live nodes'."""
-        out: dict[str, int] = {}
-        for v in views:
-            key = budget_key(v.pool, v.model)
-            ok = v.healthy and not v.draining and v.alive(now)
-            out[key] = out.get(key, 0) + (v.kv_blocks_total if ok else 0)
-        return out
+    def _ask(self, request_id: str, p: ParsedRequest, g: Gated, started: float, mode: Mode) -> Ask:
+        rreq = self._route_request(request_id, p, g.block_size, _queue_weight(g.slo))
+        adapter = p.model in self._adapter_base
+        return Ask(
+            rreq,
+            self._expected_output(p, g.tenant.name),
+            started,
+            g.slo,
+            hold_slo=g.verdict is not None and g.verdict.admitted,
+            mode=mode,
+            # salted prefixes are one tenant's, an adapter's only where it is loaded: no
+            # pre-warming other engines with them
+            prewarm=not (p.cache_salt or adapter),
+        )
+
+    def _snapshot(
+        self, ask: Ask, nodes: Sequence[NodeView], block_size: int, now: float
+    ) -> Snapshot:
+        """The cluster as this router sees it now, for ``ask`` among ``nodes``."""
+        load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
+        matches = {} if load_only else self._matches(ask.request.block_hashes, now)
+        return Snapshot(nodes, matches, now, block_size, load_only, self.fit_floor, self._roles)
+
+    def _again(self, ask: Ask, g: Gated) -> Snapshot:
+        """A waiting request's snapshot on the cluster as it is now: its candidates that are
+        still eligible, else the ones it had."""
+        now = time.time()
+        ids = {n.node_id for n in g.nodes}
+        fresh = [n for n in eligible(self.nodes(now), ask.request.model, now) if n.node_id in ids]
+        return self._snapshot(ask, fresh or g.nodes, g.block_size, now)
+
+    def _commit(self, ask: Ask, snap: Snapshot, routed: Routed, p: ParsedRequest) -> None:
+        """``routed`` is sent: the router's state learns from it (router/decision/pipeline.py),
+        and pre-warm advice leaves when its prefix is hot."""
+        advice = commit(ask, snap, routed, self.rules, self.ledger)
+        if routed.canary is not None:
+            self.metrics.canary_routed.labels(routed.canary).inc()
+        if advice is not None:
+            self._advise(advice, p, snap.block_size, snap.now)
 
     async def _decide_and_record(
         self,
@@ -950,50 +973,29 @@ class RouterService:
         g: Gated,
         started: float,
         t0: float,
-        lanes: bool = True,
-    ) -> web.Response | tuple[RouteRequest, RouteDecision, NodeView, LaneFacts]:
-        """Route, record the decision, and either refuse (a response) or name the node; the
-        request then counts in this router's in-flight ledger until ``ledger.finish``.
-        ``lanes``: under the lane rules and their queue (not for gateways: they want an
-        answer now)."""
-        tenant, nodes, block_size, verdict = g.tenant, g.nodes, g.block_size, g.verdict
-        rreq, decision, facts = self._route(
-            request_id,
-            p,
-            nodes,
-            block_size,
-            g.now,
-            verdict,
-            queue_weight=_queue_weight(g.slo),
-            disaggregate=g.disaggregate,
-            lanes=lanes,
-            tenant=tenant.name,
-            lane_wait=may_wait(g.slo[1] if g.slo else None),
-        )
+        mode: Mode = "proxy",
+    ) -> web.Response | tuple[Ask, RouteDecision, NodeView]:
+        """Route (router/decision/pipeline.py: waiting in the router while it says so),
+        record the decision, and either refuse (a response) or name the node; the request
+        then counts in this router's in-flight ledger until ``ledger.finish``."""
+        tenant, block_size, verdict = g.tenant, g.block_size, g.verdict
+        ask = self._ask(request_id, p, g, started, mode)
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
-        unfit = decision.reason in UNFIT  # answered at once: 413, or 503 with Retry-After
-        if g.slo is not None and verdict is not None and verdict.admitted and not unfit:
-            rreq, decision, facts, held_s = await self._hold(
-                request_id, p, g, rreq, decision, facts, lanes
-            )
-            waited += held_s
-        if (
-            lanes
-            and not unfit
-            and self.lanes.s.enabled
-            and nodes
-            and (verdict is None or verdict.admitted)
-            and may_wait(g.slo[1] if g.slo else None)
-        ):
-            rreq, decision, facts, held_s = await self._queued(
-                request_id, p, g, rreq, decision, facts, started
-            )
-            waited += held_s
-        late = self._deadline(g.slo, rreq, decision, waited)
-        if late is not None:  # refused early: it would miss its class's TTFT
-            self.metrics.slo.labels(g.slo[0] if g.slo else "", "refused").inc()
-            decision = RouteDecision(None, "deadline", decision.candidates)
-            verdict = Verdict(False, verdict.kv_blocks if verdict else 0, 1.0, late)
+        got: Routed | Refused | None = None
+        if verdict is not None and not verdict.admitted:
+            decision = RouteDecision(None, "admission_rejected", ())
+        else:
+            snap = self._snapshot(ask, g.nodes, block_size, g.now)
+            start = time.time()
+            first = decide(ask, snap, self.rules)
+            got, snap, committed = await self._waited(ask, g, first, snap, p)
+            waited += time.time() - start if got is not None else 0.0
+            decision = got.decision
+            if isinstance(got, Refused) and decision.reason == "deadline":
+                self.metrics.slo.labels(g.slo[0] if g.slo else "", "refused").inc()
+                verdict = Verdict(False, verdict.kv_blocks if verdict else 0, 1.0, got.rejection)
+            elif isinstance(got, Routed) and not committed:
+                self._commit(ask, snap, got, p)
         decision_us = max(0.0, (time.perf_counter() - t0 - waited) * 1e6)  # without the queue
         self.metrics.decided(decision.reason, decision_us)
         if waited:
@@ -1002,7 +1004,7 @@ class RouterService:
         # upstream: it never delays the first token (the outbox keeps the order it is handed)
         asyncio.get_running_loop().call_soon(
             self._publish_decision,
-            rreq,
+            ask.request,
             p,
             decision,
             decision_us,
@@ -1012,68 +1014,81 @@ class RouterService:
             verdict,
             g.client_request_id,
         )
-        if verdict is not None and verdict.rejection is not None:
-            rej = verdict.rejection
-            self.metrics.rejected(rej.reason)
-            relay = Relay(status="rejected", http_status=rejection_status(rej), error=rej.message)
+        rej = verdict.rejection if verdict is not None else None
+        if rej is None and isinstance(got, Refused):
+            rej = got.rejection
+        if rej is not None or decision.chosen is None:
+            rej = rej or no_node(decision.reason, ask.request.prompt_tokens, self.gate.settings)
+            if verdict is not None and verdict.rejection is not None:
+                self.metrics.rejected(rej.reason)
+            error = rej.message if verdict is not None and verdict.rejection else decision.reason
+            relay = Relay(status="rejected", http_status=rejection_status(rej), error=error)
             await self._publish_outcome(request_id, None, relay, p, started)
             return rejection_response(rej)
-        if decision.chosen is None:
-            rej = self._no_node(decision.reason, rreq)
-            relay = Relay(
-                status="rejected", http_status=rejection_status(rej), error=decision.reason
-            )
-            await self._publish_outcome(request_id, None, relay, p, started)
-            return rejection_response(rej)
-        node = next(n for n in nodes if n.node_id == decision.chosen)
-        uncached = self._dispatched(request_id, rreq, decision, facts, block_size)
-        self.lanes.observe(uncached, facts.long_prompt, time.time())
+        node = next(n for n in g.nodes if n.node_id == decision.chosen)
         self._check_tokens(node, p)
-        return rreq, decision, node, facts
+        return ask, decision, node
 
-    def _no_node(self, reason: str, rreq: RouteRequest) -> Rejection:
-        """Why no node was chosen, as the client should hear it."""
-        if reason == "too_large":
-            return Rejection(
-                RejectReason.TOO_LARGE,
-                False,
-                None,
-                f"a prompt of {rreq.prompt_tokens} tokens fits in no engine's KV cache or context",
-            )
-        if reason == "no_fit_now":
-            wait = retry_after(1.0, self.gate.settings)
-            return Rejection(
-                RejectReason.NO_FIT_NOW,
-                True,
-                wait,
-                f"no engine has room for a prompt of {rreq.prompt_tokens} tokens now",
-            )
-        return Rejection(RejectReason.NO_CAPACITY, True, 1.0, "no healthy engine for this model")
+    async def _waited(
+        self, ask: Ask, g: Gated, got: Decision, snap: Snapshot, p: ParsedRequest
+    ) -> tuple[Routed | Refused, Snapshot, bool]:
+        """``got``, once the request has waited as long as the pipeline holds it: for its SLO
+        class (polled), then in the router's queue (the lane rules). Returns the decision it
+        leaves with, the snapshot it was made on, and whether it is committed already (the
+        router's queue commits a request the moment its turn routes it)."""
+        if isinstance(got, Held) and got.why == "slo":
+            self.metrics.held.inc()
+            self.metrics.holds.inc()
+            try:
+                while isinstance(got, Held) and got.why == "slo":
+                    await asyncio.sleep(self.settings.hold_poll_s)
+                    snap = self._again(ask, g)
+                    got = decide(ask, snap, self.rules)
+            finally:
+                self.metrics.held.dec()
+        if not isinstance(got, Held):
+            return got, snap, False
+        if self.queue.full:
+            return got.now, snap, False
+        return await self._queued(ask, g, got, p)
 
-    def _dispatched(
-        self,
-        request_id: str,
-        rreq: RouteRequest,
-        decision: RouteDecision,
-        facts: LaneFacts,
-        block_size: int,
-    ) -> int:
-        """The request goes to the chosen node: it counts in the in-flight ledger from now on.
-        Returns its uncached prompt tokens there."""
-        assert decision.chosen is not None
-        chosen = decision.chosen_candidate
-        hit = chosen.hit_blocks if chosen is not None else 0
-        uncached = max(0, rreq.prompt_tokens - hit * block_size)
-        self.ledger.dispatch(
-            request_id,
-            decision.chosen,
-            time.time(),
-            uncached,
-            facts.expected_output,
-            facts.blocks,
-            rreq.block_hashes,
-        )
-        return uncached
+    async def _queued(
+        self, ask: Ask, g: Gated, got: Held, p: ParsedRequest
+    ) -> tuple[Routed | Refused, Snapshot, bool]:
+        """The lane rules' queue (router/decision/lanes.py): the request waits in the router's
+        queue, short requests first, decided again when its turn comes — and committed at once
+        when it is routed, so that the next request of the round sees it on its node — at most
+        ``lanes.hold_max_s`` (or half its lease) since it arrived; then the pipeline sends it to
+        its best node whatever the lane rules say."""
+        lanes = self.lanes
+        facts = got.now.facts if isinstance(got.now, Routed) else None
+        long = facts.long if facts is not None else False
+
+        def turn() -> tuple[Routed | Refused, Snapshot] | QueueHeld:
+            again = self._again(ask, g)
+            d = decide(ask, again, self.rules)
+            if isinstance(d, Held):
+                return QueueHeld(d.blocker)
+            if isinstance(d, Routed):
+                self._commit(ask, again, d, p)
+            return d, again
+
+        limit = min(lanes.s.hold_max_s, self.gate.settings.lease_s / 2)
+        limit -= time.time() - ask.arrived_s
+        self.metrics.lane_held.inc()
+        self.metrics.lane_holds.labels("long" if long else "short").inc()
+        try:
+            routed = await self.queue.wait(
+                lanes.key(ask.arrived_s, long), long, Waiting(turn), max(0.0, limit), got.blocker
+            )
+        finally:
+            self.metrics.lane_held.dec()
+        if routed is not None:
+            return routed[0], routed[1], isinstance(routed[0], Routed)
+        # waited long enough: its best node, whatever the lane rules
+        again = self._again(ask, g)
+        d = decide(ask, again, self.rules)
+        return (d.now if isinstance(d, Held) else d), again, False
 
     async def _admitted(
         self,
@@ -1084,16 +1099,17 @@ class RouterService:
         started: float,
         t0: float,
     ) -> web.StreamResponse:
-        tenant, nodes = g.tenant, g.nodes
+        tenant = g.tenant
         with self.tracing.span("kvgate.route", {"kvgate.request_id": request_id}) as span:
             routed = await self._decide_and_record(request_id, p, g, started, t0)
             if span is not None and not isinstance(routed, web.Response):
                 span.set_attribute("kvgate.node", routed[2].node_id)
                 span.set_attribute("kvgate.reason", routed[1].reason)
-                span.set_attribute("kvgate.prompt_blocks", len(routed[0].block_hashes))
+                span.set_attribute("kvgate.prompt_blocks", len(routed[0].request.block_hashes))
         if isinstance(routed, web.Response):
             return routed
-        rreq, decision, node, facts = routed
+        ask, decision, node = routed
+        rreq = ask.request
         assert self._http is not None
         sent = p
         if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
@@ -1111,7 +1127,7 @@ class RouterService:
                         request,
                         request_id,
                         target,
-                        sent if target is node else p,
+                        sent if target is node and not reroutes else p,
                         started,
                         on_first_token=functools.partial(
                             self._first_token, request_id, target.node_id, rreq, p.stream
@@ -1135,47 +1151,17 @@ class RouterService:
                 # the node could not take it (no room for its KV, or gone) before anything
                 # reached the client: once, to the best other node; the reservation is for the
                 # cluster's budget, so it stays with the request
-                others = [n for n in nodes if n.node_id != node.node_id]
-                if not others:
-                    return resp
-                now = time.time()
-                sel = self.fleet.select(others, p.session_id or request_id, now)
-                matches = self._matches(rreq.block_hashes, now)
-                again = self._fleet_decision(
-                    self.policy.decide(rreq, sel.nodes, matches, now), sel, matches, now, True
-                )
-                if again.chosen is None:
+                again = self._reroute(ask, g, node.node_id, p)
+                if again is None:
                     return resp
                 log.warning(
                     "%s: %s failed before any byte (%s); re-routing to %s",
                     request_id,
                     node.node_id,
                     relay.http_status,
-                    again.chosen,
+                    again.node_id,
                 )
-                self.metrics.reroutes.inc()
-                self._publish_decision(
-                    rreq,
-                    p,
-                    replace(again, reason=f"reroute/{again.reason}"),
-                    0.0,
-                    started,
-                    g.block_size,
-                    tenant,
-                    g.verdict,
-                    g.client_request_id,
-                    decision_seq=1,
-                )
-                node = next(n for n in others if n.node_id == again.chosen)
-                self.ledger.dispatch(
-                    request_id,
-                    node.node_id,
-                    time.time(),
-                    rreq.prompt_tokens,
-                    facts.expected_output,
-                    facts.blocks,
-                    rreq.block_hashes,
-                )
+                node = again
                 reroutes += 1
         finally:
             done = relay.output_tokens // p.sequences if relay.status == "ok" else None
@@ -1192,110 +1178,41 @@ class RouterService:
                 request_id, node.node_id, relay, p, started, reroutes, g.slo
             )
 
-    def _route(
-        self,
-        request_id: str,
-        p: ParsedRequest,
-        nodes: list[NodeView],
-        block_size: int,
-        now: float,
-        verdict: Verdict | None = None,
-        advise: bool = True,
-        queue_weight: float = 1.0,
-        disaggregate: bool = False,
-        lanes: bool = False,
-        tenant: str = "",
-        lane_wait: bool = True,
-    ) -> tuple[RouteRequest, RouteDecision, LaneFacts]:
-        """The routing decision (skipped when admission rejected the request); ``advise``:
-        may publish pre-warm advice (not for dry runs); ``lanes``: under the lane rules
-        (router/decision/lanes.py), with the request's facts for them; ``lane_wait``: the request
-        may
-        wait in the router's queue (router/decision/lanes.py ``may_wait``)."""
-        adapter = p.model if p.model in self._adapter_base else None
-        hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
-        rreq = RouteRequest(
-            request_id,
-            p.model,
-            hashes,
-            p.prompt_tokens_total,
-            p.max_tokens,
-            p.session_id,
-            queue_weight,
+    def _reroute(self, ask: Ask, g: Gated, failed: str, p: ParsedRequest) -> NodeView | None:
+        """The request's node failed it before any byte reached the client: the best other
+        candidate, through the same pipeline (fit, roles, fleet, a degraded feed's fallback) on
+        the cluster as it is now, sent whole (no P/D split, no waiting: ``gateway`` mode);
+        None when no other node may take it. The new decision is recorded and committed."""
+        snap = self._again(ask, g)
+        others = [n for n in snap.nodes if n.node_id != failed]
+        if not others:
+            return None
+        snap = replace(snap, nodes=others)
+        again = replace(ask, mode="gateway")
+        got = decide(again, snap, self.rules)
+        if not isinstance(got, Routed):
+            return None
+        self._commit(again, snap, got, p)
+        self.metrics.reroutes.inc()
+        d = got.decision
+        self._publish_decision(
+            ask.request,
+            p,
+            replace(d, reason=f"reroute/{d.reason}"),
+            0.0,
+            ask.arrived_s,
+            g.block_size,
+            g.tenant,
+            g.verdict,
+            g.client_request_id,
+            decision_seq=1,
         )
-        facts = LaneFacts(self._expected_output(p, tenant))
-        if verdict is not None and not verdict.admitted:
-            return rreq, RouteDecision(None, "admission_rejected", ()), facts
-        load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
-        matches = {} if load_only else self._matches(hashes, now)
-        if self.lanes.s.enabled:
-            best = max(matches.values(), default=0)
-            uncached = max(0, rreq.prompt_tokens - best * block_size)
-            facts = lane_facts(
-                rreq.prompt_tokens, uncached, facts.expected_output, block_size, self.lanes.s
-            )
-            if lanes:  # a request that may not wait uses every node rather than none
-                nodes = self.lanes.select(nodes, facts, strict=lane_wait)
-        sel = self.fleet.select(nodes, p.session_id or request_id, now)
-        if (
-            sel.nodes and rreq.prompt_tokens > self.fit_floor
-        ):  # where its KV fits (router/decision/fit.py)
-            fitted = fit(sel.nodes, rreq.prompt_tokens, matches)
-            if not fitted.ever:
-                return rreq, RouteDecision(None, "too_large", ()), facts
-            if not fitted.nodes:
-                return rreq, RouteDecision(None, "no_fit_now", ()), facts
-            if len(fitted.nodes) < len(sel.nodes):
-                sel = replace(sel, nodes=fitted.nodes)
-        if load_only:
-            decision = self._load_policy.decide(rreq, sel.nodes, {}, now)
-            return rreq, self._fleet_decision(decision, sel, {}, now, advise), facts
-        decision = self._fleet_decision(
-            self._decide_roles(rreq, sel.nodes, matches, now, disaggregate),
-            sel,
-            matches,
-            now,
-            advise,
-        )
-        # salted prefixes are one tenant's, an adapter's only where it is loaded: no
-        # pre-warming other engines with them
-        if (
-            advise
-            and self.hot is not None
-            and decision.chosen is not None
-            and not (p.cache_salt or adapter)
-        ):
-            advice = self.hot.observe(now, hashes, matches, nodes)
-            if advice is not None:
-                self._advise(advice, p, block_size, now)
-        return rreq, decision, facts
+        return next((n for n in g.nodes if n.node_id == d.chosen), None)
 
     def _expected_output(self, p: ParsedRequest, tenant: str) -> int:
         """The output ``p`` is expected to produce: ``max_tokens`` capped by what the tenant's
         answers from this model have been (admission/estimate.py, learned from outcomes)."""
         return self.gate.estimator.expected(tenant, p.model, p.max_tokens, p.max_tokens)
-
-    def _decide_roles(
-        self,
-        rreq: RouteRequest,
-        nodes: list[NodeView],
-        matches: Mapping[str, int],
-        now: float,
-        disaggregate: bool,
-    ) -> RouteDecision:
-        """The policy's decision over the nodes' roles (router/decision/disagg.py)."""
-        if not self._roles:  # every node serves whole requests
-            return self.policy.decide(rreq, nodes, matches, now)
-        return decide_roles(
-            self.policy,
-            rreq,
-            nodes,
-            matches,
-            now,
-            disaggregate=disaggregate and self.settings.disaggregation,
-            kv_bytes_per_token=self.settings.kv_bytes_per_token,
-            default_link_gbps=self.settings.kv_link_gbps,
-        )
 
     async def _prefill_leg(
         self, request_id: str, p: ParsedRequest, g: Gated, prefill: str, rreq: RouteRequest
@@ -1366,156 +1283,6 @@ class RouterService:
             return p
         self.metrics.disaggregated.labels("ok").inc()
         return replace(p, body=decode_body(p.body, params))
-
-    async def _hold(
-        self,
-        request_id: str,
-        p: ParsedRequest,
-        g: Gated,
-        rreq: RouteRequest,
-        decision: RouteDecision,
-        facts: LaneFacts,
-        lanes: bool,
-    ) -> tuple[RouteRequest, RouteDecision, LaneFacts, float]:
-        """Keep an admitted request of a loose SLO class in the router while its best node has
-        more than the class's ``hold_queue_s`` queued (admission/slo.py), re-routing on the
-        cluster as it is now, at most until its TTFT target (or half its lease) has passed.
-        Returns the decision it leaves with and how long it was held."""
-        slo = g.slo
-        chosen = decision.chosen_candidate
-        if slo is None or chosen is None or not held(slo, chosen.components, rreq.queue_weight):
-            return rreq, decision, facts, 0.0
-        start = time.time()
-        limit = start + min(slo[1].ttft_s, self.gate.settings.lease_s / 2)
-        self.metrics.held.inc()
-        self.metrics.holds.inc()
-        try:
-            while time.time() < limit:
-                await asyncio.sleep(self.settings.hold_poll_s)
-                _, (rreq, decision, facts) = self._route_again(
-                    request_id, p, g, rreq.queue_weight, lanes
-                )
-                chosen = decision.chosen_candidate
-                if chosen is None or not held(slo, chosen.components, rreq.queue_weight):
-                    break
-        finally:
-            self.metrics.held.dec()
-        if decision.chosen is not None:
-            self.fleet.detector.sent(decision.chosen, time.time())
-        return rreq, decision, facts, time.time() - start
-
-    def _route_again(
-        self, request_id: str, p: ParsedRequest, g: Gated, queue_weight: float, lanes: bool
-    ) -> tuple[list[NodeView], tuple[RouteRequest, RouteDecision, LaneFacts]]:
-        """A waiting request routed again on the cluster as it is now (its candidates that
-        are still eligible, else the ones it had): the nodes used and the routing."""
-        now = time.time()
-        ids = {n.node_id for n in g.nodes}
-        fresh = [n for n in eligible(self.nodes(now), p.model, now) if n.node_id in ids]
-        used = fresh or g.nodes
-        return used, self._route(
-            request_id,
-            p,
-            used,
-            g.block_size,
-            now,
-            g.verdict,
-            advise=False,
-            queue_weight=queue_weight,
-            disaggregate=g.disaggregate,
-            lanes=lanes,
-            tenant=g.tenant.name,
-            lane_wait=may_wait(g.slo[1] if g.slo else None),
-        )
-
-    async def _queued(
-        self,
-        request_id: str,
-        p: ParsedRequest,
-        g: Gated,
-        rreq: RouteRequest,
-        decision: RouteDecision,
-        facts: LaneFacts,
-        started: float,
-    ) -> tuple[RouteRequest, RouteDecision, LaneFacts, float]:
-        """The lane rules' queue (router/decision/lanes.py): while the engines are queued (or, for a
-        long request, no node has room for long requests), the request waits in the router's
-        queue, short requests first, re-routed when its turn comes; at most
-        ``lanes.hold_max_s`` (or half its lease) since it arrived, then it goes to its best
-        node whatever the lane rules say. Returns the decision it leaves with and how long it
-        waited."""
-        lanes = self.lanes
-        best = next((n for n in g.nodes if n.node_id == decision.chosen), None)
-        if not lanes.hold(best) or self.queue.full:
-            return rreq, decision, facts, 0.0
-        start = time.time()
-
-        def again(rules: bool) -> tuple[tuple[RouteRequest, RouteDecision, LaneFacts], bool]:
-            used, got = self._route_again(request_id, p, g, rreq.queue_weight, rules)
-            node = next((n for n in used if n.node_id == got[1].chosen), None)
-            return got, lanes.hold(node)
-
-        def turn() -> tuple[RouteRequest, RouteDecision, LaneFacts] | Held:
-            got, wait = again(True)
-            if wait:
-                return Held(got[1].chosen or UNKNOWN)
-            # counted at once: the next request in this round sees it on its node
-            self._dispatched(request_id, got[0], got[1], got[2], g.block_size)
-            return got
-
-        limit = min(lanes.s.hold_max_s, self.gate.settings.lease_s / 2) - (start - started)
-        self.metrics.lane_held.inc()
-        self.metrics.lane_holds.labels("long" if facts.long else "short").inc()
-        try:
-            routed = await self.queue.wait(
-                lanes.key(started, facts.long),
-                facts.long,
-                Waiting(turn),
-                max(0.0, limit),
-                best.node_id if best is not None else UNKNOWN,
-            )
-        finally:
-            self.metrics.lane_held.dec()
-        if routed is None:  # waited long enough: its best node, whatever the lane rules
-            routed = again(False)[0]
-        rreq, decision, facts = routed
-        if decision.chosen is not None:
-            self.fleet.detector.sent(decision.chosen, time.time())
-        return rreq, decision, facts, time.time() - start
-
-    def _deadline(
-        self, slo: Slo | None, rreq: RouteRequest, decision: RouteDecision, waited: float
-    ) -> Rejection | None:
-        """The early refusal of a request its chosen node cannot start within its class's TTFT
-        (only policies that give cost components can tell)."""
-        chosen = decision.chosen_candidate
-        return late_refusal(
-            slo,
-            chosen.components if chosen is not None else None,
-            prefill_weight(self.policy),
-            rreq.queue_weight,
-            waited,
-            self.gate.settings,
-        )
-
-    def _fleet_decision(
-        self,
-        decision: RouteDecision,
-        sel: Selection,
-        matches: Mapping[str, int],
-        now: float,
-        dispatch: bool,
-    ) -> RouteDecision:
-        """The decision marked ``ejected/`` when an ejection moved it; a probing node's
-        request counts as its probe (``dispatch``: the request is really sent)."""
-        if sel.canary is not None and dispatch:
-            self.metrics.canary_routed.labels(sel.canary).inc()
-        if decision.chosen is None:
-            return decision
-        if dispatch:
-            self.fleet.detector.sent(decision.chosen, now)
-        reason = self.fleet.reason(decision.reason, decision.chosen, sel, matches)
-        return decision if reason == decision.reason else replace(decision, reason=reason)
 
     def _observe(self, node: str, failure: Failure | None, cancelled: bool = False) -> None:
         """An engine's answer to a request (outlier ejection): ``failure`` None is a success;
@@ -1630,12 +1397,12 @@ class RouterService:
         request_id, started, p, g, t0 = taken
         if allowed is not None:
             g = replace(g, nodes=[n for n in g.nodes if allowed(n)])
-        # a gateway sends the request to one endpoint itself: no two-leg disaggregated flow
-        g = replace(g, disaggregate=False)
         tenant = g.tenant
         admitted = g.verdict is not None and g.verdict.admitted
         try:
-            routed = await self._decide_and_record(request_id, p, g, started, t0, lanes=False)
+            # a gateway sends the request to one endpoint itself and waits for the answer: no
+            # two-leg disaggregated flow, no waiting in this router (the pipeline's gateway mode)
+            routed = await self._decide_and_record(request_id, p, g, started, t0, "gateway")
         except BaseException:
             if admitted:
                 await self.gate.release(request_id, time.time())
@@ -1644,7 +1411,8 @@ class RouterService:
             if admitted:
                 await self.gate.release(request_id, time.time())
             return routed
-        rreq, decision, node, _ = routed
+        ask, decision, node = routed
+        rreq = ask.request
         held = self.gate.held.get(request_id)
         self._gateway[request_id] = (
             gateway,
@@ -1778,7 +1546,10 @@ class RouterService:
             )
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        rreq, d, _ = self._route(mint_id(), p, nodes, block_size, now, advise=False)
+        rreq = self._route_request(mint_id(), p, block_size)
+        ask = Ask(rreq, self._expected_output(p, ""), now, mode="query", prewarm=False)
+        got = decide(ask, self._snapshot(ask, nodes, block_size, now), self.rules)
+        d = got.now.decision if isinstance(got, Held) else got.decision
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
         return _json(
@@ -1812,7 +1583,7 @@ class RouterService:
         budgets: dict[str, dict[str, Any]] = {}
         try:
             reservations: int | None = await self.gate.store.count()
-            for key, total in self._budget_totals(views, now).items():
+            for key, total in budget_totals(views, now).items():
                 blocks, slots, _drain = await self.gate.store.snapshot(key, now)
                 budgets[key] = {
                     "kv_blocks_total": total,
@@ -2114,7 +1885,7 @@ class RouterService:
             m.inflight.labels(priority).set(self._inflight[priority] + gateway[priority])
             m.queue_depth.labels(priority).set(depth[priority])
         if self.gate.settings.enabled:
-            for key, total in sorted(self._budget_totals(views, now).items()):
+            for key, total in sorted(budget_totals(views, now).items()):
                 with contextlib.suppress(AdmissionError):
                     held = (await self.gate.store.snapshot(key, now))[0]
                     m.budget_used.labels(key).set(held / total if total else 0.0)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from router.decision.types import NodeView
+from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest
 from streams.schemas import CandidateScore, Decision, Heartbeat, LedgerEvent, Outcome
 
 NOW = 1000.0  # the clock of tests that build node views
@@ -30,6 +31,22 @@ def node_view(nid: str, used: int = 0, waiting: int = 0, running: int = 0, **kw:
     )
     args.update(kw)
     return NodeView(**args)
+
+
+def take(
+    policy: Policy,
+    req: RouteRequest,
+    nodes: Sequence[NodeView],
+    matches: Mapping[str, int] | None = None,
+    now: float = NOW,
+) -> RouteDecision:
+    """``policy`` decides and the request is sent where it said (the router's commit): what a
+    routed request teaches the policy, it learns."""
+    matches = matches or {}
+    d = policy.decide(req, nodes, matches, now)
+    hit = matches.get(d.chosen or "", 0)
+    policy.commit(req, d, max(0, req.prompt_tokens - 16 * hit), now)
+    return d
 
 
 def heartbeat(

@@ -34,6 +34,7 @@ from router.decision.holdqueue import UNKNOWN, HoldQueue
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
 from router.decision.inflight import InflightLedger
 from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.decision.pipeline import Ask, Routed, Rules, Snapshot, commit
 from router.decision.placement import FREE, Placement
 from router.decision.policies.cost import prefill_weight
 from router.decision.recent import RecentPrefills, merge_matches
@@ -55,12 +56,14 @@ class SimConfig:
     index_lag_s: float = 0.15  # agent flush (100 ms) + Kafka + fold
     seed: int = 0
     fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
-    prewarm: bool = False  # act on hot-prefix advice (router/decision/hotprefix.py) like the live agents
+    # act on hot-prefix advice (router/decision/hotprefix.py) like the live agents
+    prewarm: bool = False
     prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
     admission: AdmissionSettings | None = None  # admission control in front of routing
     retries: RetryModel | None = None  # refused clients retry (None: a refusal is final)
     storm_guard: bool = False  # the retry-storm guard in front of admission
-    recent_prefill_ttl_s: float = 0.0  # the router remembers its completed prefills (router/decision/recent.py)
+    # the router remembers its completed prefills (router/decision/recent.py)
+    recent_prefill_ttl_s: float = 0.0
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
     # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
     # the
@@ -287,6 +290,16 @@ def simulate(
     ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
     if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
         policy.sequences = ledger  # type: ignore[attr-defined]
+    rules = Rules(
+        policy,
+        fleet,
+        cfg.admission or AdmissionSettings(),
+        lanes,
+        hot,
+        disaggregation=cfg.disaggregation,
+        kv_bytes_per_token=profile.kv_bytes_per_token,
+        kv_link_gbps=cfg.kv_link_gbps,
+    )
     rng = random.Random(cfg.seed)
     lease = cfg.heartbeat_interval_s * 4
     events: list[tuple[float, int, str, object]] = []
@@ -460,28 +473,26 @@ def simulate(
                         best.node_id if best is not None else UNKNOWN,
                     )
                 return best.node_id if best is not None else UNKNOWN
-        if lanes is not None and d.chosen is not None:
-            lanes.observe(
-                max(0, r.prompt_tokens - matches.get(d.chosen, 0) * trace.block_size),
-                facts.long_prompt,
-                now,
-            )
-        if d.chosen is not None:
-            fleet.detector.sent(d.chosen, now)
+        advice = None
+        if d.chosen is not None:  # sent: the router's state learns from it (as live)
             target = by_id[d.chosen]
+            # a decode node of a split request computes none of the prompt: its KV arrives
+            hit = len(r.block_hashes) if d.prefill is not None else matches.get(d.chosen, 0)
+            routed = Routed(d, facts, max(0, r.prompt_tokens - hit * trace.block_size))
+            snap = Snapshot(views, matches, now, trace.block_size)
+            advice = commit(Ask(req, r.output_tokens, r.arrival_s), snap, routed, rules, ledger)
         else:
             target = by_id[rng.choice(sorted(present))]
-        # a decode node of a split request computes none of the prompt: its KV arrives
-        seen = len(r.block_hashes) if d.prefill is not None else matches.get(target.node_id, 0)
-        ledger.dispatch(
-            rid,
-            target.node_id,
-            now,
-            max(0, r.prompt_tokens - seen * trace.block_size),
-            r.output_tokens,
-            facts.blocks,
-            r.block_hashes,
-        )
+            seen = matches.get(target.node_id, 0)
+            ledger.dispatch(
+                rid,
+                target.node_id,
+                now,
+                max(0, r.prompt_tokens - seen * trace.block_size),
+                r.output_tokens,
+                facts.blocks,
+                r.block_hashes,
+            )
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
             push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
@@ -500,11 +511,9 @@ def simulate(
             add(pre, SimSeq(pid, r.prompt_tokens, 1, _all_hashes(r, idx, trace.block_size)), now)
         else:
             add(target, seq, now)
-        if hot is not None:
-            advice = hot.observe(now, r.block_hashes, matches, views)
-            if advice is not None:
-                stats["prewarm_advice"] += 1
-                push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+        if advice is not None:
+            stats["prewarm_advice"] += 1
+            push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
         return None
 
     def release_held(now: float) -> None:

@@ -188,7 +188,17 @@ class Policy(Protocol):
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
-    ) -> RouteDecision: ...
+    ) -> RouteDecision:
+        """Where ``request`` would go among ``nodes`` now. Learns nothing: a dry run or a
+        decision that is not taken leaves the policy as it was."""
+        ...
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        """``decision`` was taken (the request is sent; ``uncached_tokens`` of its prompt are
+        computed there): what the policy learns from it."""
+        ...
 
 
 class PolicyBase:
@@ -217,6 +227,11 @@ class PolicyBase:
         now: float,
     ) -> RouteDecision:
         raise NotImplementedError
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        """Nothing to learn (policies with state of their own override it)."""
 
 
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:

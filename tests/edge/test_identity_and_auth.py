@@ -3,6 +3,7 @@ control endpoint needs its own credential, and a gateway sees only its own reser
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
@@ -144,7 +145,7 @@ async def test_decide_is_a_dry_run() -> None:
             def observe(self, *args: Any) -> PrewarmAdvice | None:
                 return always_hot(*args)
 
-        e.service.hot = Spy()
+        e.service.rules = replace(e.service.rules, hot=Spy())
         for _ in range(3):
             status, _, _ = await e.call("POST", "/v1/kvgate/decide", completion(), bearer(ADMIN))
             assert status == 200

@@ -8,6 +8,7 @@ from router.control import apply_weights, weights_message
 from router.decision.policies.cost import CompletionCostPolicy
 from router.decision.types import NodeView, RouteRequest
 from router.settings import CostWeights
+from tests.factories import take
 from tests.unit.test_policy import NOW, node
 
 W = CostWeights()
@@ -83,7 +84,7 @@ def test_session_affinity_is_shared_by_replicas_and_yields_to_load() -> None:
             req = RouteRequest(
                 f"r{replica}{turn}", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-42"
             )
-            d = p.decide(req, nodes, {}, NOW)
+            d = take(p, req, nodes, {})
             homes.add(d.chosen)
             assert d.reason == "session_home"
     assert len(homes) == 1
@@ -103,7 +104,7 @@ def test_a_session_keeps_the_home_its_last_turn_went_to(
 
     def turn(p: CompletionCostPolicy, i: int, among: list[NodeView]) -> str | None:
         req = RouteRequest(f"t{i}", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-7")
-        d = p.decide(req, among, {}, NOW)
+        d = take(p, req, among, {})
         assert d.reason == "session_home"
         return d.chosen
 
@@ -111,14 +112,28 @@ def test_a_session_keeps_the_home_its_last_turn_went_to(
     p = policy()
     busy = [node(n.node_id, pending=40) if n.node_id == ring else n for n in nodes]
     req = RouteRequest("t1", "m", [], prompt_tokens=40, max_tokens=8, session_id="chat-7")
-    first = p.decide(req, busy, {}, NOW).chosen
+    first = take(p, req, busy, {}).chosen
     assert first != ring
     assert turn(p, 2, nodes) == first  # the ring's node is free again: the session stays
     assert turn(p, 3, [n for n in nodes if n.node_id != first]) == ring
     monkeypatch.setattr("router.decision.policies.cost.SESSION_HOMES", 2)
     for i in range(3):  # the least recent sessions are forgotten first
-        p.decide(RouteRequest(f"o{i}", "m", [], 40, 8, session_id=f"other-{i}"), nodes, {}, NOW)
+        take(p, RouteRequest(f"o{i}", "m", [], 40, 8, session_id=f"other-{i}"), nodes, {})
     assert hash("chat-7") not in p._homes and len(p._homes) == 2
+
+
+def test_deciding_learns_nothing_only_a_commit_does() -> None:
+    """A dry run, a held request's polls, a decision not taken: the session's home and the
+    average uncached prompt stay as they were until the request is really sent."""
+    p = policy()
+    nodes = [node(f"n{i}") for i in range(4)]
+    req = RouteRequest("s1", "m", [], prompt_tokens=4000, max_tokens=8, session_id="chat-9")
+    before = p._avg_uncached
+    for _ in range(20):
+        p.decide(req, nodes, {}, NOW)
+    assert p._homes == {} and p._avg_uncached == before
+    d = take(p, req, nodes, {})
+    assert p._homes == {hash("chat-9"): d.chosen} and p._avg_uncached != before
 
 
 def test_heartbeat_load_is_smoothed() -> None:
@@ -160,7 +175,7 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
         "r", "m", list(range(40)), prompt_tokens=700, max_tokens=300, session_id="s1"
     )
     matches = {"a": 10, "b": 40}
-    p.decide(req, nodes, matches, NOW)  # smoothing state settles on these heartbeats
+    take(p, req, nodes, matches)  # smoothing state settles on these heartbeats
     home = p._homes[hash("s1")]  # the node of the session's last turn
     expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home) for n in nodes}
     d = p.decide(req, nodes, matches, NOW)

@@ -3,7 +3,7 @@ from router.decision.policies import SeedScorePolicy
 from router.decision.types import RouteRequest, eligible
 from router.settings import SeedWeights
 from streams.prefix_index import PrefixIndex
-from tests.factories import NOW
+from tests.factories import NOW, take
 from tests.factories import node_view as node
 
 
@@ -139,9 +139,9 @@ def test_sglang_cache_aware_follows_its_own_tree_until_load_is_imbalanced() -> N
 
     p = SglangCacheAwarePolicy(balance_abs_threshold=4, balance_rel_threshold=1.5)
     nodes = [node("a"), node("b")]
-    first = p.decide(REQ, nodes, {}, NOW)
+    first = take(p, REQ, nodes)
     assert first.reason == "smallest_tree"
-    again = p.decide(RouteRequest("r2", "m", [1, 2, 3, 9], 64, 16), nodes, {}, NOW)
+    again = take(p, RouteRequest("r2", "m", [1, 2, 3, 9], 64, 16), nodes)
     assert again.chosen == first.chosen and again.reason == "prefix_hit"  # 3/4 > 0.3
     busy = [node(first.chosen, running=10), node("b" if first.chosen == "a" else "a")]
     d = p.decide(RouteRequest("r3", "m", [1, 2, 3], 48, 16), busy, {}, NOW)
@@ -218,12 +218,12 @@ def test_vllm_prefix_aware_follows_its_trie_and_ignores_load() -> None:
 
     p = VllmStackPrefixAwarePolicy()
     nodes = [node("a"), node("b"), node("c")]
-    first = p.decide(REQ, nodes, {}, NOW)
+    first = take(p, REQ, nodes)
     assert first.reason == "random"
     # every later request sharing the first block goes where the trie says, however busy
     busy = [node(n.node_id, running=50 if n.node_id == first.chosen else 0) for n in nodes]
     for i in range(5):
-        d = p.decide(RouteRequest(f"r{i}", "m", [1, 2, 30 + i], 48, 16), busy, {}, NOW)
+        d = take(p, RouteRequest(f"r{i}", "m", [1, 2, 30 + i], 48, 16), busy)
         assert d.chosen == first.chosen and d.reason == "prefix_hit"
     # the matched endpoint gone: the deepest match among the available ones (none: random)
     rest = [n for n in nodes if n.node_id != first.chosen]
@@ -237,7 +237,7 @@ def test_vllm_prefix_aware_keeps_its_trie_bounded() -> None:
     p = VllmStackPrefixAwarePolicy(max_blocks=8)
     nodes = [node("a"), node("b")]
     for i in range(10):
-        p.decide(RouteRequest(f"r{i}", "m", [i * 10 + j for j in range(3)], 48, 16), nodes, {}, NOW)
+        take(p, RouteRequest(f"r{i}", "m", [i * 10 + j for j in range(3)], 48, 16), nodes)
     assert len(p._trie) == 8 and 0 not in p._trie and 92 in p._trie  # the oldest went first
 
 
@@ -246,9 +246,7 @@ def test_vllm_prefix_aware_below_min_match_goes_to_lowest_routed_qps() -> None:
 
     p = VllmStackPrefixAwarePolicy(min_match_blocks=3)
     nodes = [node("a"), node("b")]
-    chosen = [
-        p.decide(RouteRequest(f"r{i}", "m", [i], 16, 16), nodes, {}, NOW).chosen for i in (1, 2)
-    ]
+    chosen = [take(p, RouteRequest(f"r{i}", "m", [i], 16, 16), nodes).chosen for i in (1, 2)]
     assert chosen == ["a", "b"]  # an endpoint never sent to first, then the lowest rate
     # requests older than the 60 s window no longer count
     d = p.decide(RouteRequest("r3", "m", [3], 16, 16), nodes, {}, NOW + 61)
@@ -261,7 +259,7 @@ def test_vllm_kv_aware_uses_the_index_within_its_threshold_else_session_or_qps()
     p = VllmStackKvAwarePolicy(kv_aware_threshold=32)  # tokens
     nodes = [node("a"), node("b"), node("c")]
     long = RouteRequest("r1", "m", list(range(8)), 128, 16)  # 8 blocks of 16 tokens
-    d = p.decide(long, nodes, {"b": 6}, NOW)  # 96 cached ≥ 128 − 32
+    d = take(p, long, nodes, {"b": 6})  # 96 cached ≥ 128 − 32
     assert d.chosen == "b" and d.reason == "prefix_hit"
     d = p.decide(long, nodes, {"b": 5}, NOW)  # 80 < 96: not enough
     assert d.reason == "lowest_qps" and d.chosen == "a"  # a was never sent to

@@ -101,12 +101,23 @@ class WeightsCanary:
         now: float,
     ) -> RouteDecision:
         if self.candidate is not None and self.picks_candidate(request):
-            self.decided["candidate"] += 1
             d = self.candidate.decide(request, nodes, matches, now)
             return replace(d, weights_version=self.candidate.weights_version)
-        if self.candidate is not None:
-            self.decided["current"] += 1
         return self.base.decide(request, nodes, matches, now)
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        """The policy that decided learns; with a canary running, each side's count of the
+        requests it routed."""
+        candidate = self.candidate
+        if candidate is not None and decision.weights_version == candidate.weights_version:
+            self.decided["candidate"] += 1
+            candidate.commit(request, decision, uncached_tokens, now)
+            return
+        if candidate is not None:
+            self.decided["current"] += 1
+        self.base.commit(request, decision, uncached_tokens, now)
 
     def state(self) -> dict[str, Any]:
         return {

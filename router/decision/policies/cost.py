@@ -284,11 +284,19 @@ class CompletionCostPolicy(PolicyBase):
             self._candidate(request, nodes[i], matches.get(nodes[i].node_id, 0), home, total_blocks)
             for i in keep
         )
-        uncached = max(0, request.prompt_tokens - matches.get(best.node_id, 0) * best.block_size)
-        self._avg_uncached += self.w.prefill_ewma * (uncached - self._avg_uncached)
-        if session is not None and self.w.session_affinity_s > 0:
-            self._remember(hash(session), best.node_id)
         return RouteDecision(best.node_id, reason, cands)
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        """The request went to ``decision.chosen``: its uncached prompt enters the average
+        that costs other routers' queued requests, and the node is its session's home."""
+        if decision.chosen is None:
+            return
+        self._avg_uncached += self.w.prefill_ewma * (uncached_tokens - self._avg_uncached)
+        session = request.session_id
+        if session is not None and self.w.session_affinity_s > 0:
+            self._remember(hash(session), decision.chosen)
 
     def _remember(self, session: int, node: str) -> None:
         """``node`` is where ``session``'s last turn went (at most SESSION_HOMES sessions)."""

@@ -144,8 +144,14 @@ class SglangCacheAwarePolicy(PolicyBase):
                     ),
                 )
                 reason = "smallest_tree"
-        self._insert(best.node_id, hashes)
         return RouteDecision(best.node_id, reason, cands)
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        """The prompt enters the chosen node's tree (the source inserts what it routes)."""
+        if decision.chosen is not None:
+            self._insert(decision.chosen, request.block_hashes)
 
 
 class DynamoCostPolicy(PolicyBase):

@@ -75,8 +75,12 @@ class RoundRobinPolicy(PolicyBase):
     ) -> RouteDecision:
         ordered = sorted(nodes, key=lambda n: n.node_id)
         node = ordered[self._next % len(ordered)]
-        self._next += 1
         return RouteDecision(node.node_id, "round_robin", _candidates(nodes, matches, request))
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        self._next += 1
 
 
 class LeastRequestsPolicy(PolicyBase):

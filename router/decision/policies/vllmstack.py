@@ -113,13 +113,21 @@ class VllmStackPrefixAwarePolicy(PolicyBase):
         else:
             chosen = self._rng.choice(sorted(selected))
             reason = "prefix_hit" if depth else "random"
+        return RouteDecision(chosen, reason, _plain_candidates(nodes, matches, request))
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        """The prompt is inserted under the chosen endpoint, and counted in its QPS."""
+        chosen = decision.chosen
+        if chosen is None:
+            return
         trie = self._trie
         for h in request.block_hashes:
             trie.setdefault(h, set()).add(chosen)
         while len(trie) > self.max_blocks:
             del trie[next(iter(trie))]
         self._qps.record(chosen, now)
-        return RouteDecision(chosen, reason, _plain_candidates(nodes, matches, request))
 
 
 class VllmStackKvAwarePolicy(PolicyBase):
@@ -166,5 +174,10 @@ class VllmStackKvAwarePolicy(PolicyBase):
             chosen, reason = owner, "session"
         else:
             chosen, reason = self._qps.lowest(nodes, now), "lowest_qps"
-        self._qps.record(chosen, now)
         return RouteDecision(chosen, reason, _plain_candidates(nodes, matches, request))
+
+    def commit(
+        self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
+    ) -> None:
+        if decision.chosen is not None:
+            self._qps.record(decision.chosen, now)

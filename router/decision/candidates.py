@@ -1,0 +1,104 @@
+"""Which nodes a request may be admitted to and routed among, and the budget it draws on
+(pure; the live router at admission and the simulator alike).
+
+* **Eligible**: nodes serving the request's model (or its adapter), healthy, not draining,
+  alive.
+* **Open**: eligible nodes whose queue is within ``max_queue``; when what is open holds less
+  than ``min_healthy_share`` of the model's known KV capacity, the request is refused (503)
+  rather than piled onto the few nodes left. When every eligible node is over the cap, all of
+  them stay candidates (the policy's overload rules then decide).
+* **Placement**: only nodes with the request's required labels (none: 503), its preferred ones
+  while they have room (router/decision/placement.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from admission.core import Rejection, RejectReason
+from admission.pools import budget_key
+from router.decision.placement import FREE, Placement
+from router.decision.types import NodeView, eligible
+
+__all__ = ["budget", "budget_totals", "candidates", "open_candidates"]
+
+
+def open_candidates(
+    all_nodes: Sequence[NodeView],
+    model: str,
+    now: float,
+    max_queue: int,
+    min_healthy_share: float,
+    retry_after_s: float,
+) -> list[NodeView] | Rejection:
+    """The eligible nodes for ``model`` within the queue cap, or the healthy-share refusal."""
+    nodes = eligible(all_nodes, model, now)
+    open_nodes = [n for n in nodes if n.waiting <= max_queue]
+    known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
+    share = sum(n.kv_blocks_total for n in open_nodes) / known if known else 0.0
+    if nodes and share < min_healthy_share:
+        return Rejection(
+            RejectReason.NODES_UNHEALTHY,
+            True,
+            retry_after_s,
+            f"only {share:.0%} of the cluster's KV capacity is healthy and not backed up",
+        )
+    return open_nodes or nodes
+
+
+def candidates(
+    all_nodes: Sequence[NodeView],
+    model: str,
+    now: float,
+    max_queue: int,
+    min_healthy_share: float,
+    retry_after_s: float,
+    placement: Placement = FREE,
+) -> list[NodeView] | Rejection:
+    """:func:`open_candidates`, then the request's placement."""
+    nodes = open_candidates(all_nodes, model, now, max_queue, min_healthy_share, retry_after_s)
+    if isinstance(nodes, Rejection) or placement.free or not nodes:
+        return nodes
+    allowed = placement.allowed(nodes)
+    if not allowed:
+        return Rejection(
+            RejectReason.NO_CAPACITY,
+            True,
+            retry_after_s,
+            f"no healthy node of this model has the labels {placement.describe()}",
+        )
+    return placement.preferred(allowed)
+
+
+def budget(
+    all_nodes: Sequence[NodeView],
+    nodes: Sequence[NodeView],
+    model: str,
+    now: float,
+    adapter_base: Mapping[str, str],
+    placed: bool = False,
+) -> tuple[str, list[int]]:
+    """The admission budget a request for ``model`` draws on (admission.pools): its name and
+    the KV blocks of each of its nodes — the eligible nodes of the candidates' pool that run
+    their base model (an adapter's requests share their base model's KV). ``nodes``: the
+    candidates; ``placed``: narrowed by placement labels; ``adapter_base``: adapter → base
+    model, for a request without candidates."""
+    if not nodes:
+        base = adapter_base.get(model, model)
+        return budget_key("default", base), []
+    pool, base = nodes[0].pool, nodes[0].model
+    if model == base and not placed:  # the candidates are the base model's nodes
+        group = [n for n in nodes if n.pool == pool]
+    else:  # an adapter's nodes or a placement's subset: the whole base model's
+        group = [n for n in eligible(all_nodes, base, now) if n.pool == pool and n.model == base]
+    return budget_key(pool, base), [n.kv_blocks_total for n in group or nodes]
+
+
+def budget_totals(views: Sequence[NodeView], now: float) -> dict[str, int]:
+    """Every (pool, model) budget's KV blocks: its healthy, undrained, live nodes'."""
+    out: dict[str, int] = {}
+    for v in views:
+        key = budget_key(v.pool, v.model)
+        ok = v.healthy and not v.draining and v.alive(now)
+        out[key] = out.get(key, 0) + (v.kv_blocks_total if ok else 0)
+    return out

@@ -1,0 +1,290 @@
+"""The one composition of the routing rules: :func:`decide` and :func:`commit`.
+
+Every surface — the proxy, the gateway API, the endpoint picker, the dry run — and the
+simulator route a request through :func:`decide`, in this order:
+
+=====  ==============================  ==================================================
+step   rule                            module
+=====  ==============================  ==================================================
+1      lane facts; the lane rules      router/decision/lanes.py (``proxy`` mode, not overdue)
+2      fleet: drains, canary, slow     router/decision/fleet.py
+       start, ejected nodes
+3      fit: where the prompt's KV      router/decision/fit.py (``too_large``, ``no_fit_now``)
+       fits now, and ever
+4      policy (or roles: a P/D pair;   router/decision/policies/, router/decision/disagg.py
+       or least requests on a
+       degraded feed)
+5      holds: the SLO class's, then    admission/slo.py, router/decision/lanes.py (``proxy``)
+       the lane rules'
+6      deadline: refused early when    admission/slo.py
+       its class's TTFT cannot be met
+=====  ==============================  ==================================================
+
+:func:`decide` never learns: a dry run, a poll of a held request and a decision that is not
+taken change nothing. :func:`commit` applies what a routed request teaches, once, when it is
+really sent: the policy's own state (session homes, averages), the fleet's outlier counts, the
+lane rules' prefill mix, the in-flight ledger and hot-prefix counts. Time is always passed in.
+
+Modes (NVIDIA Dynamo's query-only / tracked): ``query`` (a dry run: no holds, never
+committed), ``gateway`` (a gateway or the endpoint picker forwards the request itself and waits
+for the answer: no P/D split, no lane rules, no holds — it gets the best node now or a refusal)
+and ``proxy`` (kvgate forwards it: every rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from admission.core import Rejection, RejectReason, retry_after
+from admission.settings import AdmissionSettings
+from admission.slo import Slo, held, late_refusal
+from router.decision.disagg import decide_roles
+from router.decision.fit import fit
+from router.decision.fleet import Fleet, Selection
+from router.decision.holdqueue import UNKNOWN
+from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
+from router.decision.inflight import InflightLedger
+from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
+from router.decision.policies.cost import prefill_weight
+from router.decision.types import Candidate, NodeView, Policy, RouteDecision, RouteRequest
+
+__all__ = [
+    "Ask",
+    "Decision",
+    "Held",
+    "Mode",
+    "Refused",
+    "Routed",
+    "Rules",
+    "Snapshot",
+    "commit",
+    "decide",
+    "no_node",
+]
+
+Mode = Literal["query", "gateway", "proxy"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What is known of one request once it is admitted."""
+
+    request: RouteRequest  # id, model, block hashes, prompt and max tokens, session, weight
+    expected_output: int  # max_tokens capped by the tenant's learned answers
+    arrived_s: float  # holds and the SLO deadline count from here
+    slo: Slo | None = None  # its SLO class: the deadline, and the class's hold when admitted
+    hold_slo: bool = False  # held for its class (admitted by admission control)
+    mode: Mode = "proxy"
+    prewarm: bool = True  # its prefix may be advised to other engines (not salted or adapter)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The cluster as this router (or the simulator) sees it now, for one request."""
+
+    nodes: Sequence[NodeView]  # the request's candidates (router/decision/candidates.py)
+    matches: Mapping[str, int]  # prefix blocks per node: index, offload tier, recent, approx
+    now: float
+    block_size: int
+    load_only: bool = False  # degraded feed: no hit claims, least requests
+    fit_floor: int = 0  # prompts up to this many tokens fit on every node: no fit pass
+    roles: bool = False  # some node has the prefill or decode role
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """The router's decision components."""
+
+    policy: Policy
+    fleet: Fleet
+    admission: AdmissionSettings  # deadline refusals, lease (hold limits), retry-after
+    lanes: Lanes | None = None
+    hot: HotPrefixes | None = None  # used by commit() only
+    fallback: Policy | None = None  # for a degraded feed (least requests)
+    disaggregation: bool = True
+    kv_bytes_per_token: int = 131_072
+    kv_link_gbps: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    decision: RouteDecision  # ``chosen`` is set
+    facts: LaneFacts
+    uncached_tokens: int  # prompt tokens the chosen node computes (0 for a P/D decode node)
+    canary: str | None = None  # the fleet canary group the request fell in
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    rejection: Rejection
+    decision: RouteDecision  # ``chosen`` None; the reason (too_large, no_fit_now, deadline…)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The request should wait in the router (the caller decides how): ``slo``, its class
+    holds it while its best node is queued; ``lanes``, the lane rules do (``blocker``: its best
+    node, or UNKNOWN). ``now``: what it gets if it goes at once instead."""
+
+    why: Literal["slo", "lanes"]
+    blocker: str
+    now: Routed | Refused
+
+
+Decision = Routed | Held | Refused
+
+
+def no_node(reason: str, prompt_tokens: int, s: AdmissionSettings) -> Rejection:
+    """Why no node was chosen, as the client should hear it."""
+    if reason == "too_large":
+        msg = f"a prompt of {prompt_tokens} tokens fits in no engine's KV cache or context"
+        return Rejection(RejectReason.TOO_LARGE, False, None, msg)
+    if reason == "no_fit_now":
+        msg = f"no engine has room for a prompt of {prompt_tokens} tokens now"
+        return Rejection(RejectReason.NO_FIT_NOW, True, retry_after(1.0, s), msg)
+    return Rejection(RejectReason.NO_CAPACITY, True, 1.0, "no healthy engine for this model")
+
+
+def _refused(
+    reason: str, ask: Ask, rules: Rules, candidates: tuple[Candidate, ...] = ()
+) -> Refused:
+    rej = no_node(reason, ask.request.prompt_tokens, rules.admission)
+    return Refused(rej, RouteDecision(None, reason, candidates))
+
+
+def decide(ask: Ask, snap: Snapshot, rules: Rules) -> Decision:
+    """Where ``ask`` goes now, or why it waits, or why it is refused; changes no state of
+    ``rules`` that a later decision reads (see :func:`commit`)."""
+    req, now = ask.request, snap.now
+    matches: Mapping[str, int] = {} if snap.load_only else snap.matches
+    waited = now - ask.arrived_s
+    lanes = rules.lanes if rules.lanes is not None and rules.lanes.s.enabled else None
+    cls = ask.slo[1] if ask.slo is not None else None
+    lease_half = rules.admission.lease_s / 2
+    lane_rules = (
+        lanes is not None and ask.mode == "proxy" and waited < min(lanes.s.hold_max_s, lease_half)
+    )
+    facts = LaneFacts(ask.expected_output)
+    nodes: Sequence[NodeView] = snap.nodes
+    if lanes is not None:
+        best_hit = max(matches.values(), default=0)
+        uncached = max(0, req.prompt_tokens - best_hit * snap.block_size)
+        facts = lane_facts(
+            req.prompt_tokens, uncached, ask.expected_output, snap.block_size, lanes.s
+        )
+        if lane_rules:  # a request that may not wait uses every node rather than none
+            nodes = lanes.select(nodes, facts, strict=may_wait(cls))
+    sel = rules.fleet.select(nodes, req.session_id or req.request_id, now)
+    if sel.nodes and req.prompt_tokens > snap.fit_floor:  # where its KV fits
+        fitted = fit(sel.nodes, req.prompt_tokens, matches)
+        if not fitted.ever:
+            return _refused("too_large", ask, rules)
+        if not fitted.nodes:
+            return _refused("no_fit_now", ask, rules)
+        if len(fitted.nodes) < len(sel.nodes):
+            sel = replace(sel, nodes=fitted.nodes)
+    d = _choose(ask, snap, rules, sel, matches)
+    go = _go(ask, rules, d, facts, sel, matches, snap.block_size, waited)
+    if ask.mode != "proxy":
+        return go
+    chosen = d.chosen_candidate
+    if (
+        ask.hold_slo
+        and ask.slo is not None
+        and chosen is not None
+        and waited < min(ask.slo[1].ttft_s, lease_half)
+        and held(ask.slo, chosen.components, req.queue_weight)
+    ):
+        return Held("slo", d.chosen or UNKNOWN, go)
+    if lane_rules and lanes is not None and snap.nodes and may_wait(cls):
+        best = next((n for n in sel.nodes if n.node_id == d.chosen), None)
+        if lanes.hold(best):
+            return Held("lanes", best.node_id if best is not None else UNKNOWN, go)
+    return go
+
+
+def _choose(
+    ask: Ask, snap: Snapshot, rules: Rules, sel: Selection, matches: Mapping[str, int]
+) -> RouteDecision:
+    """The policy's decision among the selected nodes, marked ``ejected/`` when an ejection
+    moved it."""
+    req, now = ask.request, snap.now
+    if snap.load_only and rules.fallback is not None:
+        d = rules.fallback.decide(req, sel.nodes, {}, now)
+    elif snap.roles:
+        d = decide_roles(
+            rules.policy,
+            req,
+            sel.nodes,
+            matches,
+            now,
+            disaggregate=ask.mode == "proxy" and rules.disaggregation,
+            kv_bytes_per_token=rules.kv_bytes_per_token,
+            default_link_gbps=rules.kv_link_gbps,
+        )
+    else:
+        d = rules.policy.decide(req, sel.nodes, matches, now)
+    if d.chosen is None:
+        return d
+    reason = rules.fleet.reason(d.reason, d.chosen, sel, matches)
+    return d if reason == d.reason else replace(d, reason=reason)
+
+
+def _go(
+    ask: Ask,
+    rules: Rules,
+    d: RouteDecision,
+    facts: LaneFacts,
+    sel: Selection,
+    matches: Mapping[str, int],
+    block_size: int,
+    waited: float,
+) -> Routed | Refused:
+    """The request sent at once: no node (refused), past its class's deadline (refused), or
+    routed."""
+    if d.chosen is None:
+        return _refused(d.reason, ask, rules, d.candidates)
+    chosen = d.chosen_candidate
+    late = late_refusal(
+        ask.slo,
+        chosen.components if chosen is not None else None,
+        prefill_weight(rules.policy),
+        ask.request.queue_weight,
+        waited,
+        rules.admission,
+    )
+    if late is not None:  # refused early: it would miss its class's TTFT
+        return Refused(late, RouteDecision(None, "deadline", d.candidates))
+    # a decode node of a split request computes none of the prompt: its KV arrives
+    hit = matches.get(d.chosen, 0)
+    uncached = 0 if d.prefill is not None else max(0, ask.request.prompt_tokens - hit * block_size)
+    return Routed(d, facts, uncached, sel.canary)
+
+
+def commit(
+    ask: Ask, snap: Snapshot, routed: Routed, rules: Rules, inflight: InflightLedger
+) -> PrewarmAdvice | None:
+    """``routed`` is sent (``proxy`` and ``gateway`` modes; never a dry run): the fleet counts
+    it (a probing node's probe), the policy learns from it, the lane rules count its prefill,
+    the in-flight ledger holds it from now on, and the hot-prefix counter sees it (advice to
+    pre-warm other engines with its prefix, when it is hot)."""
+    d, now, req = routed.decision, snap.now, ask.request
+    assert d.chosen is not None
+    rules.fleet.detector.sent(d.chosen, now)
+    rules.policy.commit(req, d, routed.uncached_tokens, now)
+    if rules.lanes is not None:
+        rules.lanes.observe(routed.uncached_tokens, routed.facts.long_prompt, now)
+    inflight.dispatch(
+        req.request_id,
+        d.chosen,
+        now,
+        routed.uncached_tokens,
+        routed.facts.expected_output,
+        routed.facts.blocks,
+        req.block_hashes,
+    )
+    if rules.hot is None or not ask.prewarm or snap.load_only:
+        return None
+    return rules.hot.observe(now, req.block_hashes, snap.matches, snap.nodes)
