@@ -66,8 +66,7 @@ class SimConfig:
     recent_prefill_ttl_s: float = 0.0
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
     # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
-    # the
-    # operations on the fleet over time (drain, join, leave, canary)
+    # the operations on the fleet over time (drain, join, leave, canary)
     outlier: OutlierSettings = field(default_factory=lambda: OutlierSettings(enabled=False))
     slow_start: SlowStartSettings = field(default_factory=lambda: SlowStartSettings(window_s=0))
     ops: tuple[FleetOp, ...] = ()
@@ -414,8 +413,7 @@ def simulate(
         if not cfg.placement.free:
             placed = cfg.placement.preferred(cfg.placement.allowed(placed))
         # only where its KV fits now (router/decision/fit.py); when nowhere, the engines queue it
-        # (the
-        # simulated clients have no 503 to retry on)
+        # (the simulated clients have no 503 to retry on)
         fitted = fit(placed, r.prompt_tokens, matches)
         if fitted.nodes and len(fitted.nodes) < len(placed):
             placed = fitted.nodes

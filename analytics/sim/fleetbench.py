@@ -1,6 +1,5 @@
 """``kvgate bench fleet``: the fleet rules (router/decision/fleet.py) on a simulated cluster, each
-against
-the same run without them. Writes ``fleet.json`` (every number) and ``fleet.md``.
+against the same run without them. Writes ``fleet.json`` (every number) and ``fleet.md``.
 
 Scenarios, all with the ``kvgate`` policy on the same trace at the same load:
 
@@ -141,8 +140,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 def long_tail_isolation(*, nodes: int = 16, requests: int = 6000) -> dict[str, Any]:
     """Head-of-line isolation (router/decision/lanes.py) on ``long_tail``: today's kvgate, the lane
-    rules
-    (defaults: KV share and the router's queue) and the rules with a lane of nodes, per load.
+    rules (defaults: KV share and the router's queue) and the rules with a lane of nodes, per load.
     Short and long as the default thresholds split them (8k-token prompt, 1k-token answer)."""
     trace0 = open_trace("long_tail", limit=requests)
     cap = capacity_rps(trace0, SimConfig(nodes=nodes))

@@ -18,8 +18,7 @@
   10× costlier, and a router that kept the configured rate would spread prompts onto nodes that
   must prefill them.
 * **Long requests' KV** (router/decision/lanes.py): the blocks (prompt + expected output) of the
-long
-  requests in flight on each node.
+  long requests in flight on each node.
 * **Active blocks** (``track_blocks``; the ``dynamo_cost`` baseline): the distinct prompt blocks
   of the requests in flight on each node, a block shared by several counted once — NVIDIA
   Dynamo's active-sequence accounting with its defaults (``router_assume_kv_reuse`` on,
@@ -301,8 +300,7 @@ class InflightLedger:
         self, node: str, heartbeat_ts: float, now: float, group: str = ""
     ) -> tuple[int, int, int, int, float]:
         """What :meth:`router.decision.types.NodeView.with_router_state` takes, in one pass (the
-        decision's
-        per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
+        decision's per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
         :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
         node's model, whose nodes share a prefill rate)."""
         n = self._nodes.get(node)

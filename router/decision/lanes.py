@@ -33,8 +33,7 @@ placement and fleet rules and before the policy:
   large share of the work (docs/benchmarks/fleet.md).
 
 The cost policy (router/decision/policies/cost.py) counts each node's remaining decode, so that the
-KV growth
-of long generations already running there weighs on new requests.
+KV growth of long generations already running there weighs on new requests.
 """
 
 from __future__ import annotations

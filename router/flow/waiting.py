@@ -1,6 +1,5 @@
 """The live router's queue of held requests (router/decision/lanes.py's ``queue`` rule): requests
-wait
-here, not in an engine's queue, while the engines are queued; one task offers them a place in
+wait here, not in an engine's queue, while the engines are queued; one task offers them a place in
 the queue's order (short requests first) whenever a request ends, and every ``poll_s``.
 
 Each waiting request awaits its own future with a deadline; a request that leaves (its client

@@ -1,6 +1,5 @@
 """Fragmentation and fit (router/decision/fit.py): a request goes only where its KV fits now; 503
-with
-Retry-After when some node could hold it but none can now, 413 when none ever could."""
+with Retry-After when some node could hold it but none can now, 413 when none ever could."""
 
 from __future__ import annotations
 

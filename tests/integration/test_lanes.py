@@ -1,6 +1,6 @@
 """Head-of-line isolation on a real router (router/decision/lanes.py): a burst of long requests
-reaches
-an engine that prefills slowly, then a few short ones arrive. Without the lane rules the short
+reaches an engine that prefills slowly, then a few short ones arrive. Without the lane rules the
+short
 requests wait in the engine's queue behind every long prompt; with them the long requests wait
 in the router's queue once the engine is queued, and the short ones overtake them there. Same
 engine, same requests, one router with the rules and one without."""

@@ -1,6 +1,5 @@
 """A request goes only where its KV fits (router/decision/fit.py), and a node that fails it before
-the
-client sees anything gets it re-routed once, the outcome saying so."""
+the client sees anything gets it re-routed once, the outcome saying so."""
 
 from __future__ import annotations
 

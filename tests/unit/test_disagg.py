@@ -1,6 +1,6 @@
 """Prefill/decode disaggregation, the pure part (router/decision/disagg.py): roles, the pair and
-its cost,
-and the two requests of vLLM's disaggregated flow (field names as vLLM's NixlConnector and its
+its cost, and the two requests of vLLM's disaggregated flow (field names as vLLM's NixlConnector and
+its
 proxies use them)."""
 
 from __future__ import annotations

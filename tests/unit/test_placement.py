@@ -1,6 +1,6 @@
 """Placement constraints (router/decision/placement.py): required labels filter, preferred labels
-and the
-router's zone draw requests while those nodes have room, and malformed labels are refused."""
+and the router's zone draw requests while those nodes have room, and malformed labels are
+refused."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Prefill/decode disaggregation in the virtual-time simulator, with the live router's choice
 (router/decision/disagg.py): split requests are prefilled on a prefill node, their KV reaches the
-decode
-node after the transfer, decoding there runs without prefills beside it."""
+decode node after the transfer, decoding there runs without prefills beside it."""
 
 from __future__ import annotations
 

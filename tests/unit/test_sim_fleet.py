@@ -1,6 +1,5 @@
 """The fleet rules in the simulator, with the live router's code (router/decision/fleet.py): a
-drained
-node gets nothing new, a broken engine is ejected after a few failures and comes back once
+drained node gets nothing new, a broken engine is ejected after a few failures and comes back once
 healed, a joining node ramps up over its slow-start window, a canary takes its share."""
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 For every eligible node the policy estimates, from that node's performance model (the weights
 below; the prefill rate is the one this router observed on the node, router/decision/inflight.py,
-once it
-has seen a few prefills there, else ``prefill_tokens_per_s``):
+once it has seen a few prefills there, else ``prefill_tokens_per_s``):
 
 * ``queue_s`` — prefill already queued there: this router's own dispatches awaiting their first
   token (exact), or the node's waiting requests × the average uncached prompt (other routers);
@@ -18,8 +17,7 @@ has seen a few prefills there, else ``prefill_tokens_per_s``):
 * ``kv_s`` — KV pressure: the request's blocks beyond the node's soft limit (an engine out of
   blocks queues or preempts), counting the growth still ahead of the requests running there
   (this router's remaining decode, router/decision/inflight.py: a node whose running requests will
-  soon
-  finish has more room than one whose long generations have far to go);
+  soon finish has more room than one whose long generations have far to go);
 * ``affinity_s`` — a request with a session key gets a small bonus on the session's home node:
   the node this router sent the session's previous turn to, while it is a candidate (the node
   that holds the conversation; a home kept through a short overload, where the load bound of a
