@@ -309,7 +309,8 @@ class RouterService:
         self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
         # per node, the longest prompt that fits there now whatever its cache holds; their
         # minimum lets the fit filter (router/decision/fit.py) skip its pass for every shorter
-        # prompt self._fit_floors: dict[str, int] = {}
+        # prompt
+        self._fit_floors: dict[str, int] = {}
         self.fit_floor = 0
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
