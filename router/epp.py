@@ -41,6 +41,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
+from router.flow.flight import EPP
 from router.http.edge import Refusal, forwarded_peer
 
 __all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
@@ -212,7 +213,10 @@ class _Exchange:
             return out
         if kind == "response_body":
             chunk = req.response_body
+            first = self.watch.first_token_s is None
             self.watch.chunk(chunk.body, time.time())
+            if first and self.watch.first_token_s is not None and self.request_id is not None:
+                self.service.first_token(self.request_id)  # its prefill is done
             if self.response_body_mode == FULL_DUPLEX:
                 out = ep.ProcessingResponse(
                     response_body=ep.BodyResponse(
@@ -249,7 +253,7 @@ class _Exchange:
                 return [_refused(taken)]
             subset = self.subset
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
-            routed = await self.service.route_external("epp", taken, allowed)
+            routed = await self.service.route_external(EPP, taken, allowed)
         except Refusal as exc:
             return [_refused(exc.response())]
         if not isinstance(routed, tuple):

@@ -71,6 +71,7 @@ from router.decision.recent import RecentPrefills, merge_matches
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
+from router.flow.flight import EPP, ROUTER, Flight, Flights
 from router.flow.waiting import Held as QueueHeld
 from router.flow.waiting import RouterQueue, Waiting
 from router.http.edge import (
@@ -214,11 +215,6 @@ class Gated:
     budget: tuple[str, list[int]] = ("", [])  # its admission budget: name, nodes' KV blocks
 
 
-# a request routed for a gateway: (gateway, node, request, its block hashes, tenant, started,
-# SLO class)
-_Routed = tuple[str, str, ParsedRequest, list[int], Tenant, float, Slo | None]
-
-
 class GatewayRelease(BaseModel):
     """``POST /v1/kvgate/release``: a gateway is done with a request it had routed."""
 
@@ -315,16 +311,13 @@ class RouterService:
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self._adapter_base: dict[str, str] = {}  # LoRA adapter -> its base model (heartbeats)
-        self._inflight: Counter[str] = Counter()  # proxied requests being served, by priority
         key = settings.upstream_api_key
         # engines started with --api-key (vLLM) want it on every /v1 call
         self._upstream_auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self.approx = ApproxIndex()
         self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
-        # requests routed for a gateway: id -> (gateway, node, request, its block hashes,
-        # tenant, started); only the gateway that routed it may renew or release it
-        self._gateway: dict[str, _Routed] = {}
-        self._gateway_until: dict[str, float] = {}  # routed request -> when it is forgotten
+        # the requests this router routed, each with its owner (router/flow/flight.py)
+        self.flights = Flights()
         self._loops_failing: dict[str, str] = {}
         self.calibration = TokenCalibration()
         self.tokencheck = TokenCheck(
@@ -470,9 +463,11 @@ class RouterService:
             await asyncio.sleep(self.gate.settings.sweep_interval_s)
             now = time.time()
             try:
-                self._forget_gateway(now)
-                # proxied requests; a gateway renews its own (/v1/kvgate/renew)
-                serving = [rid for rid in self.gate.held if rid not in self._gateway]
+                for f in self.flights.expired(now):  # their owner did not end them in time
+                    await self.finish_external(f.id, "cancelled", 0, None, None, None, expired=True)
+                # this router's and its EPP's requests; a gateway renews its own
+                # (/v1/kvgate/renew); a reservation no flight owns expires with its lease
+                serving = [rid for rid in self.gate.held if self.flights.renews(rid)]
                 await self.gate.renew(serving, now)
                 await self.gate.sweep(now)
                 self._loops_failing.pop("sweeper", None)
@@ -835,12 +830,15 @@ class RouterService:
         if isinstance(taken, web.Response):
             return taken
         request_id, started, p, g, t0 = taken
-        priority = g.tenant.priority
-        self._inflight[priority] += 1
+        admitted = g.verdict is not None and g.verdict.admitted
+        until = started + self.settings.max_stream_s
+        self.flights.add(
+            Flight(request_id, "", ROUTER, p, [], g.tenant, started, g.slo, until, admitted)
+        )
         try:
             return await self._admitted(request, request_id, p, g, started, t0)
         finally:
-            self._inflight[priority] -= 1
+            self.flights.pop(request_id)
             if g.verdict is not None and g.verdict.admitted:
                 await self.gate.release(request_id, time.time())
 
@@ -1110,6 +1108,9 @@ class RouterService:
             return routed
         ask, decision, node = routed
         rreq = ask.request
+        flight = self.flights.get(request_id)
+        if flight is not None:
+            flight.node, flight.hashes = node.node_id, rreq.block_hashes
         assert self._http is not None
         sent = p
         if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
@@ -1162,6 +1163,8 @@ class RouterService:
                     again.node_id,
                 )
                 node = again
+                if flight is not None:
+                    flight.node = node.node_id
                 reroutes += 1
         finally:
             done = relay.output_tokens // p.sequences if relay.status == "ok" else None
@@ -1414,18 +1417,23 @@ class RouterService:
         ask, decision, node = routed
         rreq = ask.request
         held = self.gate.held.get(request_id)
-        self._gateway[request_id] = (
-            gateway,
+        if gateway == EPP:  # renewed by this router while the stream is open, at most this long
+            until = started + self.settings.max_stream_s
+        else:  # the gateway's lease: it renews it, or the router ends the request
+            until = held.expires_at if held is not None else started + self.gate.settings.lease_s
+        flight = Flight(
+            request_id,
             node.node_id,
+            gateway,
             p,
             list(rreq.block_hashes),
             tenant,
             started,
             g.slo,
+            until,
+            admitted,
         )
-        self._gateway_until[request_id] = (
-            held.expires_at if held is not None else started + self.gate.settings.lease_s
-        )
+        self.flights.add(flight)
         return request_id, rreq, decision, node, p
 
     async def _gateway_release(self, request: web.Request) -> web.Response:
@@ -1435,9 +1443,9 @@ class RouterService:
         body = await _read_model(request, GatewayRelease)
         if isinstance(body, web.Response):
             return body
-        entry = self._owned(gateway, body.reservation_id)
-        if isinstance(entry, web.Response):
-            return entry
+        owned = self._owned(gateway, body.reservation_id)
+        if isinstance(owned, web.Response):
+            return owned
         await self.finish_external(
             body.reservation_id,
             body.status,
@@ -1448,6 +1456,18 @@ class RouterService:
         )
         return _json({"released": body.reservation_id}, 200)
 
+    def first_token(self, rid: str) -> None:
+        """The first token of a request the EPP watches came back: its prefill is done (the
+        in-flight ledger's backlog drops and, streamed, the node's prefill rate is learned) and
+        its node holds the prompt from now on."""
+        f = self.flights.get(rid)
+        if f is None or f.first_token_s is not None:
+            return
+        now = time.time()
+        f.first_token_s = now
+        self.ledger.first_token(rid, now, learn=f.parsed.stream)
+        self._prefilled(f.node, f.hashes)
+
     async def finish_external(
         self,
         rid: str,
@@ -1456,19 +1476,25 @@ class RouterService:
         ttft: float | None,
         cached: int | None,
         prompt_tokens: int | None,
+        expired: bool = False,
     ) -> bool:
-        """A request routed by :meth:`route_external` finished: release what it held and record
-        its outcome (False when it was not held, e.g. finished already)."""
-        entry = self._gateway.get(rid)
-        if entry is None:
+        """A request routed by :meth:`route_external` finished (or, ``expired``, its owner did
+        not end it in time): release what it held and record its outcome (False when it is not
+        in flight, e.g. finished already). A ``ttft`` the gateway reports teaches the node's
+        prefill rate and, with the output tokens, its time per token."""
+        f = self.flights.pop(rid)
+        if f is None:
             return False
-        del self._gateway[rid]
-        self._gateway_until.pop(rid, None)
-        _, node, p, hashes, tenant, started, slo = entry
         now = time.time()
-        self._observe(node, "5xx" if status == "error" else None, status == "cancelled")
+        p, node = f.parsed, f.node
+        if not expired:
+            self._observe(node, "5xx" if status == "error" else None, status == "cancelled")
         await self.gate.release(rid, now)
-        self.ledger.finish(rid)
+        if ttft is not None:
+            self.ledger.first_token(rid, f.started + ttft, learn=p.stream)
+        done = output_tokens // p.sequences if status == "ok" else None
+        self.ledger.finish(rid, now, done)
+        self.queue.wake()  # a place is free: held requests may go
         usage: dict[str, Any] = {"completion_tokens": output_tokens}
         if cached is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -1478,13 +1504,15 @@ class RouterService:
             ttft_s=ttft,
             output_tokens=output_tokens,
             usage=usage,
+            error="its owner did not release it before its lease ran out" if expired else None,
         )
         if status == "ok":
-            self.gate.observe_output(tenant, p.model, output_tokens // p.sequences)
+            self.gate.observe_output(f.tenant, p.model, output_tokens // p.sequences)
             if prompt_tokens is not None and not p.exact_tokens:
                 self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
-            self._prefilled(node, hashes)
-        await self._publish_outcome(rid, node, relay, p, started, slo=slo)
+            if f.first_token_s is None:
+                self._prefilled(node, f.hashes)
+        await self._publish_outcome(rid, node, relay, p, f.started, slo=f.slo)
         return True
 
     async def _gateway_renew(self, request: web.Request) -> web.Response:
@@ -1506,27 +1534,17 @@ class RouterService:
                 return _json(error_body(str(exc), "ServiceUnavailableError", 503), 503)
         held = self.gate.held.get(rid)
         until = held.expires_at if held is not None else now + self.gate.settings.lease_s
-        self._gateway_until[rid] = until
+        owned.until = until
         return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
 
-    def _owned(self, gateway: str, rid: str) -> _Routed | web.Response:
+    def _owned(self, gateway: str, rid: str) -> Flight | web.Response:
         """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same
         answer as for an unknown id: another gateway's reservations are not even visible)."""
-        entry = self._gateway.get(rid)
-        if entry is None or entry[0] != gateway:
+        f = self.flights.owned(gateway, rid)
+        if f is None:
             gone = "no such routed request (released already, its lease ran out, or not yours)"
             return _json(error_body(gone, "NotFoundError", 404), 404)
-        return entry
-
-    def _forget_gateway(self, now: float) -> int:
-        """Routed requests whose gateway never called release: their leases ran out."""
-        until = self._gateway_until
-        old = [rid for rid in self._gateway if until.get(rid, 0.0) <= now]
-        for rid in old:
-            del self._gateway[rid]
-            until.pop(rid, None)
-            self.ledger.finish(rid)
-        return len(old)
+        return f
 
     async def _decide(self, request: web.Request) -> web.Response:
         """Dry run: what would the router do with this body (completion or chat)? No events,
@@ -1877,12 +1895,12 @@ class RouterService:
             m.kafka_dropped.labels(topic).set(n)
         for mode in ("last_known", "load_only"):
             m.degraded.labels(mode).set(1 if self.feed.state == mode else 0)
-        gateway = Counter(entry[4].priority for entry in self._gateway.values())
+        inflight = self.flights.by_priority()
         depth: Counter[str] = Counter()
         for pool in self.gate.queues.pools():
             depth.update(self.gate.queues.depth(pool))
         for priority in PRIORITIES:
-            m.inflight.labels(priority).set(self._inflight[priority] + gateway[priority])
+            m.inflight.labels(priority).set(inflight[priority])
             m.queue_depth.labels(priority).set(depth[priority])
         if self.gate.settings.enabled:
             for key, total in sorted(budget_totals(views, now).items()):

@@ -300,3 +300,42 @@ async def test_a_body_over_the_limit_is_refused_as_it_grows(
     refused = await envoy.read()
     assert refused.immediate_response.status.code == 413
     assert await e.reservations() == 0
+
+
+async def test_an_epp_stream_past_its_lease_stays_held_and_learns_its_first_token() -> None:
+    """An EPP stream open longer than the reservation's lease: the router renews it (its EPP's
+    request is its own), the first streamed token takes the prompt off the node's prefill
+    backlog while the answer goes on, and the stream's end releases it and records it."""
+    adm = {"tenants": TENANTS, "lease_s": 2.0, "sweep_interval_s": 0.25}
+    async with edge(admission=adm) as e:
+        server = await serve_epp(e.service, "127.0.0.1", 0)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+        try:
+            envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), FULL_DUPLEX, FULL_DUPLEX)
+            await envoy.send(request_headers=request_headers())
+            body = orjson.dumps(completion("a long answer " * 60, stream=True, max_tokens=64))
+            await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+            await envoy.read()
+            await envoy.read()
+            (d,) = e.decisions()
+            node = d.chosen_node
+            assert node is not None and e.service.ledger.prefill_backlog(node) > 0
+            await envoy.send(response_headers=headers((":status", "200")))
+            await envoy.read()
+            first = b'data: {"choices": [{"text": "a"}]}\n\n'
+            await envoy.send(response_body=ep.HttpBody(body=first))
+            await envoy.read()
+            assert e.service.ledger.prefill_backlog(node) == 0  # its prefill is done
+            await asyncio.sleep(3.5)  # well past the 2 s lease
+            assert set(e.service.gate.held) == {d.request_id} and await e.reservations() == 1
+            last = b'data: {"choices": [{"text": "b"}]}\n\ndata: [DONE]\n\n'
+            await envoy.send(response_body=ep.HttpBody(body=last, end_of_stream=True))
+            await envoy.read()
+            await envoy.call.done_writing()
+            assert await e.reservations() == 0 and len(e.service.ledger) == 0
+            (out,) = outcomes(e)
+            assert out.status == "ok" and out.request_id == d.request_id
+            assert out.ttft_s is not None and out.output_tokens == 2
+        finally:
+            await channel.close()
+            await server.stop(0)

@@ -80,3 +80,27 @@ async def test_a_gateway_gets_its_answer_at_once_even_for_a_class_that_is_held()
         assert time.monotonic() - t0 < e.service.settings.hold_poll_s * 4
         _, text, _ = await e.call("GET", "/metrics")
         assert "kvgate_router_holds_total 0.0" in text
+
+
+async def test_a_gateway_that_never_releases_loses_its_reservation_with_its_lease() -> None:
+    """A gateway routes a request, renews it once, then goes silent: when the renewed lease runs
+    out the router ends the request itself — released, recorded as cancelled, gone from the
+    in-flight ledger — and never renews it on the gateway's behalf."""
+    async with edge(admission={"lease_s": 2.0, "sweep_interval_s": 0.25}) as e:
+        gw = {**bearer("sk-alpha"), "X-Kvgate-Gateway-Key": GATEWAY}
+        status, out, _ = await e.call("POST", "/v1/kvgate/route", completion(), gw)
+        assert status == 200 and out["reservation_id"], out
+        rid = out["reservation_id"]
+        await asyncio.sleep(1.0)
+        status, renewed, _ = await e.call("POST", "/v1/kvgate/renew", {"reservation_id": rid}, gw)
+        assert status == 200 and renewed["lease_expires_at"] > out["lease_expires_at"]
+        for _ in range(80):  # the renewed lease runs out about 2 s from now
+            if await e.reservations() == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert await e.reservations() == 0 and not e.service.gate.held
+        assert len(e.service.ledger) == 0
+        (o,) = [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
+        assert o.request_id == rid and o.status == "cancelled" and "lease" in (o.error or "")
+        status, _, _ = await e.call("POST", "/v1/kvgate/release", {"reservation_id": rid}, gw)
+        assert status == 404
