@@ -1,0 +1,192 @@
+"""The one composition of the routing rules (router/decision/pipeline.py), table-driven, time
+passed in: one case per outcome the live router and the simulator can get, and the promise that
+deciding learns nothing."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
+from admission.slo import Slo
+from router.decision.fleet import Fleet
+from router.decision.inflight import InflightLedger
+from router.decision.lanes import Lanes
+from router.decision.pipeline import (
+    Ask,
+    Held,
+    Mode,
+    Refused,
+    Routed,
+    Rules,
+    Snapshot,
+    commit,
+    decide,
+)
+from router.decision.policies import LeastRequestsPolicy, make_policy
+from router.decision.policies.cost import CompletionCostPolicy
+from router.decision.types import NodeView, RouteRequest
+from router.settings import LaneSettings, OutlierSettings, RouterSettings, SlowStartSettings
+from tests.factories import NOW, node_view
+
+BATCH: Slo = ("batch", DEFAULT_SLO_CLASSES["batch"])
+INSTANT: Slo = ("instant", DEFAULT_SLO_CLASSES["interactive"].model_copy(update={"ttft_s": 1e-6}))
+
+
+def rules(policy: str = "kvgate", lanes: bool = False, **kw: Any) -> Rules:
+    return Rules(
+        make_policy(RouterSettings(policy=policy)),
+        Fleet(OutlierSettings(enabled=False), SlowStartSettings(window_s=0)),
+        AdmissionSettings(),
+        Lanes(LaneSettings(enabled=lanes)),
+        fallback=LeastRequestsPolicy(),
+        **kw,
+    )
+
+
+def request(prompt_tokens: int = 160, blocks: int = 10, session: str | None = None) -> RouteRequest:
+    return RouteRequest("r1", "m", list(range(1, blocks + 1)), prompt_tokens, 16, session)
+
+
+@dataclass
+class Case:
+    name: str
+    nodes: list[NodeView]
+    matches: dict[str, int] = field(default_factory=dict)
+    req: RouteRequest = field(default_factory=request)
+    mode: Mode = "proxy"
+    slo: Slo | None = None
+    hold_slo: bool = False
+    policy: str = "kvgate"
+    lanes: bool = False
+    load_only: bool = False
+    roles: bool = False
+    want: tuple[str, str | None, str] = ("routed", "a", "prefix_hit")  # kind, node, reason
+
+
+CASES = [
+    Case("a prefix hit", [node_view("a"), node_view("b")], {"a": 10}),
+    Case(
+        "the holder overloaded: a fallback",
+        [node_view("a", waiting=100), node_view("b")],
+        {"a": 10},
+        want=("routed", "b", "overload_fallback"),
+    ),
+    Case(
+        "no node will ever hold the prompt",
+        [node_view("a"), node_view("b")],
+        req=request(prompt_tokens=200 * 16, blocks=200),
+        want=("refused", None, "too_large"),
+    ),
+    Case(
+        "no node has room now",
+        [node_view("a", used=95), node_view("b", used=95)],
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        want=("refused", None, "no_fit_now"),
+    ),
+    Case(
+        "only where it fits",
+        [node_view("a", used=95), node_view("b", used=10, waiting=3)],
+        {"a": 2},
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        policy="least_requests",
+        want=("routed", "b", "least_requests"),
+    ),
+    Case("no candidates", [], want=("refused", None, "no_healthy_node")),
+    Case(
+        "a degraded feed: least requests, no hit claims",
+        [node_view("a", waiting=3), node_view("b")],
+        {"a": 10},
+        load_only=True,
+        want=("routed", "b", "least_requests"),
+    ),
+    Case(
+        "its class's TTFT cannot be met: refused early",
+        [node_view("a"), node_view("b")],
+        {"a": 10},
+        slo=INSTANT,
+        want=("refused", None, "deadline"),
+    ),
+    Case(
+        "a loose class waits while its best node is queued",
+        [node_view("a", waiting=6), node_view("b", waiting=6)],
+        slo=BATCH,
+        hold_slo=True,
+        want=("held", "slo", "slo"),
+    ),
+    Case(
+        "a gateway is never held",
+        [node_view("a", waiting=6), node_view("b", waiting=6)],
+        slo=BATCH,
+        hold_slo=True,
+        mode="gateway",
+        want=("routed", None, "least_cost"),
+    ),
+    Case(
+        "the lane rules hold it while the engines are queued",
+        [node_view("a", waiting=40), node_view("b", waiting=40)],
+        lanes=True,
+        want=("held", "lanes", "lanes"),
+    ),
+    Case(
+        "a dry run is never held",
+        [node_view("a", waiting=40), node_view("b", waiting=40)],
+        lanes=True,
+        mode="query",
+        want=("routed", None, "least_cost"),
+    ),
+    Case(
+        "a P/D pair when both roles exist",
+        [
+            node_view("p", role="prefill"),
+            node_view("d", role="decode"),
+        ],
+        roles=True,
+        req=request(prompt_tokens=960, blocks=60),
+        want=("routed", "d", "disaggregated"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_decide(case: Case) -> None:
+    r = rules(case.policy, lanes=case.lanes)
+    ask = Ask(case.req, 16, NOW, case.slo, case.hold_slo, case.mode)
+    for n in case.nodes:  # every node big enough for the fit cases
+        n.kv_blocks_total = 100
+    snap = Snapshot(case.nodes, case.matches, NOW, 16, load_only=case.load_only, roles=case.roles)
+    got = decide(ask, snap, r)
+    kind, node, reason = case.want
+    if kind == "routed":
+        assert isinstance(got, Routed), got
+        assert node is None or got.decision.chosen == node
+        assert got.decision.reason == reason
+    elif kind == "refused":
+        assert isinstance(got, Refused), got
+        assert got.decision.chosen is None and got.decision.reason == reason
+    else:
+        assert isinstance(got, Held) and got.why == node, got
+        assert isinstance(got.now, Routed | Refused)  # what going at once would be
+
+
+def test_decide_learns_nothing_and_commit_learns_once() -> None:
+    """Deciding a thousand times leaves the rules as they were (the policy, the fleet's
+    counts, the lane mix); a commit records the request in the in-flight ledger, the policy and
+    the lane rules once."""
+    r = rules(lanes=True)
+    nodes = [node_view("a", kv_blocks_total=1000), node_view("b", kv_blocks_total=1000)]
+    ask = Ask(request(prompt_tokens=3200, blocks=200, session="s1"), 16, NOW)
+    snap = Snapshot(nodes, {"a": 190}, NOW, 16)
+    assert isinstance(r.policy, CompletionCostPolicy) and r.lanes is not None
+    before = copy.deepcopy((r.policy._homes, r.policy._avg_uncached, r.lanes.long_share()))
+    for _ in range(1000):
+        got = decide(ask, snap, r)
+    assert (r.policy._homes, r.policy._avg_uncached, r.lanes.long_share()) == before
+    assert isinstance(got, Routed)
+    ledger = InflightLedger()
+    commit(ask, snap, got, r, ledger)
+    assert len(ledger) == 1 and ledger.prefill_backlog("a") == got.uncached_tokens == 3200 - 190 * 16
+    assert r.policy._homes == {hash("s1"): "a"} and r.policy._avg_uncached != before[1]
