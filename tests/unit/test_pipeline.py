@@ -188,5 +188,6 @@ def test_decide_learns_nothing_and_commit_learns_once() -> None:
     assert isinstance(got, Routed)
     ledger = InflightLedger()
     commit(ask, snap, got, r, ledger)
-    assert len(ledger) == 1 and ledger.prefill_backlog("a") == got.uncached_tokens == 3200 - 190 * 16
+    assert len(ledger) == 1
+    assert ledger.prefill_backlog("a") == got.uncached_tokens == 3200 - 190 * 16
     assert r.policy._homes == {hash("s1"): "a"} and r.policy._avg_uncached != before[1]
