@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast
 
+from admission.core import Rejection
 from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
-from admission.slo import held, late_refusal
 from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from agents.profile import EngineProfile
 from agents.scheduler import DecodeRun
@@ -27,18 +27,17 @@ from analytics.autoscale import AutoscaleSettings, Observation, make_autoscaler
 from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
 from analytics.sim.traces import Trace, TraceRequest
-from router.decision.disagg import decide_roles
-from router.decision.fit import fit
+from router.decision.candidates import candidates
 from router.decision.fleet import Fleet
 from router.decision.holdqueue import UNKNOWN, HoldQueue
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
 from router.decision.inflight import InflightLedger
-from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
-from router.decision.pipeline import Ask, Routed, Rules, Snapshot, commit
+from router.decision.lanes import Lanes
+from router.decision.pipeline import Ask, Held, Routed, Rules, Snapshot, commit, decide
+from router.decision.pipeline import Refused as NotRouted
 from router.decision.placement import FREE, Placement
-from router.decision.policies.cost import prefill_weight
 from router.decision.recent import RecentPrefills, merge_matches
-from router.decision.types import NodeView, Policy, RouteRequest, eligible
+from router.decision.types import NodeView, Policy, RouteRequest
 from router.settings import LaneSettings, OutlierSettings, RouterSettings, SlowStartSettings
 from streams.blocks import HASH_MASK
 from streams.prefix_index import PrefixIndex
@@ -77,6 +76,8 @@ class SimConfig:
     kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     placement: Placement = FREE  # every request's required and preferred labels
+    # the router's candidate cap (router.max_queue): nodes with more waiting are skipped
+    max_queue: int = RouterSettings.model_fields["max_queue"].default
     lanes: LaneSettings | None = (
         None  # head-of-line isolation of long requests (router/decision/lanes.py)
     )
@@ -276,7 +277,6 @@ def simulate(
     split: dict[str, tuple[int, str, SimSeq, int]] = {}
     prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node had cached
     slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
-    weight = prefill_weight(policy)  # of the cost's prefill term (admission/slo.py)
     holding: deque[tuple[int, float | None]] = deque()  # admitted, held back by their class
     lanes = (
         Lanes(cfg.lanes, profile.prefill_tokens_per_s)
@@ -341,6 +341,7 @@ def simulate(
         push(t_start + scaler.settings.interval_s, "control", None)
 
     remaining = len(trace.requests)
+    attempts: dict[int, int] = {}  # request -> its client's attempt now (the retry model's)
 
     def drain(n: _Node, now: float) -> None:
         evs = n.core.drain_events()
@@ -384,9 +385,10 @@ def simulate(
     def dispatch(
         idx: int, now: float, queue_wait_s: float | None, queued: bool = False
     ) -> str | None:
-        """Route and send request ``idx``; None when sent (or refused), else what holds it back
-        for now: its class (:data:`UNKNOWN`) or the lane rules (the queued best node)
-        (``queued``: it is in the router's queue already)."""
+        """Route and send request ``idx`` as the live router does (its candidates, then
+        router/decision/pipeline.py's decide and commit); None when sent (or refused), else
+        what holds it back for now: its class (:data:`UNKNOWN`) or the lane rules (the queued
+        best node) (``queued``: it is in the router's queue already)."""
         r = trace.requests[idx]
         rid = f"r{idx}"
         views = [
@@ -409,99 +411,48 @@ def simulate(
         matches = index.match(r.block_hashes)
         if recent is not None:
             matches = merge_matches(matches, recent.match(r.block_hashes, now))
-        placed = eligible(views, MODEL, now)
-        if not cfg.placement.free:
-            placed = cfg.placement.preferred(cfg.placement.allowed(placed))
-        # only where its KV fits now (router/decision/fit.py); when nowhere, the engines queue it
-        # (the simulated clients have no 503 to retry on)
-        fitted = fit(placed, r.prompt_tokens, matches)
-        if fitted.nodes and len(fitted.nodes) < len(placed):
-            placed = fitted.nodes
-        facts = LaneFacts(r.output_tokens)
-        overdue = False
-        if lanes is not None:
-            uncached = r.prompt_tokens - max(matches.values(), default=0) * trace.block_size
-            facts = lane_facts(
-                r.prompt_tokens, uncached, r.output_tokens, trace.block_size, lanes.s
-            )
-            waits = may_wait(slo[1] if slo else None)
-            overdue = now - r.arrival_s >= lanes.s.hold_max_s or not waits
-            if now - r.arrival_s < lanes.s.hold_max_s:
-                placed = lanes.select(placed, facts, strict=waits)
-        sel = fleet.select(placed, r.session_id or rid, now)
-        d = (
-            decide_roles(
-                policy,
-                req,
-                sel.nodes,
-                matches,
-                now,
-                disaggregate=cfg.disaggregation,
-                kv_bytes_per_token=profile.kv_bytes_per_token,
-                default_link_gbps=cfg.kv_link_gbps,
-            )
-            if roles
-            else policy.decide(req, sel.nodes, matches, now)
+        got = candidates(
+            views,
+            MODEL,
+            now,
+            cfg.max_queue,
+            rules.admission.min_healthy_share,
+            rules.admission.min_retry_after_s,
+            cfg.placement,
         )
-        if adm is not None and slo is not None and d.chosen is not None:
-            chosen = d.chosen_candidate
-            late = late_refusal(
-                slo,
-                chosen.components if chosen is not None else None,
-                weight,
-                req.queue_weight,
-                now - r.arrival_s,
-                adm.settings,
-            )
-            if late is not None:  # refused early: it would miss its class's TTFT
-                refuse(adm.refuse_admitted(idx, rid, r.priority, late, now))
-                return None
-            if chosen is not None and held(slo, chosen.components, req.queue_weight):
+        if isinstance(got, Rejection):  # the router's 503 before admission's reservation
+            turned_away(idx, got, now)
+            return None
+        ask = Ask(req, r.output_tokens, r.arrival_s, slo, hold_slo=adm is not None)
+        snap = Snapshot(got, matches, now, trace.block_size, roles=bool(roles))
+        d = decide(ask, snap, rules)
+        if isinstance(d, Held):
+            if d.why == "slo":
                 if not queued:  # (one in the router's queue stays there)
                     holding.append((idx, queue_wait_s))  # waits until the engines drain
                 return UNKNOWN
-        if lanes is not None and not overdue:
-            best = next((v for v in sel.nodes if v.node_id == d.chosen), None)
-            if lanes.hold(best):  # waits in the router's queue, short requests first
-                if not queued:
-                    lane_queue.push(
-                        lanes.key(r.arrival_s, facts.long),
-                        facts.long,
-                        (idx, queue_wait_s),
-                        best.node_id if best is not None else UNKNOWN,
-                    )
-                return best.node_id if best is not None else UNKNOWN
-        advice = None
-        if d.chosen is not None:  # sent: the router's state learns from it (as live)
-            target = by_id[d.chosen]
-            # a decode node of a split request computes none of the prompt: its KV arrives
-            hit = len(r.block_hashes) if d.prefill is not None else matches.get(d.chosen, 0)
-            routed = Routed(d, facts, max(0, r.prompt_tokens - hit * trace.block_size))
-            snap = Snapshot(views, matches, now, trace.block_size)
-            advice = commit(Ask(req, r.output_tokens, r.arrival_s), snap, routed, rules, ledger)
-        else:
-            target = by_id[rng.choice(sorted(present))]
-            seen = matches.get(target.node_id, 0)
-            ledger.dispatch(
-                rid,
-                target.node_id,
-                now,
-                max(0, r.prompt_tokens - seen * trace.block_size),
-                r.output_tokens,
-                facts.blocks,
-                r.block_hashes,
-            )
+            if not queued:  # waits in the router's queue, short requests first
+                long = isinstance(d.now, Routed) and d.now.facts.long
+                lane_queue.push(lanes_key(r.arrival_s, long), long, (idx, queue_wait_s), d.blocker)
+            return d.blocker
+        if isinstance(d, NotRouted):
+            turned_away(idx, d.rejection, now)
+            return None
+        # sent: the router's state learns from it (the hot-prefix counter sees every node)
+        advice = commit(ask, replace(snap, nodes=views), d, rules, ledger)
+        chosen = d.decision
+        assert chosen.chosen is not None
+        target = by_id[chosen.chosen]
         fault = faults.get(target.node_id)
         if fault and rng.random() < fault:  # a broken engine answers 500 at once
             push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
             return None
         seq = SimSeq(rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, trace.block_size))
-        reason = fleet.reason(d.reason, d.chosen, sel, matches)
-        meta[rid] = (r, target.node_id, reason, matches.get(target.node_id, 0))
+        meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             waited[rid] = queue_wait_s
-        if d.prefill is not None:  # the prompt is computed on the prefill node first
-            pre = by_id[d.prefill]
+        if chosen.prefill is not None:  # the prompt is computed on the prefill node first
+            pre = by_id[chosen.prefill]
             pid = f"{rid}/p"
             hit = matches.get(pre.node_id, 0) * trace.block_size
             ledger.dispatch(pid, pre.node_id, now, max(0, r.prompt_tokens - hit))
@@ -513,6 +464,19 @@ def simulate(
             stats["prewarm_advice"] += 1
             push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
         return None
+
+    def lanes_key(arrival_s: float, long: bool) -> float:
+        return lanes.key(arrival_s, long) if lanes is not None else arrival_s
+
+    def turned_away(idx: int, rej: Rejection, now: float) -> None:
+        """The router refuses request ``idx`` (no candidates, no fit, its deadline): an
+        admitted one gives its reservation back; the client retries as the retry model says."""
+        r = trace.requests[idx]
+        if adm is not None:  # (only admitted requests are routed)
+            got = adm.refuse_admitted(idx, f"r{idx}", r.priority, rej, now)
+        else:
+            got = Refused(idx, r.priority, rej.reason, rej.retry_after_s, now)
+        retry(r, idx, attempts.get(idx, 1), got, now)
 
     def release_held(now: float) -> None:
         """Held requests go in order while the engines have room (the first held again stops
@@ -707,6 +671,8 @@ def simulate(
             push(now + cfg.heartbeat_interval_s, "heartbeat", None)
         elif kind == "arrive" or kind == "retry":
             idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
+            assert isinstance(idx, int)
+            attempts[idx] = attempt
             if kind == "arrive":
                 seen["arrivals"] += 1
             assert isinstance(idx, int)
