@@ -32,6 +32,7 @@ KEYS = (
     "max_over_mean_load",
     "throughput_rps",
     "goodput_rps",
+    "refused",
 )
 SPEED_RUNS = 3  # runs per workload of the simulator's speed alone
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from analytics.sim.admission import Refused
 from analytics.sim.cluster import SimConfig, acting_on, node_profile, simulate
 from analytics.sim.metrics import latency_bounds, run_metrics
 from analytics.sim.traces import Trace, load_trace
@@ -91,12 +93,15 @@ def replay_trace(
     )
     cfg = acting_on(cfg, settings)
     stats: dict[str, int] = {}
+    refused: list[Refused] = []
     started = time.perf_counter()
-    done = simulate(trace, make_policy(settings), cfg, stats)
+    done = simulate(trace, make_policy(settings), cfg, stats, refused)
     wall = time.perf_counter() - started
+    final = [r for r in refused if r.final]
     if measure_from_s > 0 and trace.requests:
         since = trace.requests[0].arrival_s + measure_from_s
         done = [d for d in done if d.request.arrival_s >= since]
+        final = [r for r in final if trace.requests[r.index].arrival_s >= since]
     profile = node_profile(cfg, trace.block_size)
     out = run_metrics(
         done,
@@ -118,6 +123,16 @@ def replay_trace(
             "capacity_rps": cap,
             "offered_rps": len(trace.requests) / max(1e-9, trace.span_s),
             **stats,
+            # requests the router turned away for good (its 503s and 429s: no candidates,
+            # no fit, a missed deadline), by reason: latency counts only beside these
+            "refused": len(final),
+            # of the requests offered: a refused request missed its SLO too
+            "slo_attainment": (
+                out["slo_attainment"] * len(done) / (len(done) + len(final))
+                if done and "slo_attainment" in out
+                else out.get("slo_attainment")
+            ),
+            "refused_by_reason": dict(sorted(Counter(str(r.reason) for r in final).items())),
             "sim_wall_s": round(wall, 2),
             "sim_requests_per_min": round(len(done) / wall * 60) if wall else None,
         }
