@@ -37,12 +37,10 @@ from admission.settings import AdmissionSettings, Tenant
 from admission.slo import Slo, slo_of
 from admission.storm import StormStore
 from router.control import ControlFollower
-from router.decision.approx import ApproxIndex
 from router.decision.calibrate import TokenCalibration
 from router.decision.candidates import budget, budget_totals, candidates
 from router.decision.disagg import decode_body, prefill_body, valid_transfer_params
 from router.decision.fit import (
-    fit_floor_tokens,
     node_admissible_blocks,
     node_capacity_blocks,
 )
@@ -67,11 +65,11 @@ from router.decision.pipeline import (
 from router.decision.placement import FREE, Placement, placement_of
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
-from router.decision.recent import RecentPrefills, merge_matches
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
 from router.flow.flight import EPP, ROUTER, Flight, Flights
+from router.flow.views import ClusterView
 from router.flow.waiting import Held as QueueHeld
 from router.flow.waiting import RouterQueue, Waiting
 from router.http.edge import (
@@ -101,7 +99,7 @@ from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
-from streams.blocks import chain_hashes, chain_root, offloaded
+from streams.blocks import chain_hashes, chain_root
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
@@ -287,7 +285,6 @@ class RouterService:
             store,
             storm_store,
         )
-        self._last_sweep = 0.0
         self.metrics = RouterMetrics()
         self.tracing = Tracing(settings.otlp_endpoint, f"kvgate-router/{self.router_id}")
         self._http: aiohttp.ClientSession | None = None
@@ -296,26 +293,11 @@ class RouterService:
         self.control: ControlFollower | None = None
         self.reconciler: Reconciler | None = None
         self.hot = HotPrefixes() if settings.prewarm else None
-        self.recent = (
-            RecentPrefills(settings.recent_prefill_ttl_s)
-            if settings.recent_prefill_ttl_s > 0
-            else None
-        )
-        self._behind_since: dict[str, float] = {}
-        self._views: dict[str, tuple[Heartbeat, NodeView]] = {}
-        # per node, the longest prompt that fits there now whatever its cache holds; their
-        # minimum lets the fit filter (router/decision/fit.py) skip its pass for every shorter
-        # prompt
-        self._fit_floors: dict[str, int] = {}
-        self.fit_floor = 0
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
-        self._adapter_base: dict[str, str] = {}  # LoRA adapter -> its base model (heartbeats)
         key = settings.upstream_api_key
         # engines started with --api-key (vLLM) want it on every /v1 call
         self._upstream_auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
-        self.approx = ApproxIndex()
-        self._approx_nodes: set[str] = set()  # nodes without KV events (approximate index)
         # the requests this router routed, each with its owner (router/flow/flight.py)
         self.flights = Flights()
         self._loops_failing: dict[str, str] = {}
@@ -329,9 +311,9 @@ class RouterService:
         self._refusal_bucket = _TokenBucket(settings.refusal_records_per_s)
         self._started_at = time.time()
         self.feed = FeedWatch(settings, replica)
+        self.views = ClusterView(settings, replica, self.fleet, self.feed, self.ledger)
         self._prober: asyncio.Task[None] | None = None
         self._zone = (settings.zone_label, settings.zone) if settings.zone else None
-        self._roles = False  # some node has the prefill or decode role
         self.rules = Rules(
             self.policy,
             self.fleet,
@@ -522,88 +504,6 @@ class RouterService:
         await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     # --- snapshot ------------------------------------------------------------------------
-    def nodes(self, now: float) -> list[NodeView]:
-        if now - self._last_sweep > 30.0:
-            self.ledger.sweep(now)
-            self._last_sweep = now
-            load = self.replica.load
-            self._fit_floors = {k: v for k, v in self._fit_floors.items() if k in load}
-        feed = self.feed.update(now)
-        rx = self.replica.last_heartbeat_rx or now
-        received = self.replica.received
-        out = []
-        cache = self._views
-        approx = self._approx_nodes
-        approx.clear()
-        adapters: dict[str, str] = {}
-        roles = False
-        refloor = False
-        for hb in self.replica.load.values():
-            roles = roles or hb.role != "mixed"
-            if hb.kv_index != "events":  # approximate, or events that do not arrive
-                approx.add(hb.node_id)
-            for name in hb.adapters:
-                adapters.setdefault(name, hb.model)
-            gap, age = self._index_lag(hb, now)
-            cached = cache.get(hb.node_id)
-            if cached is None or cached[0] is not hb:
-                view = NodeView(
-                    node_id=hb.node_id,
-                    endpoint=hb.endpoint,
-                    model=hb.model,
-                    pool=hb.pool,
-                    block_size=hb.block_size,
-                    kv_blocks_total=hb.kv_blocks_total,
-                    kv_blocks_used=hb.kv_blocks_used,
-                    kv_blocks_admissible=hb.kv_blocks_admissible,
-                    max_model_len=hb.max_model_len,
-                    running=hb.running,
-                    waiting=hb.waiting,
-                    healthy=hb.healthy,
-                    draining=hb.draining,
-                    heartbeat_ts=received.get(hb.node_id, hb.ts),
-                    lease_s=self.settings.stale_heartbeat_s or hb.lease_s,
-                    adapters=frozenset(hb.adapters),
-                    dp_rank=hb.data_parallel_rank,
-                    started_at=self.fleet.started(hb.node_id, hb.epoch, hb.engine_started_at, now),
-                    labels=frozenset(hb.labels.items()),
-                    role=hb.role,
-                    kv_link_gbps=hb.kv_link_gbps,
-                )
-                cache[hb.node_id] = (hb, view)
-                self._fit_floors[hb.node_id] = fit_floor_tokens(view)
-                refloor = True
-            else:
-                view = cached[1]
-            if gap:
-                view = replace(view, kv_index_gap=gap, kv_index_age_s=age)
-            if hb.node_id in self.fleet.drained:
-                view = replace(view, draining=True)  # an operator drains it (kvgate drain)
-            if feed != "live":
-                if rx - view.heartbeat_ts > view.lease_s or hb.node_id in self.feed.down:
-                    continue  # dead before the feed stopped, or does not answer now
-                # alive as far as anyone can tell; load_only: only this router's own count
-                view = replace(view, heartbeat_ts=now, kv_index_gap=0, kv_index_age_s=0.0)
-                if feed == "load_only":
-                    view = replace(view, running=0, waiting=0)
-            out.append(
-                view.with_router_state(
-                    *self.ledger.router_state(hb.node_id, hb.ts, now, view.model)
-                )
-            )
-        if adapters or self._adapter_base:  # a base model's name is never an adapter's
-            bases = {hb.model for hb in self.replica.load.values()}
-            self._adapter_base = {a: m for a, m in adapters.items() if a not in bases}
-        self._roles = roles  # some node is a prefill or decode node (router/decision/disagg.py)
-        if len(cache) > 2 * len(self.replica.load) + 16:  # retired nodes
-            for node in set(cache) - set(self.replica.load):
-                del cache[node]
-                self.approx.forget(node)
-            self.fleet.forget(self.replica.load)
-        if refloor:
-            self.fit_floor = min(self._fit_floors.values(), default=0)
-        return out
-
     def _candidates(
         self, all_nodes: list[NodeView], model: str, now: float, placement: Placement = FREE
     ) -> list[NodeView] | Rejection:
@@ -619,22 +519,6 @@ class RouterService:
             placement,
         )
 
-    def _index_lag(self, hb: Heartbeat, now: float) -> tuple[int, float]:
-        """KV batches the node announced (heartbeat ``kv_seq``) that the index lacks, and since
-        when the index has been behind (0 when it is not)."""
-        gap = 0
-        if hb.kv_seq is not None:
-            cursor = self.replica.cursors.get(hb.node_id)
-            if cursor is None or cursor.epoch != hb.epoch:
-                gap = hb.kv_seq + 1
-            else:
-                gap = max(0, hb.kv_seq - cursor.seq)
-        if gap <= 0:
-            self._behind_since.pop(hb.node_id, None)
-            return 0, 0.0
-        since = self._behind_since.setdefault(hb.node_id, hb.ts)
-        return gap, max(0.0, now - since)
-
     # --- endpoints -----------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)
@@ -649,7 +533,7 @@ class RouterService:
         """The model's tokenizer when configured (engine-exact hashes) and not found to differ
         from the engine's, else approximate."""
         if model not in self._tokenizations:  # an adapter: its base model's tokenizer
-            model = self._adapter_base.get(model, model)
+            model = self.views.adapter_base.get(model, model)
         if model in self.tokencheck.approximate:
             return APPROXIMATE
         return self._tokenizations.get(model, APPROXIMATE)
@@ -856,7 +740,7 @@ class RouterService:
         a response, or what routing needs (admitted requests hold a reservation from here on).
         """
         now = time.time()
-        all_nodes = self.nodes(now)
+        all_nodes = self.views.nodes(now)
         if not any(n.serves(p.model) for n in all_nodes):
             missing = f"The model `{p.model[:200]}` does not exist."
             return self._refuse(
@@ -867,7 +751,7 @@ class RouterService:
             return self._refuse(nodes.reason, rejection_response(nodes))
         block_size = nodes[0].block_size if nodes else self.settings.block_size
         pool, budget_nodes = budget(
-            all_nodes, nodes, p.model, now, self._adapter_base, not placement.free
+            all_nodes, nodes, p.model, now, self.views.adapter_base, not placement.free
         )
         verdict = None
         if self.gate.settings.enabled:
@@ -903,7 +787,7 @@ class RouterService:
                 await self.gate.refused(attempt, rejection, now, client, tenant)
         if verdict is not None and verdict.admitted and verdict.queue_wait_s:
             now = time.time()  # it waited: route on the cluster as it is now
-            fresh = self._candidates(self.nodes(now), p.model, now, placement)
+            fresh = self._candidates(self.views.nodes(now), p.model, now, placement)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
         return Gated(tenant, nodes, block_size, verdict, now, slo=slo, budget=(pool, budget_nodes))
 
@@ -912,7 +796,7 @@ class RouterService:
     ) -> RouteRequest:
         """What routing knows of ``p``: its prompt's chained block hashes (salted by its
         ``cache_salt`` and LoRA adapter), its sizes and its session."""
-        adapter = p.model if p.model in self._adapter_base else None
+        adapter = p.model if p.model in self.views.adapter_base else None
         hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
         return RouteRequest(
             request_id,
@@ -926,7 +810,7 @@ class RouterService:
 
     def _ask(self, request_id: str, p: ParsedRequest, g: Gated, started: float, mode: Mode) -> Ask:
         rreq = self._route_request(request_id, p, g.block_size, _queue_weight(g.slo))
-        adapter = p.model in self._adapter_base
+        adapter = p.model in self.views.adapter_base
         return Ask(
             rreq,
             self._expected_output(p, g.tenant.name),
@@ -944,15 +828,19 @@ class RouterService:
     ) -> Snapshot:
         """The cluster as this router sees it now, for ``ask`` among ``nodes``."""
         load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
-        matches = {} if load_only else self._matches(ask.request.block_hashes, now)
-        return Snapshot(nodes, matches, now, block_size, load_only, self.fit_floor, self._roles)
+        matches = {} if load_only else self.views.matches(ask.request.block_hashes, now)
+        return Snapshot(
+            nodes, matches, now, block_size, load_only, self.views.fit_floor, self.views.roles
+        )
 
     def _again(self, ask: Ask, g: Gated) -> Snapshot:
         """A waiting request's snapshot on the cluster as it is now: its candidates that are
         still eligible, else the ones it had."""
         now = time.time()
         ids = {n.node_id for n in g.nodes}
-        fresh = [n for n in eligible(self.nodes(now), ask.request.model, now) if n.node_id in ids]
+        fresh = [
+            n for n in eligible(self.views.nodes(now), ask.request.model, now) if n.node_id in ids
+        ]
         return self._snapshot(ask, fresh or g.nodes, g.block_size, now)
 
     def _commit(self, ask: Ask, snap: Snapshot, routed: Routed, p: ParsedRequest) -> None:
@@ -1242,7 +1130,7 @@ class RouterService:
                 now,
             )
         )
-        hit = self._matches(rreq.block_hashes, now).get(prefill, 0)
+        hit = self.views.matches(rreq.block_hashes, now).get(prefill, 0)
         self.ledger.dispatch(key, prefill, now, max(0, rreq.prompt_tokens - hit * g.block_size))
         params = None
         failure: Failure | None = None
@@ -1304,33 +1192,10 @@ class RouterService:
                 h.ejections,
             )
 
-    def _matches(self, hashes: Sequence[int], now: float) -> dict[str, int]:
-        """Per node, the prefix it holds: the index, plus what this router just had prefilled."""
-        gpu, tier = self.replica.index.match_tiers(hashes, offloaded)
-        matches = gpu
-        if tier:  # blocks in an offloaded tier after the GPU prefix: a cheaper miss
-            value = self.settings.offload_hit_value
-            matches = {
-                n: gpu.get(n, 0) + int(value * tier.get(n, 0)) for n in gpu.keys() | tier.keys()
-            }
-        if self.recent is not None:
-            matches = merge_matches(matches, self.recent.match(hashes, now))
-        if self._approx_nodes:  # nodes without KV events: what this router sent them
-            matches = merge_matches(matches, self.approx.match(hashes, self._approx_nodes))
-        return matches
-
     def _first_token(self, request_id: str, node: str, rreq: RouteRequest, stream: bool) -> None:
         # a non-streamed answer's "first token" is its end: no sample of the prefill rate
         self.ledger.first_token(request_id, time.time(), learn=stream)
-        self._prefilled(node, rreq.block_hashes)
-
-    def _prefilled(self, node: str, hashes: Sequence[int]) -> None:
-        """``node`` computed the prompt ``hashes``: it caches them from now on."""
-        if self.recent is not None:
-            self.recent.add(node, hashes, time.time())
-        if node in self._approx_nodes:
-            hb = self.replica.load.get(node)
-            self.approx.add(node, hashes, hb.kv_blocks_total if hb is not None else 0)
+        self.views.prefilled(node, rreq.block_hashes)
 
     def _advise(self, advice: PrewarmAdvice, p: ParsedRequest, block_size: int, now: float) -> None:
         """Publish pre-warm advice: the named nodes' agents load the prefix into their engine."""
@@ -1466,7 +1331,7 @@ class RouterService:
         now = time.time()
         f.first_token_s = now
         self.ledger.first_token(rid, now, learn=f.parsed.stream)
-        self._prefilled(f.node, f.hashes)
+        self.views.prefilled(f.node, f.hashes)
 
     async def finish_external(
         self,
@@ -1511,7 +1376,7 @@ class RouterService:
             if prompt_tokens is not None and not p.exact_tokens:
                 self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
             if f.first_token_s is None:
-                self._prefilled(node, f.hashes)
+                self.views.prefilled(node, f.hashes)
         await self._publish_outcome(rid, node, relay, p, f.started, slo=f.slo)
         return True
 
@@ -1557,7 +1422,7 @@ class RouterService:
             return _json(error_body(str(exc).splitlines()[0]), 400)
         t0 = time.perf_counter()
         now = time.time()
-        all_nodes = self.nodes(now)
+        all_nodes = self.views.nodes(now)
         if not any(n.serves(p.model) for n in all_nodes):
             return _json(
                 error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
@@ -1597,7 +1462,7 @@ class RouterService:
     async def _state(self, _: web.Request) -> web.Response:
         """The replica as this router sees it: nodes, their load and indexed blocks."""
         now = time.time()
-        views = self.nodes(now)
+        views = self.views.nodes(now)
         budgets: dict[str, dict[str, Any]] = {}
         try:
             reservations: int | None = await self.gate.store.count()
@@ -1715,7 +1580,7 @@ class RouterService:
                 block_size=block_size,
                 decision_us=decision_us,
                 index_age_s=max(ages) if ages else None,
-                approximate_nodes=self._approx_nodes,
+                approximate_nodes=self.views.approx_nodes,
                 tenant=tenant.name,
                 priority=tenant.priority,
                 admission="admitted" if verdict is None or verdict.admitted else "rejected",
@@ -1780,7 +1645,7 @@ class RouterService:
         raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         model = request_model(raw)
         now = time.time()
-        all_nodes = self.nodes(now)
+        all_nodes = self.views.nodes(now)
         if not any(n.serves(model) for n in all_nodes):
             raise Refusal(404, f"The model `{model[:200]}` does not exist.", "NotFoundError")
         nodes = [n for n in eligible(all_nodes, model, now) if n.waiting <= self.settings.max_queue]
@@ -1801,7 +1666,7 @@ class RouterService:
     async def _models(self, request: web.Request) -> web.Response:
         self._tenant(request)  # what a cluster serves is for its tenants
         now = time.time()
-        live = [n for n in self.nodes(now) if n.alive(now)]
+        live = [n for n in self.views.nodes(now) if n.alive(now)]
         bases = {n.model for n in live}
         adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
         entry = {"object": "model", "owned_by": "kvgate"}
@@ -1819,7 +1684,7 @@ class RouterService:
     def is_ready(self, now: float) -> bool:
         """Tables caught up, a healthy node, no background loop failing (the admission store
         is checked by ``/ready``)."""
-        healthy = any(n.healthy and n.alive(now) for n in self.nodes(now))
+        healthy = any(n.healthy and n.alive(now) for n in self.views.nodes(now))
         return self.replica.caught_up.is_set() and healthy and not self.failing_loops()
 
     @property
@@ -1829,7 +1694,7 @@ class RouterService:
 
     async def _ready(self, _: web.Request) -> web.Response:
         now = time.time()
-        healthy = [n.node_id for n in self.nodes(now) if n.healthy and n.alive(now)]
+        healthy = [n.node_id for n in self.views.nodes(now) if n.healthy and n.alive(now)]
         store_ready = True
         if self.gate.settings.enabled:
             try:  # an empty Redis admits nothing until the reconciler rebuilt it
@@ -1858,7 +1723,7 @@ class RouterService:
         beats = list(self.replica.load.values())
         m = self.metrics
         m.replica_lag.set(now - max((hb.ts for hb in beats), default=now))
-        views = self.nodes(now)
+        views = self.views.nodes(now)
         m.index_gap.set(sum(v.kv_index_gap for v in views))
         m.engine_restarts.set(sum(hb.engine_restarts for hb in beats))
         m.kv_events_lost.set(sum(hb.kv_events_lost for hb in beats))
