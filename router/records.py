@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.decision.types import RouteDecision, RouteRequest
-from router.http.proxy import Relay
+from router.flow.served import Served
 from router.parse import ParsedRequest
 from streams.schemas import CandidateScore, Decision, Outcome
 
@@ -118,7 +118,7 @@ def decision_record(
 def outcome_record(
     request_id: str,
     node: str | None,
-    relay: Relay,
+    relay: Served,
     p: ParsedRequest,
     *,
     router_id: str,

@@ -45,7 +45,7 @@ from router.decision.fit import (
     node_capacity_blocks,
 )
 from router.decision.fleet import Fleet
-from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
+from router.decision.hotprefix import HotPrefixes
 from router.decision.inflight import InflightLedger
 from router.decision.lanes import Lanes
 from router.decision.outlier import Failure
@@ -69,6 +69,8 @@ from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest,
 from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
 from router.flow.flight import EPP, ROUTER, Flight, Flights
+from router.flow.recorder import Recorder
+from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.flow.waiting import Held as QueueHeld
 from router.flow.waiting import RouterQueue, Waiting
@@ -92,10 +94,9 @@ from router.http.passthrough import (
     relay,
     request_model,
 )
-from router.http.proxy import Relay, forward
+from router.http.proxy import forward
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
-from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
@@ -103,9 +104,9 @@ from streams.blocks import chain_hashes, chain_root
 from streams.kafka import KafkaBus
 from streams.openai import error_body
 from streams.replica import TableReplica
-from streams.schemas import ControlMessage, Heartbeat
+from streams.schemas import Heartbeat
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
-from streams.topics import CONTROL, DECISIONS, LEDGER, OUTCOMES
+from streams.topics import LEDGER
 
 __all__ = ["RouterService"]
 
@@ -137,7 +138,7 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
-def _reroutable(resp: web.StreamResponse, relay: Relay) -> bool:
+def _reroutable(resp: web.StreamResponse, relay: Served) -> bool:
     """A failure the client has not seen yet, of a kind another node may not have: the engine
     had no room for the request's KV (vLLM-style 400 naming the KV cache), was overloaded (503)
     or unreachable (502)."""
@@ -184,19 +185,6 @@ class _Intake:
     tenant: str = "unauthenticated"
     client_request_id: str | None = None
     parsed: ParsedRequest | None = None
-
-
-class _TokenBucket:
-    def __init__(self, rate: float) -> None:
-        self.rate, self.tokens, self.at = rate, 2 * rate, 0.0
-
-    def take(self, now: float) -> bool:
-        self.tokens = min(2 * self.rate, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,10 +296,12 @@ class RouterService:
             settings.tokenize_mismatch_share,
         )
         self._checks: set[asyncio.Task[None]] = set()
-        self._refusal_bucket = _TokenBucket(settings.refusal_records_per_s)
         self._started_at = time.time()
         self.feed = FeedWatch(settings, replica)
         self.views = ClusterView(settings, replica, self.fleet, self.feed, self.ledger)
+        self.recorder = Recorder(
+            settings, bus, self.router_id, self.policy, self.views, self.metrics
+        )
         self._prober: asyncio.Task[None] | None = None
         self._zone = (settings.zone_label, settings.zone) if settings.zone else None
         self.rules = Rules(
@@ -591,27 +581,6 @@ class RouterService:
         except ValueError as exc:
             return self._refuse("bad_request", _json(error_body(str(exc)), 400))
 
-    def _record_refusal(self, request_id: str, started: float, reason: str, who: _Intake) -> None:
-        """A decision record for a request refused before admission (bad input, no or wrong
-        credentials, unknown model, unhealthy cluster), at most ``refusal_records_per_s``
-        (a flood of junk must not crowd real decisions out of the Kafka outbox)."""
-        if not self._refusal_bucket.take(started):
-            self.metrics.refusals_unrecorded.inc()
-            return
-        record = refusal_record(
-            request_id,
-            started,
-            reason,
-            who.parsed,
-            router_id=self.router_id,
-            tenant=who.tenant,
-            policy=self.policy.name,
-            weights_version=self.policy.weights_version,
-            block_size=self.settings.block_size,
-            client_request_id=who.client_request_id,
-        )
-        self.bus.post(DECISIONS, request_id, record)
-
     async def _intake(
         self, request: web.Request, chat: bool | None
     ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
@@ -641,10 +610,14 @@ class RouterService:
         try:
             taken = await self._intake_checked(headers, read, chat, request_id, started, who, peer)
         except Refusal as exc:
-            self._record_refusal(request_id, started, exc.reason, who)
+            self.recorder.refusal(
+                request_id, started, exc.reason, who.tenant, who.parsed, who.client_request_id
+            )
             raise
         if isinstance(taken, web.Response) and _REASON in taken:
-            self._record_refusal(request_id, started, taken[_REASON], who)
+            self.recorder.refusal(
+                request_id, started, taken[_REASON], who.tenant, who.parsed, who.client_request_id
+            )
         return taken
 
     async def _intake_checked(
@@ -850,7 +823,7 @@ class RouterService:
         if routed.canary is not None:
             self.metrics.canary_routed.labels(routed.canary).inc()
         if advice is not None:
-            self._advise(advice, p, snap.block_size, snap.now)
+            self.recorder.advise(advice, p, snap.block_size, snap.now)
 
     async def _decide_and_record(
         self,
@@ -889,7 +862,7 @@ class RouterService:
         # the record is built on the loop's next turn, once this task has sent the request
         # upstream: it never delays the first token (the outbox keeps the order it is handed)
         asyncio.get_running_loop().call_soon(
-            self._publish_decision,
+            self.recorder.decision,
             ask.request,
             p,
             decision,
@@ -908,8 +881,8 @@ class RouterService:
             if verdict is not None and verdict.rejection is not None:
                 self.metrics.rejected(rej.reason)
             error = rej.message if verdict is not None and verdict.rejection else decision.reason
-            relay = Relay(status="rejected", http_status=rejection_status(rej), error=error)
-            await self._publish_outcome(request_id, None, relay, p, started)
+            relay = Served(status="rejected", http_status=rejection_status(rej), error=error)
+            await self.recorder.outcome(request_id, None, relay, p, started)
             return rejection_response(rej)
         node = next(n for n in g.nodes if n.node_id == decision.chosen)
         self._check_tokens(node, p)
@@ -1003,7 +976,7 @@ class RouterService:
         sent = p
         if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
             sent = await self._prefill_leg(request_id, p, g, decision.prefill, rreq)
-        relay = Relay()
+        relay = Served()
         reroutes = 0
         try:
             while True:
@@ -1065,7 +1038,7 @@ class RouterService:
                 engine_prompt = (relay.usage or {}).get("prompt_tokens")
                 if not p.exact_tokens and isinstance(engine_prompt, int):
                     self.calibration.observe(p.model, p.prompt_tokens_total, engine_prompt)
-            await self._publish_outcome(
+            await self.recorder.outcome(
                 request_id, node.node_id, relay, p, started, reroutes, g.slo
             )
 
@@ -1086,7 +1059,7 @@ class RouterService:
         self._commit(again, snap, got, p)
         self.metrics.reroutes.inc()
         d = got.decision
-        self._publish_decision(
+        self.recorder.decision(
             ask.request,
             p,
             replace(d, reason=f"reroute/{d.reason}"),
@@ -1196,29 +1169,6 @@ class RouterService:
         # a non-streamed answer's "first token" is its end: no sample of the prefill rate
         self.ledger.first_token(request_id, time.time(), learn=stream)
         self.views.prefilled(node, rreq.block_hashes)
-
-    def _advise(self, advice: PrewarmAdvice, p: ParsedRequest, block_size: int, now: float) -> None:
-        """Publish pre-warm advice: the named nodes' agents load the prefix into their engine."""
-        self.metrics.prewarm_advice.inc()
-        msg = ControlMessage(
-            subject=f"prewarm/{advice.prefix_hash:016x}",
-            kind="prewarm",
-            ts=now,
-            payload={
-                "model": p.model,
-                "prefix_hash": advice.prefix_hash,
-                "blocks": advice.blocks,
-                "block_size": block_size,
-                "share": round(advice.share, 4),
-                "holders": list(advice.holders),
-                "nodes": list(advice.targets),
-                "prompt_token_ids": p.tokens[: advice.blocks * block_size],
-                "router_id": self.router_id,
-            },
-        )
-        self.bus.post(CONTROL, msg.subject, msg)
-        # advice is for now: its tombstone lets compaction remove it from the control topic
-        self.bus.post(CONTROL, msg.subject, None)
 
     # --- decision-only API for gateways ----------------------------------------------------
     async def _gateway_route(self, request: web.Request) -> web.Response:
@@ -1363,7 +1313,7 @@ class RouterService:
         usage: dict[str, Any] = {"completion_tokens": output_tokens}
         if cached is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
-        relay = Relay(
+        relay = Served(
             status=status,
             http_status=200 if status == "ok" else 502,
             ttft_s=ttft,
@@ -1377,7 +1327,7 @@ class RouterService:
                 self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
             if f.first_token_s is None:
                 self.views.prefilled(node, f.hashes)
-        await self._publish_outcome(rid, node, relay, p, f.started, slo=f.slo)
+        await self.recorder.outcome(rid, node, relay, p, f.started, slo=f.slo)
         return True
 
     async def _gateway_renew(self, request: web.Request) -> web.Response:
@@ -1542,91 +1492,6 @@ class RouterService:
                 },
             }
         )
-
-    # --- events --------------------------------------------------------------------------
-    def _publish_decision(
-        self,
-        rreq: RouteRequest,
-        p: ParsedRequest,
-        d: RouteDecision,
-        decision_us: float,
-        started: float,
-        block_size: int,
-        tenant: Tenant,
-        verdict: Verdict | None,
-        client_request_id: str | None = None,
-        decision_seq: int = 0,
-    ) -> None:
-        ages = [
-            started - self.replica.index_updated_s.get(c.node_id, started)
-            for c in d.candidates
-            if c.hit_blocks
-        ]
-        self.bus.post(
-            DECISIONS,
-            rreq.request_id,
-            decision_record(
-                rreq,
-                p,
-                d,
-                router_id=self.router_id,
-                policy=self.policy.name,
-                weights_version=(
-                    d.weights_version
-                    if d.weights_version is not None
-                    else self.policy.weights_version
-                ),
-                started=started,
-                block_size=block_size,
-                decision_us=decision_us,
-                index_age_s=max(ages) if ages else None,
-                approximate_nodes=self.views.approx_nodes,
-                tenant=tenant.name,
-                priority=tenant.priority,
-                admission="admitted" if verdict is None or verdict.admitted else "rejected",
-                admission_reason="disabled"
-                if verdict is None
-                else (verdict.rejection.reason if verdict.rejection else "ok"),
-                budget_usage=None if verdict is None else verdict.usage_after,
-                kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
-                output_tokens_estimate=None if verdict is None else verdict.output_estimate,
-                queue_wait_s=None if verdict is None else verdict.queue_wait_s,
-                client_request_id=client_request_id,
-                decision_seq=decision_seq,
-            ),
-        )
-
-    async def _publish_outcome(
-        self,
-        request_id: str,
-        node: str | None,
-        relay: Relay,
-        p: ParsedRequest,
-        started: float,
-        reroutes: int = 0,
-        slo: Slo | None = None,
-    ) -> None:
-        record = outcome_record(
-            request_id,
-            node,
-            relay,
-            p,
-            router_id=self.router_id,
-            started=started,
-            now=time.time(),
-            reroutes=reroutes,
-        )
-        self.metrics.finished(record, p.model)
-        if slo is not None and record.status != "cancelled":
-            name, cls = slo
-            met = (
-                record.status == "ok"
-                and record.ttft_s is not None
-                and record.ttft_s <= cls.ttft_s
-                and (record.tpot_s is None or record.tpot_s <= cls.tpot_s)
-            )
-            self.metrics.slo.labels(name, "met" if met else "missed").inc()
-        await self.bus.publish(OUTCOMES, request_id, record)
 
     async def _not_served(self, request: web.Request) -> web.StreamResponse:
         """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints

@@ -20,43 +20,21 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from router.decision.outlier import Failure
 from router.decision.types import NodeView
+from router.flow.served import Served
 from router.http.edge import trace_headers
 from router.parse import ParsedRequest
 from streams.openai import error_body
 
-__all__ = ["Relay", "forward"]
+__all__ = ["forward"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Relay:
-    """What happened on the way through."""
-
-    status: str = "error"  # ok | error | cancelled
-    http_status: int = 502
-    ttft_s: float | None = None
-    output_tokens: int = 0
-    usage: dict[str, Any] | None = None
-    error: str | None = None
-    cut_off: bool = False  # the client stopped reading, or the request ran past its limit
-    failure: Failure | None = None  # the engine failed it (outlier ejection counts these)
-
-    @property
-    def cached_tokens(self) -> int | None:
-        if self.usage is None:
-            return None
-        cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        return None if cached is None else int(cached)
 
 
 def _json(data: Any, status: int) -> web.Response:
@@ -127,7 +105,7 @@ class _SseLines:
 
     def __init__(
         self,
-        relay: Relay,
+        relay: Served,
         include_usage: bool,
         first_token: Callable[[], None] | None,
         started: float,
@@ -195,8 +173,8 @@ async def forward(
     max_duration_s: float = 3600.0,
     send_buffer_bytes: int = 64 << 10,
     upstream_headers: Mapping[str, str] | None = None,
-) -> tuple[web.StreamResponse, Relay]:
-    relay = Relay()
+) -> tuple[web.StreamResponse, Served]:
+    relay = Served()
     deadline = asyncio.timeout(max_duration_s)
     body = p.body
     if p.stream and not p.include_usage:

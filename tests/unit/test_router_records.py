@@ -3,7 +3,7 @@ import pytest
 from pydantic import ValidationError
 
 from router.decision.types import Candidate, RouteDecision, RouteRequest
-from router.http.proxy import Relay
+from router.flow.served import Served
 from router.parse import parse_request
 from router.records import decision_record, outcome_record
 from streams.blocks import approx_tokenize
@@ -75,7 +75,7 @@ def test_records_carry_inputs_scores_and_timings() -> None:
     )
     assert rec.block_hashes == [1, 2, 3] and rec.weights_version == 3
     assert rec.candidates[0].components == {"hit": 0.33}
-    relay = Relay(
+    relay = Served(
         status="ok",
         http_status=200,
         ttft_s=0.1,

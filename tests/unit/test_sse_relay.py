@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.http.proxy import ClientStalled, Relay, _SseLines, _write
+from router.flow.served import Served
+from router.http.proxy import ClientStalled, _SseLines, _write
 
 
 def _event(obj: dict[str, object]) -> bytes:
@@ -80,7 +81,7 @@ def test_any_split_of_the_stream_relays_as_read_line_by_line(
         body = body.rstrip(b"\r\n")  # the engine's last line without its newline
     want, want_tokens, want_usage = reference(body, include_usage)
     firsts: list[int] = []
-    relay = Relay()
+    relay = Served()
     lines = _SseLines(relay, include_usage, lambda: firsts.append(1), 0.0)
     edges = sorted({0, len(body), *(c for c in cuts if c < len(body))})
     got = b"".join(lines.feed(body[a:b]) for a, b in itertools.pairwise(edges))
@@ -92,7 +93,7 @@ def test_any_split_of_the_stream_relays_as_read_line_by_line(
 
 
 def test_nothing_is_held_back_but_an_unfinished_line() -> None:
-    relay = Relay()
+    relay = Served()
     lines = _SseLines(relay, False, None, 0.0)
     first = _event({"choices": [{"index": 0, "text": "hi"}]})
     assert lines.feed(first + first[:9]) == first  # the first token goes out at once

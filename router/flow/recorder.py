@@ -1,0 +1,205 @@
+"""What the router records: decisions, outcomes and refusals on the Kafka topics (with their
+metrics), and pre-warm advice on the control topic. Publishing never waits on the broker for a
+decision (the outbox keeps the order it is handed); refusals before admission are rate-limited
+so that a flood of junk cannot crowd real decisions out."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from admission.core import Verdict
+from admission.settings import Tenant
+from admission.slo import Slo
+from router.decision.hotprefix import PrewarmAdvice
+from router.decision.types import RouteDecision, RouteRequest
+from router.flow.served import Served
+from router.flow.views import ClusterView
+from router.metrics import RouterMetrics
+from router.parse import ParsedRequest
+from router.records import decision_record, outcome_record, refusal_record
+from router.settings import RouterSettings
+from streams.kafka import KafkaBus
+from streams.schemas import ControlMessage
+from streams.topics import CONTROL, DECISIONS, OUTCOMES
+
+__all__ = ["Recorder"]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weights_version(self) -> int: ...
+
+
+class _TokenBucket:
+    """At most ``rate`` a second, bursts of twice that."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.tokens, self.at = rate, 2 * rate, 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(2 * self.rate, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class Recorder:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        bus: KafkaBus,
+        router_id: str,
+        policy: _Named,
+        views: ClusterView,
+        metrics: RouterMetrics,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.router_id = router_id
+        self.policy = policy
+        self.views = views
+        self.replica = views.replica
+        self.metrics = metrics
+        self._bucket = _TokenBucket(settings.refusal_records_per_s)
+
+    def refusal(
+        self,
+        request_id: str,
+        started: float,
+        reason: str,
+        tenant: str,
+        parsed: ParsedRequest | None,
+        client_request_id: str | None,
+    ) -> None:
+        """A decision record for a request refused before admission (bad input, no or wrong
+        credentials, unknown model, unhealthy cluster), at most ``refusal_records_per_s``
+        (a flood of junk must not crowd real decisions out of the Kafka outbox)."""
+        if not self._bucket.take(started):
+            self.metrics.refusals_unrecorded.inc()
+            return
+        record = refusal_record(
+            request_id,
+            started,
+            reason,
+            parsed,
+            router_id=self.router_id,
+            tenant=tenant,
+            policy=self.policy.name,
+            weights_version=self.policy.weights_version,
+            block_size=self.settings.block_size,
+            client_request_id=client_request_id,
+        )
+        self.bus.post(DECISIONS, request_id, record)
+
+    def advise(self, advice: PrewarmAdvice, p: ParsedRequest, block_size: int, now: float) -> None:
+        """Publish pre-warm advice: the named nodes' agents load the prefix into their engine."""
+        self.metrics.prewarm_advice.inc()
+        msg = ControlMessage(
+            subject=f"prewarm/{advice.prefix_hash:016x}",
+            kind="prewarm",
+            ts=now,
+            payload={
+                "model": p.model,
+                "prefix_hash": advice.prefix_hash,
+                "blocks": advice.blocks,
+                "block_size": block_size,
+                "share": round(advice.share, 4),
+                "holders": list(advice.holders),
+                "nodes": list(advice.targets),
+                "prompt_token_ids": p.tokens[: advice.blocks * block_size],
+                "router_id": self.router_id,
+            },
+        )
+        self.bus.post(CONTROL, msg.subject, msg)
+        # advice is for now: its tombstone lets compaction remove it from the control topic
+        self.bus.post(CONTROL, msg.subject, None)
+
+    def decision(
+        self,
+        rreq: RouteRequest,
+        p: ParsedRequest,
+        d: RouteDecision,
+        decision_us: float,
+        started: float,
+        block_size: int,
+        tenant: Tenant,
+        verdict: Verdict | None,
+        client_request_id: str | None = None,
+        decision_seq: int = 0,
+    ) -> None:
+        ages = [
+            started - self.replica.index_updated_s.get(c.node_id, started)
+            for c in d.candidates
+            if c.hit_blocks
+        ]
+        self.bus.post(
+            DECISIONS,
+            rreq.request_id,
+            decision_record(
+                rreq,
+                p,
+                d,
+                router_id=self.router_id,
+                policy=self.policy.name,
+                weights_version=(
+                    d.weights_version
+                    if d.weights_version is not None
+                    else self.policy.weights_version
+                ),
+                started=started,
+                block_size=block_size,
+                decision_us=decision_us,
+                index_age_s=max(ages) if ages else None,
+                approximate_nodes=self.views.approx_nodes,
+                tenant=tenant.name,
+                priority=tenant.priority,
+                admission="admitted" if verdict is None or verdict.admitted else "rejected",
+                admission_reason="disabled"
+                if verdict is None
+                else (verdict.rejection.reason if verdict.rejection else "ok"),
+                budget_usage=None if verdict is None else verdict.usage_after,
+                kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
+                output_tokens_estimate=None if verdict is None else verdict.output_estimate,
+                queue_wait_s=None if verdict is None else verdict.queue_wait_s,
+                client_request_id=client_request_id,
+                decision_seq=decision_seq,
+            ),
+        )
+
+    async def outcome(
+        self,
+        request_id: str,
+        node: str | None,
+        relay: Served,
+        p: ParsedRequest,
+        started: float,
+        reroutes: int = 0,
+        slo: Slo | None = None,
+    ) -> None:
+        record = outcome_record(
+            request_id,
+            node,
+            relay,
+            p,
+            router_id=self.router_id,
+            started=started,
+            now=time.time(),
+            reroutes=reroutes,
+        )
+        self.metrics.finished(record, p.model)
+        if slo is not None and record.status != "cancelled":
+            name, cls = slo
+            met = (
+                record.status == "ok"
+                and record.ttft_s is not None
+                and record.ttft_s <= cls.ttft_s
+                and (record.tpot_s is None or record.tpot_s <= cls.tpot_s)
+            )
+            self.metrics.slo.labels(name, "met" if met else "missed").inc()
+        await self.bus.publish(OUTCOMES, request_id, record)
