@@ -42,7 +42,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
 from router.flow.flight import EPP
-from router.http.edge import Refusal, forwarded_peer
+from router.flow.refusals import Refusal
+from router.http.edge import forwarded_peer
 
 __all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
 
@@ -249,15 +250,11 @@ class _Exchange:
             taken = await self.service.intake(
                 self.headers, read, None, forwarded_peer(self.headers)
             )
-            if not isinstance(taken, tuple):
-                return [_refused(taken)]
             subset = self.subset
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
             routed = await self.service.route_external(EPP, taken, allowed)
         except Refusal as exc:
-            return [_refused(exc.response())]
-        if not isinstance(routed, tuple):
-            return [_refused(routed)]
+            return [_refused(exc)]
         self.request_id, _, decision, node, p = routed
         dest = host_port(node.endpoint)
         upstream = self.service.upstream_auth
@@ -336,12 +333,10 @@ def _error(message: str, type_: str = "invalid_request_error") -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type_, "param": None}})
 
 
-def _refused(resp: Any) -> ep.ProcessingResponse:
-    """A refusal the router built as an HTTP response, as the gateway's immediate answer."""
-    headers = {
-        k: v for k, v in resp.headers.items() if k.lower() in ("retry-after", "retry-after-ms")
-    }
-    return immediate(resp.status, resp.body or b"", headers)
+def _refused(r: Refusal) -> ep.ProcessingResponse:
+    """A refusal, as the gateway's immediate answer (its status, body and Retry-After)."""
+    headers = {k: v for k, v in r.headers.items() if k.lower() in ("retry-after", "retry-after-ms")}
+    return immediate(r.status, r.body(), headers)
 
 
 class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]

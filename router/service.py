@@ -66,17 +66,16 @@ from router.decision.placement import FREE, Placement, placement_of
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
-from router.errors import rejection_response, rejection_status
 from router.feed import FeedWatch
 from router.flow.flight import EPP, ROUTER, Flight, Flights
 from router.flow.recorder import Recorder
+from router.flow.refusals import Refusal, rejection_status
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.flow.waiting import Held as QueueHeld
 from router.flow.waiting import RouterQueue, Waiting
 from router.http.edge import (
     GATEWAY_KEY_HEADER,
-    Refusal,
     bearer_key,
     client_label,
     error_middleware,
@@ -102,7 +101,6 @@ from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
 from streams.blocks import chain_hashes, chain_root
 from streams.kafka import KafkaBus
-from streams.openai import error_body
 from streams.replica import TableReplica
 from streams.schemas import Heartbeat
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
@@ -161,8 +159,6 @@ async def _read_bounded(up: aiohttp.ClientResponse, limit: int) -> bytes | None:
             return None
     return bytes(data)
 
-
-_REASON = web.ResponseKey("kvgate_refusal_reason", str)  # a refusal response's reason
 
 # what agents report of their engine's KV events, per node in /v1/kvgate/state
 _COUNTERS = (
@@ -227,8 +223,8 @@ class GatewayRenew(BaseModel):
 _B = TypeVar("_B", bound=BaseModel)
 
 
-async def _read_model(request: web.Request, model: type[_B]) -> _B | web.Response:
-    """A small JSON body (≤ 64 KiB, 10 s) as ``model``, or a 400 naming the first invalid
+async def _read_model(request: web.Request, model: type[_B]) -> _B:
+    """A small JSON body (≤ 64 KiB, 10 s) as ``model``; a 400 names the first invalid
     field."""
     raw = await read_body(request, 64 << 10, 10.0)
     try:
@@ -236,7 +232,7 @@ async def _read_model(request: web.Request, model: type[_B]) -> _B | web.Respons
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"
-        return _json(error_body(f"{where}: {first['msg']}"), 400)
+        raise Refusal(400, f"{where}: {first['msg']}") from None
 
 
 class RouterService:
@@ -563,27 +559,33 @@ class RouterService:
                 p.model[:100],
             )
 
-    def _refuse(self, reason: str, resp: web.Response) -> web.Response:
-        """A refusal before admission: counted, and tagged for its decision record."""
+    def _refuse(
+        self, reason: str, status: int, message: str, type_: str = "invalid_request_error"
+    ) -> Refusal:
+        """A refusal before admission, counted (its decision record names ``reason``)."""
         self.metrics.rejected(reason)
-        resp[_REASON] = reason
-        return resp
+        return Refusal(status, message, type_, reason=reason)
 
-    def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest | web.Response:
+    def _rejected(self, rej: Rejection) -> Refusal:
+        """Admission's or routing's rejection, counted."""
+        self.metrics.rejected(rej.reason)
+        return Refusal.of(rej)
+
+    def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest:
         try:
             return self._parse(raw, chat)
         except orjson.JSONDecodeError as exc:
-            return self._refuse("bad_json", _json(error_body(f"invalid JSON: {exc}"), 400))
+            raise self._refuse("bad_json", 400, f"invalid JSON: {exc}") from None
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first["loc"]) or "body"
-            return self._refuse("bad_request", _json(error_body(f"{where}: {first['msg']}"), 400))
+            raise self._refuse("bad_request", 400, f"{where}: {first['msg']}") from None
         except ValueError as exc:
-            return self._refuse("bad_request", _json(error_body(str(exc)), 400))
+            raise self._refuse("bad_request", 400, str(exc)) from None
 
     async def _intake(
         self, request: web.Request, chat: bool | None
-    ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
+    ) -> tuple[str, float, ParsedRequest, Gated, float]:
         """Check the headers, authenticate, then read, parse (``chat`` None: chat when the body
         has ``messages``) and gate a request: a refusal, or (request id, start time, request,
         gate result, decision clock start). The request id is minted here; nothing a client
@@ -601,7 +603,7 @@ class RouterService:
         read: Callable[[], Awaitable[bytes]],
         chat: bool | None,
         peer: str | None = None,
-    ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
+    ) -> tuple[str, float, ParsedRequest, Gated, float]:
         """:meth:`_intake` of a request known by its headers and a reader of its body (what an
         Envoy external processor gets); ``peer``: the client's address, when known."""
         started = time.time()
@@ -614,10 +616,6 @@ class RouterService:
                 request_id, started, exc.reason, who.tenant, who.parsed, who.client_request_id
             )
             raise
-        if isinstance(taken, web.Response) and _REASON in taken:
-            self.recorder.refusal(
-                request_id, started, taken[_REASON], who.tenant, who.parsed, who.client_request_id
-            )
         return taken
 
     async def _intake_checked(
@@ -629,7 +627,7 @@ class RouterService:
         started: float,
         who: _Intake,
         peer: str | None = None,
-    ) -> web.Response | tuple[str, float, ParsedRequest, Gated, float]:
+    ) -> tuple[str, float, ParsedRequest, Gated, float]:
         n = self.settings.client_id_max_len
         client_id = client_label(headers, "X-Request-Id", n)
         who.client_request_id = client_id
@@ -649,28 +647,24 @@ class RouterService:
                 self.settings.prefer_spill_queue,
             )
         except ValueError as exc:
-            return self._refuse("bad_labels", _json(error_body(f"labels: {exc}"), 400))
+            raise self._refuse("bad_labels", 400, f"labels: {exc}") from None
         try:
             slo, tenant = slo_of(headers, tenant, self.gate.settings)
         except ValueError as exc:
-            return self._refuse("bad_slo_class", _json(error_body(str(exc)), 400))
+            raise self._refuse("bad_slo_class", 400, str(exc)) from None
         raw = await read()
         if chat is None:
             try:
                 chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                return self._refuse("bad_json", _json(error_body(f"invalid JSON: {exc}"), 400))
+                raise self._refuse("bad_json", 400, f"invalid JSON: {exc}") from None
             except TypeError:  # a JSON value without keys
                 chat = False
         p = self._parse_or_400(raw, chat)
-        if isinstance(p, web.Response):
-            return p
         who.parsed = p
         t0 = time.perf_counter()
         client = client_identity(tenant, self.gate.settings.anonymous, peer)
         g = await self._gate(tenant, request_id, idempotency_key, p, placement, client, slo)
-        if isinstance(g, web.Response):
-            return g
         return request_id, started, p, replace(g, client_request_id=client_id), t0
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -680,12 +674,10 @@ class RouterService:
     async def _handle_traced(self, request: web.Request, chat: bool) -> web.StreamResponse:
         with self.tracing.span("kvgate.admission") as span:
             taken = await self._intake(request, chat)
-            if span is not None and not isinstance(taken, web.Response):
+            if span is not None:
                 g = taken[3]
                 span.set_attribute("kvgate.admitted", bool(g.verdict and g.verdict.admitted))
                 span.set_attribute("kvgate.tenant", g.tenant.name)
-        if isinstance(taken, web.Response):
-            return taken
         request_id, started, p, g, t0 = taken
         admitted = g.verdict is not None and g.verdict.admitted
         until = started + self.settings.max_stream_s
@@ -708,20 +700,17 @@ class RouterService:
         placement: Placement = FREE,
         client: str | None = None,
         slo: Slo | None = None,
-    ) -> web.Response | Gated:
-        """Model, node health and admission for an authenticated, parsed request: a refusal as
-        a response, or what routing needs (admitted requests hold a reservation from here on).
-        """
+    ) -> Gated:
+        """Model, node health and admission for an authenticated, parsed request: what routing
+        needs (admitted requests hold a reservation from here on); raises :class:`Refusal`."""
         now = time.time()
         all_nodes = self.views.nodes(now)
         if not any(n.serves(p.model) for n in all_nodes):
             missing = f"The model `{p.model[:200]}` does not exist."
-            return self._refuse(
-                "unknown_model", _json(error_body(missing, "NotFoundError", 404), 404)
-            )
+            raise self._refuse("unknown_model", 404, missing, "NotFoundError")
         nodes = self._candidates(all_nodes, p.model, now, placement)
         if isinstance(nodes, Rejection):
-            return self._refuse(nodes.reason, rejection_response(nodes))
+            raise self._rejected(nodes)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
         pool, budget_nodes = budget(
             all_nodes, nodes, p.model, now, self.views.adapter_base, not placement.free
@@ -833,7 +822,7 @@ class RouterService:
         started: float,
         t0: float,
         mode: Mode = "proxy",
-    ) -> web.Response | tuple[Ask, RouteDecision, NodeView]:
+    ) -> tuple[Ask, RouteDecision, NodeView]:
         """Route (router/decision/pipeline.py: waiting in the router while it says so),
         record the decision, and either refuse (a response) or name the node; the request
         then counts in this router's in-flight ledger until ``ledger.finish``."""
@@ -883,7 +872,7 @@ class RouterService:
             error = rej.message if verdict is not None and verdict.rejection else decision.reason
             relay = Served(status="rejected", http_status=rejection_status(rej), error=error)
             await self.recorder.outcome(request_id, None, relay, p, started)
-            return rejection_response(rej)
+            raise Refusal.of(rej)
         node = next(n for n in g.nodes if n.node_id == decision.chosen)
         self._check_tokens(node, p)
         return ask, decision, node
@@ -961,12 +950,10 @@ class RouterService:
         tenant = g.tenant
         with self.tracing.span("kvgate.route", {"kvgate.request_id": request_id}) as span:
             routed = await self._decide_and_record(request_id, p, g, started, t0)
-            if span is not None and not isinstance(routed, web.Response):
+            if span is not None:
                 span.set_attribute("kvgate.node", routed[2].node_id)
                 span.set_attribute("kvgate.reason", routed[1].reason)
                 span.set_attribute("kvgate.prompt_blocks", len(routed[0].request.block_hashes))
-        if isinstance(routed, web.Response):
-            return routed
         ask, decision, node = routed
         rreq = ask.request
         flight = self.flights.get(request_id)
@@ -1179,11 +1166,7 @@ class RouterService:
         with a gateway key may use it; the reservation is theirs alone to renew and release."""
         gateway = self._gateway_caller(request)
         taken = await self._intake(request, None)
-        if isinstance(taken, web.Response):
-            return taken
         routed = await self.route_external(gateway, taken)
-        if isinstance(routed, web.Response):
-            return routed
         request_id, rreq, decision, node, p = routed
         held = self.gate.held.get(request_id)
         return _json(
@@ -1207,7 +1190,7 @@ class RouterService:
         gateway: str,
         taken: tuple[str, float, ParsedRequest, Gated, float],
         allowed: Callable[[NodeView], bool] | None = None,
-    ) -> web.Response | tuple[str, RouteRequest, RouteDecision, NodeView, ParsedRequest]:
+    ) -> tuple[str, RouteRequest, RouteDecision, NodeView, ParsedRequest]:
         """Route an admitted request that ``gateway`` forwards itself: the decision is recorded
         and the request is held (reservation, in-flight ledger) until :meth:`finish_external`
         or its lease runs out. A refusal releases what was held. ``allowed``: only those nodes
@@ -1225,10 +1208,6 @@ class RouterService:
             if admitted:
                 await self.gate.release(request_id, time.time())
             raise
-        if isinstance(routed, web.Response):
-            if admitted:
-                await self.gate.release(request_id, time.time())
-            return routed
         ask, decision, node = routed
         rreq = ask.request
         held = self.gate.held.get(request_id)
@@ -1256,11 +1235,7 @@ class RouterService:
         outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
         gateway = self._gateway_caller(request)
         body = await _read_model(request, GatewayRelease)
-        if isinstance(body, web.Response):
-            return body
-        owned = self._owned(gateway, body.reservation_id)
-        if isinstance(owned, web.Response):
-            return owned
+        self._owned(gateway, body.reservation_id)  # a 404 unless this gateway routed it
         await self.finish_external(
             body.reservation_id,
             body.status,
@@ -1335,30 +1310,26 @@ class RouterService:
         ``lease_expires_at``)."""
         gateway = self._gateway_caller(request)
         body = await _read_model(request, GatewayRenew)
-        if isinstance(body, web.Response):
-            return body
         rid = body.reservation_id
         owned = self._owned(gateway, rid)
-        if isinstance(owned, web.Response):
-            return owned
         now = time.time()
         if rid in self.gate.held:
             try:
                 await self.gate.renew([rid], now, force=True)
             except AdmissionError as exc:
-                return _json(error_body(str(exc), "ServiceUnavailableError", 503), 503)
+                raise Refusal(503, str(exc), "ServiceUnavailableError") from None
         held = self.gate.held.get(rid)
         until = held.expires_at if held is not None else now + self.gate.settings.lease_s
         owned.until = until
         return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
 
-    def _owned(self, gateway: str, rid: str) -> Flight | web.Response:
+    def _owned(self, gateway: str, rid: str) -> Flight:
         """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same
         answer as for an unknown id: another gateway's reservations are not even visible)."""
         f = self.flights.owned(gateway, rid)
         if f is None:
             gone = "no such routed request (released already, its lease ran out, or not yours)"
-            return _json(error_body(gone, "NotFoundError", 404), 404)
+            raise Refusal(404, gone, "NotFoundError")
         return f
 
     async def _decide(self, request: web.Request) -> web.Response:
@@ -1369,14 +1340,12 @@ class RouterService:
             body = orjson.loads(raw)
             p = self._parse(raw, chat=isinstance(body, dict) and "messages" in body)
         except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
-            return _json(error_body(str(exc).splitlines()[0]), 400)
+            raise Refusal(400, str(exc).splitlines()[0]) from None
         t0 = time.perf_counter()
         now = time.time()
         all_nodes = self.views.nodes(now)
         if not any(n.serves(p.model) for n in all_nodes):
-            return _json(
-                error_body(f"The model `{p.model}` does not exist.", "NotFoundError", 404), 404
-            )
+            raise Refusal(404, f"The model `{p.model[:200]}` does not exist.", "NotFoundError")
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
         rreq = self._route_request(mint_id(), p, block_size)

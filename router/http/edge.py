@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from router.flow.refusals import Refusal
 from streams.openai import error_body
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "mint_id",
     "path_guard",
     "read_body",
+    "refusal_response",
     "requested_priority",
     "trace_headers",
 ]
@@ -47,38 +49,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY_HEADER = "X-Kvgate-Gateway-Key"
-# refusal reasons (metrics, decision records) of the edge's own refusals
-_REASONS = {
-    400: "bad_header",
-    401: "unauthorized",
-    403: "forbidden",
-    408: "body_timeout",
-    413: "body_too_large",
-}
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")
 _KEY_MAX = 512
 
 
-class Refusal(Exception):
-    """A request refused at the edge: becomes an OpenAI-shaped error response."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        headers: Mapping[str, str] | None = None,
-        reason: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.headers = dict(headers or {})
-        self.reason = reason or _REASONS.get(status, type_)
-
-    def response(self) -> web.Response:
-        return json_error(self.status, self.message, self.type, self.headers)
+def refusal_response(r: Refusal) -> web.Response:
+    """``r`` as the HTTP response every surface answers it with."""
+    return web.Response(
+        body=r.body(), status=r.status, content_type="application/json", headers=r.headers
+    )
 
 
 def json_error(
@@ -198,7 +177,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except Refusal as exc:
-        resp = exc.response()
+        resp = refusal_response(exc)
         if exc.status in (408, 413):
             resp.force_close()  # the rest of the body is not worth reading
         return resp

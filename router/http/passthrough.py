@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 
 from router.decision.types import NodeView
-from router.http.edge import Refusal
+from router.flow.refusals import Refusal
 
 __all__ = ["NOT_ADMITTED", "PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
 
