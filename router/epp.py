@@ -42,8 +42,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
 from router.flow.flight import EPP
+from router.flow.headers import forwarded_peer
 from router.flow.refusals import Refusal
-from router.http.edge import forwarded_peer
 
 __all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
 

@@ -15,11 +15,9 @@ import math
 import os
 import socket
 import time
-from array import array
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from hashlib import blake2b
 from typing import Any, Literal, TypeVar
 
 import aiohttp
@@ -34,7 +32,7 @@ from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
-from admission.slo import Slo, slo_of
+from admission.slo import Slo
 from admission.storm import StormStore
 from router.control import ControlFollower
 from router.decision.calibrate import TokenCalibration
@@ -62,30 +60,27 @@ from router.decision.pipeline import (
     decide,
     no_node,
 )
-from router.decision.placement import FREE, Placement, placement_of
+from router.decision.placement import FREE, Placement
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.feed import FeedWatch
 from router.flow.flight import EPP, ROUTER, Flight, Flights
+from router.flow.headers import (
+    GATEWAY_KEY_HEADER,
+    bearer_key,
+    match_key,
+    mint_id,
+    trace_headers,
+)
+from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.flow.waiting import Held as QueueHeld
 from router.flow.waiting import RouterQueue, Waiting
-from router.http.edge import (
-    GATEWAY_KEY_HEADER,
-    bearer_key,
-    client_label,
-    error_middleware,
-    match_key,
-    mint_id,
-    path_guard,
-    read_body,
-    requested_priority,
-    trace_headers,
-)
+from router.http.edge import error_middleware, path_guard, read_body
 from router.http.passthrough import (
     NOT_ADMITTED,
     PASSTHROUGH_PATHS,
@@ -95,7 +90,7 @@ from router.http.passthrough import (
 )
 from router.http.proxy import forward
 from router.metrics import RouterMetrics
-from router.parse import ParsedRequest, parse_request
+from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
@@ -103,27 +98,11 @@ from streams.blocks import chain_hashes, chain_root
 from streams.kafka import KafkaBus
 from streams.replica import TableReplica
 from streams.schemas import Heartbeat
-from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 from streams.topics import LEDGER
 
 __all__ = ["RouterService"]
 
 log = logging.getLogger(__name__)
-
-
-def attempt_fingerprint(client: str, p: ParsedRequest) -> str:
-    """The same request from the same client: retries of one attempt share this."""
-    h = blake2b(f"{client}|{p.model}|{p.max_tokens}|{p.cache_salt or ''}|".encode(), digest_size=12)
-    h.update(array("I", p.tokens).tobytes())
-    return h.hexdigest()
-
-
-def client_identity(tenant: Tenant, anonymous: Tenant, peer: str | None) -> str:
-    """Who the retry-storm guard holds to account: the tenant of an API key, or an anonymous
-    client's network address (anonymous clients are not one identity)."""
-    if tenant.name != anonymous.name or not peer:
-        return tenant.name
-    return f"{tenant.name}@{peer}"
 
 
 def _queue_weight(slo: Slo | None) -> float:
@@ -172,15 +151,6 @@ _COUNTERS = (
 
 def _agent_counters(hb: Heartbeat | None) -> dict[str, int]:
     return {name: getattr(hb, name) if hb is not None else 0 for name in _COUNTERS}
-
-
-@dataclass(slots=True)
-class _Intake:
-    """What is known of a request so far (for the record of a refusal)."""
-
-    tenant: str = "unauthenticated"
-    client_request_id: str | None = None
-    parsed: ParsedRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +248,6 @@ class RouterService:
         self.reconciler: Reconciler | None = None
         self.hot = HotPrefixes() if settings.prewarm else None
         # loaded once: a bad tokenizer path fails at start, not on the first request
-        self._tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         key = settings.upstream_api_key
         # engines started with --api-key (vLLM) want it on every /v1 call
         self._upstream_auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
@@ -298,8 +267,10 @@ class RouterService:
         self.recorder = Recorder(
             settings, bus, self.router_id, self.policy, self.views, self.metrics
         )
+        self.reader = IntakeReader(
+            settings, self.gate, self.views, self.tokencheck, self.metrics, self.recorder
+        )
         self._prober: asyncio.Task[None] | None = None
-        self._zone = (settings.zone_label, settings.zone) if settings.zone else None
         self.rules = Rules(
             self.policy,
             self.fleet,
@@ -371,15 +342,7 @@ class RouterService:
 
     def _tenant(self, request: web.Request) -> Tenant:
         """The calling tenant, from its API key, before anything of the body is read."""
-        return self.tenant_of(request.headers)
-
-    def tenant_of(self, headers: Mapping[str, str]) -> Tenant:
-        """The tenant a request's headers authenticate (a 401 refusal when none)."""
-        tenant = self.gate.tenant(bearer_key(headers))
-        if isinstance(tenant, Rejection):
-            self.metrics.rejected(tenant.reason)
-            raise Refusal(401, tenant.message, "unauthorized")
-        return tenant
+        return self.reader.tenant(request.headers)
 
     def _gateway_caller(self, request: web.Request) -> str:
         """The gateway calling the gateway API, by its key (``X-Kvgate-Gateway-Key``)."""
@@ -512,21 +475,9 @@ class RouterService:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=True)
 
-    def _parse(self, raw: bytes, chat: bool) -> ParsedRequest:
-        return parse_request(raw, chat, self.settings.default_max_tokens, self._tokenization)
-
-    def _tokenization(self, model: str) -> Tokenization:
-        """The model's tokenizer when configured (engine-exact hashes) and not found to differ
-        from the engine's, else approximate."""
-        if model not in self._tokenizations:  # an adapter: its base model's tokenizer
-            model = self.views.adapter_base.get(model, model)
-        if model in self.tokencheck.approximate:
-            return APPROXIMATE
-        return self._tokenizations.get(model, APPROXIMATE)
-
     def _check_tokens(self, node: NodeView, p: ParsedRequest) -> None:
         """Now and then, the engine tokenizes the same request: do the token ids agree?"""
-        if not p.exact_tokens or p.model not in self._tokenizations or p.other_prompt_tokens:
+        if not p.exact_tokens or p.model not in self.reader.tokenizations or p.other_prompt_tokens:
             return  # (a batch: the engine's /tokenize takes one prompt)
         if not self.tokencheck.due(p.model):
             return
@@ -559,29 +510,10 @@ class RouterService:
                 p.model[:100],
             )
 
-    def _refuse(
-        self, reason: str, status: int, message: str, type_: str = "invalid_request_error"
-    ) -> Refusal:
-        """A refusal before admission, counted (its decision record names ``reason``)."""
-        self.metrics.rejected(reason)
-        return Refusal(status, message, type_, reason=reason)
-
     def _rejected(self, rej: Rejection) -> Refusal:
         """Admission's or routing's rejection, counted."""
         self.metrics.rejected(rej.reason)
         return Refusal.of(rej)
-
-    def _parse_or_400(self, raw: bytes, chat: bool) -> ParsedRequest:
-        try:
-            return self._parse(raw, chat)
-        except orjson.JSONDecodeError as exc:
-            raise self._refuse("bad_json", 400, f"invalid JSON: {exc}") from None
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "body"
-            raise self._refuse("bad_request", 400, f"{where}: {first['msg']}") from None
-        except ValueError as exc:
-            raise self._refuse("bad_request", 400, str(exc)) from None
 
     async def _intake(
         self, request: web.Request, chat: bool | None
@@ -607,65 +539,16 @@ class RouterService:
         """:meth:`_intake` of a request known by its headers and a reader of its body (what an
         Envoy external processor gets); ``peer``: the client's address, when known."""
         started = time.time()
-        request_id = mint_id()
-        who = _Intake()
+        i = await self.reader.read(headers, read, chat, peer, started)
+        t0 = time.perf_counter()
         try:
-            taken = await self._intake_checked(headers, read, chat, request_id, started, who, peer)
+            g = await self._gate(i)
         except Refusal as exc:
             self.recorder.refusal(
-                request_id, started, exc.reason, who.tenant, who.parsed, who.client_request_id
+                i.request_id, started, exc.reason, i.tenant.name, i.parsed, i.client_request_id
             )
             raise
-        return taken
-
-    async def _intake_checked(
-        self,
-        headers: Mapping[str, str],
-        read: Callable[[], Awaitable[bytes]],
-        chat: bool | None,
-        request_id: str,
-        started: float,
-        who: _Intake,
-        peer: str | None = None,
-    ) -> tuple[str, float, ParsedRequest, Gated, float]:
-        n = self.settings.client_id_max_len
-        client_id = client_label(headers, "X-Request-Id", n)
-        who.client_request_id = client_id
-        idempotency_key = client_label(headers, "Idempotency-Key", n)
-        tenant = self.tenant_of(headers)
-        who.tenant = tenant.name
-        priority = requested_priority(headers, self.settings.objective_priorities, tenant.priority)
-        if priority != tenant.priority:  # the request asked to be treated as less important
-            tenant = tenant.model_copy(update={"priority": priority})
-        try:
-            placement = placement_of(
-                headers,
-                tenant.require_labels,
-                tenant.prefer_labels,
-                self._zone,
-                self.settings.prefer_spill_kv_ratio,
-                self.settings.prefer_spill_queue,
-            )
-        except ValueError as exc:
-            raise self._refuse("bad_labels", 400, f"labels: {exc}") from None
-        try:
-            slo, tenant = slo_of(headers, tenant, self.gate.settings)
-        except ValueError as exc:
-            raise self._refuse("bad_slo_class", 400, str(exc)) from None
-        raw = await read()
-        if chat is None:
-            try:
-                chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise self._refuse("bad_json", 400, f"invalid JSON: {exc}") from None
-            except TypeError:  # a JSON value without keys
-                chat = False
-        p = self._parse_or_400(raw, chat)
-        who.parsed = p
-        t0 = time.perf_counter()
-        client = client_identity(tenant, self.gate.settings.anonymous, peer)
-        g = await self._gate(tenant, request_id, idempotency_key, p, placement, client, slo)
-        return request_id, started, p, replace(g, client_request_id=client_id), t0
+        return i.request_id, started, i.parsed, g, t0
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         with self.tracing.span("kvgate.request", {"http.route": request.path}, request.headers):
@@ -691,23 +574,16 @@ class RouterService:
             if g.verdict is not None and g.verdict.admitted:
                 await self.gate.release(request_id, time.time())
 
-    async def _gate(
-        self,
-        tenant: Tenant,
-        request_id: str,
-        idempotency_key: str | None,
-        p: ParsedRequest,
-        placement: Placement = FREE,
-        client: str | None = None,
-        slo: Slo | None = None,
-    ) -> Gated:
+    async def _gate(self, i: Intake) -> Gated:
         """Model, node health and admission for an authenticated, parsed request: what routing
         needs (admitted requests hold a reservation from here on); raises :class:`Refusal`."""
+        tenant, request_id, p, placement, slo = i.tenant, i.request_id, i.parsed, i.placement, i.slo
+        client, idempotency_key = i.client, i.idempotency_key
         now = time.time()
         all_nodes = self.views.nodes(now)
         if not any(n.serves(p.model) for n in all_nodes):
             missing = f"The model `{p.model[:200]}` does not exist."
-            raise self._refuse("unknown_model", 404, missing, "NotFoundError")
+            raise self.reader.refuse("unknown_model", 404, missing, "NotFoundError")
         nodes = self._candidates(all_nodes, p.model, now, placement)
         if isinstance(nodes, Rejection):
             raise self._rejected(nodes)
@@ -751,7 +627,16 @@ class RouterService:
             now = time.time()  # it waited: route on the cluster as it is now
             fresh = self._candidates(self.views.nodes(now), p.model, now, placement)
             nodes = fresh if isinstance(fresh, list) and fresh else nodes
-        return Gated(tenant, nodes, block_size, verdict, now, slo=slo, budget=(pool, budget_nodes))
+        return Gated(
+            tenant,
+            nodes,
+            block_size,
+            verdict,
+            now,
+            i.client_request_id,
+            slo,
+            (pool, budget_nodes),
+        )
 
     def _route_request(
         self, request_id: str, p: ParsedRequest, block_size: int, queue_weight: float = 1.0
@@ -1338,7 +1223,7 @@ class RouterService:
         raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         try:
             body = orjson.loads(raw)
-            p = self._parse(raw, chat=isinstance(body, dict) and "messages" in body)
+            p = self.reader.parse(raw, chat=isinstance(body, dict) and "messages" in body)
         except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
             raise Refusal(400, str(exc).splitlines()[0]) from None
         t0 = time.perf_counter()

@@ -16,13 +16,9 @@ only a recorded label.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import logging
 import re
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -30,27 +26,9 @@ from aiohttp import web
 from router.flow.refusals import Refusal
 from streams.openai import error_body
 
-__all__ = [
-    "GATEWAY_KEY_HEADER",
-    "Refusal",
-    "bearer_key",
-    "client_label",
-    "error_middleware",
-    "forwarded_peer",
-    "match_key",
-    "mint_id",
-    "path_guard",
-    "read_body",
-    "refusal_response",
-    "requested_priority",
-    "trace_headers",
-]
+__all__ = ["error_middleware", "path_guard", "read_body", "refusal_response"]
 
 log = logging.getLogger(__name__)
-
-GATEWAY_KEY_HEADER = "X-Kvgate-Gateway-Key"
-_PRINTABLE = re.compile(r"[\x21-\x7e]+")
-_KEY_MAX = 512
 
 
 def refusal_response(r: Refusal) -> web.Response:
@@ -69,53 +47,6 @@ def json_error(
         content_type="application/json",
         headers=headers,
     )
-
-
-def mint_id() -> str:
-    """A request / reservation id: 128 random bits, never chosen by a client."""
-    return secrets.token_hex(16)
-
-
-def client_label(headers: Mapping[str, str], name: str, max_len: int) -> str | None:
-    """A client-chosen identifier (``X-Request-Id``, ``Idempotency-Key``, …) as a label:
-    printable ASCII without spaces, at most ``max_len`` characters; absent → None.
-    Raises :class:`Refusal` (400) for anything else."""
-    value = headers.get(name)
-    if value is None:
-        return None
-    if not value or len(value) > max_len or not _PRINTABLE.fullmatch(value):
-        raise Refusal(
-            400, f"header {name} must be 1-{max_len} printable ASCII characters without spaces"
-        )
-    return value
-
-
-def bearer_key(headers: Mapping[str, str], name: str = "Authorization") -> str | None:
-    """The key of ``Authorization: Bearer <key>`` (or the whole value of another header);
-    None when absent. Raises :class:`Refusal` (400) for a malformed value."""
-    value = headers.get(name)
-    if value is None:
-        return None
-    if name.lower() == "authorization":
-        scheme, _, key = value.partition(" ")
-        if scheme.lower() != "bearer":
-            raise Refusal(401, "Authorization must be 'Bearer <key>'", "unauthorized")
-        value = key.strip()
-    if not value or len(value) > _KEY_MAX or not _PRINTABLE.fullmatch(value):
-        raise Refusal(401, f"malformed credential in {name}", "unauthorized")
-    return value
-
-
-def match_key(keys: Mapping[str, Any], key: str | None) -> Any | None:
-    """The value ``keys`` maps ``key`` to, compared in constant time over every known key."""
-    if key is None:
-        return None
-    found = None
-    given = key.encode()
-    for known, value in keys.items():
-        if hmac.compare_digest(known.encode(), given):
-            found = value
-    return found
 
 
 async def read_body(request: web.Request, max_bytes: int, timeout_s: float) -> bytes:
@@ -193,64 +124,3 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
         return json_error(500, "internal error in the router", "internal_error")
-
-
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
-_TRACESTATE_MAX = 512
-
-
-def trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """W3C trace context to forward to the engine: ``traceparent`` when well formed (version
-    ``ff`` and all-zero ids are invalid), with its ``tracestate`` when that is printable ASCII of
-    at most 512 characters; anything else is dropped, never forwarded."""
-    parent = headers.get("traceparent", "").strip().lower()
-    if not _TRACEPARENT.match(parent):
-        return {}
-    version, trace_id, span_id, _ = parent.split("-")
-    if version == "ff" or set(trace_id) == {"0"} or set(span_id) == {"0"}:
-        return {}
-    out = {"traceparent": parent}
-    state = headers.get("tracestate", "")
-    if state and len(state) <= _TRACESTATE_MAX and state.isascii() and state.isprintable():
-        out["tracestate"] = state
-    return out
-
-
-# the Gateway API Inference Extension's criticality names, and kvgate's own priority names
-_CRITICALITY = {
-    "critical": "high",
-    "standard": "normal",
-    "sheddable": "low",
-    "high": "high",
-    "normal": "normal",
-    "low": "low",
-}
-_PRIORITY_ORDER = ("high", "normal", "low")
-
-
-def forwarded_peer(headers: Mapping[str, str]) -> str | None:
-    """The client address a gateway in front appended last to ``X-Forwarded-For`` (Envoy does,
-    and only the gateway reaches the external processor), if it is an IP address."""
-    last = headers.get("x-forwarded-for", "").rsplit(",", 1)[-1].strip()[:64]
-    try:
-        return str(ipaddress.ip_address(last))
-    except ValueError:
-        return None
-
-
-def requested_priority(
-    headers: Mapping[str, str], objectives: Mapping[str, str], granted: str
-) -> str:
-    """The priority a request runs at: its tenant's (``granted``), or a lower one it asks for —
-    by InferenceObjective name (``x-gateway-inference-objective``, mapped by ``objectives``) or
-    by criticality (``x-gateway-criticality``: Critical / Standard / Sheddable, or kvgate's
-    high / normal / low). A header never raises a request above its credential."""
-    asked: str | None = None
-    objective = headers.get("x-gateway-inference-objective", "").strip()
-    if objective:
-        asked = objectives.get(objective[:253])
-    if asked is None:
-        asked = _CRITICALITY.get(headers.get("x-gateway-criticality", "").strip().lower())
-    if asked is None or _PRIORITY_ORDER.index(asked) <= _PRIORITY_ORDER.index(granted):
-        return granted
-    return asked

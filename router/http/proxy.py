@@ -27,8 +27,8 @@ import orjson
 from aiohttp import web
 
 from router.decision.types import NodeView
+from router.flow.headers import trace_headers
 from router.flow.served import Served
-from router.http.edge import trace_headers
 from router.parse import ParsedRequest
 from streams.openai import error_body
 

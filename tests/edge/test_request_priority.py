@@ -3,7 +3,7 @@ InferenceObjective name mapped by the router), never raise it above its credenti
 
 from __future__ import annotations
 
-from router.http.edge import requested_priority
+from router.flow.headers import requested_priority
 from tests.edgekit import bearer, completion, edge
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from router.http.edge import trace_headers
+from router.flow.headers import trace_headers
 from tests.edgekit import _serve, bearer, completion, edge
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -9,8 +9,8 @@ import asyncio
 from admission.core import Rejection, RejectReason
 from admission.settings import Tenant
 from admission.storm import InProcessStormStore, StormGuard
-from router.http.edge import forwarded_peer
-from router.service import client_identity
+from router.flow.headers import forwarded_peer
+from router.flow.intake import client_identity
 
 ANON = Tenant(name="anonymous")
 

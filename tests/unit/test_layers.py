@@ -3,7 +3,8 @@
 1. ``router.decision`` is pure and synchronous: the standard library, pydantic, the settings and
    the pure parts of ``admission`` and ``streams`` — never asyncio, a transport, a broker or a
    store client, and nothing of the router's flow or HTTP layers.
-2. ``router.flow`` is async and transport-free: never aiohttp or gRPC.
+2. ``router.flow`` is async and transport-free: never aiohttp or gRPC, nor the router's HTTP
+   surfaces, its endpoint picker or its service.
 3. ``analytics`` takes from the router only the decision core and its settings: the simulator
    and the tools run the live router's decisions, not a copy of its service.
 4. ``router`` never imports ``deploy`` (the launchers and the CLI sit above it).
@@ -37,7 +38,7 @@ DECISION_MAY = (
     "streams.tokenization",
 )
 OWN = ("router", "admission", "streams", "agents", "analytics", "deploy")
-TRANSPORTS = ("aiohttp", "grpc")
+TRANSPORTS = ("aiohttp", "grpc", "router.http", "router.epp", "router.service")
 ANALYTICS_MAY = ("router.decision", "router.settings")
 
 # (importing module, imported module): today's exceptions, removed as the moves land

@@ -1,0 +1,204 @@
+"""Intake: a request's headers and body → an :class:`Intake`, or a :class:`Refusal`.
+
+Identical for every surface: the proxy reads a body from its HTTP request, the endpoint picker
+hands the one Envoy streamed. In order, before anything is reserved: client labels
+(``X-Request-Id``, ``Idempotency-Key``), the tenant's key (before a byte of the body is read),
+the priority a request may lower itself to, placement labels, the SLO class; then the body is
+read (bounded by its reader), parsed and tokenized. The request id is minted here: nothing a
+client chose names state. A refusal is recorded as a decision (rate-limited) and counted.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from hashlib import blake2b
+
+import orjson
+from pydantic import ValidationError
+
+from admission.core import Rejection
+from admission.gate import AdmissionGate
+from admission.settings import Tenant
+from admission.slo import Slo, slo_of
+from router.decision.placement import Placement, placement_of
+from router.flow.headers import bearer_key, client_label, mint_id, requested_priority
+from router.flow.recorder import Recorder
+from router.flow.refusals import Refusal
+from router.flow.views import ClusterView
+from router.metrics import RouterMetrics
+from router.parse import ParsedRequest, parse_request
+from router.settings import RouterSettings
+from router.tokencheck import TokenCheck
+from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
+
+__all__ = ["Intake", "IntakeReader", "attempt_fingerprint", "client_identity"]
+
+
+def attempt_fingerprint(client: str, p: ParsedRequest) -> str:
+    """The same request from the same client: retries of one attempt share this."""
+    h = blake2b(f"{client}|{p.model}|{p.max_tokens}|{p.cache_salt or ''}|".encode(), digest_size=12)
+    h.update(array("I", p.tokens).tobytes())
+    return h.hexdigest()
+
+
+def client_identity(tenant: Tenant, anonymous: Tenant, peer: str | None) -> str:
+    """Who the retry-storm guard holds to account: the tenant of an API key, or an anonymous
+    client's network address (anonymous clients are not one identity)."""
+    if tenant.name != anonymous.name or not peer:
+        return tenant.name
+    return f"{tenant.name}@{peer}"
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """A request past intake: authenticated, read, parsed; nothing reserved yet."""
+
+    request_id: str  # minted here
+    started: float
+    tenant: Tenant  # at the priority the request runs at
+    client: str  # who the retry guard holds to account
+    idempotency_key: str | None
+    client_request_id: str | None  # the client's X-Request-Id: a label, never a key
+    placement: Placement
+    slo: Slo | None
+    parsed: ParsedRequest
+
+
+@dataclass(slots=True)
+class _Known:
+    """What is known of a request so far (for the record of a refusal)."""
+
+    tenant: str = "unauthenticated"
+    client_request_id: str | None = None
+    parsed: ParsedRequest | None = None
+
+
+class IntakeReader:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        gate: AdmissionGate,
+        views: ClusterView,
+        tokencheck: TokenCheck,
+        metrics: RouterMetrics,
+        recorder: Recorder,
+    ) -> None:
+        self.settings = settings
+        self.gate = gate
+        self.views = views
+        self.tokencheck = tokencheck
+        self.metrics = metrics
+        self.recorder = recorder
+        # loaded once: a bad tokenizer path fails at start, not on the first request
+        self.tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
+        self._zone = (settings.zone_label, settings.zone) if settings.zone else None
+
+    def tenant(self, headers: Mapping[str, str]) -> Tenant:
+        """The tenant a request's headers authenticate (a 401 refusal when none)."""
+        tenant = self.gate.tenant(bearer_key(headers))
+        if isinstance(tenant, Rejection):
+            self.metrics.rejected(tenant.reason)
+            raise Refusal(401, tenant.message, "unauthorized")
+        return tenant
+
+    def refuse(
+        self, reason: str, status: int, message: str, type_: str = "invalid_request_error"
+    ) -> Refusal:
+        """A refusal before admission, counted (its decision record names ``reason``)."""
+        self.metrics.rejected(reason)
+        return Refusal(status, message, type_, reason=reason)
+
+    def tokenization(self, model: str) -> Tokenization:
+        """The model's tokenizer when configured (engine-exact hashes) and not found to differ
+        from the engine's, else approximate."""
+        if model not in self.tokenizations:  # an adapter: its base model's tokenizer
+            model = self.views.adapter_base.get(model, model)
+        if model in self.tokencheck.approximate:
+            return APPROXIMATE
+        return self.tokenizations.get(model, APPROXIMATE)
+
+    def parse(self, raw: bytes, chat: bool) -> ParsedRequest:
+        """``raw`` as a completion (``chat`` False) or chat request; a 400 naming what is
+        wrong."""
+        try:
+            return parse_request(raw, chat, self.settings.default_max_tokens, self.tokenization)
+        except orjson.JSONDecodeError as exc:
+            raise self.refuse("bad_json", 400, f"invalid JSON: {exc}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "body"
+            raise self.refuse("bad_request", 400, f"{where}: {first['msg']}") from None
+        except ValueError as exc:
+            raise self.refuse("bad_request", 400, str(exc)) from None
+
+    async def read(
+        self,
+        headers: Mapping[str, str],
+        body: Callable[[], Awaitable[bytes]],
+        chat: bool | None,
+        peer: str | None,
+        started: float,
+    ) -> Intake:
+        """The request of ``headers`` and ``body`` (``chat`` None: chat when the body has
+        ``messages``; ``peer``: the client's address, when known)."""
+        request_id = mint_id()
+        known = _Known()
+        try:
+            return await self._read(headers, body, chat, peer, started, request_id, known)
+        except Refusal as exc:
+            self.recorder.refusal(
+                request_id, started, exc.reason, known.tenant, known.parsed, known.client_request_id
+            )
+            raise
+
+    async def _read(
+        self,
+        headers: Mapping[str, str],
+        body: Callable[[], Awaitable[bytes]],
+        chat: bool | None,
+        peer: str | None,
+        started: float,
+        request_id: str,
+        known: _Known,
+    ) -> Intake:
+        n = self.settings.client_id_max_len
+        client_id = client_label(headers, "X-Request-Id", n)
+        known.client_request_id = client_id
+        idempotency_key = client_label(headers, "Idempotency-Key", n)
+        tenant = self.tenant(headers)
+        known.tenant = tenant.name
+        priority = requested_priority(headers, self.settings.objective_priorities, tenant.priority)
+        if priority != tenant.priority:  # the request asked to be treated as less important
+            tenant = tenant.model_copy(update={"priority": priority})
+        s = self.settings
+        try:
+            placement = placement_of(
+                headers,
+                tenant.require_labels,
+                tenant.prefer_labels,
+                self._zone,
+                s.prefer_spill_kv_ratio,
+                s.prefer_spill_queue,
+            )
+        except ValueError as exc:
+            raise self.refuse("bad_labels", 400, f"labels: {exc}") from None
+        try:
+            slo, tenant = slo_of(headers, tenant, self.gate.settings)
+        except ValueError as exc:
+            raise self.refuse("bad_slo_class", 400, str(exc)) from None
+        raw = await body()
+        if chat is None:
+            try:
+                chat = b'"messages"' in raw and "messages" in orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise self.refuse("bad_json", 400, f"invalid JSON: {exc}") from None
+            except TypeError:  # a JSON value without keys
+                chat = False
+        p = self.parse(raw, chat)
+        known.parsed = p
+        client = client_identity(tenant, self.gate.settings.anonymous, peer)
+        return Intake(
+            request_id, started, tenant, client, idempotency_key, client_id, placement, slo, p
+        )
