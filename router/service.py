@@ -16,8 +16,8 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 import aiohttp
@@ -25,18 +25,16 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
 from admission.queue import ORDER as PRIORITIES
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
-from admission.slo import Slo
 from admission.storm import StormStore
 from router.control import ControlFollower
 from router.decision.calibrate import TokenCalibration
-from router.decision.candidates import budget, budget_totals, candidates
+from router.decision.candidates import budget_totals
 from router.decision.disagg import decode_body, prefill_body, valid_transfer_params
 from router.decision.fit import (
     node_admissible_blocks,
@@ -48,23 +46,16 @@ from router.decision.inflight import InflightLedger
 from router.decision.lanes import Lanes
 from router.decision.outlier import Failure
 from router.decision.pipeline import (
-    Ask,
-    Decision,
-    Held,
-    Mode,
     Refused,
     Routed,
     Rules,
     Snapshot,
-    commit,
-    decide,
-    no_node,
 )
-from router.decision.placement import FREE, Placement
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
 from router.feed import FeedWatch
+from router.flow.director import Director, Gated
 from router.flow.flight import EPP, ROUTER, Flight, Flights
 from router.flow.headers import (
     GATEWAY_KEY_HEADER,
@@ -73,13 +64,12 @@ from router.flow.headers import (
     mint_id,
     trace_headers,
 )
-from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
+from router.flow.intake import IntakeReader
 from router.flow.recorder import Recorder
-from router.flow.refusals import Refusal, rejection_status
+from router.flow.refusals import Refusal
 from router.flow.served import Served
 from router.flow.views import ClusterView
-from router.flow.waiting import Held as QueueHeld
-from router.flow.waiting import RouterQueue, Waiting
+from router.flow.waiting import RouterQueue
 from router.http.edge import error_middleware, path_guard, read_body
 from router.http.passthrough import (
     NOT_ADMITTED,
@@ -94,7 +84,6 @@ from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck, engine_tokens, first_difference
 from router.tracing import Tracing
-from streams.blocks import chain_hashes, chain_root
 from streams.kafka import KafkaBus
 from streams.replica import TableReplica
 from streams.schemas import Heartbeat
@@ -103,10 +92,6 @@ from streams.topics import LEDGER
 __all__ = ["RouterService"]
 
 log = logging.getLogger(__name__)
-
-
-def _queue_weight(slo: Slo | None) -> float:
-    return slo[1].queue_weight if slo is not None else 1.0
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -151,20 +136,6 @@ _COUNTERS = (
 
 def _agent_counters(hb: Heartbeat | None) -> dict[str, int]:
     return {name: getattr(hb, name) if hb is not None else 0 for name in _COUNTERS}
-
-
-@dataclass(frozen=True, slots=True)
-class Gated:
-    """A request past tenant, model, node-health and admission checks: what routing needs."""
-
-    tenant: Tenant
-    nodes: list[NodeView]
-    block_size: int
-    verdict: Verdict | None  # None: admission is off
-    now: float
-    client_request_id: str | None = None  # the client's X-Request-Id: a label, never a key
-    slo: Slo | None = None  # its SLO class (admission/slo.py)
-    budget: tuple[str, list[int]] = ("", [])  # its admission budget: name, nodes' KV blocks
 
 
 class GatewayRelease(BaseModel):
@@ -271,7 +242,7 @@ class RouterService:
             settings, self.gate, self.views, self.tokencheck, self.metrics, self.recorder
         )
         self._prober: asyncio.Task[None] | None = None
-        self.rules = Rules(
+        rules = Rules(
             self.policy,
             self.fleet,
             self.gate.settings,
@@ -281,6 +252,18 @@ class RouterService:
             disaggregation=settings.disaggregation,
             kv_bytes_per_token=settings.kv_bytes_per_token,
             kv_link_gbps=settings.kv_link_gbps,
+        )
+        self.director = Director(
+            settings,
+            self.gate,
+            self.views,
+            rules,
+            self.ledger,
+            self.queue,
+            self.metrics,
+            self.recorder,
+            self.reader,
+            self.calibration,
         )
 
     def app(self) -> web.Application:
@@ -453,21 +436,6 @@ class RouterService:
         await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     # --- snapshot ------------------------------------------------------------------------
-    def _candidates(
-        self, all_nodes: list[NodeView], model: str, now: float, placement: Placement = FREE
-    ) -> list[NodeView] | Rejection:
-        """The request's candidates (router/decision/candidates.py), or why there are none."""
-        adm = self.gate.settings
-        return candidates(
-            all_nodes,
-            model,
-            now,
-            self.settings.max_queue,
-            adm.min_healthy_share,
-            adm.min_retry_after_s,
-            placement,
-        )
-
     # --- endpoints -----------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)
@@ -510,11 +478,6 @@ class RouterService:
                 p.model[:100],
             )
 
-    def _rejected(self, rej: Rejection) -> Refusal:
-        """Admission's or routing's rejection, counted."""
-        self.metrics.rejected(rej.reason)
-        return Refusal.of(rej)
-
     async def _intake(
         self, request: web.Request, chat: bool | None
     ) -> tuple[str, float, ParsedRequest, Gated, float]:
@@ -542,7 +505,7 @@ class RouterService:
         i = await self.reader.read(headers, read, chat, peer, started)
         t0 = time.perf_counter()
         try:
-            g = await self._gate(i)
+            g = await self.director.admit(i)
         except Refusal as exc:
             self.recorder.refusal(
                 i.request_id, started, exc.reason, i.tenant.name, i.parsed, i.client_request_id
@@ -574,255 +537,6 @@ class RouterService:
             if g.verdict is not None and g.verdict.admitted:
                 await self.gate.release(request_id, time.time())
 
-    async def _gate(self, i: Intake) -> Gated:
-        """Model, node health and admission for an authenticated, parsed request: what routing
-        needs (admitted requests hold a reservation from here on); raises :class:`Refusal`."""
-        tenant, request_id, p, placement, slo = i.tenant, i.request_id, i.parsed, i.placement, i.slo
-        client, idempotency_key = i.client, i.idempotency_key
-        now = time.time()
-        all_nodes = self.views.nodes(now)
-        if not any(n.serves(p.model) for n in all_nodes):
-            missing = f"The model `{p.model[:200]}` does not exist."
-            raise self.reader.refuse("unknown_model", 404, missing, "NotFoundError")
-        nodes = self._candidates(all_nodes, p.model, now, placement)
-        if isinstance(nodes, Rejection):
-            raise self._rejected(nodes)
-        block_size = nodes[0].block_size if nodes else self.settings.block_size
-        pool, budget_nodes = budget(
-            all_nodes, nodes, p.model, now, self.views.adapter_base, not placement.free
-        )
-        verdict = None
-        if self.gate.settings.enabled:
-            # retries of one attempt: the client's Idempotency-Key, within its tenant (or its
-            # address, anonymous) only
-            client = client or tenant.name
-            attempt = (
-                f"{client}|{idempotency_key}"
-                if idempotency_key is not None
-                else attempt_fingerprint(client, p)
-            )
-            verdict = await self.gate.screen_and_admit(
-                request_id,
-                tenant,
-                attempt,
-                client,
-                # approximate tokens: scaled to what the engine counts
-                # (router/decision/calibrate.py)
-                p.prompt_tokens_total
-                if p.exact_tokens
-                else self.calibration.prompt_tokens(p.model, p.prompt_tokens_total),
-                p.max_tokens,
-                block_size,
-                pool,
-                budget_nodes,
-                now,
-                p.model,
-                OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
-                slo[1].ttft_s if slo is not None else None,
-            )
-            rejection = verdict.rejection
-            if rejection is not None and rejection.reason != RejectReason.RETRY_STORM:
-                await self.gate.refused(attempt, rejection, now, client, tenant)
-        if verdict is not None and verdict.admitted and verdict.queue_wait_s:
-            now = time.time()  # it waited: route on the cluster as it is now
-            fresh = self._candidates(self.views.nodes(now), p.model, now, placement)
-            nodes = fresh if isinstance(fresh, list) and fresh else nodes
-        return Gated(
-            tenant,
-            nodes,
-            block_size,
-            verdict,
-            now,
-            i.client_request_id,
-            slo,
-            (pool, budget_nodes),
-        )
-
-    def _route_request(
-        self, request_id: str, p: ParsedRequest, block_size: int, queue_weight: float = 1.0
-    ) -> RouteRequest:
-        """What routing knows of ``p``: its prompt's chained block hashes (salted by its
-        ``cache_salt`` and LoRA adapter), its sizes and its session."""
-        adapter = p.model if p.model in self.views.adapter_base else None
-        hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
-        return RouteRequest(
-            request_id,
-            p.model,
-            hashes,
-            p.prompt_tokens_total,
-            p.max_tokens,
-            p.session_id,
-            queue_weight,
-        )
-
-    def _ask(self, request_id: str, p: ParsedRequest, g: Gated, started: float, mode: Mode) -> Ask:
-        rreq = self._route_request(request_id, p, g.block_size, _queue_weight(g.slo))
-        adapter = p.model in self.views.adapter_base
-        return Ask(
-            rreq,
-            self._expected_output(p, g.tenant.name),
-            started,
-            g.slo,
-            hold_slo=g.verdict is not None and g.verdict.admitted,
-            mode=mode,
-            # salted prefixes are one tenant's, an adapter's only where it is loaded: no
-            # pre-warming other engines with them
-            prewarm=not (p.cache_salt or adapter),
-        )
-
-    def _snapshot(
-        self, ask: Ask, nodes: Sequence[NodeView], block_size: int, now: float
-    ) -> Snapshot:
-        """The cluster as this router sees it now, for ``ask`` among ``nodes``."""
-        load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
-        matches = {} if load_only else self.views.matches(ask.request.block_hashes, now)
-        return Snapshot(
-            nodes, matches, now, block_size, load_only, self.views.fit_floor, self.views.roles
-        )
-
-    def _again(self, ask: Ask, g: Gated) -> Snapshot:
-        """A waiting request's snapshot on the cluster as it is now: its candidates that are
-        still eligible, else the ones it had."""
-        now = time.time()
-        ids = {n.node_id for n in g.nodes}
-        fresh = [
-            n for n in eligible(self.views.nodes(now), ask.request.model, now) if n.node_id in ids
-        ]
-        return self._snapshot(ask, fresh or g.nodes, g.block_size, now)
-
-    def _commit(self, ask: Ask, snap: Snapshot, routed: Routed, p: ParsedRequest) -> None:
-        """``routed`` is sent: the router's state learns from it (router/decision/pipeline.py),
-        and pre-warm advice leaves when its prefix is hot."""
-        advice = commit(ask, snap, routed, self.rules, self.ledger)
-        if routed.canary is not None:
-            self.metrics.canary_routed.labels(routed.canary).inc()
-        if advice is not None:
-            self.recorder.advise(advice, p, snap.block_size, snap.now)
-
-    async def _decide_and_record(
-        self,
-        request_id: str,
-        p: ParsedRequest,
-        g: Gated,
-        started: float,
-        t0: float,
-        mode: Mode = "proxy",
-    ) -> tuple[Ask, RouteDecision, NodeView]:
-        """Route (router/decision/pipeline.py: waiting in the router while it says so),
-        record the decision, and either refuse (a response) or name the node; the request
-        then counts in this router's in-flight ledger until ``ledger.finish``."""
-        tenant, block_size, verdict = g.tenant, g.block_size, g.verdict
-        ask = self._ask(request_id, p, g, started, mode)
-        waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
-        got: Routed | Refused | None = None
-        if verdict is not None and not verdict.admitted:
-            decision = RouteDecision(None, "admission_rejected", ())
-        else:
-            snap = self._snapshot(ask, g.nodes, block_size, g.now)
-            start = time.time()
-            first = decide(ask, snap, self.rules)
-            got, snap, committed = await self._waited(ask, g, first, snap, p)
-            waited += time.time() - start if got is not None else 0.0
-            decision = got.decision
-            if isinstance(got, Refused) and decision.reason == "deadline":
-                self.metrics.slo.labels(g.slo[0] if g.slo else "", "refused").inc()
-                verdict = Verdict(False, verdict.kv_blocks if verdict else 0, 1.0, got.rejection)
-            elif isinstance(got, Routed) and not committed:
-                self._commit(ask, snap, got, p)
-        decision_us = max(0.0, (time.perf_counter() - t0 - waited) * 1e6)  # without the queue
-        self.metrics.decided(decision.reason, decision_us)
-        if waited:
-            self.metrics.queue_wait.labels(tenant.priority).observe(waited)
-        # the record is built on the loop's next turn, once this task has sent the request
-        # upstream: it never delays the first token (the outbox keeps the order it is handed)
-        asyncio.get_running_loop().call_soon(
-            self.recorder.decision,
-            ask.request,
-            p,
-            decision,
-            decision_us,
-            started,
-            block_size,
-            tenant,
-            verdict,
-            g.client_request_id,
-        )
-        rej = verdict.rejection if verdict is not None else None
-        if rej is None and isinstance(got, Refused):
-            rej = got.rejection
-        if rej is not None or decision.chosen is None:
-            rej = rej or no_node(decision.reason, ask.request.prompt_tokens, self.gate.settings)
-            if verdict is not None and verdict.rejection is not None:
-                self.metrics.rejected(rej.reason)
-            error = rej.message if verdict is not None and verdict.rejection else decision.reason
-            relay = Served(status="rejected", http_status=rejection_status(rej), error=error)
-            await self.recorder.outcome(request_id, None, relay, p, started)
-            raise Refusal.of(rej)
-        node = next(n for n in g.nodes if n.node_id == decision.chosen)
-        self._check_tokens(node, p)
-        return ask, decision, node
-
-    async def _waited(
-        self, ask: Ask, g: Gated, got: Decision, snap: Snapshot, p: ParsedRequest
-    ) -> tuple[Routed | Refused, Snapshot, bool]:
-        """``got``, once the request has waited as long as the pipeline holds it: for its SLO
-        class (polled), then in the router's queue (the lane rules). Returns the decision it
-        leaves with, the snapshot it was made on, and whether it is committed already (the
-        router's queue commits a request the moment its turn routes it)."""
-        if isinstance(got, Held) and got.why == "slo":
-            self.metrics.held.inc()
-            self.metrics.holds.inc()
-            try:
-                while isinstance(got, Held) and got.why == "slo":
-                    await asyncio.sleep(self.settings.hold_poll_s)
-                    snap = self._again(ask, g)
-                    got = decide(ask, snap, self.rules)
-            finally:
-                self.metrics.held.dec()
-        if not isinstance(got, Held):
-            return got, snap, False
-        if self.queue.full:
-            return got.now, snap, False
-        return await self._queued(ask, g, got, p)
-
-    async def _queued(
-        self, ask: Ask, g: Gated, got: Held, p: ParsedRequest
-    ) -> tuple[Routed | Refused, Snapshot, bool]:
-        """The lane rules' queue (router/decision/lanes.py): the request waits in the router's
-        queue, short requests first, decided again when its turn comes — and committed at once
-        when it is routed, so that the next request of the round sees it on its node — at most
-        ``lanes.hold_max_s`` (or half its lease) since it arrived; then the pipeline sends it to
-        its best node whatever the lane rules say."""
-        lanes = self.lanes
-        facts = got.now.facts if isinstance(got.now, Routed) else None
-        long = facts.long if facts is not None else False
-
-        def turn() -> tuple[Routed | Refused, Snapshot] | QueueHeld:
-            again = self._again(ask, g)
-            d = decide(ask, again, self.rules)
-            if isinstance(d, Held):
-                return QueueHeld(d.blocker)
-            if isinstance(d, Routed):
-                self._commit(ask, again, d, p)
-            return d, again
-
-        limit = min(lanes.s.hold_max_s, self.gate.settings.lease_s / 2)
-        limit -= time.time() - ask.arrived_s
-        self.metrics.lane_held.inc()
-        self.metrics.lane_holds.labels("long" if long else "short").inc()
-        try:
-            routed = await self.queue.wait(
-                lanes.key(ask.arrived_s, long), long, Waiting(turn), max(0.0, limit), got.blocker
-            )
-        finally:
-            self.metrics.lane_held.dec()
-        if routed is not None:
-            return routed[0], routed[1], isinstance(routed[0], Routed)
-        # waited long enough: its best node, whatever the lane rules
-        again = self._again(ask, g)
-        d = decide(ask, again, self.rules)
-        return (d.now if isinstance(d, Held) else d), again, False
-
     async def _admitted(
         self,
         request: web.Request,
@@ -834,13 +548,14 @@ class RouterService:
     ) -> web.StreamResponse:
         tenant = g.tenant
         with self.tracing.span("kvgate.route", {"kvgate.request_id": request_id}) as span:
-            routed = await self._decide_and_record(request_id, p, g, started, t0)
+            routed = await self.director.route(request_id, p, g, started, t0)
             if span is not None:
                 span.set_attribute("kvgate.node", routed[2].node_id)
                 span.set_attribute("kvgate.reason", routed[1].reason)
                 span.set_attribute("kvgate.prompt_blocks", len(routed[0].request.block_hashes))
         ask, decision, node = routed
         rreq = ask.request
+        self._check_tokens(node, p)
         flight = self.flights.get(request_id)
         if flight is not None:
             flight.node, flight.hashes = node.node_id, rreq.block_hashes
@@ -877,7 +592,7 @@ class RouterService:
                     if span is not None:
                         span.set_attribute("http.response.status_code", relay.http_status)
                         span.set_attribute("kvgate.output_tokens", relay.output_tokens)
-                self._observe(target.node_id, relay.failure, relay.status == "cancelled")
+                self.director.observe(target.node_id, relay.failure, relay.status == "cancelled")
                 if self.feed.state != "live" and relay.http_status == 502 and not resp.prepared:
                     self.feed.down.add(target.node_id)  # until it answers a probe again
                 if reroutes or not _reroutable(resp, relay):
@@ -885,7 +600,7 @@ class RouterService:
                 # the node could not take it (no room for its KV, or gone) before anything
                 # reached the client: once, to the best other node; the reservation is for the
                 # cluster's budget, so it stays with the request
-                again = self._reroute(ask, g, node.node_id, p)
+                again = self.director.reroute(ask, g, node.node_id, p)
                 if again is None:
                     return resp
                 log.warning(
@@ -913,42 +628,6 @@ class RouterService:
             await self.recorder.outcome(
                 request_id, node.node_id, relay, p, started, reroutes, g.slo
             )
-
-    def _reroute(self, ask: Ask, g: Gated, failed: str, p: ParsedRequest) -> NodeView | None:
-        """The request's node failed it before any byte reached the client: the best other
-        candidate, through the same pipeline (fit, roles, fleet, a degraded feed's fallback) on
-        the cluster as it is now, sent whole (no P/D split, no waiting: ``gateway`` mode);
-        None when no other node may take it. The new decision is recorded and committed."""
-        snap = self._again(ask, g)
-        others = [n for n in snap.nodes if n.node_id != failed]
-        if not others:
-            return None
-        snap = replace(snap, nodes=others)
-        again = replace(ask, mode="gateway")
-        got = decide(again, snap, self.rules)
-        if not isinstance(got, Routed):
-            return None
-        self._commit(again, snap, got, p)
-        self.metrics.reroutes.inc()
-        d = got.decision
-        self.recorder.decision(
-            ask.request,
-            p,
-            replace(d, reason=f"reroute/{d.reason}"),
-            0.0,
-            ask.arrived_s,
-            g.block_size,
-            g.tenant,
-            g.verdict,
-            g.client_request_id,
-            decision_seq=1,
-        )
-        return next((n for n in g.nodes if n.node_id == d.chosen), None)
-
-    def _expected_output(self, p: ParsedRequest, tenant: str) -> int:
-        """The output ``p`` is expected to produce: ``max_tokens`` capped by what the tenant's
-        answers from this model have been (admission/estimate.py, learned from outcomes)."""
-        return self.gate.estimator.expected(tenant, p.model, p.max_tokens, p.max_tokens)
 
     async def _prefill_leg(
         self, request_id: str, p: ParsedRequest, g: Gated, prefill: str, rreq: RouteRequest
@@ -1008,7 +687,7 @@ class RouterService:
             self.ledger.finish(key)
             if extra:
                 await self.gate.release(key, time.time())
-        self._observe(prefill, failure)
+        self.director.observe(prefill, failure)
         if params is None:
             log.warning(
                 "%s: prefill on %s gave no KV to transfer; decoding node computes it",
@@ -1019,23 +698,6 @@ class RouterService:
             return p
         self.metrics.disaggregated.labels("ok").inc()
         return replace(p, body=decode_body(p.body, params))
-
-    def _observe(self, node: str, failure: Failure | None, cancelled: bool = False) -> None:
-        """An engine's answer to a request (outlier ejection): ``failure`` None is a success;
-        a request the client gave up says nothing about the engine."""
-        if cancelled and failure is None:
-            return
-        cause = self.fleet.detector.observe(node, failure, time.time(), len(self.replica.load))
-        if cause is not None:
-            self.metrics.ejections.labels(cause.removeprefix("probe_")).inc()
-            h = self.fleet.detector.nodes[node]
-            log.warning(
-                "node %s ejected (%s) for %.0f s (ejection %d)",
-                node,
-                cause,
-                (h.ejected_until or 0.0) - time.time(),
-                h.ejections,
-            )
 
     def _first_token(self, request_id: str, node: str, rreq: RouteRequest, stream: bool) -> None:
         # a non-streamed answer's "first token" is its end: no sample of the prefill rate
@@ -1088,13 +750,14 @@ class RouterService:
         try:
             # a gateway sends the request to one endpoint itself and waits for the answer: no
             # two-leg disaggregated flow, no waiting in this router (the pipeline's gateway mode)
-            routed = await self._decide_and_record(request_id, p, g, started, t0, "gateway")
+            routed = await self.director.route(request_id, p, g, started, t0, "gateway")
         except BaseException:
             if admitted:
                 await self.gate.release(request_id, time.time())
             raise
         ask, decision, node = routed
         rreq = ask.request
+        self._check_tokens(node, p)
         held = self.gate.held.get(request_id)
         if gateway == EPP:  # renewed by this router while the stream is open, at most this long
             until = started + self.settings.max_stream_s
@@ -1163,7 +826,7 @@ class RouterService:
         now = time.time()
         p, node = f.parsed, f.node
         if not expired:
-            self._observe(node, "5xx" if status == "error" else None, status == "cancelled")
+            self.director.observe(node, "5xx" if status == "error" else None, status == "cancelled")
         await self.gate.release(rid, now)
         if ttft is not None:
             self.ledger.first_token(rid, f.started + ttft, learn=p.stream)
@@ -1228,15 +891,7 @@ class RouterService:
             raise Refusal(400, str(exc).splitlines()[0]) from None
         t0 = time.perf_counter()
         now = time.time()
-        all_nodes = self.views.nodes(now)
-        if not any(n.serves(p.model) for n in all_nodes):
-            raise Refusal(404, f"The model `{p.model[:200]}` does not exist.", "NotFoundError")
-        nodes = eligible(all_nodes, p.model, now)
-        block_size = nodes[0].block_size if nodes else self.settings.block_size
-        rreq = self._route_request(mint_id(), p, block_size)
-        ask = Ask(rreq, self._expected_output(p, ""), now, mode="query", prewarm=False)
-        got = decide(ask, self._snapshot(ask, nodes, block_size, now), self.rules)
-        d = got.now.decision if isinstance(got, Held) else got.decision
+        rreq, d, nodes, block_size = self.director.dry_run(p, now)
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
         return _json(

@@ -145,7 +145,8 @@ async def test_decide_is_a_dry_run() -> None:
             def observe(self, *args: Any) -> PrewarmAdvice | None:
                 return always_hot(*args)
 
-        e.service.rules = replace(e.service.rules, hot=Spy())
+        d = e.service.director
+        d.rules = replace(d.rules, hot=Spy())
         for _ in range(3):
             status, _, _ = await e.call("POST", "/v1/kvgate/decide", completion(), bearer(ADMIN))
             assert status == 200

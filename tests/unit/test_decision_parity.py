@@ -59,9 +59,9 @@ def test_the_simulator_decides_as_the_live_router_does(
     )
     outcomes: set[str] = set()
     for ask, snap, got in seen:
-        theirs = decide(ask, snap, live.rules)
+        theirs = decide(ask, snap, live.director.rules)
         assert _outcome(theirs) == _outcome(got), ask.request.request_id
         outcomes.add(_outcome(got)[0])
         if isinstance(theirs, Routed):  # sent: the live router commits it as the simulator did
-            commit(ask, replace(snap), theirs, live.rules, live.ledger)
+            commit(ask, replace(snap), theirs, live.director.rules, live.ledger)
     assert outcomes >= {"Routed", "held"}  # the lane rules held some on the way
