@@ -3,15 +3,16 @@
 An Envoy ``ext_proc`` gRPC service (``envoy.service.ext_proc.v3.ExternalProcessor``, the protos
 of the ``xds-protos`` package). For each HTTP request the gateway streams the request's headers
 and body; kvgate runs admission and routing exactly as its HTTP router does (the same intake,
-the same gate, the same decision record — :meth:`RouterService.route_external`; only among
-the endpoints the data plane hints at in ``envoy.lb.subset_hint``, when it does) and answers
+the same gate, the same pipeline and decision record — ``ExternalRequests.route`` of
+router/flow/external.py; only among the endpoints the data plane hints at in
+``envoy.lb.subset_hint``, when it does) and answers
 with the chosen endpoint, as the EPP protocol asks, in the ``x-gateway-destination-endpoint``
 header and in the dynamic metadata ``envoy.lb`` → ``x-gateway-destination-endpoint``
 (``ip:port``). A refusal becomes an ``ImmediateResponse`` with the router's status (429, 503…),
 body and ``Retry-After``. Then it watches the response: headers (status), body chunks (the
-first token, ``usage``), and at the end releases the reservation and records the outcome
-(:meth:`RouterService.finish_external`); a stream that ends early (the client went away, Envoy
-reset it) is released as cancelled — nothing is left held.
+first token, reported as it passes; ``usage``), and at the end releases the reservation and
+records the outcome (``ExternalRequests.finish``); a stream that ends early (the client went
+away, Envoy reset it) is released as cancelled — nothing is left held.
 
 Request bodies must reach the EPP whole before it can pick: ``request_body_mode`` BUFFERED (the
 body in one message, answered with the header mutation) or FULL_DUPLEX_STREAMED (chunks, then
@@ -217,7 +218,7 @@ class _Exchange:
             first = self.watch.first_token_s is None
             self.watch.chunk(chunk.body, time.time())
             if first and self.watch.first_token_s is not None and self.request_id is not None:
-                self.service.first_token(self.request_id)  # its prefill is done
+                self.service.external.first_token(self.request_id)  # its prefill is done
             if self.response_body_mode == FULL_DUPLEX:
                 out = ep.ProcessingResponse(
                     response_body=ep.BodyResponse(
@@ -252,7 +253,7 @@ class _Exchange:
             )
             subset = self.subset
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
-            routed = await self.service.route_external(EPP, taken, allowed)
+            routed = await self.service.external.route(EPP, taken, allowed)
         except Refusal as exc:
             return [_refused(exc)]
         self.request_id, _, decision, node, p = routed
@@ -315,7 +316,7 @@ class _Exchange:
         output = usage.get("completion_tokens", w.output_tokens)
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         prompt = usage.get("prompt_tokens")
-        await self.service.finish_external(
+        await self.service.external.finish(
             self.request_id,
             status,
             int(output) if isinstance(output, int) else w.output_tokens,

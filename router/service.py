@@ -53,10 +53,11 @@ from router.decision.pipeline import (
 )
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
-from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest, eligible
+from router.decision.types import NodeView, Policy, RouteRequest, eligible
 from router.feed import FeedWatch
 from router.flow.director import Director, Gated
-from router.flow.flight import EPP, ROUTER, Flight, Flights
+from router.flow.external import ExternalRequests
+from router.flow.flight import ROUTER, Flight, Flights
 from router.flow.headers import (
     GATEWAY_KEY_HEADER,
     bearer_key,
@@ -265,6 +266,18 @@ class RouterService:
             self.reader,
             self.calibration,
         )
+        self.external = ExternalRequests(
+            settings,
+            self.gate,
+            self.director,
+            self.flights,
+            self.ledger,
+            self.views,
+            self.recorder,
+            self.queue,
+            self.calibration,
+            self._check_tokens,
+        )
 
     def app(self) -> web.Application:
         """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
@@ -378,7 +391,7 @@ class RouterService:
             now = time.time()
             try:
                 for f in self.flights.expired(now):  # their owner did not end them in time
-                    await self.finish_external(f.id, "cancelled", 0, None, None, None, expired=True)
+                    await self.external.finish(f.id, "cancelled", 0, None, None, None, expired=True)
                 # this router's and its EPP's requests; a gateway renews its own
                 # (/v1/kvgate/renew); a reservation no flight owns expires with its lease
                 serving = [rid for rid in self.gate.held if self.flights.renews(rid)]
@@ -713,7 +726,7 @@ class RouterService:
         with a gateway key may use it; the reservation is theirs alone to renew and release."""
         gateway = self._gateway_caller(request)
         taken = await self._intake(request, None)
-        routed = await self.route_external(gateway, taken)
+        routed = await self.external.route(gateway, taken)
         request_id, rreq, decision, node, p = routed
         held = self.gate.held.get(request_id)
         return _json(
@@ -732,59 +745,13 @@ class RouterService:
             }
         )
 
-    async def route_external(
-        self,
-        gateway: str,
-        taken: tuple[str, float, ParsedRequest, Gated, float],
-        allowed: Callable[[NodeView], bool] | None = None,
-    ) -> tuple[str, RouteRequest, RouteDecision, NodeView, ParsedRequest]:
-        """Route an admitted request that ``gateway`` forwards itself: the decision is recorded
-        and the request is held (reservation, in-flight ledger) until :meth:`finish_external`
-        or its lease runs out. A refusal releases what was held. ``allowed``: only those nodes
-        (a gateway's subset hint; none of them eligible is a 503)."""
-        request_id, started, p, g, t0 = taken
-        if allowed is not None:
-            g = replace(g, nodes=[n for n in g.nodes if allowed(n)])
-        tenant = g.tenant
-        admitted = g.verdict is not None and g.verdict.admitted
-        try:
-            # a gateway sends the request to one endpoint itself and waits for the answer: no
-            # two-leg disaggregated flow, no waiting in this router (the pipeline's gateway mode)
-            routed = await self.director.route(request_id, p, g, started, t0, "gateway")
-        except BaseException:
-            if admitted:
-                await self.gate.release(request_id, time.time())
-            raise
-        ask, decision, node = routed
-        rreq = ask.request
-        self._check_tokens(node, p)
-        held = self.gate.held.get(request_id)
-        if gateway == EPP:  # renewed by this router while the stream is open, at most this long
-            until = started + self.settings.max_stream_s
-        else:  # the gateway's lease: it renews it, or the router ends the request
-            until = held.expires_at if held is not None else started + self.gate.settings.lease_s
-        flight = Flight(
-            request_id,
-            node.node_id,
-            gateway,
-            p,
-            list(rreq.block_hashes),
-            tenant,
-            started,
-            g.slo,
-            until,
-            admitted,
-        )
-        self.flights.add(flight)
-        return request_id, rreq, decision, node, p
-
     async def _gateway_release(self, request: web.Request) -> web.Response:
         """The gateway finished a routed request: release its reservation and record the
         outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
         gateway = self._gateway_caller(request)
         body = await _read_model(request, GatewayRelease)
         self._owned(gateway, body.reservation_id)  # a 404 unless this gateway routed it
-        await self.finish_external(
+        await self.external.finish(
             body.reservation_id,
             body.status,
             body.output_tokens,
@@ -793,65 +760,6 @@ class RouterService:
             body.prompt_tokens,
         )
         return _json({"released": body.reservation_id}, 200)
-
-    def first_token(self, rid: str) -> None:
-        """The first token of a request the EPP watches came back: its prefill is done (the
-        in-flight ledger's backlog drops and, streamed, the node's prefill rate is learned) and
-        its node holds the prompt from now on."""
-        f = self.flights.get(rid)
-        if f is None or f.first_token_s is not None:
-            return
-        now = time.time()
-        f.first_token_s = now
-        self.ledger.first_token(rid, now, learn=f.parsed.stream)
-        self.views.prefilled(f.node, f.hashes)
-
-    async def finish_external(
-        self,
-        rid: str,
-        status: Literal["ok", "error", "cancelled"],
-        output_tokens: int,
-        ttft: float | None,
-        cached: int | None,
-        prompt_tokens: int | None,
-        expired: bool = False,
-    ) -> bool:
-        """A request routed by :meth:`route_external` finished (or, ``expired``, its owner did
-        not end it in time): release what it held and record its outcome (False when it is not
-        in flight, e.g. finished already). A ``ttft`` the gateway reports teaches the node's
-        prefill rate and, with the output tokens, its time per token."""
-        f = self.flights.pop(rid)
-        if f is None:
-            return False
-        now = time.time()
-        p, node = f.parsed, f.node
-        if not expired:
-            self.director.observe(node, "5xx" if status == "error" else None, status == "cancelled")
-        await self.gate.release(rid, now)
-        if ttft is not None:
-            self.ledger.first_token(rid, f.started + ttft, learn=p.stream)
-        done = output_tokens // p.sequences if status == "ok" else None
-        self.ledger.finish(rid, now, done)
-        self.queue.wake()  # a place is free: held requests may go
-        usage: dict[str, Any] = {"completion_tokens": output_tokens}
-        if cached is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
-        relay = Served(
-            status=status,
-            http_status=200 if status == "ok" else 502,
-            ttft_s=ttft,
-            output_tokens=output_tokens,
-            usage=usage,
-            error="its owner did not release it before its lease ran out" if expired else None,
-        )
-        if status == "ok":
-            self.gate.observe_output(f.tenant, p.model, output_tokens // p.sequences)
-            if prompt_tokens is not None and not p.exact_tokens:
-                self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
-            if f.first_token_s is None:
-                self.views.prefilled(node, f.hashes)
-        await self.recorder.outcome(rid, node, relay, p, f.started, slo=f.slo)
-        return True
 
     async def _gateway_renew(self, request: web.Request) -> web.Response:
         """A gateway's routed request runs longer than its lease: renew it (call again before
