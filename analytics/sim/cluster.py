@@ -15,6 +15,7 @@ import heapq
 import itertools
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast
 
@@ -237,6 +238,601 @@ def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:
     return profile
 
 
+class SimCluster:
+    """One simulated cluster in virtual time: engines, the router's state (prefix index,
+    in-flight ledger, fleet, lane rules, admission), the event heap, and one method per event
+    kind. :func:`simulate` builds one and runs it."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        cfg: SimConfig,
+        stats: dict[str, int] | None = None,
+        refused_out: list[Refused] | None = None,
+        scale_out: list[ScalePoint] | None = None,
+    ) -> None:
+        self.trace, self.policy, self.cfg = trace, policy, cfg
+        self.refused_out, self.scale_out = refused_out, scale_out
+        self.stats = stats if stats is not None else {}
+        self.policy.record_candidates = (
+            0  # decisions are not logged here: only the chosen node counts
+        )
+        self.stats.setdefault("prewarm_advice", 0)
+        self.stats.setdefault("prewarm_requests", 0)
+        self.hot = HotPrefixes() if self.cfg.prewarm else None
+        self.recent = (
+            RecentPrefills(self.cfg.recent_prefill_ttl_s)
+            if self.cfg.recent_prefill_ttl_s > 0
+            else None
+        )
+        self.profile = node_profile(self.cfg, self.trace.block_size)
+        self.initial = node_names(self.cfg)
+        self.joining = sorted(
+            {op.node for op in self.cfg.ops if op.kind == "join"} - set(self.initial)
+        )
+        self.scaler = (
+            make_autoscaler(self.cfg.autoscaler, self.cfg.nodes)
+            if self.cfg.autoscaler is not None
+            else None
+        )
+        if self.scaler is not None:  # the pool it draws from: every node it may ever run at once
+            spare = max(0, self.scaler.settings.max_replicas + 4 - len(self.initial))
+            self.joining += [
+                f"node-{i:02d}" for i in range(len(self.initial), len(self.initial) + spare)
+            ]
+        self.nodes = [_Node(name, SimCore(self.profile)) for name in self.initial + self.joining]
+        self.by_id = {n.node_id: n for n in self.nodes}
+        self.fleet = Fleet(self.cfg.outlier, self.cfg.slow_start)
+        self.present = set(self.initial)
+        self.started: dict[str, float] = {}  # node -> when it joined (slow start)
+        self.faults = dict(self.cfg.faults)
+        self.labels = {node: frozenset(pairs) for node, pairs in self.cfg.node_labels}
+        self.roles = dict(self.cfg.roles)
+        # disaggregated requests between their prefill and decode legs: prefill seq id -> (the
+        # request's index, its decode node, its decode seq, the prefill node's cached tokens)
+        self.split: dict[str, tuple[int, str, SimSeq, int]] = {}
+        self.prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node had cached
+        self.slo_classes = (
+            self.cfg.admission.slo_classes if self.cfg.admission else DEFAULT_SLO_CLASSES
+        )
+        self.holding: deque[tuple[int, float | None]] = (
+            deque()
+        )  # admitted, held back by their class
+        self.lanes = (
+            Lanes(self.cfg.lanes, self.profile.prefill_tokens_per_s)
+            if self.cfg.lanes is not None and self.cfg.lanes.enabled
+            else None
+        )
+        self.lane_queue: HoldQueue[tuple[int, float | None]] = (
+            HoldQueue()
+        )  # (request, admission wait)
+        self.stats.setdefault("failed", 0)
+        self.index = PrefixIndex()
+        self.ledger = InflightLedger(
+            track_blocks=getattr(self.policy, "wants_active_blocks", False)
+        )
+        if getattr(self.policy, "wants_sequences", False):  # a peer that counts its own requests
+            self.policy.sequences = self.ledger  # type: ignore[attr-defined]
+        self.rules = Rules(
+            self.policy,
+            self.fleet,
+            self.cfg.admission or AdmissionSettings(),
+            self.lanes,
+            self.hot,
+            disaggregation=self.cfg.disaggregation,
+            kv_bytes_per_token=self.profile.kv_bytes_per_token,
+            kv_link_gbps=self.cfg.kv_link_gbps,
+        )
+        self.rng = random.Random(self.cfg.seed)
+        self.lease = self.cfg.heartbeat_interval_s * 4
+        self.events: list[tuple[float, int, str, object]] = []
+        self.tie = itertools.count()
+        self.lagged: deque[tuple[float, str, list[CacheEvent]]] = (
+            deque()
+        )  # (visible at, node, events)
+        self.meta: dict[str, tuple[TraceRequest, str, str, int]] = {}
+        self.done: list[Done] = []
+        self.refused = self.refused_out if self.refused_out is not None else []
+        self.waited: dict[str, float] = {}
+        self.adm = (
+            SimAdmission(
+                self.cfg.admission,
+                kv_blocks_total=self.profile.num_gpu_blocks * self.cfg.nodes,
+                node_blocks=self.profile.num_gpu_blocks,
+                slots_total=self.cfg.admission.slots_per_node * self.cfg.nodes,
+                block_size=self.trace.block_size,
+                storm_guard=self.cfg.storm_guard,
+            )
+            if self.cfg.admission is not None
+            else None
+        )
+
+        self.t_start = self.trace.requests[0].arrival_s if self.trace.requests else 0.0
+        self.push(
+            self.t_start, "heartbeat", None
+        )  # before the first arrival: routers start with a view
+        for i, r in enumerate(self.trace.requests):
+            self.push(r.arrival_s, "arrive", i)
+        for op in self.cfg.ops:
+            self.push(op.at_s, "op", op)
+        # the autoscaler's state: nodes loading their model (join pending), nodes draining after
+        # leaving, arrivals and refusals since its last decision, node time paid for
+        self.loading: set[str] = set()
+        self.leaving: set[str] = set()
+        self.cancelled: set[str] = set()  # loads cancelled before they finished
+        self.seen = {"arrivals": 0, "refused": 0, "paid": len(self.initial), "at": self.t_start}
+        self.stats.setdefault("gpu_seconds", 0)
+        if self.scaler is not None:
+            self.push(self.t_start + self.scaler.settings.interval_s, "control", None)
+
+        self.remaining = len(self.trace.requests)
+        self.attempts: dict[
+            int, int
+        ] = {}  # request -> its client's attempt now (the retry model's)
+
+    def push(self, t: float, kind: str, data: object) -> None:
+        heapq.heappush(self.events, (t, next(self.tie), kind, data))
+
+    def drain(self, n: _Node, now: float) -> None:
+        evs = n.core.drain_events()
+        if evs:
+            self.lagged.append((now + self.cfg.index_lag_s, n.node_id, evs))
+
+    def start_step(self, n: _Node, now: float) -> None:
+        n.busy = True
+        run = n.core.plan_decode_run() if self.cfg.fast_forward else None
+        if run is not None:
+            n.run, n.run_start, n.run_applied = run, now, 0
+            self.push(now + run.elapsed(run.steps), "run", (n.node_id, n.gen))
+            return
+        res = n.core.step(now)
+        self.drain(n, now)
+        self.push(now + res.duration_s, "step", (n.node_id, res))
+
+    def catch_up(self, n: _Node, now: float) -> None:
+        """Apply ``n``'s decode run up to and including the step in progress at ``now`` — an
+        engine applies a step when it starts it, and delivers its tokens when it ends."""
+        run = n.run
+        if run is None:
+            return
+        upto = min(run.steps, run.steps_done(now - n.run_start) + 1)
+        if upto > n.run_applied:
+            n.finishing += n.core.advance_decode(upto - n.run_applied)
+            n.run_applied = upto
+            self.drain(n, now)
+
+    def cut_run(self, n: _Node, now: float) -> None:
+        """A request arrives: the run stops after the step in progress."""
+        run = n.run
+        if run is None:
+            return
+        self.catch_up(n, now)
+        if n.run_applied < run.steps:
+            n.run = DecodeRun(n.run_applied, run.first_s, run.grow_s)
+            n.gen += 1
+            self.push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
+
+    def dispatch(
+        self, idx: int, now: float, queue_wait_s: float | None, queued: bool = False
+    ) -> str | None:
+        """Route and send request ``idx`` as the live router does (its candidates, then
+        router/decision/pipeline.py's decide and commit); None when sent (or refused), else
+        what holds it back for now: its class (:data:`UNKNOWN`) or the lane rules (the queued
+        best node) (``queued``: it is in the router's queue already)."""
+        r = self.trace.requests[idx]
+        rid = f"r{idx}"
+        views = [
+            n.view.with_router_state(
+                *self.ledger.router_state(n.node_id, n.view.heartbeat_ts, now, MODEL)
+            )
+            for n in self.nodes
+            if n.view is not None
+        ]
+        slo = (r.slo_class, self.slo_classes[r.slo_class]) if r.slo_class else None
+        req = RouteRequest(
+            rid,
+            MODEL,
+            r.block_hashes,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.session_id,
+            slo[1].queue_weight if slo else 1.0,
+        )
+        matches = self.index.match(r.block_hashes)
+        if self.recent is not None:
+            matches = merge_matches(matches, self.recent.match(r.block_hashes, now))
+        got = candidates(
+            views,
+            MODEL,
+            now,
+            self.cfg.max_queue,
+            self.rules.admission.min_healthy_share,
+            self.rules.admission.min_retry_after_s,
+            self.cfg.placement,
+        )
+        if isinstance(got, Rejection):  # the router's 503 before admission's reservation
+            self.turned_away(idx, got, now)
+            return None
+        ask = Ask(req, r.output_tokens, r.arrival_s, slo, hold_slo=self.adm is not None)
+        snap = Snapshot(got, matches, now, self.trace.block_size, roles=bool(self.roles))
+        d = decide(ask, snap, self.rules)
+        if isinstance(d, Held):
+            if d.why == "slo":
+                if not queued:  # (one in the router's queue stays there)
+                    self.holding.append((idx, queue_wait_s))  # waits until the engines drain
+                return UNKNOWN
+            if not queued:  # waits in the router's queue, short requests first
+                long = isinstance(d.now, Routed) and d.now.facts.long
+                self.lane_queue.push(
+                    self.lanes_key(r.arrival_s, long), long, (idx, queue_wait_s), d.blocker
+                )
+            return d.blocker
+        if isinstance(d, NotRouted):
+            self.turned_away(idx, d.rejection, now)
+            return None
+        # sent: the router's state learns from it (the hot-prefix counter sees every node)
+        advice = commit(ask, replace(snap, nodes=views), d, self.rules, self.ledger)
+        chosen = d.decision
+        assert chosen.chosen is not None
+        target = self.by_id[chosen.chosen]
+        fault = self.faults.get(target.node_id)
+        if fault and self.rng.random() < fault:  # a broken engine answers 500 at once
+            self.push(now + self.cfg.fault_latency_s, "fail", (rid, target.node_id))
+            return None
+        seq = SimSeq(
+            rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, self.trace.block_size)
+        )
+        self.meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
+        if queue_wait_s is not None:
+            self.waited[rid] = queue_wait_s
+        if chosen.prefill is not None:  # the prompt is computed on the prefill node first
+            pre = self.by_id[chosen.prefill]
+            pid = f"{rid}/p"
+            hit = matches.get(pre.node_id, 0) * self.trace.block_size
+            self.ledger.dispatch(pid, pre.node_id, now, max(0, r.prompt_tokens - hit))
+            self.split[pid] = (idx, target.node_id, seq, 0)
+            self.add(
+                pre,
+                SimSeq(pid, r.prompt_tokens, 1, _all_hashes(r, idx, self.trace.block_size)),
+                now,
+            )
+        else:
+            self.add(target, seq, now)
+        if advice is not None:
+            self.stats["prewarm_advice"] += 1
+            self.push(now + self.cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
+        return None
+
+    def lanes_key(self, arrival_s: float, long: bool) -> float:
+        return self.lanes.key(arrival_s, long) if self.lanes is not None else arrival_s
+
+    def turned_away(self, idx: int, rej: Rejection, now: float) -> None:
+        """The router refuses request ``idx`` (no candidates, no fit, its deadline): an
+        admitted one gives its reservation back; the client retries as the retry model says."""
+        r = self.trace.requests[idx]
+        if self.adm is not None:  # (only admitted requests are routed)
+            got = self.adm.refuse_admitted(idx, f"r{idx}", r.priority, rej, now)
+        else:
+            got = Refused(idx, r.priority, rej.reason, rej.retry_after_s, now)
+        self.retry(r, idx, self.attempts.get(idx, 1), got, now)
+
+    def release_held(self, now: float) -> None:
+        """Held requests go in order while the engines have room (the first held again stops
+        the round: the ones behind it would be too)."""
+        for _ in range(len(self.holding)):
+            idx, wait = self.holding.popleft()
+            if self.dispatch(idx, now, wait) is not None:
+                self.holding.appendleft(self.holding.pop())
+                break
+        if self.lane_queue:
+            self.lane_queue.release(lambda item: self.dispatch(item[0], now, item[1], queued=True))
+
+    def operate(self, op: FleetOp, now: float) -> None:
+        if op.kind == "drain":
+            self.fleet.drained.add(op.node)
+        elif op.kind == "undrain":
+            self.fleet.drained.discard(op.node)
+        elif op.kind == "join":
+            if op.node in self.loading:  # the autoscaler's node: loaded, it serves from now
+                self.loading.discard(op.node)
+            self.present.add(op.node)
+            self.started[op.node] = now  # its view appears with the next heartbeat
+        elif op.kind == "leave":
+            self.present.discard(op.node)
+            self.by_id[op.node].view = None
+        elif op.kind == "canary":
+            self.fleet.set_canary("canary", op.nodes, op.share)
+        elif op.kind == "heal":
+            self.faults.pop(op.node, None)
+        if self.adm is not None:  # the budget follows the nodes that take requests
+            serving = len(self.present - self.fleet.drained)
+            self.adm.kv_blocks_total = self.profile.num_gpu_blocks * serving
+            self.adm.slots_total = self.adm.settings.slots_per_node * serving
+
+    def control(self, now: float) -> None:
+        """One autoscaler decision: observe the pool, add cold nodes (serving after the lead
+        time) or remove the least busy ones (they drain)."""
+        assert self.scaler is not None
+        s = self.scaler.settings
+        for name in list(self.leaving):  # drained: no longer paid for
+            if self.by_id[name].core.idle and not self.by_id[name].busy:
+                self.leaving.discard(name)
+        serving = sorted(self.present - self.fleet.drained)
+        cores = [self.by_id[name].core for name in serving]
+        obs = Observation(
+            now=now,
+            replicas=len(serving),
+            arrivals=int(self.seen["arrivals"]),
+            waiting=sum(len(c.waiting) for c in cores) + len(self.holding) + len(self.lane_queue),
+            running=sum(len(c.running) for c in cores),
+            kv_used=(
+                sum(c.cache.used_blocks / c.cache.num_blocks for c in cores) / len(cores)
+                if cores
+                else 1.0
+            ),
+            refusals=len(self.refused) - int(self.seen["refused"]),
+        )
+        desired = self.scaler.observe(obs)
+        have = len(self.present) + len(self.loading)
+        if desired > have:
+            idle = [
+                n
+                for n in self.nodes
+                if n.node_id not in self.present
+                and n.node_id not in self.loading
+                and n.node_id not in self.leaving
+                and n.core.idle
+                and not n.busy
+            ]
+            for n in idle[: desired - have]:
+                n.core = SimCore(self.profile)  # a new replica: an empty cache
+                n.run, n.gen, n.finishing = None, n.gen + 1, []
+                self.index.drop_node(n.node_id)
+                self.loading.add(n.node_id)
+                self.push(
+                    now + s.lead_time_s, "op", FleetOp(now + s.lead_time_s, "join", n.node_id)
+                )
+        elif desired < have:
+            for _ in range(have - desired):
+                if self.loading:  # not serving yet: cancel the newest load
+                    name = max(self.loading)
+                    self.loading.discard(name)
+                    self.cancelled.add(name)
+                    continue
+                if len(self.present) <= max(1, s.min_replicas):
+                    break
+                name = min(self.present, key=lambda x: len(self.by_id[x].core.running))
+                self.operate(FleetOp(now, "leave", name), now)
+                self.leaving.add(name)
+        paid = len(self.present) + len(self.loading) + len(self.leaving)
+        self.stats["gpu_seconds"] += round(self.seen["paid"] * (now - self.seen["at"]))
+        self.seen.update(arrivals=0, refused=len(self.refused), paid=paid, at=now)
+        if self.scale_out is not None:
+            self.scale_out.append(
+                ScalePoint(now, desired, len(self.present), paid, obs.arrivals / s.interval_s)
+            )
+        self.push(now + s.interval_s, "control", None)
+
+    def refuse(self, got: Refused) -> None:
+        self.refused.append(got)
+        self.remaining -= 1
+
+    def retry(self, r: TraceRequest, idx: int, attempt: int, got: Refused, now: float) -> None:
+        """A refused client comes back (or gives up): the retry model decides when."""
+        rm = self.cfg.retries
+        storm = rm is not None and r.client in rm.storm_clients
+        limit = 1 if rm is None else (rm.storm_max_attempts if storm else rm.max_attempts)
+        if rm is None or attempt >= limit or not got.retry_after_s:
+            self.refuse(replace(got, attempt=attempt))
+            return
+        self.refused.append(replace(got, attempt=attempt, final=False))
+        delay = rm.storm_delay_s if storm else got.retry_after_s
+        self.push(now + delay, "retry", (idx, attempt + 1))
+
+    def pump(self, now: float) -> None:
+        if self.adm is None:
+            return
+        admitted, gone = self.adm.pump(now)
+        for g in gone:
+            self.refuse(g)
+        for idx, wait in admitted:
+            self.dispatch(idx, now, wait)
+
+    def add(self, n: _Node, seq: SimSeq, now: float) -> None:
+        self.cut_run(n, now)
+        n.core.add(seq)
+        if not n.busy:
+            self.start_step(n, now)
+
+    def step_done(self, n: _Node, now: float, finished: list[SimSeq]) -> None:
+        n.busy = False
+        released = False
+        for seq in finished:
+            if seq.request_id in self.split:  # a prefill leg: its KV goes to the decode node
+                idx, dnode, dseq, _ = self.split.pop(seq.request_id)
+                self.ledger.finish(seq.request_id)
+                r = self.trace.requests[idx]
+                moved = (
+                    r.prompt_tokens
+                    * self.profile.kv_bytes_per_token
+                    * 8
+                    / (self.cfg.kv_link_gbps * 1e9)
+                )
+                self.push(now + moved, "kv", (dnode, dseq, seq.cached_tokens))
+                continue
+            if seq.request_id not in self.meta:  # a warm-up request
+                continue
+            r, node, reason, hit = self.meta.pop(seq.request_id)
+            self.ledger.finish(seq.request_id, now, seq.max_tokens)
+            reused = self.prefill_reuse.pop(seq.request_id, None)
+            self.fleet.detector.observe(node, None, now, len(self.present))
+            if self.adm is not None:
+                self.adm.release(seq.request_id, now)
+                released = True
+            n.served += 1
+            self.done.append(
+                Done(
+                    r,
+                    node,
+                    reason,
+                    hit,
+                    seq.cached_tokens if reused is None else reused,
+                    seq.first_token_s if seq.first_token_s is not None else now,
+                    now,
+                    self.waited.pop(seq.request_id, 0.0),
+                )
+            )
+            self.remaining -= 1
+        if released:
+            self.pump(now)
+        if (self.holding or self.lane_queue) and finished:
+            self.release_held(now)
+        if not n.core.idle:
+            self.start_step(n, now)
+
+    def run(self) -> list[Done]:
+        """Process events until every request finished or was refused; the finished ones."""
+        handlers: dict[str, Callable[[float, object], None]] = {
+            "heartbeat": self.on_heartbeat,
+            "arrive": self.on_arrive,
+            "retry": lambda now, data: self.on_arrive(now, data, "retry"),
+            "op": self.on_op,
+            "control": lambda now, _: self.control(now),
+            "kv": self.on_kv,
+            "fail": self.on_fail,
+            "warm": self.on_warm,
+            "run": self.on_run_ended,
+            "step": self.on_step,
+        }
+        while self.events and (self.remaining > 0):
+            now, _, kind, data = heapq.heappop(self.events)
+            while self.lagged and self.lagged[0][0] <= now:
+                fold(self.index, *self.lagged.popleft()[1:])
+            handlers[kind](now, data)
+        if self.scaler is not None and self.trace.requests:  # the node time after the last decision
+            end = max((d.finish_s for d in self.done), default=self.seen["at"])
+            self.stats["gpu_seconds"] += round(self.seen["paid"] * max(0.0, end - self.seen["at"]))
+        return self.done
+
+    def on_heartbeat(self, now: float, data: object) -> None:
+        """Every node's heartbeat: the router's views are renewed, held requests may go."""
+        for n in self.nodes:
+            self.catch_up(n, now)
+            if n.node_id in self.present:
+                n.view = _view(
+                    n,
+                    now,
+                    self.lease,
+                    n.node_id in self.fleet.drained,
+                    self.started.get(n.node_id),
+                    self.roles.get(n.node_id, "mixed"),
+                )
+                if n.node_id in self.labels:
+                    n.view = replace(n.view, labels=self.labels[n.node_id])
+        self.pump(now)
+        if self.holding or self.lane_queue:
+            self.release_held(now)
+        self.push(now + self.cfg.heartbeat_interval_s, "heartbeat", None)
+
+    def on_arrive(self, now: float, data: object, kind: str = "arrive") -> None:
+        """A request arrives (``retry``: a refused client comes back): admission, then routing."""
+        idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
+        assert isinstance(idx, int)
+        self.attempts[idx] = attempt
+        if kind == "arrive":
+            self.seen["arrivals"] += 1
+        assert isinstance(idx, int)
+        if self.adm is None:
+            self.dispatch(idx, now, None)
+        else:
+            r = self.trace.requests[idx]
+            key = f"a{idx}"  # the attempt's identity (an Idempotency-Key)
+            got: bool | Refused | None = self.adm.early_retry(r.client, key, idx, r.priority, now)
+            if got is None:
+                got = self.adm.arrive(
+                    idx,
+                    f"r{idx}",
+                    r.priority,
+                    r.prompt_tokens,
+                    r.output_tokens,
+                    now,
+                    self.slo_classes[r.slo_class].ttft_s if r.slo_class else None,
+                )
+                if isinstance(got, Refused):
+                    self.adm.remember(key, got, now, r.client)
+            if got is True:
+                self.dispatch(idx, now, None)
+            elif isinstance(got, Refused):
+                self.retry(r, idx, attempt, got, now)
+
+    def on_op(self, now: float, data: object) -> None:
+        """A fleet operation (drain, join, leave, canary, heal)."""
+        op = cast(FleetOp, data)
+        if op.kind == "join" and op.node in self.cancelled:
+            self.cancelled.discard(op.node)
+            return
+        self.operate(op, now)
+
+    def on_kv(self, now: float, data: object) -> None:
+        """A prompt's KV arrived at its decode node: it decodes from there."""
+        dnode, dseq, reused = cast(tuple[str, SimSeq, int], data)
+        n = self.by_id[dnode]
+        r = self.trace.requests[int(dseq.request_id[1:])]
+        self.cut_run(n, now)
+        n.core.receive(
+            list(r.block_hashes)[: max(0, (r.prompt_tokens - 1) // self.trace.block_size)]
+        )
+        self.prefill_reuse[dseq.request_id] = reused  # the prefix cache's share: the prefill's
+        self.add(n, dseq, now)
+
+    def on_fail(self, now: float, data: object) -> None:
+        """A broken engine's 500: the client sees it, the router counts it."""
+        rid, node_id = cast(tuple[str, str], data)
+        self.ledger.finish(rid)
+        if self.fleet.detector.observe(node_id, "5xx", now, len(self.present)) is not None:
+            self.stats["ejections"] = self.stats.get("ejections", 0) + 1
+        self.stats["failed"] += 1
+        self.remaining -= 1
+        if self.adm is not None:
+            self.adm.release(rid, now)
+            self.pump(now)
+
+    def on_warm(self, now: float, data: object) -> None:
+        """An agent loads a hot prefix into its engine."""
+        advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
+        for node_id in advice.targets:
+            self.stats["prewarm_requests"] += 1
+            warm = SimSeq(
+                f"warm{self.stats['prewarm_requests']}",
+                advice.blocks * self.trace.block_size,
+                1,
+                list(hashes[: advice.blocks]),
+            )
+            self.add(self.by_id[node_id], warm, now)
+
+    def on_run_ended(self, now: float, data: object) -> None:
+        """A decode run ends."""
+        node_id, gen = cast(tuple[str, int], data)
+        n = self.by_id[node_id]
+        if gen != n.gen or n.run is None:
+            return  # replaced by a shorter run
+        self.catch_up(n, now)
+        n.run, finished, n.finishing = None, n.finishing, []
+        self.step_done(n, now, finished)
+
+    def on_step(self, now: float, data: object) -> None:
+        """A step finished."""
+        node_id, res = cast(tuple[str, SimStep], data)
+        n = self.by_id[node_id]
+        for seq in res.first:
+            self.ledger.first_token(seq.request_id, now)
+            if self.recent is not None and seq.request_id in self.meta:
+                # the prompt's blocks are in the node's cache from now on
+                self.recent.add(node_id, self.meta[seq.request_id][0].block_hashes, now)
+        self.step_done(n, now, res.finished)
+
+
 def simulate(
     trace: Trace,
     policy: Policy,
@@ -251,510 +847,4 @@ def simulate(
     refusals. With ``cfg.autoscaler``, ``scale_out`` receives its decisions and
     ``stats["gpu_seconds"]`` the node time paid for (from the decision to add a node, its model
     load included, until it has drained after the decision to remove it)."""
-    stats = stats if stats is not None else {}
-    policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
-    stats.setdefault("prewarm_advice", 0)
-    stats.setdefault("prewarm_requests", 0)
-    hot = HotPrefixes() if cfg.prewarm else None
-    recent = RecentPrefills(cfg.recent_prefill_ttl_s) if cfg.recent_prefill_ttl_s > 0 else None
-    profile = node_profile(cfg, trace.block_size)
-    initial = node_names(cfg)
-    joining = sorted({op.node for op in cfg.ops if op.kind == "join"} - set(initial))
-    scaler = make_autoscaler(cfg.autoscaler, cfg.nodes) if cfg.autoscaler is not None else None
-    if scaler is not None:  # the pool it draws from: every node it may ever run at once
-        spare = max(0, scaler.settings.max_replicas + 4 - len(initial))
-        joining += [f"node-{i:02d}" for i in range(len(initial), len(initial) + spare)]
-    nodes = [_Node(name, SimCore(profile)) for name in initial + joining]
-    by_id = {n.node_id: n for n in nodes}
-    fleet = Fleet(cfg.outlier, cfg.slow_start)
-    present = set(initial)
-    started: dict[str, float] = {}  # node -> when it joined (slow start)
-    faults = dict(cfg.faults)
-    labels = {node: frozenset(pairs) for node, pairs in cfg.node_labels}
-    roles = dict(cfg.roles)
-    # disaggregated requests between their prefill and decode legs: prefill seq id -> (the
-    # request's index, its decode node, its decode seq, the prefill node's cached tokens)
-    split: dict[str, tuple[int, str, SimSeq, int]] = {}
-    prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node had cached
-    slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
-    holding: deque[tuple[int, float | None]] = deque()  # admitted, held back by their class
-    lanes = (
-        Lanes(cfg.lanes, profile.prefill_tokens_per_s)
-        if cfg.lanes is not None and cfg.lanes.enabled
-        else None
-    )
-    lane_queue: HoldQueue[tuple[int, float | None]] = HoldQueue()  # (request, admission wait)
-    stats.setdefault("failed", 0)
-    index = PrefixIndex()
-    ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
-    if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
-        policy.sequences = ledger  # type: ignore[attr-defined]
-    rules = Rules(
-        policy,
-        fleet,
-        cfg.admission or AdmissionSettings(),
-        lanes,
-        hot,
-        disaggregation=cfg.disaggregation,
-        kv_bytes_per_token=profile.kv_bytes_per_token,
-        kv_link_gbps=cfg.kv_link_gbps,
-    )
-    rng = random.Random(cfg.seed)
-    lease = cfg.heartbeat_interval_s * 4
-    events: list[tuple[float, int, str, object]] = []
-    tie = itertools.count()
-    lagged: deque[tuple[float, str, list[CacheEvent]]] = deque()  # (visible at, node, events)
-    meta: dict[str, tuple[TraceRequest, str, str, int]] = {}
-    done: list[Done] = []
-    refused = refused_out if refused_out is not None else []
-    waited: dict[str, float] = {}
-    adm = (
-        SimAdmission(
-            cfg.admission,
-            kv_blocks_total=profile.num_gpu_blocks * cfg.nodes,
-            node_blocks=profile.num_gpu_blocks,
-            slots_total=cfg.admission.slots_per_node * cfg.nodes,
-            block_size=trace.block_size,
-            storm_guard=cfg.storm_guard,
-        )
-        if cfg.admission is not None
-        else None
-    )
-
-    def push(t: float, kind: str, data: object) -> None:
-        heapq.heappush(events, (t, next(tie), kind, data))
-
-    t_start = trace.requests[0].arrival_s if trace.requests else 0.0
-    push(t_start, "heartbeat", None)  # before the first arrival: routers start with a view
-    for i, r in enumerate(trace.requests):
-        push(r.arrival_s, "arrive", i)
-    for op in cfg.ops:
-        push(op.at_s, "op", op)
-    # the autoscaler's state: nodes loading their model (join pending), nodes draining after
-    # leaving, arrivals and refusals since its last decision, node time paid for
-    loading: set[str] = set()
-    leaving: set[str] = set()
-    cancelled: set[str] = set()  # loads cancelled before they finished
-    seen = {"arrivals": 0, "refused": 0, "paid": len(initial), "at": t_start}
-    stats.setdefault("gpu_seconds", 0)
-    if scaler is not None:
-        push(t_start + scaler.settings.interval_s, "control", None)
-
-    remaining = len(trace.requests)
-    attempts: dict[int, int] = {}  # request -> its client's attempt now (the retry model's)
-
-    def drain(n: _Node, now: float) -> None:
-        evs = n.core.drain_events()
-        if evs:
-            lagged.append((now + cfg.index_lag_s, n.node_id, evs))
-
-    def start_step(n: _Node, now: float) -> None:
-        n.busy = True
-        run = n.core.plan_decode_run() if cfg.fast_forward else None
-        if run is not None:
-            n.run, n.run_start, n.run_applied = run, now, 0
-            push(now + run.elapsed(run.steps), "run", (n.node_id, n.gen))
-            return
-        res = n.core.step(now)
-        drain(n, now)
-        push(now + res.duration_s, "step", (n.node_id, res))
-
-    def catch_up(n: _Node, now: float) -> None:
-        """Apply ``n``'s decode run up to and including the step in progress at ``now`` — an
-        engine applies a step when it starts it, and delivers its tokens when it ends."""
-        run = n.run
-        if run is None:
-            return
-        upto = min(run.steps, run.steps_done(now - n.run_start) + 1)
-        if upto > n.run_applied:
-            n.finishing += n.core.advance_decode(upto - n.run_applied)
-            n.run_applied = upto
-            drain(n, now)
-
-    def cut_run(n: _Node, now: float) -> None:
-        """A request arrives: the run stops after the step in progress."""
-        run = n.run
-        if run is None:
-            return
-        catch_up(n, now)
-        if n.run_applied < run.steps:
-            n.run = DecodeRun(n.run_applied, run.first_s, run.grow_s)
-            n.gen += 1
-            push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
-
-    def dispatch(
-        idx: int, now: float, queue_wait_s: float | None, queued: bool = False
-    ) -> str | None:
-        """Route and send request ``idx`` as the live router does (its candidates, then
-        router/decision/pipeline.py's decide and commit); None when sent (or refused), else
-        what holds it back for now: its class (:data:`UNKNOWN`) or the lane rules (the queued
-        best node) (``queued``: it is in the router's queue already)."""
-        r = trace.requests[idx]
-        rid = f"r{idx}"
-        views = [
-            n.view.with_router_state(
-                *ledger.router_state(n.node_id, n.view.heartbeat_ts, now, MODEL)
-            )
-            for n in nodes
-            if n.view is not None
-        ]
-        slo = (r.slo_class, slo_classes[r.slo_class]) if r.slo_class else None
-        req = RouteRequest(
-            rid,
-            MODEL,
-            r.block_hashes,
-            r.prompt_tokens,
-            r.output_tokens,
-            r.session_id,
-            slo[1].queue_weight if slo else 1.0,
-        )
-        matches = index.match(r.block_hashes)
-        if recent is not None:
-            matches = merge_matches(matches, recent.match(r.block_hashes, now))
-        got = candidates(
-            views,
-            MODEL,
-            now,
-            cfg.max_queue,
-            rules.admission.min_healthy_share,
-            rules.admission.min_retry_after_s,
-            cfg.placement,
-        )
-        if isinstance(got, Rejection):  # the router's 503 before admission's reservation
-            turned_away(idx, got, now)
-            return None
-        ask = Ask(req, r.output_tokens, r.arrival_s, slo, hold_slo=adm is not None)
-        snap = Snapshot(got, matches, now, trace.block_size, roles=bool(roles))
-        d = decide(ask, snap, rules)
-        if isinstance(d, Held):
-            if d.why == "slo":
-                if not queued:  # (one in the router's queue stays there)
-                    holding.append((idx, queue_wait_s))  # waits until the engines drain
-                return UNKNOWN
-            if not queued:  # waits in the router's queue, short requests first
-                long = isinstance(d.now, Routed) and d.now.facts.long
-                lane_queue.push(lanes_key(r.arrival_s, long), long, (idx, queue_wait_s), d.blocker)
-            return d.blocker
-        if isinstance(d, NotRouted):
-            turned_away(idx, d.rejection, now)
-            return None
-        # sent: the router's state learns from it (the hot-prefix counter sees every node)
-        advice = commit(ask, replace(snap, nodes=views), d, rules, ledger)
-        chosen = d.decision
-        assert chosen.chosen is not None
-        target = by_id[chosen.chosen]
-        fault = faults.get(target.node_id)
-        if fault and rng.random() < fault:  # a broken engine answers 500 at once
-            push(now + cfg.fault_latency_s, "fail", (rid, target.node_id))
-            return None
-        seq = SimSeq(rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, trace.block_size))
-        meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
-        if queue_wait_s is not None:
-            waited[rid] = queue_wait_s
-        if chosen.prefill is not None:  # the prompt is computed on the prefill node first
-            pre = by_id[chosen.prefill]
-            pid = f"{rid}/p"
-            hit = matches.get(pre.node_id, 0) * trace.block_size
-            ledger.dispatch(pid, pre.node_id, now, max(0, r.prompt_tokens - hit))
-            split[pid] = (idx, target.node_id, seq, 0)
-            add(pre, SimSeq(pid, r.prompt_tokens, 1, _all_hashes(r, idx, trace.block_size)), now)
-        else:
-            add(target, seq, now)
-        if advice is not None:
-            stats["prewarm_advice"] += 1
-            push(now + cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
-        return None
-
-    def lanes_key(arrival_s: float, long: bool) -> float:
-        return lanes.key(arrival_s, long) if lanes is not None else arrival_s
-
-    def turned_away(idx: int, rej: Rejection, now: float) -> None:
-        """The router refuses request ``idx`` (no candidates, no fit, its deadline): an
-        admitted one gives its reservation back; the client retries as the retry model says."""
-        r = trace.requests[idx]
-        if adm is not None:  # (only admitted requests are routed)
-            got = adm.refuse_admitted(idx, f"r{idx}", r.priority, rej, now)
-        else:
-            got = Refused(idx, r.priority, rej.reason, rej.retry_after_s, now)
-        retry(r, idx, attempts.get(idx, 1), got, now)
-
-    def release_held(now: float) -> None:
-        """Held requests go in order while the engines have room (the first held again stops
-        the round: the ones behind it would be too)."""
-        for _ in range(len(holding)):
-            idx, wait = holding.popleft()
-            if dispatch(idx, now, wait) is not None:
-                holding.appendleft(holding.pop())
-                break
-        if lane_queue:
-            lane_queue.release(lambda item: dispatch(item[0], now, item[1], queued=True))
-
-    def operate(op: FleetOp, now: float) -> None:
-        if op.kind == "drain":
-            fleet.drained.add(op.node)
-        elif op.kind == "undrain":
-            fleet.drained.discard(op.node)
-        elif op.kind == "join":
-            if op.node in loading:  # the autoscaler's node: loaded, it serves from now
-                loading.discard(op.node)
-            present.add(op.node)
-            started[op.node] = now  # its view appears with the next heartbeat
-        elif op.kind == "leave":
-            present.discard(op.node)
-            by_id[op.node].view = None
-        elif op.kind == "canary":
-            fleet.set_canary("canary", op.nodes, op.share)
-        elif op.kind == "heal":
-            faults.pop(op.node, None)
-        if adm is not None:  # the budget follows the nodes that take requests
-            serving = len(present - fleet.drained)
-            adm.kv_blocks_total = profile.num_gpu_blocks * serving
-            adm.slots_total = adm.settings.slots_per_node * serving
-
-    def control(now: float) -> None:
-        """One autoscaler decision: observe the pool, add cold nodes (serving after the lead
-        time) or remove the least busy ones (they drain)."""
-        assert scaler is not None
-        s = scaler.settings
-        for name in list(leaving):  # drained: no longer paid for
-            if by_id[name].core.idle and not by_id[name].busy:
-                leaving.discard(name)
-        serving = sorted(present - fleet.drained)
-        cores = [by_id[name].core for name in serving]
-        obs = Observation(
-            now=now,
-            replicas=len(serving),
-            arrivals=int(seen["arrivals"]),
-            waiting=sum(len(c.waiting) for c in cores) + len(holding) + len(lane_queue),
-            running=sum(len(c.running) for c in cores),
-            kv_used=(
-                sum(c.cache.used_blocks / c.cache.num_blocks for c in cores) / len(cores)
-                if cores
-                else 1.0
-            ),
-            refusals=len(refused) - int(seen["refused"]),
-        )
-        desired = scaler.observe(obs)
-        have = len(present) + len(loading)
-        if desired > have:
-            idle = [
-                n
-                for n in nodes
-                if n.node_id not in present
-                and n.node_id not in loading
-                and n.node_id not in leaving
-                and n.core.idle
-                and not n.busy
-            ]
-            for n in idle[: desired - have]:
-                n.core = SimCore(profile)  # a new replica: an empty cache
-                n.run, n.gen, n.finishing = None, n.gen + 1, []
-                index.drop_node(n.node_id)
-                loading.add(n.node_id)
-                push(now + s.lead_time_s, "op", FleetOp(now + s.lead_time_s, "join", n.node_id))
-        elif desired < have:
-            for _ in range(have - desired):
-                if loading:  # not serving yet: cancel the newest load
-                    name = max(loading)
-                    loading.discard(name)
-                    cancelled.add(name)
-                    continue
-                if len(present) <= max(1, s.min_replicas):
-                    break
-                name = min(present, key=lambda x: len(by_id[x].core.running))
-                operate(FleetOp(now, "leave", name), now)
-                leaving.add(name)
-        paid = len(present) + len(loading) + len(leaving)
-        stats["gpu_seconds"] += round(seen["paid"] * (now - seen["at"]))
-        seen.update(arrivals=0, refused=len(refused), paid=paid, at=now)
-        if scale_out is not None:
-            scale_out.append(
-                ScalePoint(now, desired, len(present), paid, obs.arrivals / s.interval_s)
-            )
-        push(now + s.interval_s, "control", None)
-
-    def refuse(got: Refused) -> None:
-        nonlocal remaining
-        refused.append(got)
-        remaining -= 1
-
-    def retry(r: TraceRequest, idx: int, attempt: int, got: Refused, now: float) -> None:
-        """A refused client comes back (or gives up): the retry model decides when."""
-        rm = cfg.retries
-        storm = rm is not None and r.client in rm.storm_clients
-        limit = 1 if rm is None else (rm.storm_max_attempts if storm else rm.max_attempts)
-        if rm is None or attempt >= limit or not got.retry_after_s:
-            refuse(replace(got, attempt=attempt))
-            return
-        refused.append(replace(got, attempt=attempt, final=False))
-        delay = rm.storm_delay_s if storm else got.retry_after_s
-        push(now + delay, "retry", (idx, attempt + 1))
-
-    def pump(now: float) -> None:
-        if adm is None:
-            return
-        admitted, gone = adm.pump(now)
-        for g in gone:
-            refuse(g)
-        for idx, wait in admitted:
-            dispatch(idx, now, wait)
-
-    def add(n: _Node, seq: SimSeq, now: float) -> None:
-        cut_run(n, now)
-        n.core.add(seq)
-        if not n.busy:
-            start_step(n, now)
-
-    def step_done(n: _Node, now: float, finished: list[SimSeq]) -> None:
-        nonlocal remaining
-        n.busy = False
-        released = False
-        for seq in finished:
-            if seq.request_id in split:  # a prefill leg: its KV goes to the decode node
-                idx, dnode, dseq, _ = split.pop(seq.request_id)
-                ledger.finish(seq.request_id)
-                r = trace.requests[idx]
-                moved = r.prompt_tokens * profile.kv_bytes_per_token * 8 / (cfg.kv_link_gbps * 1e9)
-                push(now + moved, "kv", (dnode, dseq, seq.cached_tokens))
-                continue
-            if seq.request_id not in meta:  # a warm-up request
-                continue
-            r, node, reason, seen = meta.pop(seq.request_id)
-            ledger.finish(seq.request_id, now, seq.max_tokens)
-            reused = prefill_reuse.pop(seq.request_id, None)
-            fleet.detector.observe(node, None, now, len(present))
-            if adm is not None:
-                adm.release(seq.request_id, now)
-                released = True
-            n.served += 1
-            done.append(
-                Done(
-                    r,
-                    node,
-                    reason,
-                    seen,
-                    seq.cached_tokens if reused is None else reused,
-                    seq.first_token_s if seq.first_token_s is not None else now,
-                    now,
-                    waited.pop(seq.request_id, 0.0),
-                )
-            )
-            remaining -= 1
-        if released:
-            pump(now)
-        if (holding or lane_queue) and finished:
-            release_held(now)
-        if not n.core.idle:
-            start_step(n, now)
-
-    while events and (remaining > 0):
-        now, _, kind, data = heapq.heappop(events)
-        while lagged and lagged[0][0] <= now:
-            fold(index, *lagged.popleft()[1:])
-        if kind == "heartbeat":
-            for n in nodes:
-                catch_up(n, now)
-                if n.node_id in present:
-                    n.view = _view(
-                        n,
-                        now,
-                        lease,
-                        n.node_id in fleet.drained,
-                        started.get(n.node_id),
-                        roles.get(n.node_id, "mixed"),
-                    )
-                    if n.node_id in labels:
-                        n.view = replace(n.view, labels=labels[n.node_id])
-            pump(now)
-            if holding or lane_queue:
-                release_held(now)
-            push(now + cfg.heartbeat_interval_s, "heartbeat", None)
-        elif kind == "arrive" or kind == "retry":
-            idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
-            assert isinstance(idx, int)
-            attempts[idx] = attempt
-            if kind == "arrive":
-                seen["arrivals"] += 1
-            assert isinstance(idx, int)
-            if adm is None:
-                dispatch(idx, now, None)
-            else:
-                r = trace.requests[idx]
-                key = f"a{idx}"  # the attempt's identity (an Idempotency-Key)
-                got: bool | Refused | None = adm.early_retry(r.client, key, idx, r.priority, now)
-                if got is None:
-                    got = adm.arrive(
-                        idx,
-                        f"r{idx}",
-                        r.priority,
-                        r.prompt_tokens,
-                        r.output_tokens,
-                        now,
-                        slo_classes[r.slo_class].ttft_s if r.slo_class else None,
-                    )
-                    if isinstance(got, Refused):
-                        adm.remember(key, got, now, r.client)
-                if got is True:
-                    dispatch(idx, now, None)
-                elif isinstance(got, Refused):
-                    retry(r, idx, attempt, got, now)
-        elif kind == "op":
-            op = cast(FleetOp, data)
-            if op.kind == "join" and op.node in cancelled:
-                cancelled.discard(op.node)
-                continue
-            operate(op, now)
-        elif kind == "control":
-            control(now)
-        elif kind == "kv":  # a prompt's KV arrived at its decode node: it decodes from there
-            dnode, dseq, reused = cast(tuple[str, SimSeq, int], data)
-            n = by_id[dnode]
-            r = trace.requests[int(dseq.request_id[1:])]
-            cut_run(n, now)
-            n.core.receive(
-                list(r.block_hashes)[: max(0, (r.prompt_tokens - 1) // trace.block_size)]
-            )
-            prefill_reuse[dseq.request_id] = reused  # the prefix cache's share: the prefill's
-            add(n, dseq, now)
-        elif kind == "fail":  # a broken engine's 500: the client sees it, the router counts it
-            rid, node_id = cast(tuple[str, str], data)
-            ledger.finish(rid)
-            if fleet.detector.observe(node_id, "5xx", now, len(present)) is not None:
-                stats["ejections"] = stats.get("ejections", 0) + 1
-            stats["failed"] += 1
-            remaining -= 1
-            if adm is not None:
-                adm.release(rid, now)
-                pump(now)
-        elif kind == "warm":  # an agent loads a hot prefix into its engine
-            advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
-            for node_id in advice.targets:
-                stats["prewarm_requests"] += 1
-                warm = SimSeq(
-                    f"warm{stats['prewarm_requests']}",
-                    advice.blocks * trace.block_size,
-                    1,
-                    list(hashes[: advice.blocks]),
-                )
-                add(by_id[node_id], warm, now)
-        elif kind == "run":  # a decode run ends
-            node_id, gen = cast(tuple[str, int], data)
-            n = by_id[node_id]
-            if gen != n.gen or n.run is None:
-                continue  # replaced by a shorter run
-            catch_up(n, now)
-            n.run, finished, n.finishing = None, n.finishing, []
-            step_done(n, now, finished)
-        else:  # a step finished
-            node_id, res = cast(tuple[str, SimStep], data)
-            n = by_id[node_id]
-            for seq in res.first:
-                ledger.first_token(seq.request_id, now)
-                if recent is not None and seq.request_id in meta:
-                    # the prompt's blocks are in the node's cache from now on
-                    recent.add(node_id, meta[seq.request_id][0].block_hashes, now)
-            step_done(n, now, res.finished)
-    if scaler is not None and trace.requests:  # the node time after the last decision
-        end = max((d.finish_s for d in done), default=seen["at"])
-        stats["gpu_seconds"] += round(seen["paid"] * max(0.0, end - seen["at"]))
-    return done
+    return SimCluster(trace, policy, cfg, stats, refused_out, scale_out).run()

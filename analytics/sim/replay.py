@@ -26,7 +26,10 @@ def capacity_rps(trace: Trace, cfg: SimConfig, probe_requests: int = 12_000) -> 
     after the ramp and before the drain — is the capacity (requests per second)."""
     head = trace.head(probe_requests)
     burst = head.scaled(1e-6 / max(1e-9, head.span_s))
-    done = simulate(burst, make_policy(RouterSettings(policy="least_requests")), cfg)
+    # the engines' capacity: the whole burst queued at them (the router's queue cap, which
+    # would refuse most of a burst, out of the way)
+    engines = replace(cfg, max_queue=len(burst.requests))
+    done = simulate(burst, make_policy(RouterSettings(policy="least_requests")), engines)
     finish = sorted(d.finish_s for d in done)
     a, b = finish[len(finish) // 4], finish[(3 * len(finish)) // 4]
     if b <= a:
