@@ -255,121 +255,114 @@ class SimCluster:
         self.trace, self.policy, self.cfg = trace, policy, cfg
         self.refused_out, self.scale_out = refused_out, scale_out
         self.stats = stats if stats is not None else {}
-        self.policy.record_candidates = (
-            0  # decisions are not logged here: only the chosen node counts
-        )
-        self.stats.setdefault("prewarm_advice", 0)
-        self.stats.setdefault("prewarm_requests", 0)
-        self.hot = HotPrefixes() if self.cfg.prewarm else None
-        self.recent = (
-            RecentPrefills(self.cfg.recent_prefill_ttl_s)
-            if self.cfg.recent_prefill_ttl_s > 0
-            else None
-        )
-        self.profile = node_profile(self.cfg, self.trace.block_size)
-        self.initial = node_names(self.cfg)
-        self.joining = sorted(
-            {op.node for op in self.cfg.ops if op.kind == "join"} - set(self.initial)
-        )
-        self.scaler = (
-            make_autoscaler(self.cfg.autoscaler, self.cfg.nodes)
-            if self.cfg.autoscaler is not None
-            else None
-        )
-        if self.scaler is not None:  # the pool it draws from: every node it may ever run at once
-            spare = max(0, self.scaler.settings.max_replicas + 4 - len(self.initial))
-            self.joining += [
-                f"node-{i:02d}" for i in range(len(self.initial), len(self.initial) + spare)
-            ]
+        for counter in ("prewarm_advice", "prewarm_requests", "failed", "gpu_seconds"):
+            self.stats.setdefault(counter, 0)
+        self.profile = node_profile(cfg, trace.block_size)
+        self._engines()
+        self._router()
+        self.rng = random.Random(cfg.seed)
+        self.lease = cfg.heartbeat_interval_s * 4
+        self.events: list[tuple[float, int, str, object]] = []
+        self.tie = itertools.count()
+        # KV events on their way to the index: (visible at, node, events)
+        self.lagged: deque[tuple[float, str, list[CacheEvent]]] = deque()
+        self.meta: dict[str, tuple[TraceRequest, str, str, int]] = {}
+        self.done: list[Done] = []
+        self.refused = refused_out if refused_out is not None else []
+        self.waited: dict[str, float] = {}
+        self.remaining = len(trace.requests)
+        # request -> its client's attempt now (the retry model's)
+        self.attempts: dict[int, int] = {}
+        self._schedule()
+
+    def _engines(self) -> None:
+        """The engines: the initial nodes, the ones that join later, and the autoscaler's pool
+        (every node it may ever run at once)."""
+        cfg = self.cfg
+        self.initial = node_names(cfg)
+        self.joining = sorted({op.node for op in cfg.ops if op.kind == "join"} - set(self.initial))
+        self.scaler = make_autoscaler(cfg.autoscaler, cfg.nodes) if cfg.autoscaler else None
+        if self.scaler is not None:
+            first = len(self.initial)
+            spare = max(0, self.scaler.settings.max_replicas + 4 - first)
+            self.joining += [f"node-{i:02d}" for i in range(first, first + spare)]
         self.nodes = [_Node(name, SimCore(self.profile)) for name in self.initial + self.joining]
         self.by_id = {n.node_id: n for n in self.nodes}
-        self.fleet = Fleet(self.cfg.outlier, self.cfg.slow_start)
         self.present = set(self.initial)
         self.started: dict[str, float] = {}  # node -> when it joined (slow start)
-        self.faults = dict(self.cfg.faults)
-        self.labels = {node: frozenset(pairs) for node, pairs in self.cfg.node_labels}
-        self.roles = dict(self.cfg.roles)
+        self.faults = dict(cfg.faults)
+        self.labels = {node: frozenset(pairs) for node, pairs in cfg.node_labels}
+        self.roles = dict(cfg.roles)
         # disaggregated requests between their prefill and decode legs: prefill seq id -> (the
         # request's index, its decode node, its decode seq, the prefill node's cached tokens)
         self.split: dict[str, tuple[int, str, SimSeq, int]] = {}
-        self.prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node had cached
-        self.slo_classes = (
-            self.cfg.admission.slo_classes if self.cfg.admission else DEFAULT_SLO_CLASSES
-        )
-        self.holding: deque[tuple[int, float | None]] = (
-            deque()
-        )  # admitted, held back by their class
+        self.prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node cached
+        # the autoscaler's state: nodes loading their model (join pending), nodes draining after
+        # leaving, loads cancelled before they finished
+        self.loading: set[str] = set()
+        self.leaving: set[str] = set()
+        self.cancelled: set[str] = set()
+
+    def _router(self) -> None:
+        """The router's state, as the live router keeps it: the prefix index, recent prefills,
+        the in-flight ledger, the fleet, the lane rules and their queue, the SLO holds, the
+        rules of router/decision/pipeline.py, and admission control."""
+        cfg, policy, profile = self.cfg, self.policy, self.profile
+        policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
+        self.hot = HotPrefixes() if cfg.prewarm else None
+        ttl = cfg.recent_prefill_ttl_s
+        self.recent = RecentPrefills(ttl) if ttl > 0 else None
+        self.index = PrefixIndex()
+        self.ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
+        if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
+            policy.sequences = self.ledger  # type: ignore[attr-defined]
+        self.fleet = Fleet(cfg.outlier, cfg.slow_start)
+        self.slo_classes = cfg.admission.slo_classes if cfg.admission else DEFAULT_SLO_CLASSES
+        # admitted, held back by their class: (request, admission wait)
+        self.holding: deque[tuple[int, float | None]] = deque()
+        lanes = cfg.lanes
         self.lanes = (
-            Lanes(self.cfg.lanes, self.profile.prefill_tokens_per_s)
-            if self.cfg.lanes is not None and self.cfg.lanes.enabled
+            Lanes(lanes, profile.prefill_tokens_per_s)
+            if lanes is not None and lanes.enabled
             else None
         )
-        self.lane_queue: HoldQueue[tuple[int, float | None]] = (
-            HoldQueue()
-        )  # (request, admission wait)
-        self.stats.setdefault("failed", 0)
-        self.index = PrefixIndex()
-        self.ledger = InflightLedger(
-            track_blocks=getattr(self.policy, "wants_active_blocks", False)
-        )
-        if getattr(self.policy, "wants_sequences", False):  # a peer that counts its own requests
-            self.policy.sequences = self.ledger  # type: ignore[attr-defined]
+        self.lane_queue: HoldQueue[tuple[int, float | None]] = HoldQueue()
         self.rules = Rules(
-            self.policy,
+            policy,
             self.fleet,
-            self.cfg.admission or AdmissionSettings(),
+            cfg.admission or AdmissionSettings(),
             self.lanes,
             self.hot,
-            disaggregation=self.cfg.disaggregation,
-            kv_bytes_per_token=self.profile.kv_bytes_per_token,
-            kv_link_gbps=self.cfg.kv_link_gbps,
+            disaggregation=cfg.disaggregation,
+            kv_bytes_per_token=profile.kv_bytes_per_token,
+            kv_link_gbps=cfg.kv_link_gbps,
         )
-        self.rng = random.Random(self.cfg.seed)
-        self.lease = self.cfg.heartbeat_interval_s * 4
-        self.events: list[tuple[float, int, str, object]] = []
-        self.tie = itertools.count()
-        self.lagged: deque[tuple[float, str, list[CacheEvent]]] = (
-            deque()
-        )  # (visible at, node, events)
-        self.meta: dict[str, tuple[TraceRequest, str, str, int]] = {}
-        self.done: list[Done] = []
-        self.refused = self.refused_out if self.refused_out is not None else []
-        self.waited: dict[str, float] = {}
         self.adm = (
             SimAdmission(
-                self.cfg.admission,
-                kv_blocks_total=self.profile.num_gpu_blocks * self.cfg.nodes,
-                node_blocks=self.profile.num_gpu_blocks,
-                slots_total=self.cfg.admission.slots_per_node * self.cfg.nodes,
+                cfg.admission,
+                kv_blocks_total=profile.num_gpu_blocks * cfg.nodes,
+                node_blocks=profile.num_gpu_blocks,
+                slots_total=cfg.admission.slots_per_node * cfg.nodes,
                 block_size=self.trace.block_size,
-                storm_guard=self.cfg.storm_guard,
+                storm_guard=cfg.storm_guard,
             )
-            if self.cfg.admission is not None
+            if cfg.admission is not None
             else None
         )
 
+    def _schedule(self) -> None:
+        """The events known in advance: a heartbeat before the first arrival (routers start
+        with a view), every arrival, the fleet operations, the autoscaler's first decision."""
         self.t_start = self.trace.requests[0].arrival_s if self.trace.requests else 0.0
-        self.push(
-            self.t_start, "heartbeat", None
-        )  # before the first arrival: routers start with a view
+        self.push(self.t_start, "heartbeat", None)
         for i, r in enumerate(self.trace.requests):
             self.push(r.arrival_s, "arrive", i)
         for op in self.cfg.ops:
             self.push(op.at_s, "op", op)
-        # the autoscaler's state: nodes loading their model (join pending), nodes draining after
-        # leaving, arrivals and refusals since its last decision, node time paid for
-        self.loading: set[str] = set()
-        self.leaving: set[str] = set()
-        self.cancelled: set[str] = set()  # loads cancelled before they finished
+        # arrivals and refusals since the autoscaler's last decision, node time paid for
         self.seen = {"arrivals": 0, "refused": 0, "paid": len(self.initial), "at": self.t_start}
-        self.stats.setdefault("gpu_seconds", 0)
         if self.scaler is not None:
             self.push(self.t_start + self.scaler.settings.interval_s, "control", None)
-
-        self.remaining = len(self.trace.requests)
-        self.attempts: dict[
-            int, int
-        ] = {}  # request -> its client's attempt now (the retry model's)
 
     def push(self, t: float, kind: str, data: object) -> None:
         heapq.heappush(self.events, (t, next(self.tie), kind, data))
