@@ -12,8 +12,8 @@ does not say). For a request:
 * otherwise only the nodes where its new blocks (the prompt's, less the prefix the node holds)
   fit now are candidates.
 
-The live router (``router/service.py``) and the simulator (``analytics/sim/cluster.py``) filter
-with the same function.
+The live router and the simulator filter through the same pipeline step
+(``router/decision/pipeline.py``).
 """
 
 from __future__ import annotations
