@@ -8,6 +8,8 @@
 3. ``analytics`` takes from the router only the decision core and its settings: the simulator
    and the tools run the live router's decisions, not a copy of its service.
 4. ``router`` never imports ``deploy`` (the launchers and the CLI sit above it).
+5. The surfaces (``router.http``, ``router.epp``) never compose a decision: they go through the
+   flow layer's director, not ``router.decision.pipeline``.
 
 ``ALLOWED`` lists the imports that break a contract today, each to be removed by the move that
 fixes it; an entry that no longer occurs fails the test too, so the list only shrinks.
@@ -103,6 +105,13 @@ def _violations() -> set[tuple[str, str]]:
         )
     for module, path in _modules("router").items():
         bad.update((module, name) for name in _imports(module, path) if _within(name, ("deploy",)))
+    surfaces = {**_modules("router.http"), "router.epp": ROOT / "router" / "epp.py"}
+    for module, path in surfaces.items():
+        bad.update(
+            (module, name)
+            for name in _imports(module, path)
+            if _within(name, ("router.decision.pipeline",))
+        )
     return bad
 
 
