@@ -18,12 +18,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
@@ -59,7 +59,6 @@ from router.flow.director import Director, Gated
 from router.flow.external import ExternalRequests
 from router.flow.flight import ROUTER, Flight, Flights
 from router.flow.headers import (
-    GATEWAY_KEY_HEADER,
     bearer_key,
     match_key,
     mint_id,
@@ -72,6 +71,7 @@ from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
 from router.http.edge import error_middleware, path_guard, read_body
+from router.http.gateway import GatewayApi
 from router.http.passthrough import (
     NOT_ADMITTED,
     PASSTHROUGH_PATHS,
@@ -137,44 +137,6 @@ _COUNTERS = (
 
 def _agent_counters(hb: Heartbeat | None) -> dict[str, int]:
     return {name: getattr(hb, name) if hb is not None else 0 for name in _COUNTERS}
-
-
-class GatewayRelease(BaseModel):
-    """``POST /v1/kvgate/release``: a gateway is done with a request it had routed."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reservation_id: str = Field(min_length=1)
-    status: Literal["ok", "error", "cancelled"] = "ok"
-    output_tokens: int = Field(default=0, ge=0)
-    ttft_s: float | None = Field(default=None, ge=0)
-    cached_tokens: int | None = Field(default=None, ge=0)
-    prompt_tokens: int | None = Field(
-        default=None, ge=0, description="the engine's usage.prompt_tokens (calibrates counts)"
-    )
-
-
-class GatewayRenew(BaseModel):
-    """``POST /v1/kvgate/renew``: a gateway's request is still running; move its lease."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reservation_id: str = Field(min_length=1)
-
-
-_B = TypeVar("_B", bound=BaseModel)
-
-
-async def _read_model(request: web.Request, model: type[_B]) -> _B:
-    """A small JSON body (≤ 64 KiB, 10 s) as ``model``; a 400 names the first invalid
-    field."""
-    raw = await read_body(request, 64 << 10, 10.0)
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "body"
-        raise Refusal(400, f"{where}: {first['msg']}") from None
 
 
 class RouterService:
@@ -278,6 +240,9 @@ class RouterService:
             self.calibration,
             self._check_tokens,
         )
+        self.gateway = GatewayApi(
+            settings, self.metrics, self.intake, self.external, self.gate, self.flights
+        )
 
     def app(self) -> web.Application:
         """The main listener: the OpenAI API for tenants, the gateway API for gateways (their
@@ -289,9 +254,9 @@ class RouterService:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/kvgate/decide", self._admin_only(self._decide))
-        app.router.add_post("/v1/kvgate/route", self._gateway_route)
-        app.router.add_post("/v1/kvgate/release", self._gateway_release)
-        app.router.add_post("/v1/kvgate/renew", self._gateway_renew)
+        app.router.add_post("/v1/kvgate/route", self.gateway.route)
+        app.router.add_post("/v1/kvgate/release", self.gateway.release)
+        app.router.add_post("/v1/kvgate/renew", self.gateway.renew)
         app.router.add_get("/v1/kvgate/state", self._admin_only(self._state))
         app.router.add_get("/v1/models", self._models)
         # the engines' non-generating API (embeddings, score, rerank…): passed through by
@@ -339,21 +304,6 @@ class RouterService:
     def _tenant(self, request: web.Request) -> Tenant:
         """The calling tenant, from its API key, before anything of the body is read."""
         return self.reader.tenant(request.headers)
-
-    def _gateway_caller(self, request: web.Request) -> str:
-        """The gateway calling the gateway API, by its key (``X-Kvgate-Gateway-Key``)."""
-        if not self.settings.gateway_keys:
-            self.metrics.rejected("gateway_unauthorized")
-            raise Refusal(
-                403, "the gateway API is closed: no router.gateway_keys", "permission_error"
-            )
-        name = match_key(
-            self.settings.gateway_keys, bearer_key(request.headers, GATEWAY_KEY_HEADER)
-        )
-        if name is None:
-            self.metrics.rejected("gateway_unauthorized")
-            raise Refusal(401, f"a gateway key is required ({GATEWAY_KEY_HEADER})", "unauthorized")
-        return str(name)
 
     async def _start(self, _: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(
@@ -718,76 +668,6 @@ class RouterService:
         self.views.prefilled(node, rreq.block_hashes)
 
     # --- decision-only API for gateways ----------------------------------------------------
-    async def _gateway_route(self, request: web.Request) -> web.Response:
-        """Admit and route like ``/v1/completions`` but do not forward: the gateway (e.g. Envoy)
-        sends the request to the returned endpoint itself and calls ``/v1/kvgate/release``
-        with the reservation id when it is done (else the reservation expires with its lease).
-        The body is an OpenAI completion or chat request; the same refusals apply. Only callers
-        with a gateway key may use it; the reservation is theirs alone to renew and release."""
-        gateway = self._gateway_caller(request)
-        taken = await self._intake(request, None)
-        routed = await self.external.route(gateway, taken)
-        request_id, rreq, decision, node, p = routed
-        held = self.gate.held.get(request_id)
-        return _json(
-            {
-                "request_id": request_id,
-                "reservation_id": request_id if held is not None else None,
-                "lease_expires_at": held.expires_at if held is not None else None,
-                "node_id": node.node_id,
-                "endpoint": node.endpoint,
-                "headers": node.engine_headers,  # to send with the request (a DP rank)
-                "path": p.path,
-                "model": p.model,
-                "reason": decision.reason,
-                "prompt_blocks": len(rreq.block_hashes),
-                "kv_blocks_reserved": held.kv_blocks if held is not None else 0,
-            }
-        )
-
-    async def _gateway_release(self, request: web.Request) -> web.Response:
-        """The gateway finished a routed request: release its reservation and record the
-        outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
-        gateway = self._gateway_caller(request)
-        body = await _read_model(request, GatewayRelease)
-        self._owned(gateway, body.reservation_id)  # a 404 unless this gateway routed it
-        await self.external.finish(
-            body.reservation_id,
-            body.status,
-            body.output_tokens,
-            body.ttft_s,
-            body.cached_tokens,
-            body.prompt_tokens,
-        )
-        return _json({"released": body.reservation_id}, 200)
-
-    async def _gateway_renew(self, request: web.Request) -> web.Response:
-        """A gateway's routed request runs longer than its lease: renew it (call again before
-        ``lease_expires_at``)."""
-        gateway = self._gateway_caller(request)
-        body = await _read_model(request, GatewayRenew)
-        rid = body.reservation_id
-        owned = self._owned(gateway, rid)
-        now = time.time()
-        if rid in self.gate.held:
-            try:
-                await self.gate.renew([rid], now, force=True)
-            except AdmissionError as exc:
-                raise Refusal(503, str(exc), "ServiceUnavailableError") from None
-        held = self.gate.held.get(rid)
-        until = held.expires_at if held is not None else now + self.gate.settings.lease_s
-        owned.until = until
-        return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
-
-    def _owned(self, gateway: str, rid: str) -> Flight:
-        """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same
-        answer as for an unknown id: another gateway's reservations are not even visible)."""
-        f = self.flights.owned(gateway, rid)
-        if f is None:
-            gone = "no such routed request (released already, its lease ran out, or not yours)"
-            raise Refusal(404, gone, "NotFoundError")
-        return f
-
     async def _decide(self, request: web.Request) -> web.Response:
         """Dry run: what would the router do with this body (completion or chat)? No events,
         no pre-warm advice, no reservation. An admin endpoint: it shows what the index holds."""

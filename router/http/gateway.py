@@ -1,0 +1,187 @@
+"""The gateway API: ``POST /v1/kvgate/route``, ``/release``, ``/renew``.
+
+A gateway (Envoy, a Kubernetes gateway) asks where a request should go and forwards it itself:
+the router admits and routes it like its own (router/flow/external.py), answers with the node
+and its reservation, and holds the reservation until the gateway releases it, renews it, or
+lets its lease run out (then the router ends it). Only callers with a gateway key
+(``X-Kvgate-Gateway-Key``) may use it, and a gateway sees only its own reservations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Literal, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from admission.exceptions import AdmissionError
+from admission.gate import AdmissionGate
+from router.flow.director import Gated
+from router.flow.external import ExternalRequests
+from router.flow.flight import Flight, Flights
+from router.flow.headers import GATEWAY_KEY_HEADER, bearer_key, match_key
+from router.flow.refusals import Refusal
+from router.http.edge import read_body
+from router.metrics import RouterMetrics
+from router.parse import ParsedRequest
+from router.settings import RouterSettings
+
+__all__ = ["GatewayApi", "GatewayRelease", "GatewayRenew"]
+
+Intake = Callable[
+    [Mapping[str, str], Callable[[], Awaitable[bytes]], bool | None, str | None],
+    Awaitable[tuple[str, float, ParsedRequest, Gated, float]],
+]
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+class GatewayRelease(BaseModel):
+    """``POST /v1/kvgate/release``: a gateway is done with a request it had routed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reservation_id: str = Field(min_length=1)
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    output_tokens: int = Field(default=0, ge=0)
+    ttft_s: float | None = Field(default=None, ge=0)
+    cached_tokens: int | None = Field(default=None, ge=0)
+    prompt_tokens: int | None = Field(
+        default=None, ge=0, description="the engine's usage.prompt_tokens (calibrates counts)"
+    )
+
+
+class GatewayRenew(BaseModel):
+    """``POST /v1/kvgate/renew``: a gateway's request is still running; move its lease."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reservation_id: str = Field(min_length=1)
+
+
+_B = TypeVar("_B", bound=BaseModel)
+
+
+async def _read_model(request: web.Request, model: type[_B]) -> _B:
+    """A small JSON body (≤ 64 KiB, 10 s) as ``model``; a 400 names the first invalid
+    field."""
+    raw = await read_body(request, 64 << 10, 10.0)
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "body"
+        raise Refusal(400, f"{where}: {first['msg']}") from None
+
+
+class GatewayApi:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        metrics: RouterMetrics,
+        intake: Intake,
+        external: ExternalRequests,
+        gate: AdmissionGate,
+        flights: Flights,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.intake = intake
+        self.external = external
+        self.gate = gate
+        self.flights = flights
+
+    def caller(self, request: web.Request) -> str:
+        """The gateway calling the gateway API, by its key (``X-Kvgate-Gateway-Key``)."""
+        if not self.settings.gateway_keys:
+            self.metrics.rejected("gateway_unauthorized")
+            raise Refusal(
+                403, "the gateway API is closed: no router.gateway_keys", "permission_error"
+            )
+        name = match_key(
+            self.settings.gateway_keys, bearer_key(request.headers, GATEWAY_KEY_HEADER)
+        )
+        if name is None:
+            self.metrics.rejected("gateway_unauthorized")
+            raise Refusal(401, f"a gateway key is required ({GATEWAY_KEY_HEADER})", "unauthorized")
+        return str(name)
+
+    async def route(self, request: web.Request) -> web.Response:
+        """Admit and route like ``/v1/completions`` but do not forward: the gateway (e.g. Envoy)
+        sends the request to the returned endpoint itself and calls ``/v1/kvgate/release``
+        with the reservation id when it is done (else the reservation expires with its lease).
+        The body is an OpenAI completion or chat request; the same refusals apply. Only callers
+        with a gateway key may use it; the reservation is theirs alone to renew and release."""
+        gateway = self.caller(request)
+        taken = await self.intake(
+            request.headers,
+            lambda: read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
+            None,
+            request.remote,
+        )
+        routed = await self.external.route(gateway, taken)
+        request_id, rreq, decision, node, p = routed
+        held = self.gate.held.get(request_id)
+        return _json(
+            {
+                "request_id": request_id,
+                "reservation_id": request_id if held is not None else None,
+                "lease_expires_at": held.expires_at if held is not None else None,
+                "node_id": node.node_id,
+                "endpoint": node.endpoint,
+                "headers": node.engine_headers,  # to send with the request (a DP rank)
+                "path": p.path,
+                "model": p.model,
+                "reason": decision.reason,
+                "prompt_blocks": len(rreq.block_hashes),
+                "kv_blocks_reserved": held.kv_blocks if held is not None else 0,
+            }
+        )
+
+    async def release(self, request: web.Request) -> web.Response:
+        """The gateway finished a routed request: release its reservation and record the
+        outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
+        gateway = self.caller(request)
+        body = await _read_model(request, GatewayRelease)
+        self._owned(gateway, body.reservation_id)  # a 404 unless this gateway routed it
+        await self.external.finish(
+            body.reservation_id,
+            body.status,
+            body.output_tokens,
+            body.ttft_s,
+            body.cached_tokens,
+            body.prompt_tokens,
+        )
+        return _json({"released": body.reservation_id}, 200)
+
+    async def renew(self, request: web.Request) -> web.Response:
+        """A gateway's routed request runs longer than its lease: renew it (call again before
+        ``lease_expires_at``)."""
+        gateway = self.caller(request)
+        body = await _read_model(request, GatewayRenew)
+        rid = body.reservation_id
+        owned = self._owned(gateway, rid)
+        now = time.time()
+        if rid in self.gate.held:
+            try:
+                await self.gate.renew([rid], now, force=True)
+            except AdmissionError as exc:
+                raise Refusal(503, str(exc), "ServiceUnavailableError") from None
+        held = self.gate.held.get(rid)
+        until = held.expires_at if held is not None else now + self.gate.settings.lease_s
+        owned.until = until
+        return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
+
+    def _owned(self, gateway: str, rid: str) -> Flight:
+        """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same
+        answer as for an unknown id: another gateway's reservations are not even visible)."""
+        f = self.flights.owned(gateway, rid)
+        if f is None:
+            gone = "no such routed request (released already, its lease ran out, or not yours)"
+            raise Refusal(404, gone, "NotFoundError")
+        return f
