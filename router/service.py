@@ -70,7 +70,7 @@ from router.flow.refusals import Refusal
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
-from router.http.edge import error_middleware, path_guard, read_body
+from router.http.edge import error_middleware, json_response, path_guard, read_body
 from router.http.gateway import GatewayApi
 from router.http.passthrough import (
     NOT_ADMITTED,
@@ -93,12 +93,6 @@ from streams.topics import LEDGER
 __all__ = ["RouterService"]
 
 log = logging.getLogger(__name__)
-
-
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
-    )
 
 
 def _reroutable(resp: web.StreamResponse, relay: Served) -> bool:
@@ -180,8 +174,6 @@ class RouterService:
         self._pumper: asyncio.Task[None] | None = None
         self.control: ControlFollower | None = None
         self.reconciler: Reconciler | None = None
-        self.hot = HotPrefixes() if settings.prewarm else None
-        # loaded once: a bad tokenizer path fails at start, not on the first request
         key = settings.upstream_api_key
         # engines started with --api-key (vLLM) want it on every /v1 call
         self._upstream_auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
@@ -197,20 +189,25 @@ class RouterService:
         self._checks: set[asyncio.Task[None]] = set()
         self._started_at = time.time()
         self.feed = FeedWatch(settings, replica)
-        self.views = ClusterView(settings, replica, self.fleet, self.feed, self.ledger)
+        self._prober: asyncio.Task[None] | None = None
+        self._build_flow(settings, bus)
+
+    def _build_flow(self, settings: RouterSettings, bus: KafkaBus) -> None:
+        """The request flow (router/flow/): views, recorder, intake, the pipeline's rules and
+        the director, the requests gateways carry, the gateway API."""
+        self.views = ClusterView(settings, self.replica, self.fleet, self.feed, self.ledger)
         self.recorder = Recorder(
             settings, bus, self.router_id, self.policy, self.views, self.metrics
         )
         self.reader = IntakeReader(
             settings, self.gate, self.views, self.tokencheck, self.metrics, self.recorder
         )
-        self._prober: asyncio.Task[None] | None = None
         rules = Rules(
             self.policy,
             self.fleet,
             self.gate.settings,
             self.lanes,
-            self.hot,
+            HotPrefixes() if settings.prewarm else None,
             fallback=LeastRequestsPolicy(),
             disaggregation=settings.disaggregation,
             kv_bytes_per_token=settings.kv_bytes_per_token,
@@ -682,7 +679,7 @@ class RouterService:
         rreq, d, nodes, block_size = self.director.dry_run(p, now)
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
-        return _json(
+        return json_response(
             {
                 "chosen_node": d.chosen,
                 "endpoint": endpoint,
@@ -729,7 +726,7 @@ class RouterService:
         for key in self.gate.queues.pools():
             queued.update(self.gate.queues.depth(key))
         beats = self.replica.load
-        return _json(
+        return json_response(
             {
                 "router_id": self.router_id,
                 "policy": self.policy.name,
@@ -832,7 +829,7 @@ class RouterService:
         bases = {n.model for n in live}
         adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
         entry = {"object": "model", "owned_by": "kvgate"}
-        return _json(
+        return json_response(
             {
                 "object": "list",
                 "data": [{**entry, "id": m, "root": m, "parent": None} for m in sorted(bases)]
@@ -841,7 +838,7 @@ class RouterService:
         )
 
     async def _health(self, _: web.Request) -> web.Response:
-        return _json({"status": "ok", "router_id": self.router_id})
+        return json_response({"status": "ok", "router_id": self.router_id})
 
     def is_ready(self, now: float) -> bool:
         """Tables caught up, a healthy node, no background loop failing (the admission store
@@ -865,7 +862,7 @@ class RouterService:
                 store_ready = False
         failing = self.failing_loops()
         ready = self.replica.caught_up.is_set() and bool(healthy) and store_ready and not failing
-        return _json(
+        return json_response(
             {
                 "ready": ready,
                 "failing": failing,

@@ -456,10 +456,10 @@ class SimCluster:
                     self.holding.append((idx, queue_wait_s))  # waits until the engines drain
                 return UNKNOWN
             if not queued:  # waits in the router's queue, short requests first
+                assert self.lanes is not None  # only the lane rules hold a request here
                 long = isinstance(d.now, Routed) and d.now.facts.long
-                self.lane_queue.push(
-                    self.lanes_key(r.arrival_s, long), long, (idx, queue_wait_s), d.blocker
-                )
+                key = self.lanes.key(r.arrival_s, long)
+                self.lane_queue.push(key, long, (idx, queue_wait_s), d.blocker)
             return d.blocker
         if isinstance(d, NotRouted):
             self.turned_away(idx, d.rejection, now)
@@ -496,9 +496,6 @@ class SimCluster:
             self.stats["prewarm_advice"] += 1
             self.push(now + self.cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
         return None
-
-    def lanes_key(self, arrival_s: float, long: bool) -> float:
-        return self.lanes.key(arrival_s, long) if self.lanes is not None else arrival_s
 
     def turned_away(self, idx: int, rej: Rejection, now: float) -> None:
         """The router refuses request ``idx`` (no candidates, no fit, its deadline): an

@@ -23,9 +23,7 @@ from admission.settings import Tenant
 from admission.slo import Slo
 from router.decision.calibrate import TokenCalibration
 from router.decision.candidates import budget, candidates
-from router.decision.fleet import Fleet
 from router.decision.inflight import InflightLedger
-from router.decision.lanes import Lanes
 from router.decision.outlier import Failure
 from router.decision.pipeline import (
     Ask,
@@ -42,7 +40,7 @@ from router.decision.pipeline import (
 )
 from router.decision.placement import FREE, Placement
 from router.decision.types import NodeView, RouteDecision, RouteRequest, eligible
-from router.feed import FeedWatch
+from router.flow.headers import mint_id
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
@@ -54,7 +52,6 @@ from router.metrics import RouterMetrics
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from streams.blocks import chain_hashes, chain_root
-from streams.replica import TableReplica
 
 __all__ = ["Director", "Gated"]
 
@@ -103,23 +100,7 @@ class Director:
         self.recorder = recorder
         self.reader = reader
         self.calibration = calibration
-
-    @property
-    def fleet(self) -> Fleet:
-        return self.rules.fleet
-
-    @property
-    def lanes(self) -> Lanes:
-        assert self.rules.lanes is not None  # the live router always has its lane rules
-        return self.rules.lanes
-
-    @property
-    def feed(self) -> FeedWatch:
-        return self.views.feed
-
-    @property
-    def replica(self) -> TableReplica:
-        return self.views.replica
+        self.fleet, self.feed, self.replica = rules.fleet, views.feed, views.replica
 
     def _rejected(self, rej: Rejection) -> Refusal:
         """Admission's or routing's rejection, counted."""
@@ -364,7 +345,8 @@ class Director:
         when it is routed, so that the next request of the round sees it on its node — at most
         ``lanes.hold_max_s`` (or half its lease) since it arrived; then the pipeline sends it to
         its best node whatever the lane rules say."""
-        lanes = self.lanes
+        lanes = self.rules.lanes
+        assert lanes is not None  # the live router always has its lane rules
         facts = got.now.facts if isinstance(got.now, Routed) else None
         long = facts.long if facts is not None else False
 
@@ -453,7 +435,7 @@ class Director:
             raise Refusal(404, f"The model `{p.model[:200]}` does not exist.", "NotFoundError")
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        rreq = self.route_request(f"dry-{time.monotonic_ns()}", p, block_size)
+        rreq = self.route_request(mint_id(), p, block_size)
         ask = Ask(rreq, self.expected_output(p, ""), now, mode="query", prewarm=False)
         got = decide(ask, self.snapshot(ask, nodes, block_size, now), self.rules)
         d = got.now.decision if isinstance(got, Held) else got.decision

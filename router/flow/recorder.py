@@ -6,13 +6,12 @@ so that a flood of junk cannot crowd real decisions out."""
 from __future__ import annotations
 
 import time
-from typing import Protocol
 
 from admission.core import Verdict
 from admission.settings import Tenant
 from admission.slo import Slo
 from router.decision.hotprefix import PrewarmAdvice
-from router.decision.types import RouteDecision, RouteRequest
+from router.decision.types import Policy, RouteDecision, RouteRequest
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.metrics import RouterMetrics
@@ -24,14 +23,6 @@ from streams.schemas import ControlMessage
 from streams.topics import CONTROL, DECISIONS, OUTCOMES
 
 __all__ = ["Recorder"]
-
-
-class _Named(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def weights_version(self) -> int: ...
 
 
 class _TokenBucket:
@@ -55,7 +46,7 @@ class Recorder:
         settings: RouterSettings,
         bus: KafkaBus,
         router_id: str,
-        policy: _Named,
+        policy: Policy,
         views: ClusterView,
         metrics: RouterMetrics,
     ) -> None:

@@ -26,7 +26,7 @@ from aiohttp import web
 from router.flow.refusals import Refusal
 from streams.openai import error_body
 
-__all__ = ["error_middleware", "path_guard", "read_body", "refusal_response"]
+__all__ = ["error_middleware", "json_response", "path_guard", "read_body", "refusal_response"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,15 @@ def refusal_response(r: Refusal) -> web.Response:
     """``r`` as the HTTP response every surface answers it with."""
     return web.Response(
         body=r.body(), status=r.status, content_type="application/json", headers=r.headers
+    )
+
+
+def json_response(
+    data: object, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """``data`` as a JSON response (every JSON answer of the router's HTTP surfaces)."""
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
     )
 
 

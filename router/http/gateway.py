@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal, TypeVar
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,7 +23,7 @@ from router.flow.external import ExternalRequests
 from router.flow.flight import Flight, Flights
 from router.flow.headers import GATEWAY_KEY_HEADER, bearer_key, match_key
 from router.flow.refusals import Refusal
-from router.http.edge import read_body
+from router.http.edge import json_response, read_body
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
@@ -35,10 +34,6 @@ Intake = Callable[
     [Mapping[str, str], Callable[[], Awaitable[bytes]], bool | None, str | None],
     Awaitable[tuple[str, float, ParsedRequest, Gated, float]],
 ]
-
-
-def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 class GatewayRelease(BaseModel):
@@ -127,7 +122,7 @@ class GatewayApi:
         routed = await self.external.route(gateway, taken)
         request_id, rreq, decision, node, p = routed
         held = self.gate.held.get(request_id)
-        return _json(
+        return json_response(
             {
                 "request_id": request_id,
                 "reservation_id": request_id if held is not None else None,
@@ -157,7 +152,7 @@ class GatewayApi:
             body.cached_tokens,
             body.prompt_tokens,
         )
-        return _json({"released": body.reservation_id}, 200)
+        return json_response({"released": body.reservation_id}, 200)
 
     async def renew(self, request: web.Request) -> web.Response:
         """A gateway's routed request runs longer than its lease: renew it (call again before
@@ -175,7 +170,7 @@ class GatewayApi:
         held = self.gate.held.get(rid)
         until = held.expires_at if held is not None else now + self.gate.settings.lease_s
         owned.until = until
-        return _json({"reservation_id": rid, "lease_expires_at": until}, 200)
+        return json_response({"reservation_id": rid, "lease_expires_at": until}, 200)
 
     def _owned(self, gateway: str, rid: str) -> Flight:
         """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same

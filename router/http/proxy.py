@@ -29,16 +29,13 @@ from aiohttp import web
 from router.decision.types import NodeView
 from router.flow.headers import trace_headers
 from router.flow.served import Served
+from router.http.edge import json_response
 from router.parse import ParsedRequest
 from streams.openai import error_body
 
 __all__ = ["forward"]
 
 log = logging.getLogger(__name__)
-
-
-def _json(data: Any, status: int) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 class ClientStalled(Exception):
@@ -215,7 +212,7 @@ async def forward(
                 if up.status in (401, 403):  # the engine refused the router, not the client
                     relay.http_status, relay.failure = 502, "5xx"
                     msg = f"node {node.node_id} refused the router's credentials"
-                    return _json(error_body(msg, "upstream_auth", 502), 502), relay
+                    return json_response(error_body(msg, "upstream_auth", 502), 502), relay
                 return web.Response(
                     body=data,
                     status=up.status,
@@ -270,7 +267,7 @@ async def forward(
         if resp is None:
             code = 504 if overdue else 502
             kind = "GatewayTimeout" if overdue else "BadGateway"
-            return _json(error_body(public, kind, code), code), relay
+            return json_response(error_body(public, kind, code), code), relay
         err = orjson.dumps(error_body(public, "BadGateway", 502))
         try:
             await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", write_timeout_s)

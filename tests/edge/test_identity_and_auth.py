@@ -135,7 +135,7 @@ async def test_decide_is_a_dry_run() -> None:
     the same request routed for real would."""
     async with edge() as e:
         calls: list[Any] = []
-        assert e.service.hot is not None
+        assert e.service.director.rules.hot is not None
 
         def always_hot(now: float, hashes: Any, matches: Any, nodes: Any) -> PrewarmAdvice:
             calls.append(now)

@@ -4,8 +4,6 @@ from the same views — the same node for the same reason, held or refused alike
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from admission.settings import AdmissionSettings
@@ -63,5 +61,5 @@ def test_the_simulator_decides_as_the_live_router_does(
         assert _outcome(theirs) == _outcome(got), ask.request.request_id
         outcomes.add(_outcome(got)[0])
         if isinstance(theirs, Routed):  # sent: the live router commits it as the simulator did
-            commit(ask, replace(snap), theirs, live.director.rules, live.ledger)
+            commit(ask, snap, theirs, live.director.rules, live.ledger)
     assert outcomes >= {"Routed", "held"}  # the lane rules held some on the way
