@@ -286,7 +286,7 @@ def router(
     ] = None,
 ) -> None:
     """Run a stateless router (OpenAI-compatible proxy) with replicas of the tables."""
-    from router.serve import run_router
+    from deploy.routerproc import run_router
 
     s = _settings(config)
     options = {"port": port, "host": host, "epp_port": epp_port, "workers": workers}

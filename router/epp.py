@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import grpc
@@ -42,11 +42,19 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
+from router.flow.entry import Entry
+from router.flow.external import ExternalRequests
 from router.flow.flight import EPP
 from router.flow.headers import forwarded_peer
 from router.flow.refusals import Refusal
+from router.http.upstream import Upstream
+from router.loops import Loops
+from router.settings import RouterSettings
 
-__all__ = ["DESTINATION", "EndpointPicker", "EppServer", "host_port", "serve_epp"]
+if TYPE_CHECKING:
+    from router.runtime import Router
+
+__all__ = ["DESTINATION", "EndpointPicker", "EppParts", "EppServer", "host_port", "serve_epp"]
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +158,22 @@ class _Watch:
                         self.first_token_s = now
 
 
+@dataclass(frozen=True, slots=True)
+class EppParts:
+    """What the endpoint picker uses of its router."""
+
+    settings: RouterSettings
+    entry: Entry
+    external: ExternalRequests
+    upstream: Upstream
+    loops: Loops
+
+
 @dataclass
 class _Exchange:
     """One HTTP request through the gateway."""
 
-    service: Any
+    parts: EppParts
     request_body_mode: int = BUFFERED
     response_body_mode: int = 0
     headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
@@ -195,7 +214,7 @@ class _Exchange:
         if kind == "request_body":
             self.body.append(req.request_body.body)
             self.body_bytes += len(req.request_body.body)
-            limit = self.service.settings.max_body_bytes
+            limit = self.parts.settings.max_body_bytes
             if self.body_bytes > limit:  # refused as it grows, not once it is all held
                 return [immediate(413, _error(f"the body is over {limit} bytes"), {})]
             if len(self.body) > MAX_BODY_CHUNKS:
@@ -218,7 +237,7 @@ class _Exchange:
             first = self.watch.first_token_s is None
             self.watch.chunk(chunk.body, time.time())
             if first and self.watch.first_token_s is not None and self.request_id is not None:
-                self.service.external.first_token(self.request_id)  # its prefill is done
+                self.parts.external.first_token(self.request_id)  # its prefill is done
             if self.response_body_mode == FULL_DUPLEX:
                 out = ep.ProcessingResponse(
                     response_body=ep.BodyResponse(
@@ -248,17 +267,17 @@ class _Exchange:
             return raw
 
         try:
-            taken = await self.service.intake(
+            taken = await self.parts.entry.take(
                 self.headers, read, None, forwarded_peer(self.headers)
             )
             subset = self.subset
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
-            routed = await self.service.external.route(EPP, taken, allowed)
+            routed = await self.parts.external.route(EPP, taken, allowed)
         except Refusal as exc:
             return [_refused(exc)]
         self.request_id, _, decision, node, p = routed
         dest = host_port(node.endpoint)
-        upstream = self.service.upstream_auth
+        upstream = self.parts.upstream.auth
         mutation = ep.HeaderMutation(
             set_headers=[_set(DESTINATION, dest), _set("x-kvgate-node", node.node_id)]
             + [_set(k.lower(), v) for k, v in node.engine_headers.items()]
@@ -316,7 +335,7 @@ class _Exchange:
         output = usage.get("completion_tokens", w.output_tokens)
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         prompt = usage.get("prompt_tokens")
-        await self.service.external.finish(
+        await self.parts.external.finish(
             self.request_id,
             status,
             int(output) if isinstance(output, int) else w.output_tokens,
@@ -341,13 +360,13 @@ def _refused(r: Refusal) -> ep.ProcessingResponse:
 
 
 class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    def __init__(self, parts: EppParts) -> None:
+        self.parts = parts
 
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        ex = _Exchange(self.service)
+        ex = _Exchange(self.parts)
         try:
             async for req in request_iterator:
                 for resp in await ex.on(req):
@@ -369,11 +388,13 @@ class EppServer:
         await self.server.stop(grace_s)
 
 
-async def serve_epp(service: Any, host: str, port: int) -> EppServer:
-    """Start the EPP and the gRPC health services (``liveness`` always serving; ``readiness``
-    and the ext_proc service while the router is ready) on ``host:port`` (0: any free port)."""
+async def serve_epp(router: Router, host: str, port: int) -> EppServer:
+    """Start ``router``'s EPP and the gRPC health services (``liveness`` always serving;
+    ``readiness`` and the ext_proc service while the router is ready) on ``host:port`` (0: any
+    free port)."""
+    parts = EppParts(router.settings, router.entry, router.external, router.upstream, router.loops)
     server = grpc.aio.server()
-    ep_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(service), server)
+    ep_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(parts), server)
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     serving, not_serving = (
@@ -384,7 +405,7 @@ async def serve_epp(service: Any, host: str, port: int) -> EppServer:
 
     async def follow() -> None:
         while True:
-            state = serving if service.is_ready(time.time()) else not_serving
+            state = serving if parts.loops.ready(time.time()) else not_serving
             for name in HEALTH_SERVICES[1:]:
                 await checker.set(name, state)
             await asyncio.sleep(1.0)

@@ -1,99 +1,186 @@
-"""Wiring of a router process: Kafka bus, table replica, policy and HTTP service."""
+"""The router's composition root: builds every part of a router process — the admission gate,
+the pipeline's rules, the flow layer (router/flow/), the HTTP surfaces (router/http/), the
+background loops — wires them, and returns them as a :class:`Router`. Nothing else constructs
+them; nothing here decides anything."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
-from typing import TYPE_CHECKING
+import os
+import socket
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from admission.reconciler import Reconciler
-from router.control import ControlFollower
-from router.decision.policies import make_policy
-from router.service import RouterService
-from streams.kafka import KafkaBus, ensure_topics
-from streams.ledger import LedgerReplica
+from admission.gate import AdmissionGate
+from admission.reservations import ReservationStore
+from admission.settings import AdmissionSettings
+from admission.storm import StormStore
+from router.decision.calibrate import TokenCalibration
+from router.decision.fleet import Fleet
+from router.decision.hotprefix import HotPrefixes
+from router.decision.inflight import InflightLedger
+from router.decision.lanes import Lanes
+from router.decision.pipeline import Refused, Routed, Rules, Snapshot
+from router.decision.policies import LeastRequestsPolicy
+from router.decision.policies.canary import WeightsCanary
+from router.decision.types import Policy
+from router.feed import FeedWatch
+from router.flow.director import Director
+from router.flow.entry import Entry
+from router.flow.external import ExternalRequests
+from router.flow.flight import Flights
+from router.flow.intake import IntakeReader
+from router.flow.proxied import ProxiedRequests
+from router.flow.recorder import Recorder
+from router.flow.views import ClusterView
+from router.flow.waiting import RouterQueue
+from router.http.admin import AdminApi
+from router.http.app import admin_app, main_app
+from router.http.gateway import GatewayApi
+from router.http.openai import OpenAiApi
+from router.http.prefill import PrefillLeg
+from router.http.probes import TokenChecks
+from router.http.upstream import Upstream
+from router.loops import Loops
+from router.metrics import RouterMetrics
+from router.settings import RouterSettings
+from router.tokencheck import TokenCheck
+from router.tracing import Tracing
+from streams.kafka import KafkaBus
 from streams.replica import TableReplica
+from streams.topics import LEDGER
 
-if TYPE_CHECKING:
-    from deploy.settings import Settings
-
-__all__ = ["build_router_app"]
+__all__ = ["Router", "build_router"]
 
 
-def build_router_app(s: Settings) -> web.Application:
-    bus = KafkaBus(s.kafka, "kvgate-router", linger_ms=s.router.records_linger_ms)
-    replica = TableReplica(
-        s.kafka, s.worker, "kvgate-router-replica", feed_stale_s=s.router.feed_stale_s
+@dataclass(slots=True)
+class Router:
+    """A router's parts, built and wired (no behaviour of its own). ``app`` and ``admin`` are
+    its two listeners' applications; ``app`` starts and stops the parts that run."""
+
+    settings: RouterSettings
+    router_id: str
+    replica: TableReplica
+    bus: KafkaBus
+    policy: WeightsCanary  # the policy, and the candidate weights of a canary
+    gate: AdmissionGate
+    ledger: InflightLedger
+    metrics: RouterMetrics
+    tracing: Tracing
+    flights: Flights
+    director: Director
+    entry: Entry
+    external: ExternalRequests
+    upstream: Upstream
+    loops: Loops
+    app: web.Application
+    admin: web.Application
+
+
+def _rules(settings: RouterSettings, policy: Policy, fleet: Fleet, gate: AdmissionGate) -> Rules:
+    return Rules(
+        policy,
+        fleet,
+        gate.settings,
+        Lanes(settings.lanes, settings.cost.prefill_tokens_per_s),
+        HotPrefixes() if settings.prewarm else None,
+        fallback=LeastRequestsPolicy(),
+        disaggregation=settings.disaggregation,
+        kv_bytes_per_token=settings.kv_bytes_per_token,
+        kv_link_gbps=settings.kv_link_gbps,
     )
-    store = None
-    storm_store = None
-    redis_client = None
-    if s.admission.backend == "redis":
-        from redis.asyncio import BlockingConnectionPool, Redis
 
-        from admission.redis_store import RedisReservations
-        from admission.storm import RedisStormStore
 
-        password = s.redis.password.get_secret_value() if s.redis.password else None
-        # bounded, and waited for: redis-py's default pool refuses the 101st concurrent command
-        # ("Too many connections"), which failed admissions and releases under load
-        pool = BlockingConnectionPool.from_url(
-            s.redis.url,
-            password=password,
-            socket_timeout=s.redis.socket_timeout_s,
-            max_connections=s.redis.max_connections,
-            timeout=s.redis.pool_timeout_s,
-        )
-        redis_client = Redis.from_pool(pool)  # closing the client closes the pool
-        store = RedisReservations(redis_client, f"kvgate:{s.kafka.namespace}")
-        storm_store = RedisStormStore(redis_client, f"kvgate:{s.kafka.namespace}")
-    service = RouterService(
-        s.router, replica, bus, make_policy(s.router), s.admission, store, storm_store
+def build_router(
+    settings: RouterSettings,
+    replica: TableReplica,
+    bus: KafkaBus,
+    policy: Policy,
+    admission: AdmissionSettings | None = None,
+    store: ReservationStore | None = None,
+    storm_store: StormStore | None = None,
+    tracing: Tracing | None = None,
+) -> Router:
+    """Every part of a router over ``replica`` and ``bus`` (started by the caller: see
+    deploy/routerproc.py); the admission store in process unless ``store`` is given, traces
+    as ``router.otlp_endpoint`` says unless ``tracing`` is given."""
+    s = settings
+    router_id = s.router_id or f"{socket.gethostname()}:{s.port}:{os.getpid()}"
+    canary = WeightsCanary(policy, s)
+    ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
+    if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
+        policy.sequences = ledger  # type: ignore[attr-defined]
+    queue: RouterQueue[tuple[Routed | Refused, Snapshot]] = RouterQueue(
+        s.hold_poll_s, s.lanes.max_waiting
     )
-    control = ControlFollower(
-        s.kafka, bus, service.policy, f"{service.router_id}-control", service.fleet
+    fleet = Fleet(s.outlier, s.slow_start)
+    gate = AdmissionGate(
+        admission or AdmissionSettings(),
+        router_id,
+        lambda ev: bus.publish(LEDGER, ev.pool, ev),
+        store,
+        storm_store,
     )
-    service.control = control
-    ledger = LedgerReplica(s.kafka, s.worker, f"{service.router_id}-ledger")
-    reconciler = Reconciler(
-        service.gate,
-        ledger,
-        lambda: replica.load.values(),
-        s.admission.reconcile_interval_s,
-        s.admission.reconcile_grace_s,
-        sole_owner=s.admission.backend == "inproc",
+    metrics = RouterMetrics()
+    tracing = tracing or Tracing(s.otlp_endpoint, f"kvgate-router/{router_id}")
+    flights = Flights()
+    calibration = TokenCalibration()
+    tokencheck = TokenCheck(s.tokenize_check_every, s.tokenize_check_min, s.tokenize_mismatch_share)
+    feed = FeedWatch(s, replica)
+    views = ClusterView(s, replica, fleet, feed, ledger)
+    recorder = Recorder(s, bus, router_id, canary, views, metrics)
+    reader = IntakeReader(s, gate, views, tokencheck, metrics, recorder)
+    rules = _rules(s, canary, fleet, gate)
+    director = Director(
+        s, gate, views, rules, ledger, queue, metrics, recorder, reader, calibration
     )
-    service.reconciler = reconciler
-    app = service.app()
+    upstream = Upstream(s)
+    tokens = TokenChecks(upstream, reader, tokencheck, metrics)
+    external = ExternalRequests(
+        s, gate, director, flights, ledger, views, recorder, queue, calibration, tokens.check
+    )
+    entry = Entry(reader, director, recorder)
+    proxied = ProxiedRequests(
+        s, gate, flights, ledger, views, queue, calibration, recorder, metrics
+    )
+    loops = Loops(s, router_id, gate, flights, external, views, upstream)
+    prefill = PrefillLeg(s, upstream, gate, views, ledger, director, metrics)
+    openai = OpenAiApi(s, entry, director, proxied, upstream, prefill, tokens, tracing, feed)
+    gateway = GatewayApi(s, metrics, entry, external, gate, flights)
+    admin = AdminApi(s, router_id, canary, director, reader, flights, tokencheck, loops, bus)
+    app = main_app(s, metrics, openai, gateway, admin)
 
-    async def freeze_when_caught_up() -> None:
-        # the index is a few large containers; keeping them out of the cyclic GC's scans
-        # removes millisecond pauses from the decision path (docs/benchmarks/decision.md)
-        await replica.caught_up.wait()
-        gc.freeze()
-
-    async def start(app: web.Application) -> None:
-        await ensure_topics(s.kafka)
-        await bus.start()
-        await replica.start()
-        await control.start()
-        if s.admission.enabled:
-            await ledger.start()
-            await reconciler.start()
-        app["freeze"] = asyncio.create_task(freeze_when_caught_up())
+    async def start(_: web.Application) -> None:
+        upstream.start()
+        loops.start()
 
     async def stop(_: web.Application) -> None:
-        await reconciler.stop()
-        await ledger.stop()
-        await control.stop()
-        await replica.stop()
-        await bus.stop()
-        if redis_client is not None:
-            await redis_client.aclose()
+        loops.stop()
+        tokens.cancel()
+        await queue.stop()
+        await upstream.close()
+        # the last spans leave before the process does (bounded by the exporter's timeout)
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
 
-    app.on_startup.insert(0, start)
+    app.on_startup.append(start)
     app.on_cleanup.append(stop)
-    app["service"] = service
-    return app
+    return Router(
+        s,
+        router_id,
+        replica,
+        bus,
+        canary,
+        gate,
+        ledger,
+        metrics,
+        tracing,
+        flights,
+        director,
+        entry,
+        external,
+        upstream,
+        loops,
+        app,
+        admin_app(admin),
+    )

@@ -7,10 +7,8 @@
   and are closed at once, before any request is parsed;
 * the admin listener (``admin_port``) binds ``admin_host`` (loopback by default).
 
-``router.workers`` > 1 runs that many router processes on one port (``SO_REUSEPORT``: the kernel
-spreads connections over them), each a whole router with its own replicas of the tables; worker
-``i`` serves its admin listener on ``admin_port + i``. The parent only supervises: it restarts a
-worker that dies and stops them all on SIGTERM / SIGINT.
+With ``router.workers`` > 1 the main listener binds with ``SO_REUSEPORT`` (the processes of
+deploy/routerproc.py share its port).
 
 Body size and read time are bounded per request (:mod:`router.http.edge`).
 """
@@ -18,14 +16,10 @@ Body size and read time are bounded per request (:mod:`router.http.edge`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import multiprocessing
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -33,10 +27,9 @@ from aiohttp import web
 from streams.openai import error_body
 
 if TYPE_CHECKING:
-    from deploy.settings import Settings
     from router.settings import RouterSettings
 
-__all__ = ["Listeners", "event_loop_factory", "run_router", "start_listeners", "worker_settings"]
+__all__ = ["Listeners", "event_loop_factory", "start_listeners"]
 
 log = logging.getLogger(__name__)
 
@@ -135,112 +128,3 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
-
-
-def worker_settings(s: Settings, index: int) -> Settings:
-    """Worker ``index``'s settings: its own admin port (``admin_port + index``; 0 stays any
-    free port) and router id (``<router_id>-w<index>`` when an id is configured)."""
-    r = s.router
-    update: dict[str, Any] = {}
-    if r.admin_port:
-        update["admin_port"] = r.admin_port + index
-    if r.router_id is not None:
-        update["router_id"] = f"{r.router_id}-w{index}"
-    return s.model_copy(update={"router": r.model_copy(update=update)}) if update else s
-
-
-def _serve(s: Settings) -> None:
-    """One router process: serve until SIGTERM / SIGINT, then shut down cleanly."""
-    from router.runtime import build_router_app
-
-    async def main() -> None:
-        app = build_router_app(s)
-        admin = app["service"].admin_app()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        listeners = await start_listeners(app, admin, s.router)
-        log.info(
-            "router %s listening on %s:%s (admin: %s, loop: %s)",
-            app["service"].router_id,
-            s.router.host,
-            s.router.port,
-            listeners.ports[1] if len(listeners.ports) > 1 else None,
-            type(loop).__module__.split(".")[0],
-        )
-        epp = None
-        if s.router.epp_port is not None:  # the Gateway API Inference Extension's picker
-            from router.epp import serve_epp
-
-            epp = await serve_epp(app["service"], s.router.host, s.router.epp_port)
-            log.info("endpoint picker (ext_proc gRPC) on %s:%s", s.router.host, epp.port)
-        try:
-            await stop.wait()
-        finally:
-            if epp is not None:
-                with contextlib.suppress(Exception):
-                    await epp.stop()
-            with contextlib.suppress(Exception):
-                await listeners.stop()
-
-    with asyncio.Runner(loop_factory=event_loop_factory(s.router.event_loop)) as runner:
-        runner.run(main())
-
-
-def run_router(s: Settings) -> None:
-    """``kvgate router``: one router, or ``router.workers`` of them under a supervisor."""
-    n = s.router.workers
-    if n == 1:
-        _serve(s)
-        return
-    if s.router.port == 0:
-        raise SystemExit("router.workers > 1 needs a fixed router.port (the workers share it)")
-    if s.admission.enabled and s.admission.backend != "redis":
-        raise SystemExit(
-            "router.workers > 1 runs several routers: they share one KV budget only with "
-            "admission.backend=redis (each in-process store would admit against all of it)"
-        )
-    _supervise(s, n)
-
-
-def _supervise(s: Settings, n: int, restart_backoff_s: float = 1.0) -> None:
-    """Run ``n`` workers, restart one that exits while the parent runs (at most once per
-    ``restart_backoff_s`` per worker), stop them all on SIGTERM / SIGINT."""
-    ctx = multiprocessing.get_context("fork")  # nothing runs yet: no loop, no threads
-    stopping = False
-
-    def stop(_sig: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-
-    def start(i: int) -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_serve, args=(worker_settings(s, i),), name=f"kvgate-router-{i}")
-        p.start()
-        log.info("router worker %d started (pid %s)", i, p.pid)
-        return p
-
-    workers = {i: start(i) for i in range(n)}
-    started = dict.fromkeys(workers, time.monotonic())
-    while not stopping:
-        time.sleep(0.2)
-        for i, p in list(workers.items()):
-            if p.is_alive() or stopping:
-                continue
-            if time.monotonic() - started[i] < restart_backoff_s:
-                continue
-            log.error("router worker %d (pid %s) exited with %s; restarting", i, p.pid, p.exitcode)
-            workers[i], started[i] = start(i), time.monotonic()
-    for p in workers.values():
-        if p.is_alive():
-            p.terminate()  # SIGTERM: each worker shuts down cleanly
-    deadline = time.monotonic() + 30.0
-    for p in workers.values():
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            log.error("router worker pid %s did not stop in time; killing it", p.pid)
-            p.kill()
-            p.join()

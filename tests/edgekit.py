@@ -27,9 +27,10 @@ from agents.profile import EngineProfile
 from agents.settings import EngineSettings
 from agents.simengine import SimEngine
 from router.decision.policies import make_policy
+from router.runtime import Router, build_router
 from router.serve import Listeners, start_listeners
-from router.service import RouterService
 from router.settings import RouterSettings
+from router.tracing import Tracing
 from streams.codec import decode
 from streams.kafka import KafkaBus
 from streams.replica import TableReplica
@@ -49,7 +50,7 @@ TENANTS = {
 
 @dataclass
 class Edge:
-    service: RouterService
+    router: Router
     url: str
     admin_url: str | None
     engines: dict[str, str]
@@ -88,12 +89,12 @@ class Edge:
             return r.status, parsed, CIMultiDict(r.headers)
 
     async def reservations(self) -> int:
-        return await self.service.gate.store.count()
+        return await self.router.gate.store.count()
 
     def published(self, topic: str) -> list[bytes]:
         """Values the router queued for ``topic`` (its Kafka bus is not running)."""
-        name = f"{self.service.bus.settings.namespace}.{topic}"
-        return [v for t, _, v in self.service.bus._outbox if t == name and v is not None]
+        name = f"{self.router.bus.settings.namespace}.{topic}"
+        return [v for t, _, v in self.router.bus._outbox if t == name and v is not None]
 
     def decisions(self) -> list[Decision]:
         return [decode(Decision, v) for v in self.published(DECISIONS.suffix)]
@@ -133,9 +134,11 @@ async def edge(
     router: dict[str, Any] | None = None,
     admission: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
+    tracing: Tracing | None = None,
 ) -> AsyncIterator[Edge]:
     """A router (main listener + admin listener on loopback) in front of ``engines`` simulated
-    engines of ``blocks`` KV blocks each. Defaults: admin and two gateway keys, two tenants."""
+    engines of ``blocks`` KV blocks each. Defaults: admin and two gateway keys, two tenants;
+    ``tracing``: the router's (off by default)."""
     runners: dict[str, web.AppRunner] = {}
     urls: dict[str, str] = {}
     for i in range(engines):
@@ -161,7 +164,7 @@ async def edge(
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1", namespace=f"t{uuid.uuid4().hex[:8]}")
     replica = TableReplica(kafka, WorkerSettings(), "edge-replica")
     bus = KafkaBus(kafka, "edge")
-    service = RouterService(rs, replica, bus, make_policy(rs), adm)
+    router = build_router(rs, replica, bus, make_policy(rs), adm, tracing=tracing)
     e: Edge | None = None
 
     async def feed() -> None:
@@ -180,11 +183,11 @@ async def edge(
                 replica.last_heartbeat_rx = now
             await asyncio.sleep(0.2)
 
-    listeners = await start_listeners(service.app(), service.admin_app(), rs)
+    listeners = await start_listeners(router.app, router.admin, rs)
     ports = listeners.ports
     http = aiohttp.ClientSession()
     e = Edge(
-        service,
+        router,
         f"http://127.0.0.1:{ports[0]}",
         f"http://127.0.0.1:{ports[1]}" if len(ports) > 1 else None,
         urls,  # what the heartbeats announce: point a node elsewhere to take its engine away

@@ -15,7 +15,8 @@ from admission.gate import AdmissionGate
 from router.decision.calibrate import TokenCalibration
 from router.decision.inflight import InflightLedger
 from router.decision.types import NodeView, RouteDecision, RouteRequest
-from router.flow.director import Director, Gated
+from router.flow.director import Director
+from router.flow.entry import Taken
 from router.flow.flight import EPP, Flight, Flights
 from router.flow.recorder import Recorder
 from router.flow.served import Served
@@ -55,22 +56,22 @@ class ExternalRequests:
     async def route(
         self,
         gateway: str,
-        taken: tuple[str, float, ParsedRequest, Gated, float],
+        taken: Taken,
         allowed: Callable[[NodeView], bool] | None = None,
     ) -> tuple[str, RouteRequest, RouteDecision, NodeView, ParsedRequest]:
         """Route an admitted request that ``gateway`` forwards itself: the decision is recorded
         and the request is held (reservation, in-flight ledger) until :meth:`finish`
         or its lease runs out. A refusal releases what was held. ``allowed``: only those nodes
         (a gateway's subset hint; none of them eligible is a 503)."""
-        request_id, started, p, g, t0 = taken
+        request_id, started, p, g = taken.request_id, taken.started, taken.parsed, taken.gated
         if allowed is not None:
             g = replace(g, nodes=[n for n in g.nodes if allowed(n)])
         tenant = g.tenant
-        admitted = g.verdict is not None and g.verdict.admitted
+        admitted = taken.admitted
         try:
             # a gateway sends the request to one endpoint itself and waits for the answer: no
             # two-leg disaggregated flow, no waiting in this router (the pipeline's gateway mode)
-            routed = await self.director.route(request_id, p, g, started, t0, "gateway")
+            routed = await self.director.route(request_id, p, g, started, taken.t0, "gateway")
         except BaseException:
             if admitted:
                 await self.gate.release(request_id, time.time())

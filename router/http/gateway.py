@@ -10,7 +10,6 @@ lets its lease run out (then the router ends it). Only callers with a gateway ke
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal, TypeVar
 
 from aiohttp import web
@@ -18,22 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from admission.exceptions import AdmissionError
 from admission.gate import AdmissionGate
-from router.flow.director import Gated
+from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import Flight, Flights
 from router.flow.headers import GATEWAY_KEY_HEADER, bearer_key, match_key
 from router.flow.refusals import Refusal
 from router.http.edge import json_response, read_body
 from router.metrics import RouterMetrics
-from router.parse import ParsedRequest
 from router.settings import RouterSettings
 
 __all__ = ["GatewayApi", "GatewayRelease", "GatewayRenew"]
-
-Intake = Callable[
-    [Mapping[str, str], Callable[[], Awaitable[bytes]], bool | None, str | None],
-    Awaitable[tuple[str, float, ParsedRequest, Gated, float]],
-]
 
 
 class GatewayRelease(BaseModel):
@@ -79,14 +72,14 @@ class GatewayApi:
         self,
         settings: RouterSettings,
         metrics: RouterMetrics,
-        intake: Intake,
+        entry: Entry,
         external: ExternalRequests,
         gate: AdmissionGate,
         flights: Flights,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.intake = intake
+        self.entry = entry
         self.external = external
         self.gate = gate
         self.flights = flights
@@ -113,7 +106,7 @@ class GatewayApi:
         The body is an OpenAI completion or chat request; the same refusals apply. Only callers
         with a gateway key may use it; the reservation is theirs alone to renew and release."""
         gateway = self.caller(request)
-        taken = await self.intake(
+        taken = await self.entry.take(
             request.headers,
             lambda: read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
             None,

@@ -65,8 +65,8 @@ async def test_a_second_router_on_in_process_stores_fails_readiness() -> None:
 
     async with edge() as e:
         ledger = LedgerReplica(KafkaSettings(), WorkerSettings(), "t-ledger")
-        e.service.reconciler = Reconciler(
-            e.service.gate, ledger, lambda: e.service.replica.load.values(), sole_owner=True
+        e.router.loops.reconciler = Reconciler(
+            e.router.gate, ledger, lambda: e.router.replica.load.values(), sole_owner=True
         )
         status, ready, _ = await e.call("GET", "/ready")
         assert status == 200 and ready["failing"] == {}
@@ -78,6 +78,6 @@ async def test_a_second_router_on_in_process_stores_fails_readiness() -> None:
         assert "admission.backend=redis" in ready["failing"]["admission"]
         # a loop that is down shows the same way
         del ledger.writers["another-router"]
-        e.service.replica.failing = "lost Kafka: test"
+        e.router.replica.failing = "lost Kafka: test"
         status, ready, _ = await e.call("GET", "/ready")
         assert status == 503 and ready["failing"] == {"replica": "lost Kafka: test"}

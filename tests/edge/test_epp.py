@@ -76,7 +76,7 @@ class Envoy:
 @pytest.fixture
 async def picker() -> AsyncIterator[tuple[Edge, Any, EppServer]]:
     async with edge(admission={"tenants": TENANTS}) as e:
-        server = await serve_epp(e.service, "127.0.0.1", 0)
+        server = await serve_epp(e.router, "127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             yield e, channel, server
@@ -293,7 +293,7 @@ async def test_a_body_over_the_limit_is_refused_as_it_grows(
     envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), FULL_DUPLEX, FULL_DUPLEX)
     await envoy.send(request_headers=request_headers())
     chunk = b"x" * (1 << 20)
-    limit = e.service.settings.max_body_bytes
+    limit = e.router.settings.max_body_bytes
     for _ in range(limit // len(chunk)):
         await envoy.send(request_body=ep.HttpBody(body=chunk, end_of_stream=False))
     await envoy.send(request_body=ep.HttpBody(body=chunk, end_of_stream=False))  # one too many
@@ -308,7 +308,7 @@ async def test_an_epp_stream_past_its_lease_stays_held_and_learns_its_first_toke
     backlog while the answer goes on, and the stream's end releases it and records it."""
     adm = {"tenants": TENANTS, "lease_s": 2.0, "sweep_interval_s": 0.25}
     async with edge(admission=adm) as e:
-        server = await serve_epp(e.service, "127.0.0.1", 0)
+        server = await serve_epp(e.router, "127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), FULL_DUPLEX, FULL_DUPLEX)
@@ -319,20 +319,20 @@ async def test_an_epp_stream_past_its_lease_stays_held_and_learns_its_first_toke
             await envoy.read()
             (d,) = e.decisions()
             node = d.chosen_node
-            assert node is not None and e.service.ledger.prefill_backlog(node) > 0
+            assert node is not None and e.router.ledger.prefill_backlog(node) > 0
             await envoy.send(response_headers=headers((":status", "200")))
             await envoy.read()
             first = b'data: {"choices": [{"text": "a"}]}\n\n'
             await envoy.send(response_body=ep.HttpBody(body=first))
             await envoy.read()
-            assert e.service.ledger.prefill_backlog(node) == 0  # its prefill is done
+            assert e.router.ledger.prefill_backlog(node) == 0  # its prefill is done
             await asyncio.sleep(3.5)  # well past the 2 s lease
-            assert set(e.service.gate.held) == {d.request_id} and await e.reservations() == 1
+            assert set(e.router.gate.held) == {d.request_id} and await e.reservations() == 1
             last = b'data: {"choices": [{"text": "b"}]}\n\ndata: [DONE]\n\n'
             await envoy.send(response_body=ep.HttpBody(body=last, end_of_stream=True))
             await envoy.read()
             await envoy.call.done_writing()
-            assert await e.reservations() == 0 and len(e.service.ledger) == 0
+            assert await e.reservations() == 0 and len(e.router.ledger) == 0
             (out,) = outcomes(e)
             assert out.status == "ok" and out.request_id == d.request_id
             assert out.ttft_s is not None and out.output_tokens == 2

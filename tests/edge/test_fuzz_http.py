@@ -252,7 +252,7 @@ def test_after_the_fuzz_nothing_is_held(live: tuple[LoopThread, Edge]) -> None:
                     {"X-Kvgate-Gateway-Key": key},
                 )
         for _ in range(100):
-            if await e.reservations() == 0 and not e.service.gate.held:
+            if await e.reservations() == 0 and not e.router.gate.held:
                 break
             await asyncio.sleep(0.1)
 
@@ -260,7 +260,7 @@ def test_after_the_fuzz_nothing_is_held(live: tuple[LoopThread, Edge]) -> None:
     # the fuzz got past the door as well as being refused at it
     print(STATUSES)
     assert STATUSES[200] >= 20 and STATUSES[400] >= 20 and STATUSES[401] >= 5, STATUSES
-    assert lt.run(e.reservations()) == 0 and not e.service.gate.held
-    assert len(e.service.ledger) == 0
+    assert lt.run(e.reservations()) == 0 and not e.router.gate.held
+    assert len(e.router.ledger) == 0
     status, _, _ = lt.run(e.call("GET", "/health"))
     assert status == 200

@@ -39,7 +39,7 @@ async def test_one_client_request_id_cannot_share_a_reservation() -> None:
         ids = [r["reservation_id"] for r in routed]
         assert len(set(ids)) == len(ids) and "same" not in ids
         needed = sum(r["kv_blocks_reserved"] for r in routed)
-        held_blocks, held_slots = await e.service.gate.store.held(f"default:{MODEL}")
+        held_blocks, held_slots = await e.router.gate.store.held(f"default:{MODEL}")
         assert held_blocks == needed and held_slots == len(routed)
         assert 0 < needed <= 0.9 * 1000  # the red watermark of 2 × 500 blocks
         assert len(routed) < 40
@@ -135,7 +135,7 @@ async def test_decide_is_a_dry_run() -> None:
     the same request routed for real would."""
     async with edge() as e:
         calls: list[Any] = []
-        assert e.service.director.rules.hot is not None
+        assert e.router.director.rules.hot is not None
 
         def always_hot(now: float, hashes: Any, matches: Any, nodes: Any) -> PrewarmAdvice:
             calls.append(now)
@@ -145,7 +145,7 @@ async def test_decide_is_a_dry_run() -> None:
             def observe(self, *args: Any) -> PrewarmAdvice | None:
                 return always_hot(*args)
 
-        d = e.service.director
+        d = e.router.director
         d.rules = replace(d.rules, hot=Spy())
         for _ in range(3):
             status, _, _ = await e.call("POST", "/v1/kvgate/decide", completion(), bearer(ADMIN))
@@ -157,7 +157,7 @@ async def test_decide_is_a_dry_run() -> None:
         assert len(calls) == 1 and len(e.published(CONTROL.suffix)) == 1
         advice = e.published(CONTROL.suffix)[0]
         assert b"hello" not in advice  # token ids and hashes, never the prompt text
-        control = [(k, v) for t, k, v in e.service.bus._outbox if t.endswith(".control")]
+        control = [(k, v) for t, k, v in e.router.bus._outbox if t.endswith(".control")]
         assert [v is None for _, v in control] == [False, True]  # then its tombstone
         assert control[0][0] == control[1][0]
 

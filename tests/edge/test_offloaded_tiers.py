@@ -13,7 +13,7 @@ async def test_offloaded_copies_count_as_a_cheaper_miss() -> None:
         hashes = chain_hashes(approx_tokenize(prompt), 16)
         n = len(hashes)
         assert n >= 20
-        index = e.service.replica.index
+        index = e.router.replica.index
         index.add_many("n1", hashes[:4])  # a short GPU prefix
         index.add_many("n2", [offloaded(h) for h in hashes])  # the whole prompt, on CPU
         index.add_many("n3", [*hashes[:4], *(offloaded(h) for h in hashes[4:])])

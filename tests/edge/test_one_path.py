@@ -20,7 +20,7 @@ async def test_a_dry_run_changes_no_routing_state() -> None:
     and a weights canary's counts are what they were; the same request sent for real moves
     them."""
     async with edge() as e:
-        canary = e.service.policy
+        canary = e.router.policy
         base = canary.base
         assert isinstance(base, CompletionCostPolicy)
         newer = base.w.model_copy(update={"version": base.w.version + 1}).model_dump()
@@ -77,7 +77,7 @@ async def test_a_gateway_gets_its_answer_at_once_even_for_a_class_that_is_held()
             {**bearer("sk-batch"), "X-Kvgate-Gateway-Key": GATEWAY},
         )
         assert status == 200 and out["node_id"] in e.engines, out
-        assert time.monotonic() - t0 < e.service.settings.hold_poll_s * 4
+        assert time.monotonic() - t0 < e.router.settings.hold_poll_s * 4
         _, text, _ = await e.call("GET", "/metrics")
         assert "kvgate_router_holds_total 0.0" in text
 
@@ -98,8 +98,8 @@ async def test_a_gateway_that_never_releases_loses_its_reservation_with_its_leas
             if await e.reservations() == 0:
                 break
             await asyncio.sleep(0.1)
-        assert await e.reservations() == 0 and not e.service.gate.held
-        assert len(e.service.ledger) == 0
+        assert await e.reservations() == 0 and not e.router.gate.held
+        assert len(e.router.ledger) == 0
         (o,) = [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
         assert o.request_id == rid and o.status == "cancelled" and "lease" in (o.error or "")
         status, _, _ = await e.call("POST", "/v1/kvgate/release", {"reservation_id": rid}, gw)

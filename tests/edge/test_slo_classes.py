@@ -37,7 +37,7 @@ async def test_slo_class_header_deadline_refusal_and_metrics() -> None:
         assert status == 429 and body["error"]["kvgate_reason"] == "deadline"
         assert int(headers["Retry-After"]) >= 1
         # nothing is left reserved by the refused request
-        assert not e.service.gate.held
+        assert not e.router.gate.held
         _, text, _ = await e.call("GET", "/metrics")
         assert 'kvgate_router_slo_requests_total{outcome="met",slo_class="standard"} 1.0' in text
         assert 'kvgate_router_slo_requests_total{outcome="refused",slo_class="instant"} 1.0' in text

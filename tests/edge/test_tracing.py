@@ -34,9 +34,9 @@ async def test_spans_continue_the_clients_trace_and_reach_the_engine() -> None:
     runner, url = await _serve(app)
     exporter = InMemorySpanExporter()
     try:
-        async with edge() as e:
-            assert not e.service.tracing.on  # off unless an endpoint is set
-            e.service.tracing = Tracing(None, "kvgate-router/test", exporter=exporter)
+        async with edge() as plain:
+            assert not plain.router.tracing.on  # off unless an endpoint is set
+        async with edge(tracing=Tracing(None, "kvgate-router/test", exporter=exporter)) as e:
             for node in e.engines:
                 e.engines[node] = url
             for _ in range(50):
@@ -46,7 +46,7 @@ async def test_spans_continue_the_clients_trace_and_reach_the_engine() -> None:
                     break
                 await asyncio.sleep(0.05)
             assert status == 200 and seen
-            e.service.tracing.shutdown()
+            e.router.tracing.shutdown()
     finally:
         await runner.cleanup()
     spans = exporter.get_finished_spans()

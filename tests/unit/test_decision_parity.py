@@ -12,7 +12,7 @@ from analytics.sim.cluster import SimConfig, simulate
 from analytics.sim.replay import at_load, capacity_rps, open_trace
 from router.decision.pipeline import Ask, Decision, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.policies import make_policy
-from router.service import RouterService
+from router.runtime import build_router
 from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
 from streams.kafka import KafkaBus
 from streams.replica import TableReplica
@@ -48,7 +48,7 @@ def test_the_simulator_decides_as_the_live_router_does(
     done = simulate(trace, make_policy(settings), cfg)
     assert len(done) > 400 and len(seen) >= len(done)
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1", namespace="parity")
-    live = RouterService(
+    live = build_router(
         settings,
         TableReplica(kafka, WorkerSettings(), "parity"),
         KafkaBus(kafka, "parity"),

@@ -39,7 +39,7 @@ def test_the_base_install_runs_router_agent_and_engine() -> None:
         done = _kvgate_without_extras(command, "--help")
         assert done.returncode == 0, (command, done.stderr[-2000:])
     code = BLOCK.format(mods=EXTRA_MODULES) + (
-        "import router.serve, router.service, agents.agent, agents.simengine, streams.replica\n"
+        "import router.serve, router.runtime, agents.agent, agents.simengine, streams.replica\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]

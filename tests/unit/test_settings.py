@@ -76,8 +76,8 @@ def test_printed_settings_mask_every_key(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_router_workers_get_their_own_admin_port_and_id() -> None:
+    from deploy.routerproc import run_router, worker_settings
     from deploy.settings import Settings
-    from router.serve import run_router, worker_settings
 
     s = Settings.model_validate({"router": {"port": 9000, "admin_port": 9100, "workers": 3}})
     ws = [worker_settings(s, i).router for i in range(3)]

@@ -1,0 +1,64 @@
+"""The way in, for every surface: read a request (router/flow/intake.py), then admit it
+(:meth:`~router.flow.director.Director.admit`). A refusal on the way is recorded as a decision
+too. The proxy, the gateway API and the endpoint picker all come in here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from router.flow.director import Director, Gated
+from router.flow.intake import IntakeReader
+from router.flow.recorder import Recorder
+from router.flow.refusals import Refusal
+from router.parse import ParsedRequest
+
+__all__ = ["Entry", "Taken"]
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A request read and past admission (admitted, or refused by admission only: routing
+    records that refusal)."""
+
+    request_id: str  # minted by kvgate: nothing a client chose names state
+    started: float  # wall clock at arrival
+    parsed: ParsedRequest
+    gated: Gated
+    t0: float  # the decision clock's start (perf_counter)
+
+    @property
+    def admitted(self) -> bool:
+        """It holds a reservation (admission on and it said yes)."""
+        v = self.gated.verdict
+        return v is not None and v.admitted
+
+
+class Entry:
+    def __init__(self, reader: IntakeReader, director: Director, recorder: Recorder) -> None:
+        self.reader = reader
+        self.director = director
+        self.recorder = recorder
+
+    async def take(
+        self,
+        headers: Mapping[str, str],
+        read: Callable[[], Awaitable[bytes]],
+        chat: bool | None,
+        peer: str | None = None,
+    ) -> Taken:
+        """Check the headers, authenticate, then read, parse (``chat`` None: chat when the
+        body has ``messages``) and admit a request known by its headers and a reader of its
+        body; ``peer``: the client's address, when known."""
+        started = time.time()
+        i = await self.reader.read(headers, read, chat, peer, started)
+        t0 = time.perf_counter()
+        try:
+            g = await self.director.admit(i)
+        except Refusal as exc:
+            self.recorder.refusal(
+                i.request_id, started, exc.reason, i.tenant.name, i.parsed, i.client_request_id
+            )
+            raise
+        return Taken(i.request_id, started, i.parsed, g, t0)

@@ -1,0 +1,218 @@
+"""The OpenAI API for tenants: ``/v1/completions`` and ``/v1/chat/completions`` (proxied:
+in, routed in the pipeline's ``proxy`` mode, forwarded, streamed back), ``/v1/models``, the
+allow-listed non-generating endpoints passed through by model, and a clear 404 for every other
+``/v1`` path. The handlers translate; the flow layer decides (router/flow/)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+
+from router.decision.types import NodeView, eligible
+from router.feed import FeedWatch
+from router.flow.director import Director
+from router.flow.entry import Entry, Taken
+from router.flow.flight import Flight
+from router.flow.headers import mint_id, trace_headers
+from router.flow.intake import IntakeReader
+from router.flow.proxied import ProxiedRequests
+from router.flow.refusals import Refusal
+from router.flow.served import Served
+from router.flow.views import ClusterView
+from router.http.edge import json_response, read_body
+from router.http.passthrough import NOT_ADMITTED, pick_node, relay, request_model
+from router.http.prefill import PrefillLeg
+from router.http.probes import TokenChecks
+from router.http.proxy import forward
+from router.http.upstream import Upstream
+from router.parse import ParsedRequest
+from router.settings import RouterSettings
+from router.tracing import Tracing
+
+__all__ = ["OpenAiApi", "reroutable"]
+
+log = logging.getLogger(__name__)
+
+
+def reroutable(resp: web.StreamResponse, served: Served) -> bool:
+    """A failure the client has not seen yet, of a kind another node may not have: the engine
+    had no room for the request's KV (vLLM-style 400 naming the KV cache), was overloaded (503)
+    or unreachable (502)."""
+    if served.status == "ok" or resp.prepared:
+        return False
+    if served.http_status in (502, 503):
+        return True
+    return served.http_status == 400 and "kv cache" in (served.error or "").lower()
+
+
+class OpenAiApi:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        entry: Entry,
+        director: Director,
+        proxied: ProxiedRequests,
+        upstream: Upstream,
+        prefill: PrefillLeg,
+        tokens: TokenChecks,
+        tracing: Tracing,
+        feed: FeedWatch,
+    ) -> None:
+        self.settings = settings
+        self.entry = entry
+        self.director = director
+        self.proxied = proxied
+        self.upstream = upstream
+        self.prefill = prefill
+        self.tokens = tokens
+        self.tracing = tracing
+        self.feed = feed
+        self.reader: IntakeReader = entry.reader
+        self.views: ClusterView = director.views
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=True)
+
+    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        with self.tracing.span("kvgate.request", {"http.route": request.path}, request.headers):
+            with self.tracing.span("kvgate.admission") as span:
+                t = await self.entry.take(
+                    request.headers,
+                    lambda: read_body(
+                        request, self.settings.max_body_bytes, self.settings.body_timeout_s
+                    ),
+                    chat,
+                    request.remote,
+                )
+                if span is not None:
+                    span.set_attribute("kvgate.admitted", t.admitted)
+                    span.set_attribute("kvgate.tenant", t.gated.tenant.name)
+            f = self.proxied.begin(t)
+            try:
+                return await self._serve(request, t, f)
+            finally:
+                await self.proxied.close(f)
+
+    async def _serve(self, request: web.Request, t: Taken, f: Flight) -> web.StreamResponse:
+        """Route, run the prefill leg of a split request, forward; once more elsewhere when the
+        node failed it before the client saw anything."""
+        p, g = t.parsed, t.gated
+        with self.tracing.span("kvgate.route", {"kvgate.request_id": t.request_id}) as span:
+            ask, decision, node = await self.director.route(t.request_id, p, g, t.started, t.t0)
+            if span is not None:
+                span.set_attribute("kvgate.node", node.node_id)
+                span.set_attribute("kvgate.reason", decision.reason)
+                span.set_attribute("kvgate.prompt_blocks", len(ask.request.block_hashes))
+        self.tokens.check(node, p)
+        self.proxied.sent(f, node.node_id, ask.request.block_hashes)
+        sent = p
+        if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
+            sent = await self.prefill.run(t.request_id, p, g, decision.prefill, ask.request)
+        served = Served()
+        reroutes = 0
+        try:
+            while True:
+                resp, served = await self._forward(request, t, f, node, sent)
+                if reroutes or not reroutable(resp, served):
+                    return resp
+                # the node could not take it (no room for its KV, or gone) before anything
+                # reached the client: once, to the best other node; the reservation is for the
+                # cluster's budget, so it stays with the request
+                again = self.director.reroute(ask, g, node.node_id, p)
+                if again is None:
+                    return resp
+                log.warning(
+                    "%s: %s failed before any byte (%s); re-routing to %s",
+                    t.request_id,
+                    node.node_id,
+                    served.http_status,
+                    again.node_id,
+                )
+                node, sent = again, p  # (the prefill leg's KV is on the failed node's side)
+                self.proxied.sent(f, node.node_id)
+                reroutes += 1
+        finally:
+            await self.proxied.served(f, served, reroutes)
+
+    async def _forward(
+        self, request: web.Request, t: Taken, f: Flight, node: NodeView, p: ParsedRequest
+    ) -> tuple[web.StreamResponse, Served]:
+        s = self.settings
+        with self.tracing.span(
+            "kvgate.proxy", {"kvgate.node": node.node_id, "kvgate.model": p.model}
+        ) as span:
+            resp, served = await forward(
+                self.upstream.session,
+                request,
+                t.request_id,
+                node,
+                p,
+                t.started,
+                on_first_token=lambda: self.proxied.first_token(f, node.node_id),
+                write_timeout_s=s.stream_write_timeout_s,
+                send_buffer_bytes=s.stream_send_buffer_bytes,
+                max_duration_s=max(0.0, s.max_stream_s - (time.time() - t.started)),
+                # with tracing on the engine continues this span, not the client's
+                upstream_headers={**self.upstream.auth, **self.tracing.inject()},
+            )
+            if span is not None:
+                span.set_attribute("http.response.status_code", served.http_status)
+                span.set_attribute("kvgate.output_tokens", served.output_tokens)
+        self.director.observe(node.node_id, served.failure, served.status == "cancelled")
+        if self.feed.state != "live" and served.http_status == 502 and not resp.prepared:
+            self.feed.down.add(node.node_id)  # until it answers a probe again
+        return resp, served
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.reader.tenant(request.headers)  # what a cluster serves is for its tenants
+        now = time.time()
+        live = [n for n in self.views.nodes(now) if n.alive(now)]
+        bases = {n.model for n in live}
+        adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
+        entry = {"object": "model", "owned_by": "kvgate"}
+        return json_response(
+            {
+                "object": "list",
+                "data": [{**entry, "id": m, "root": m, "parent": None} for m in sorted(bases)]
+                + [{**entry, "id": a, "root": a, "parent": adapters[a]} for a in sorted(adapters)],
+            }
+        )
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        """``POST`` of an allow-listed non-generating endpoint, to a node serving its model."""
+        self.reader.tenant(request.headers)
+        s = self.settings
+        raw = await read_body(request, s.max_body_bytes, s.body_timeout_s)
+        model = request_model(raw)
+        now = time.time()
+        all_nodes = self.views.nodes(now)
+        if not any(n.serves(model) for n in all_nodes):
+            raise Refusal(404, f"The model `{model[:200]}` does not exist.", "NotFoundError")
+        nodes = [n for n in eligible(all_nodes, model, now) if n.waiting <= s.max_queue]
+        if not nodes:
+            raise Refusal(503, f"no healthy node serves `{model[:200]}` now", "service_unavailable")
+        node = pick_node(nodes)
+        http = self.upstream.session
+        headers = {
+            "X-Request-Id": mint_id(),
+            **trace_headers(request.headers),
+            **node.engine_headers,
+            **self.upstream.auth,
+        }
+        return await relay(http, request, node, raw, headers)
+
+    async def not_served(self, request: web.Request) -> web.StreamResponse:
+        """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints
+        (``/v1/load_lora_adapter``…), generating endpoints it does not admit, unknown paths."""
+        path = request.path[:200]
+        if path in NOT_ADMITTED:
+            msg = (
+                f"{path} is not served through kvgate: use /v1/chat/completions or /v1/completions"
+            )
+            raise Refusal(404, msg, "NotFoundError", reason="not_served")
+        raise Refusal(404, f"no such endpoint: {path}", "NotFoundError", reason="not_served")
