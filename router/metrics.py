@@ -66,6 +66,12 @@ class RouterMetrics:
             "Pre-warm advice published for hot prefixes",
             registry=self.registry,
         )
+        self._cluster()
+        self._routing()
+        self._requests()
+
+    def _cluster(self) -> None:
+        """The cluster as the router sees it: replica, nodes, KV index, stores, Kafka."""
         self.replica_lag = Gauge(
             "kvgate_router_replica_lag_seconds",
             "Age of the newest heartbeat in this router's replica (how far behind it runs)",
@@ -146,6 +152,9 @@ class RouterMetrics:
             ["mode"],
             registry=self.registry,
         )
+
+    def _routing(self) -> None:
+        """Routing's own counters: refusals, token checks, the fleet, holds, P/D, canary."""
         self.refusals_unrecorded = Counter(
             "kvgate_router_refusals_unrecorded",
             "Refusals before admission beyond refusal_records_per_s: counted, not recorded",
@@ -227,6 +236,8 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+    def _requests(self) -> None:
+        """Requests by model, queues, in-flight requests and budgets."""
         # request latencies and tokens, per model (at most MAX_MODELS label values)
         self._models = BoundedLabels(MAX_MODELS)
         self.ttft = Histogram(

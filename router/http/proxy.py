@@ -157,6 +157,72 @@ class _SseLines:
         return True
 
 
+async def _whole(
+    up: aiohttp.ClientResponse,
+    relay: Served,
+    node: NodeView,
+    headers: dict[str, str],
+    started: float,
+    on_first_token: Callable[[], None] | None,
+) -> web.Response:
+    """An answer that is not streamed (or an error): read whole and passed on, less an
+    engine's refusal of the router's own credentials (a 502: the client did nothing wrong)."""
+    data = await up.read()
+    relay.ttft_s = time.time() - started
+    if up.status == 200:
+        relay.usage = orjson.loads(data).get("usage")
+        relay.status = "ok"
+        if on_first_token is not None:  # the prompt was prefilled
+            on_first_token()
+    else:
+        relay.error = data[:500].decode("utf-8", "replace")
+    if up.status in (401, 403):  # the engine refused the router, not the client
+        relay.http_status, relay.failure = 502, "5xx"
+        msg = f"node {node.node_id} refused the router's credentials"
+        return json_response(error_body(msg, "upstream_auth", 502), 502)
+    return web.Response(
+        body=data,
+        status=up.status,
+        headers=headers,
+        content_type=up.content_type or "application/json",
+    )
+
+
+async def _failed(
+    exc: BaseException,
+    overdue: float | None,
+    relay: Served,
+    node: NodeView,
+    resp: web.StreamResponse | None,
+    request_id: str,
+    write_timeout_s: float,
+) -> web.StreamResponse:
+    """The engine failed (or, ``overdue`` set to ``max_duration_s``, the request ran past it):
+    a 502/504 before the first byte, else a final SSE error event on the open stream. The
+    client never sees an internal address (the log does)."""
+    relay.error = f"upstream {node.node_id} failed: {exc!r}"
+    public = f"engine {node.node_id} failed while serving this request"
+    if overdue is None:
+        relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
+    else:
+        relay.error = f"request ran past max_duration_s ({overdue:g} s)"
+        public = relay.error
+        relay.http_status = 504
+        relay.cut_off = True
+    log.warning("%s: %s", request_id, relay.error)
+    if resp is None:
+        code = 504 if overdue is not None else 502
+        kind = "GatewayTimeout" if overdue is not None else "BadGateway"
+        return json_response(error_body(public, kind, code), code)
+    err = orjson.dumps(error_body(public, "BadGateway", 502))
+    try:
+        await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", write_timeout_s)
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError, ClientStalled):
+        pass
+    return resp
+
+
 async def forward(
     http: aiohttp.ClientSession,
     request: web.Request,
@@ -200,25 +266,8 @@ async def forward(
             if up.status >= 500:
                 relay.failure = "5xx"
             if not p.stream or up.status != 200:
-                data = await up.read()
-                relay.ttft_s = time.time() - started
-                if up.status == 200:
-                    relay.usage = orjson.loads(data).get("usage")
-                    relay.status = "ok"
-                    if on_first_token is not None:  # the prompt was prefilled
-                        on_first_token()
-                else:
-                    relay.error = data[:500].decode("utf-8", "replace")
-                if up.status in (401, 403):  # the engine refused the router, not the client
-                    relay.http_status, relay.failure = 502, "5xx"
-                    msg = f"node {node.node_id} refused the router's credentials"
-                    return json_response(error_body(msg, "upstream_auth", 502), 502), relay
-                return web.Response(
-                    body=data,
-                    status=up.status,
-                    headers=headers,
-                    content_type=up.content_type or "application/json",
-                ), relay
+                whole = await _whole(up, relay, node, headers, started, on_first_token)
+                return whole, relay
             resp = web.StreamResponse(
                 status=200,
                 headers={
@@ -253,28 +302,9 @@ async def forward(
         relay.status, relay.error = "cancelled", f"client disconnected: {exc}"
         return (resp if resp is not None else web.Response(status=499)), relay
     except (aiohttp.ClientError, TimeoutError) as exc:
-        overdue = deadline.expired()
-        relay.error = f"upstream {node.node_id} failed: {exc!r}"
-        public = f"engine {node.node_id} failed while serving this request"
-        if not overdue:
-            relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
-        if overdue:
-            relay.error = f"request ran past max_duration_s ({max_duration_s:g} s)"
-            public = relay.error
-            relay.http_status = 504
-            relay.cut_off = True
-        log.warning("%s: %s", request_id, relay.error)
-        if resp is None:
-            code = 504 if overdue else 502
-            kind = "GatewayTimeout" if overdue else "BadGateway"
-            return json_response(error_body(public, kind, code), code), relay
-        err = orjson.dumps(error_body(public, "BadGateway", 502))
-        try:
-            await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", write_timeout_s)
-            await resp.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError, ClientStalled):
-            pass
-        return resp, relay
+        overdue = max_duration_s if deadline.expired() else None
+        failed = await _failed(exc, overdue, relay, node, resp, request_id, write_timeout_s)
+        return failed, relay
     finally:
         if relay.usage is not None:
             relay.output_tokens = int(relay.usage.get("completion_tokens", relay.output_tokens))

@@ -113,7 +113,7 @@ def run(
         ledger = ledger_with(nodes, inflight, rng, now)
         if getattr(policy, "wants_sequences", False):
             policy.sequences = ledger  # type: ignore[attr-defined]
-        # the rules as the live router builds them (router/service.py): lanes, fleet, fit
+        # the rules as the live router builds them (router/runtime.py): lanes, fleet, fit
         rules = Rules(
             policy,
             Fleet(settings.outlier, settings.slow_start),

@@ -1,4 +1,4 @@
-"""The worker's table writes wait for the commit (streams.app.CoalescedTable): the last value
+"""The worker's table writes wait for the commit (streams.coalesced.CoalescedTable): the last value
 per key is written once, a key set and deleted in one interval costs nothing, writes for a
 partition the worker no longer owns are dropped, the records wait in the outbox the commit sends,
 and the store Faust restores from holds what
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from faust.stores.memory import Store
 
-from streams.app import CoalescedTable
+from streams.coalesced import CoalescedTable
 
 
 class _Table:
