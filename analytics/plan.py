@@ -25,8 +25,8 @@ from typing import Any
 
 from agents.catalog import GPUS, MODELS, GpuSpec, ModelSpec, derive_profile, replica_gpus
 from agents.profile import EngineProfile, attention_pairs
-from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import replay_trace
+from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace
 from analytics.sim.workloads import WORKLOADS, make_workload
 from router.settings import RouterSettings

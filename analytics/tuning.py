@@ -24,8 +24,9 @@ from agents.profile import EngineProfile
 from analytics.htmlpage import page, png_b64, pyplot, table
 from analytics.recorded import Recorded, recorded_metrics
 from analytics.sim.admission import Refused
-from analytics.sim.cluster import SimConfig, acting_on, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import run_metrics
+from analytics.sim.simconfig import SimConfig, acting_on
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings

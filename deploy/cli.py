@@ -799,8 +799,8 @@ def tune_cmd(
     `kvgate weights --config candidate.yaml --version N`."""
     import yaml
 
-    from analytics.sim.cluster import SimConfig
     from analytics.sim.replay import capacity_rps, open_trace
+    from analytics.sim.simconfig import SimConfig
     from analytics.tune import OBJECTIVES, offered_rps, summary, tune, with_weights
     from analytics.tune import render_html as tune_html
     from analytics.tune import render_text as tune_text

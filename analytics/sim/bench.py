@@ -29,8 +29,8 @@ from analytics.sim.bench_targets import (
     speed_targets,
     targets,
 )
-from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import bounds_at, capacity_rps, open_trace, replay_trace
+from analytics.sim.simconfig import SimConfig
 from router.decision.policies import POLICIES, TUNING_GRID, grid_points
 from router.settings import RouterSettings
 

@@ -149,6 +149,113 @@ def _floor(bound: float | None, limit: float) -> dict[str, Any]:
     return _reach(bound, "floor {:.3f} s", bound is not None and bound <= limit)
 
 
+def _row(
+    target: str, trace: str, k: float, ref: str, ratio: float, met: bool, **reach: Any
+) -> dict[str, Any]:
+    return {
+        "target": target,
+        "trace": trace,
+        "kvgate": k,
+        "reference": ref,
+        "ratio": round(ratio, 3),
+        "met": met,
+        **reach,
+    }
+
+
+def _hit_rows(
+    trace: str, pct: str, k: dict[str, Any], base: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """kvgate's hit rate against the best baseline's, and against the best of those that
+    serve the load (goodput at least SERVING × kvgate's) when that is another."""
+    best = max(base, key=lambda p: base[p]["hit_rate"])
+    ratio = k["hit_rate"] / base[best]["hit_rate"] if base[best]["hit_rate"] else 1.0
+    share = base[best]["goodput_rps"] / k["goodput_rps"] if k["goodput_rps"] else 1.0
+    out = [
+        _row(
+            f"conversations: hit rate >= the best baseline's at {pct} load",
+            trace,
+            k["hit_rate"],
+            f"{best} {base[best]['hit_rate']:.3f} (goodput {share:.2f}× kvgate's)",
+            ratio,
+            ratio >= 1.0,
+        )
+    ]
+    serving = {p: r for p, r in base.items() if r["goodput_rps"] >= SERVING * k["goodput_rps"]}
+    top = max(serving, key=lambda p: serving[p]["hit_rate"], default=best)
+    if top != best:
+        ratio = k["hit_rate"] / serving[top]["hit_rate"] if serving[top]["hit_rate"] else 1.0
+        out.append(
+            _row(
+                f"conversations: hit rate >= the best baseline's that serves the load "
+                f"(goodput >= {SERVING:g}x kvgate's) at {pct} load",
+                trace,
+                k["hit_rate"],
+                f"{top} {serving[top]['hit_rate']:.3f}",
+                ratio,
+                ratio >= 1.0,
+            )
+        )
+    return out
+
+
+def _latency_rows(
+    trace: str,
+    load: float,
+    k: dict[str, Any],
+    base: dict[str, dict[str, Any]],
+    floor: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """kvgate's TTFT p99 (and at 100 % load its p50 and, on Mooncake, SLO attainment) against
+    the best baseline's, each with whether any router could meet it."""
+    pct = f"{load:.0%}"
+    best = min(base, key=lambda p: base[p]["ttft_p99_s"])
+    ratio = k["ttft_p99_s"] / base[best]["ttft_p99_s"]
+    out = [
+        _row(
+            f"conversations: P99 TTFT <= 0.85x the best baseline at {pct} load",
+            trace,
+            k["ttft_p99_s"],
+            f"{best} {base[best]['ttft_p99_s']:.3f}",
+            ratio,
+            ratio <= 0.85,
+            **_floor(floor.get("ttft_floor_p99_s"), 0.85 * base[best]["ttft_p99_s"]),
+        )
+    ]
+    if load != 1.0:
+        return out
+    best = min(base, key=lambda p: base[p]["ttft_p50_s"])
+    ratio = k["ttft_p50_s"] / base[best]["ttft_p50_s"]
+    out.append(
+        _row(
+            "conversations: P50 TTFT <= 0.5x the best baseline at 100% load",
+            trace,
+            k["ttft_p50_s"],
+            f"{best} {base[best]['ttft_p50_s']:.3f}",
+            ratio,
+            ratio <= 0.5,
+            **_floor(floor.get("ttft_floor_p50_s"), 0.5 * base[best]["ttft_p50_s"]),
+        )
+    )
+    if trace.startswith("mooncake"):
+        slo_bound = floor.get("slo_bound")
+        reach = _reach(
+            slo_bound, "SLO bound {:.3f}", slo_bound is not None and slo_bound >= SLO_TARGET
+        )
+        out.append(
+            _row(
+                "conversations: SLO attainment >= 97.5 % at 100% load",
+                trace,
+                k["slo_attainment"],
+                f"{SLO_TARGET}",
+                k["slo_attainment"] / SLO_TARGET,
+                k["slo_attainment"] >= SLO_TARGET,
+                **reach,
+            )
+        )
+    return out
+
+
 def conversation_targets(
     results: list[dict[str, Any]], bounds: dict[str, dict[str, dict[str, Any]]] | None = None
 ) -> list[dict[str, Any]]:
@@ -159,98 +266,15 @@ def conversation_targets(
     load → :func:`analytics.sim.metrics.latency_bounds`) says for the latency and SLO targets
     whether any router could meet them."""
     out: list[dict[str, Any]] = []
-
-    def row(
-        target: str, trace: str, k: float, ref: str, ratio: float, met: bool, **reach: Any
-    ) -> None:
-        out.append(
-            {
-                "target": target,
-                "trace": trace,
-                "kvgate": k,
-                "reference": ref,
-                "ratio": round(ratio, 3),
-                "met": met,
-                **reach,
-            }
-        )
-
     for trace in CONVERSATIONS:
         for load in (0.8, 1.0):
             at = _at(results, trace, load)
             base = {p: r for p, r in at.items() if p.removesuffix(TUNED) in BASELINES}
             if "kvgate" not in at or not base:
                 continue
-            k, pct = at["kvgate"], f"{load:.0%}"
             floor = (bounds or {}).get(trace, {}).get(str(load), {})
-            best = max(base, key=lambda p: base[p]["hit_rate"])
-            ratio = k["hit_rate"] / base[best]["hit_rate"] if base[best]["hit_rate"] else 1.0
-            share = base[best]["goodput_rps"] / k["goodput_rps"] if k["goodput_rps"] else 1.0
-            row(
-                f"conversations: hit rate >= the best baseline's at {pct} load",
-                trace,
-                k["hit_rate"],
-                f"{best} {base[best]['hit_rate']:.3f} (goodput {share:.2f}× kvgate's)",
-                ratio,
-                ratio >= 1.0,
-            )
-            serving = {
-                p: r for p, r in base.items() if r["goodput_rps"] >= SERVING * k["goodput_rps"]
-            }
-            top = max(serving, key=lambda p: serving[p]["hit_rate"], default=best)
-            if top != best:
-                best = top
-                ratio = (
-                    k["hit_rate"] / serving[best]["hit_rate"] if serving[best]["hit_rate"] else 1.0
-                )
-                row(
-                    f"conversations: hit rate >= the best baseline's that serves the load "
-                    f"(goodput >= {SERVING:g}x kvgate's) at {pct} load",
-                    trace,
-                    k["hit_rate"],
-                    f"{best} {serving[best]['hit_rate']:.3f}",
-                    ratio,
-                    ratio >= 1.0,
-                )
-            best = min(base, key=lambda p: base[p]["ttft_p99_s"])
-            ratio = k["ttft_p99_s"] / base[best]["ttft_p99_s"]
-            row(
-                f"conversations: P99 TTFT <= 0.85x the best baseline at {pct} load",
-                trace,
-                k["ttft_p99_s"],
-                f"{best} {base[best]['ttft_p99_s']:.3f}",
-                ratio,
-                ratio <= 0.85,
-                **_floor(floor.get("ttft_floor_p99_s"), 0.85 * base[best]["ttft_p99_s"]),
-            )
-            if load == 1.0:
-                best = min(base, key=lambda p: base[p]["ttft_p50_s"])
-                ratio = k["ttft_p50_s"] / base[best]["ttft_p50_s"]
-                row(
-                    "conversations: P50 TTFT <= 0.5x the best baseline at 100% load",
-                    trace,
-                    k["ttft_p50_s"],
-                    f"{best} {base[best]['ttft_p50_s']:.3f}",
-                    ratio,
-                    ratio <= 0.5,
-                    **_floor(floor.get("ttft_floor_p50_s"), 0.5 * base[best]["ttft_p50_s"]),
-                )
-                if trace.startswith("mooncake"):
-                    slo_bound = floor.get("slo_bound")
-                    reach = _reach(
-                        slo_bound,
-                        "SLO bound {:.3f}",
-                        slo_bound is not None and slo_bound >= SLO_TARGET,
-                    )
-                    row(
-                        "conversations: SLO attainment >= 97.5 % at 100% load",
-                        trace,
-                        k["slo_attainment"],
-                        f"{SLO_TARGET}",
-                        k["slo_attainment"] / SLO_TARGET,
-                        k["slo_attainment"] >= SLO_TARGET,
-                        **reach,
-                    )
+            out += _hit_rows(trace, f"{load:.0%}", at["kvgate"], base)
+            out += _latency_rows(trace, load, at["kvgate"], base, floor)
     return out
 
 

@@ -16,17 +16,27 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Literal, cast
+from dataclasses import replace
+from typing import cast
 
 from admission.core import Rejection
 from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
-from agents.kvcache import AllCleared, BlockRemoved, BlockStored, CacheEvent
-from agents.profile import EngineProfile
+from agents.kvcache import CacheEvent
 from agents.scheduler import DecodeRun
-from analytics.autoscale import AutoscaleSettings, Observation, make_autoscaler
+from analytics.autoscale import make_autoscaler
 from analytics.sim.admission import Refused, SimAdmission
+from analytics.sim.fleetctl import control, operate
+from analytics.sim.simconfig import (
+    MODEL,
+    Done,
+    FleetOp,
+    ScalePoint,
+    SimConfig,
+    node_names,
+    node_profile,
+)
 from analytics.sim.simcore import SimCore, SimSeq, SimStep
+from analytics.sim.simnode import SimNode, all_hashes, fold, node_view
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.candidates import candidates
 from router.decision.fleet import Fleet
@@ -36,206 +46,11 @@ from router.decision.inflight import InflightLedger
 from router.decision.lanes import Lanes
 from router.decision.pipeline import Ask, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.pipeline import Refused as NotRouted
-from router.decision.placement import FREE, Placement
 from router.decision.recent import RecentPrefills, merge_matches
-from router.decision.types import NodeView, Policy, RouteRequest
-from router.settings import LaneSettings, OutlierSettings, RouterSettings, SlowStartSettings
-from streams.blocks import HASH_MASK
+from router.decision.types import Policy, RouteRequest
 from streams.prefix_index import PrefixIndex
 
-__all__ = ["Done", "FleetOp", "SimConfig", "node_profile", "simulate"]
-
-MODEL = "sim"
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    nodes: int = 16
-    profile: EngineProfile = field(default_factory=EngineProfile)
-    heartbeat_interval_s: float = 0.5
-    index_lag_s: float = 0.15  # agent flush (100 ms) + Kafka + fold
-    seed: int = 0
-    fast_forward: bool = True  # steady decoding as one event per run (exact, see DecodeRun)
-    # act on hot-prefix advice (router/decision/hotprefix.py) like the live agents
-    prewarm: bool = False
-    prewarm_delay_s: float = 0.2  # advice on kvgate.control → agent → engine
-    admission: AdmissionSettings | None = None  # admission control in front of routing
-    retries: RetryModel | None = None  # refused clients retry (None: a refusal is final)
-    storm_guard: bool = False  # the retry-storm guard in front of admission
-    # the router remembers its completed prefills (router/decision/recent.py)
-    recent_prefill_ttl_s: float = 0.0
-    node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
-    # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
-    # the operations on the fleet over time (drain, join, leave, canary)
-    outlier: OutlierSettings = field(default_factory=lambda: OutlierSettings(enabled=False))
-    slow_start: SlowStartSettings = field(default_factory=lambda: SlowStartSettings(window_s=0))
-    ops: tuple[FleetOp, ...] = ()
-    faults: tuple[tuple[str, float], ...] = ()  # (node, share of its requests answered with 500)
-    fault_latency_s: float = 0.005  # how fast a broken engine answers
-    node_labels: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (node, labels)
-    roles: tuple[tuple[str, str], ...] = ()  # (node, prefill | decode); others are mixed
-    kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
-    disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
-    placement: Placement = FREE  # every request's required and preferred labels
-    # the router's candidate cap (router.max_queue): nodes with more waiting are skipped
-    max_queue: int = RouterSettings.model_fields["max_queue"].default
-    lanes: LaneSettings | None = (
-        None  # head-of-line isolation of long requests (router/decision/lanes.py)
-    )
-    # a closed-loop autoscaler (analytics/autoscale.py): ``nodes`` at the start, then what it
-    # asks for; a new node serves after its lead time and starts cold
-    autoscaler: AutoscaleSettings | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ScalePoint:
-    """One autoscaler decision: the desired count, the nodes serving, the nodes paid for
-    (serving, loading their model, or draining), the forecast rate (predictive)."""
-
-    at_s: float
-    desired: int
-    serving: int
-    provisioned: int
-    arrivals_rps: float
-
-
-@dataclass(frozen=True, slots=True)
-class FleetOp:
-    """An operation on the simulated fleet at ``at_s``: ``drain``/``undrain`` a node, ``join``
-    (a node listed only here is absent until it joins, then starts cold, in slow start) or
-    ``leave`` (no new requests; what runs there finishes), ``canary`` (``nodes`` take
-    ``share`` of the requests; share 0 ends it), ``heal`` (its faults stop)."""
-
-    at_s: float
-    kind: Literal["drain", "undrain", "join", "leave", "canary", "heal"]
-    node: str = ""
-    nodes: tuple[str, ...] = ()
-    share: float = 0.0
-
-
-def node_names(cfg: SimConfig) -> list[str]:
-    return list(cfg.node_ids) if cfg.node_ids else [f"node-{i:02d}" for i in range(cfg.nodes)]
-
-
-@dataclass(frozen=True, slots=True)
-class RetryModel:
-    """How refused clients come back: after Retry-After, up to ``max_attempts``; the clients in
-    ``storm_clients`` ignore it and retry after ``storm_delay_s``, up to ``storm_max_attempts``."""
-
-    max_attempts: int = 4
-    storm_clients: frozenset[str] = frozenset()
-    storm_delay_s: float = 0.05
-    storm_max_attempts: int = 40
-
-
-@dataclass(slots=True)
-class Done:
-    """One finished request."""
-
-    request: TraceRequest
-    node: str
-    reason: str
-    hit_blocks_seen: int  # what the router believed the node had
-    cached_tokens: int  # what the engine actually reused
-    first_token_s: float
-    finish_s: float
-    queue_wait_s: float = 0.0  # time in the admission queue (included in TTFT)
-
-
-@dataclass(slots=True)
-class _Node:
-    node_id: str
-    core: SimCore
-    busy: bool = False
-    view: NodeView | None = None  # the last heartbeat the router has
-    served: int = 0
-    run: DecodeRun | None = None  # a fast-forwarded decode run in progress
-    run_start: float = 0.0
-    run_applied: int = 0
-    gen: int = 0  # bumps when a scheduled run end is replaced
-    finishing: list[SimSeq] = field(default_factory=list)  # finished, delivered at run end
-
-
-def _view(
-    n: _Node,
-    now: float,
-    lease_s: float,
-    draining: bool = False,
-    started_at: float | None = None,
-    role: str = "mixed",
-) -> NodeView:
-    c = n.core
-    return NodeView(
-        node_id=n.node_id,
-        endpoint=f"sim://{n.node_id}",
-        model=MODEL,
-        pool="default",
-        block_size=c.profile.block_size,
-        kv_blocks_total=c.cache.num_blocks,
-        kv_blocks_used=c.cache.used_blocks,
-        running=len(c.running),
-        waiting=len(c.waiting),
-        healthy=True,
-        draining=draining,
-        heartbeat_ts=now,
-        lease_s=lease_s,
-        started_at=started_at,
-        role=role,
-    )
-
-
-def _all_hashes(r: TraceRequest, idx: int, block_size: int) -> list[int]:
-    """The prompt's block hashes, then the blocks its answer fills: the trace's, or hashes of
-    the request's own (cheap, distinct from every other request's)."""
-    hashes = list(r.block_hashes) + list(r.output_block_hashes)
-    total = (r.prompt_tokens + r.output_tokens) // block_size
-    base = (idx + 1) << 24
-    hashes += [((base + i) * 0x9E3779B97F4A7C15) & HASH_MASK for i in range(len(hashes), total)]
-    return hashes
-
-
-def fold(index: PrefixIndex, node_id: str, events: list[CacheEvent]) -> None:
-    """Apply one node's cache events to the index, in order (consecutive stores as one)."""
-    stored: list[int] = []
-    for ev in events:
-        if isinstance(ev, BlockStored):
-            stored += ev.block_hashes
-            continue
-        if stored:
-            index.add_many(node_id, stored)
-            stored = []
-        if isinstance(ev, BlockRemoved):
-            index.remove_many(node_id, ev.block_hashes)
-        elif isinstance(ev, AllCleared):
-            index.drop_node(node_id)
-    if stored:
-        index.add_many(node_id, stored)
-
-
-def acting_on(cfg: SimConfig, router: RouterSettings) -> SimConfig:
-    """``cfg`` with the kvgate system acting on the router's own advice: pre-warming hot
-    prefixes and remembering its recent prefills (other policies have neither)."""
-    if router.policy != "kvgate":
-        return cfg
-    return replace(cfg, prewarm=router.prewarm, recent_prefill_ttl_s=router.recent_prefill_ttl_s)
-
-
-def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:
-    """The engine profile at the trace's block size, keeping the profile's KV memory."""
-    profile = (
-        cfg.profile.model_copy(update={"block_size": block_size})
-        if block_size != cfg.profile.block_size
-        else cfg.profile
-    )
-    if block_size != cfg.profile.block_size and cfg.profile.num_gpu_blocks_override is None:
-        profile = profile.model_copy(
-            update={
-                "num_gpu_blocks_override": max(
-                    1, cfg.profile.num_gpu_blocks * cfg.profile.block_size // block_size
-                )
-            }
-        )
-    return profile
+__all__ = ["SimCluster", "simulate"]
 
 
 class SimCluster:
@@ -286,7 +101,7 @@ class SimCluster:
             first = len(self.initial)
             spare = max(0, self.scaler.settings.max_replicas + 4 - first)
             self.joining += [f"node-{i:02d}" for i in range(first, first + spare)]
-        self.nodes = [_Node(name, SimCore(self.profile)) for name in self.initial + self.joining]
+        self.nodes = [SimNode(name, SimCore(self.profile)) for name in self.initial + self.joining]
         self.by_id = {n.node_id: n for n in self.nodes}
         self.present = set(self.initial)
         self.started: dict[str, float] = {}  # node -> when it joined (slow start)
@@ -367,12 +182,12 @@ class SimCluster:
     def push(self, t: float, kind: str, data: object) -> None:
         heapq.heappush(self.events, (t, next(self.tie), kind, data))
 
-    def drain(self, n: _Node, now: float) -> None:
+    def drain(self, n: SimNode, now: float) -> None:
         evs = n.core.drain_events()
         if evs:
             self.lagged.append((now + self.cfg.index_lag_s, n.node_id, evs))
 
-    def start_step(self, n: _Node, now: float) -> None:
+    def start_step(self, n: SimNode, now: float) -> None:
         n.busy = True
         run = n.core.plan_decode_run() if self.cfg.fast_forward else None
         if run is not None:
@@ -383,7 +198,7 @@ class SimCluster:
         self.drain(n, now)
         self.push(now + res.duration_s, "step", (n.node_id, res))
 
-    def catch_up(self, n: _Node, now: float) -> None:
+    def catch_up(self, n: SimNode, now: float) -> None:
         """Apply ``n``'s decode run up to and including the step in progress at ``now`` — an
         engine applies a step when it starts it, and delivers its tokens when it ends."""
         run = n.run
@@ -395,7 +210,7 @@ class SimCluster:
             n.run_applied = upto
             self.drain(n, now)
 
-    def cut_run(self, n: _Node, now: float) -> None:
+    def cut_run(self, n: SimNode, now: float) -> None:
         """A request arrives: the run stops after the step in progress."""
         run = n.run
         if run is None:
@@ -474,7 +289,7 @@ class SimCluster:
             self.push(now + self.cfg.fault_latency_s, "fail", (rid, target.node_id))
             return None
         seq = SimSeq(
-            rid, r.prompt_tokens, r.output_tokens, _all_hashes(r, idx, self.trace.block_size)
+            rid, r.prompt_tokens, r.output_tokens, all_hashes(r, idx, self.trace.block_size)
         )
         self.meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
@@ -487,7 +302,7 @@ class SimCluster:
             self.split[pid] = (idx, target.node_id, seq, 0)
             self.add(
                 pre,
-                SimSeq(pid, r.prompt_tokens, 1, _all_hashes(r, idx, self.trace.block_size)),
+                SimSeq(pid, r.prompt_tokens, 1, all_hashes(r, idx, self.trace.block_size)),
                 now,
             )
         else:
@@ -518,92 +333,6 @@ class SimCluster:
         if self.lane_queue:
             self.lane_queue.release(lambda item: self.dispatch(item[0], now, item[1], queued=True))
 
-    def operate(self, op: FleetOp, now: float) -> None:
-        if op.kind == "drain":
-            self.fleet.drained.add(op.node)
-        elif op.kind == "undrain":
-            self.fleet.drained.discard(op.node)
-        elif op.kind == "join":
-            if op.node in self.loading:  # the autoscaler's node: loaded, it serves from now
-                self.loading.discard(op.node)
-            self.present.add(op.node)
-            self.started[op.node] = now  # its view appears with the next heartbeat
-        elif op.kind == "leave":
-            self.present.discard(op.node)
-            self.by_id[op.node].view = None
-        elif op.kind == "canary":
-            self.fleet.set_canary("canary", op.nodes, op.share)
-        elif op.kind == "heal":
-            self.faults.pop(op.node, None)
-        if self.adm is not None:  # the budget follows the nodes that take requests
-            serving = len(self.present - self.fleet.drained)
-            self.adm.kv_blocks_total = self.profile.num_gpu_blocks * serving
-            self.adm.slots_total = self.adm.settings.slots_per_node * serving
-
-    def control(self, now: float) -> None:
-        """One autoscaler decision: observe the pool, add cold nodes (serving after the lead
-        time) or remove the least busy ones (they drain)."""
-        assert self.scaler is not None
-        s = self.scaler.settings
-        for name in list(self.leaving):  # drained: no longer paid for
-            if self.by_id[name].core.idle and not self.by_id[name].busy:
-                self.leaving.discard(name)
-        serving = sorted(self.present - self.fleet.drained)
-        cores = [self.by_id[name].core for name in serving]
-        obs = Observation(
-            now=now,
-            replicas=len(serving),
-            arrivals=int(self.seen["arrivals"]),
-            waiting=sum(len(c.waiting) for c in cores) + len(self.holding) + len(self.lane_queue),
-            running=sum(len(c.running) for c in cores),
-            kv_used=(
-                sum(c.cache.used_blocks / c.cache.num_blocks for c in cores) / len(cores)
-                if cores
-                else 1.0
-            ),
-            refusals=len(self.refused) - int(self.seen["refused"]),
-        )
-        desired = self.scaler.observe(obs)
-        have = len(self.present) + len(self.loading)
-        if desired > have:
-            idle = [
-                n
-                for n in self.nodes
-                if n.node_id not in self.present
-                and n.node_id not in self.loading
-                and n.node_id not in self.leaving
-                and n.core.idle
-                and not n.busy
-            ]
-            for n in idle[: desired - have]:
-                n.core = SimCore(self.profile)  # a new replica: an empty cache
-                n.run, n.gen, n.finishing = None, n.gen + 1, []
-                self.index.drop_node(n.node_id)
-                self.loading.add(n.node_id)
-                self.push(
-                    now + s.lead_time_s, "op", FleetOp(now + s.lead_time_s, "join", n.node_id)
-                )
-        elif desired < have:
-            for _ in range(have - desired):
-                if self.loading:  # not serving yet: cancel the newest load
-                    name = max(self.loading)
-                    self.loading.discard(name)
-                    self.cancelled.add(name)
-                    continue
-                if len(self.present) <= max(1, s.min_replicas):
-                    break
-                name = min(self.present, key=lambda x: len(self.by_id[x].core.running))
-                self.operate(FleetOp(now, "leave", name), now)
-                self.leaving.add(name)
-        paid = len(self.present) + len(self.loading) + len(self.leaving)
-        self.stats["gpu_seconds"] += round(self.seen["paid"] * (now - self.seen["at"]))
-        self.seen.update(arrivals=0, refused=len(self.refused), paid=paid, at=now)
-        if self.scale_out is not None:
-            self.scale_out.append(
-                ScalePoint(now, desired, len(self.present), paid, obs.arrivals / s.interval_s)
-            )
-        self.push(now + s.interval_s, "control", None)
-
     def refuse(self, got: Refused) -> None:
         self.refused.append(got)
         self.remaining -= 1
@@ -629,13 +358,13 @@ class SimCluster:
         for idx, wait in admitted:
             self.dispatch(idx, now, wait)
 
-    def add(self, n: _Node, seq: SimSeq, now: float) -> None:
+    def add(self, n: SimNode, seq: SimSeq, now: float) -> None:
         self.cut_run(n, now)
         n.core.add(seq)
         if not n.busy:
             self.start_step(n, now)
 
-    def step_done(self, n: _Node, now: float, finished: list[SimSeq]) -> None:
+    def step_done(self, n: SimNode, now: float, finished: list[SimSeq]) -> None:
         n.busy = False
         released = False
         for seq in finished:
@@ -688,7 +417,7 @@ class SimCluster:
             "arrive": self.on_arrive,
             "retry": lambda now, data: self.on_arrive(now, data, "retry"),
             "op": self.on_op,
-            "control": lambda now, _: self.control(now),
+            "control": lambda now, _: control(self, now),
             "kv": self.on_kv,
             "fail": self.on_fail,
             "warm": self.on_warm,
@@ -710,7 +439,7 @@ class SimCluster:
         for n in self.nodes:
             self.catch_up(n, now)
             if n.node_id in self.present:
-                n.view = _view(
+                n.view = node_view(
                     n,
                     now,
                     self.lease,
@@ -762,7 +491,7 @@ class SimCluster:
         if op.kind == "join" and op.node in self.cancelled:
             self.cancelled.discard(op.node)
             return
-        self.operate(op, now)
+        operate(self, op, now)
 
     def on_kv(self, now: float, data: object) -> None:
         """A prompt's KV arrived at its decode node: it decodes from there."""

@@ -31,9 +31,10 @@ from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
 from analytics.progress import status
 from analytics.sim.admission import Refused
 from analytics.sim.bench_report import fmt
-from analytics.sim.cluster import Done, FleetOp, SimConfig, node_names, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.replay import capacity_rps, open_trace
+from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
@@ -360,7 +361,13 @@ def _markdown(r: dict[str, Any]) -> str:
     ]
     for name, row in r["rows"].items():
         lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
-    lines += [
+    lines += _slo_section(r) + _long_tail_section(r) + _pd_section(r) + _reading()
+    return "\n".join(lines) + "\n"
+
+
+def _slo_section(r: dict[str, Any]) -> list[str]:
+    """The SLO classes at 120 % load."""
+    lines = [
         "",
         "## SLO classes at 120 % load",
         "",
@@ -382,42 +389,53 @@ def _markdown(r: dict[str, Any]) -> str:
                     f"{fmt(v['slo_attainment'])} | {v['refused']} | "
                     f"{v['refused_by_reason'] or '–'} | {v['refusals_without_retry_after']} |"
                 )
+    return lines
+
+
+def _long_tail_section(r: dict[str, Any]) -> list[str]:
+    """Long requests against short ones (the lane rules)."""
     hol = r.get("long_tail")
-    if hol:
-        lines += [
-            "",
-            "## Long requests must not block short ones (`long_tail`)",
-            "",
-            f"{hol['nodes']} nodes, {hol['requests']} requests of the `long_tail` workload "
-            "(no sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 "
-            "up to 2k). Short: prompt under 8,192 tokens and answer under 1,024; long: the "
-            "rest. `kvgate`: today's policy without the lane rules; `lanes`: the defaults "
-            "(long requests within half a node's KV, the router's queue with short requests "
-            "first); `lanes_with_node_lane`: plus a lane of nodes for long prompts. Loads are "
-            f"fractions of `capacity_rps` ({hol['capacity_rps']} req/s, a burst's completion "
-            "rate): on this heavy-tailed trace that over-states what the fleet sustains, so "
-            "0.8 is overload and 0.45 is about 80 % of the sustained rate. Ratios are against "
-            "`kvgate` at the same load; throughput is output tokens per second, first arrival "
-            "to last finish.",
-            "",
-            "| load | run | completed | short TTFT p50 | short TTFT p99 | long TTFT p99 | "
-            "long TPOT p99 | output tok/s | short p99 ratio | throughput ratio | "
-            "long TPOT p99 ratio |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for key, rows in hol.items():
-            if not key.startswith("load_"):
-                continue
-            for label, v in rows.items():
-                lines.append(
-                    f"| {key[5:]} | {label} | {v['completed']} | {fmt(v['short_ttft_p50_s'])} | "
-                    f"{fmt(v['short_ttft_p99_s'])} | {fmt(v['long_ttft_p99_s'])} | "
-                    f"{fmt(v['long_tpot_p99_s'])} | {fmt(v['output_tokens_per_s'])} | "
-                    f"{fmt(v.get('short_ttft_p99_ratio'))} | "
-                    f"{fmt(v.get('throughput_ratio'))} | "
-                    f"{fmt(v.get('long_tpot_p99_ratio'))} |"
-                )
-    lines += [
+    if not hol:
+        return []
+    lines = [
+        "",
+        "## Long requests must not block short ones (`long_tail`)",
+        "",
+        f"{hol['nodes']} nodes, {hol['requests']} requests of the `long_tail` workload "
+        "(no sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 "
+        "up to 2k). Short: prompt under 8,192 tokens and answer under 1,024; long: the "
+        "rest. `kvgate`: today's policy without the lane rules; `lanes`: the defaults "
+        "(long requests within half a node's KV, the router's queue with short requests "
+        "first); `lanes_with_node_lane`: plus a lane of nodes for long prompts. Loads are "
+        f"fractions of `capacity_rps` ({hol['capacity_rps']} req/s, a burst's completion "
+        "rate): on this heavy-tailed trace that over-states what the fleet sustains, so "
+        "0.8 is overload and 0.45 is about 80 % of the sustained rate. Ratios are against "
+        "`kvgate` at the same load; throughput is output tokens per second, first arrival "
+        "to last finish.",
+        "",
+        "| load | run | completed | short TTFT p50 | short TTFT p99 | long TTFT p99 | "
+        "long TPOT p99 | output tok/s | short p99 ratio | throughput ratio | "
+        "long TPOT p99 ratio |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, rows in hol.items():
+        if not key.startswith("load_"):
+            continue
+        for label, v in rows.items():
+            lines.append(
+                f"| {key[5:]} | {label} | {v['completed']} | {fmt(v['short_ttft_p50_s'])} | "
+                f"{fmt(v['short_ttft_p99_s'])} | {fmt(v['long_ttft_p99_s'])} | "
+                f"{fmt(v['long_tpot_p99_s'])} | {fmt(v['output_tokens_per_s'])} | "
+                f"{fmt(v.get('short_ttft_p99_ratio'))} | "
+                f"{fmt(v.get('throughput_ratio'))} | "
+                f"{fmt(v.get('long_tpot_p99_ratio'))} |"
+            )
+    return lines
+
+
+def _pd_section(r: dict[str, Any]) -> list[str]:
+    """Prefill/decode disaggregation against colocated serving."""
+    lines = [
         "",
         "## Prefill/decode disaggregation against colocated serving",
         "",
@@ -440,7 +458,12 @@ def _markdown(r: dict[str, Any]) -> str:
                 f"{fmt(v['tpot_p99_s'])} | {fmt(v['slo_attainment'])} | "
                 f"{fmt(v['goodput_rps'])} |"
             )
-    lines += [
+    return lines
+
+
+def _reading() -> list[str]:
+    """How to read the page."""
+    return [
         "",
         "How to read it:",
         "",
@@ -477,4 +500,3 @@ def _markdown(r: dict[str, Any]) -> str:
         "requests capacity on this workload (long prompts are a few percent of requests), so "
         "it is off by default.",
     ]
-    return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.profile import EngineProfile
-from analytics.sim.cluster import Done
+from analytics.sim.simconfig import Done
 from analytics.sim.traces import (
     TraceRequest,
     causal_hit_bound,

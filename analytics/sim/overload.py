@@ -17,8 +17,9 @@ from typing import Any
 
 from admission.settings import AdmissionSettings, Priority
 from analytics.sim.admission import Refused
-from analytics.sim.cluster import Done, SimConfig, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import pct
+from analytics.sim.simconfig import Done, SimConfig
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings

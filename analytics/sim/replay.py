@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from analytics.sim.admission import Refused
-from analytics.sim.cluster import SimConfig, acting_on, node_profile, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import latency_bounds, run_metrics
+from analytics.sim.simconfig import SimConfig, acting_on, node_profile
 from analytics.sim.traces import Trace, load_trace
 from analytics.sim.workloads import WORKLOADS, make_workload
 from router.decision.policies import make_policy

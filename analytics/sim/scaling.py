@@ -14,8 +14,9 @@ from typing import Any
 
 from agents.profile import EngineProfile
 from analytics.autoscale import AutoscaleSettings
-from analytics.sim.cluster import ScalePoint, SimConfig, acting_on, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import run_metrics
+from analytics.sim.simconfig import ScalePoint, SimConfig, acting_on
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings

@@ -15,8 +15,9 @@ from typing import Any
 
 from admission.settings import AdmissionSettings
 from analytics.sim.admission import Refused
-from analytics.sim.cluster import RetryModel, SimConfig, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import pct
+from analytics.sim.simconfig import RetryModel, SimConfig
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings

@@ -71,9 +71,9 @@ def overload(requests: int, slots: list[int], loads: list[float], nodes: int) ->
     """Every combination of workload, load and admission (off, or on with a slot budget)."""
     from dataclasses import replace as dc_replace
 
-    from analytics.sim.cluster import SimConfig
     from analytics.sim.overload import PRIORITY_MIX, overload_run, with_priorities
     from analytics.sim.replay import capacity_rps, open_trace
+    from analytics.sim.simconfig import SimConfig
 
     sources = [str(TRACES / "azure_llm_inference_2023_conv.csv"), "shared_prompt"]
     runs = []
@@ -102,8 +102,8 @@ def retry_storm(requests: int, nodes: int, load: float = 1.3) -> dict[str, Any]:
     """No storm / a storm client with the guard / the same storm without the guard."""
     from dataclasses import replace as dc_replace
 
-    from analytics.sim.cluster import SimConfig
     from analytics.sim.replay import capacity_rps, open_trace
+    from analytics.sim.simconfig import SimConfig
     from analytics.sim.stormrun import storm_run, with_clients
 
     runs = []

@@ -38,9 +38,9 @@ from agents.profile import EngineProfile
 from analytics.autoscale import AutoscaleSettings
 from analytics.calibration import calibration_rows
 from analytics.plan import at_rate, parse_slo, plan, router_for
-from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.scaling import compare_scaling, diurnal
+from analytics.sim.simconfig import SimConfig
 from analytics.sim.workloads import make_workload
 from analytics.tune import objective_value, offered_rps, tune, with_weights
 from analytics.tuning import Candidate, replay_side

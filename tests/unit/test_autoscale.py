@@ -10,8 +10,9 @@ import pytest
 from agents.catalog import derive_profile, find_gpu, find_model
 from analytics.autoscale import AutoscaleSettings, Observation, Predictive, Reactive, forecast
 from analytics.plan import router_for
-from analytics.sim.cluster import ScalePoint, SimConfig, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.scaling import compare_scaling, diurnal, fixed_peak_replicas
+from analytics.sim.simconfig import ScalePoint, SimConfig
 from analytics.sim.workloads import make_workload
 from router.decision.policies import make_policy
 

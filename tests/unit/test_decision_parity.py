@@ -8,8 +8,9 @@ import pytest
 
 from admission.settings import AdmissionSettings
 from analytics.sim import cluster
-from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.replay import at_load, capacity_rps, open_trace
+from analytics.sim.simconfig import SimConfig
 from router.decision.pipeline import Ask, Decision, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.policies import make_policy
 from router.runtime import build_router

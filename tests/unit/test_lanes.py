@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.cluster import simulate
+from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.holdqueue import UNKNOWN, HoldQueue
 from router.decision.inflight import TPOT_PRIOR_S, InflightLedger

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from admission.settings import AdmissionSettings
-from analytics.sim.cluster import SimConfig
 from analytics.sim.overload import overload_run, with_priorities
 from analytics.sim.replay import capacity_rps, open_trace
+from analytics.sim.simconfig import SimConfig
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from admission.settings import Tenant
 from agents.profile import EngineProfile
-from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.cluster import simulate
+from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.placement import Placement, parse_labels, placement_of
 from router.decision.policies import LeastRequestsPolicy

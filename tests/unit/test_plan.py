@@ -14,8 +14,8 @@ from analytics.plan import (
     render_text,
     size_fleet,
 )
-from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import replay_trace
+from analytics.sim.simconfig import SimConfig
 from router.settings import RouterSettings
 
 

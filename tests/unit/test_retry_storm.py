@@ -4,8 +4,8 @@ refuses its early retries without touching the budget; without the guard it does
 
 from dataclasses import replace
 
-from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import capacity_rps, open_trace
+from analytics.sim.simconfig import SimConfig
 from analytics.sim.stormrun import storm_run, with_clients
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from agents.profile import EngineProfile
-from analytics.sim.cluster import Done, SimConfig, simulate
+from analytics.sim.cluster import simulate
+from analytics.sim.simconfig import Done, SimConfig
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.policies import make_policy
 from router.settings import RouterSettings

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from agents.profile import EngineProfile
-from analytics.sim.cluster import FleetOp, SimConfig, simulate
+from analytics.sim.cluster import simulate
+from analytics.sim.simconfig import FleetOp, SimConfig
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.policies import LeastRequestsPolicy
 from router.settings import OutlierSettings, SlowStartSettings

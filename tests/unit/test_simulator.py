@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from agents.profile import EngineProfile
-from analytics.sim.cluster import SimConfig, simulate
+from analytics.sim.cluster import simulate
 from analytics.sim.metrics import run_metrics
+from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace, TraceRequest, hit_bound, load_trace
 from router.decision.policies import RoundRobinPolicy, SeedScorePolicy
 from router.settings import SeedWeights

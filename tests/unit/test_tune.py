@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from admission.settings import AdmissionSettings
 from agents.profile import EngineProfile
-from analytics.sim.cluster import SimConfig
 from analytics.sim.replay import capacity_rps, open_trace
+from analytics.sim.simconfig import SimConfig
 from analytics.tune import objective_value, offered_rps, tune, with_weights
 from analytics.tuning import Candidate, replay_side
 from deploy.cli import app
