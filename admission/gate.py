@@ -8,32 +8,38 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
 from admission.core import (
-    ONE_OUTPUT,
     Budget,
-    OutputShape,
     Rejection,
     RejectReason,
     Verdict,
     admit,
-    kv_blocks_for,
-    priority_limit,
 )
 from admission.estimate import OutputEstimator
 from admission.exceptions import AdmissionError
+from admission.plan import (
+    AdmissionAsk,
+    below_yellow,
+    contended,
+    filled_up,
+    quota_refusal,
+    reserve_ask,
+    store_down,
+    tenant_caps,
+)
 from admission.queue import AdmissionQueues, Waiting
 from admission.reservations import (
     TENANT_LIMIT,
     InProcessReservations,
     Reservation,
     ReservationStore,
+    ReserveAsk,
 )
-from admission.settings import AdmissionSettings, Priority, Tenant
+from admission.settings import AdmissionSettings, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
 from streams.schemas import LedgerEvent
 
@@ -101,14 +107,6 @@ class AdmissionGate:
             drain_blocks_per_s=drain,
         )
 
-    def limit(self, tenant: Tenant, total_blocks: int) -> int:
-        """The most KV blocks reservations may hold once this tenant's request is in."""
-        return int(priority_limit(tenant.priority, self.settings) * total_blocks)
-
-    def slot_limit(self, priority: Priority, total_slots: int) -> int:
-        """The most concurrent requests reservations may hold once this request is in."""
-        return max(1, int(priority_limit(priority, self.settings) * total_slots))
-
     def _asked(self, tenant: Tenant, now: float) -> None:
         self._demand[tenant.name] = now
         if len(self._demand) > 4 * len(self._weights) + 64:
@@ -118,277 +116,144 @@ class AdmissionGate:
     async def tenant_limits(
         self, tenant: Tenant, pool: str, b: Budget, usage_after: float, now: float
     ) -> tuple[int | None, int | None, str]:
-        """The most KV blocks and slots ``tenant`` may hold in ``pool`` with this request in
-        (None: no limit of its own), and why: its hard caps (``max_kv_share``,
-        ``max_concurrency``) and, once the pool is contended (above yellow), its weighted fair
-        share among the tenants that hold reservations or asked this router within
-        ``fair_share_window_s`` — only for a tenant already holding something, so every tenant
-        can always run one request."""
+        """:func:`admission.plan.tenant_caps` in ``pool``, with the tenants' usage read from
+        the store when the pool is contended (their fair share then counts the tenants that
+        asked this router within ``fair_share_window_s``)."""
         s = self.settings
-        blocks = (
-            int(tenant.max_kv_share * b.kv_blocks_total)
-            if tenant.max_kv_share is not None
-            else None
-        )
-        why = "max_kv_share"
-        if s.fair_share and usage_after > s.yellow_watermark:
-            usage = await self.store.tenant_usage(pool)
-            if usage.get(tenant.name, (0, 0))[1] > 0:
-                window = s.fair_share_window_s
-                asking = {t for t, at in self._demand.items() if now - at <= window}
-                active = {t for t, (_, slots) in usage.items() if slots > 0} | asking
-                active.add(tenant.name)
-                total = sum(self._weights.get(t, 1.0) for t in active)
-                share = int(
-                    self._weights.get(tenant.name, 1.0)
-                    / total
-                    * self.limit(tenant, b.kv_blocks_total)
-                )
-                if blocks is None or share < blocks:
-                    blocks, why = share, f"fair share ({len(active)} tenants)"
-        return blocks, tenant.max_concurrency, why
+        usage = await self.store.tenant_usage(pool) if contended(s, usage_after) else None
+        window = s.fair_share_window_s
+        asking = {t for t, at in self._demand.items() if now - at <= window}
+        return tenant_caps(tenant, b, usage, asking, self._weights, s)
 
-    def _quota_rejection(self, tenant: Tenant, why: str, kv_blocks: int, usage: float) -> Verdict:
-        return Verdict(
-            False,
-            kv_blocks,
-            usage,
-            Rejection(
-                RejectReason.TENANT_QUOTA,
-                True,
-                max(self.settings.min_retry_after_s, 1.0),
-                f"tenant {tenant.name} is at its limit ({why}, max_concurrency "
-                f"{tenant.max_concurrency})",
-            ),
+    def _expected(self, ask: AdmissionAsk) -> int | None:
+        """The output tokens to reserve KV for, learned per tenant and model (None: not
+        learned, reserve for ``max_tokens``)."""
+        s = self.settings
+        if not s.learn_output:
+            return None
+        return self.estimator.expected(
+            ask.tenant.name, ask.model, ask.max_tokens, s.expected_output_cap
         )
+
+    async def _hold(self, r: Reservation, now: float) -> None:
+        self.held[r.reservation_id] = r
+        await self.record("reserve", r, now)
 
     def observe_output(self, tenant: Tenant, model: str, output_tokens: int) -> None:
         """A finished request's actual output length (feeds the learned estimate)."""
         if self.settings.learn_output:
             self.estimator.observe(tenant.name, model, output_tokens)
 
-    async def admit(
-        self,
-        request_id: str,
-        tenant: Tenant,
-        prompt_tokens: int,
-        max_tokens: int,
-        block_size: int,
-        pool: str,
-        node_blocks: Sequence[int],
-        now: float,
-        model: str = "",
-        shape: OutputShape = ONE_OUTPUT,
-        ttft_deadline_s: float | None = None,
-    ) -> Verdict:
+    async def admit(self, ask: AdmissionAsk, now: float) -> Verdict:
         """Admit (reserving), queue until admitted or refused, or refuse now (503 when the
-        reservation store cannot answer: nothing is admitted that the budget cannot see).
-        ``ttft_deadline_s``: its SLO class's TTFT, the longest it may wait in the queue."""
+        reservation store cannot answer: nothing is admitted that the budget cannot see)."""
+        tenant, pool, s = ask.tenant, ask.pool, self.settings
         self._asked(tenant, now)
         try:
-            self._node_blocks[pool] = list(node_blocks)
-            expected = (
-                self.estimator.expected(
-                    tenant.name, model, max_tokens, self.settings.expected_output_cap
-                )
-                if self.settings.learn_output
-                else None
-            )
-            b = await self.budget(pool, node_blocks, now)
+            self._node_blocks[pool] = list(ask.node_blocks)
+            expected = self._expected(ask)
+            b = await self.budget(pool, ask.node_blocks, now)
             verdict = admit(
-                prompt_tokens,
-                max_tokens,
-                block_size,
+                ask.prompt_tokens,
+                ask.max_tokens,
+                ask.block_size,
                 tenant.priority,
                 b,
-                self.settings,
+                s,
                 expected,
-                shape,
+                ask.shape,
             )
             verdict = replace(verdict, output_estimate=expected)
             if self.queues.waiting_at_or_above(pool, tenant.priority):
-                verdict = self.queues.hold(verdict, tenant.priority, self.settings)
+                verdict = self.queues.hold(verdict, tenant.priority, s)
             if verdict.queue:
-                return await self._wait(request_id, tenant, pool, verdict, b, now, ttft_deadline_s)
+                return await self._wait(ask, verdict, b, now)
             if not verdict.admitted:
                 return verdict
             # the snapshot may be stale (other routers): the store checks the limit atomically
             t_blocks, t_slots, why = await self.tenant_limits(
                 tenant, pool, b, verdict.usage_after, now
             )
-            r = await self.store.try_reserve(
-                request_id,
+            plan = reserve_ask(
+                ask.request_id,
+                tenant.name,
+                tenant.priority,
                 pool,
                 verdict.kv_blocks,
-                self.limit(tenant, b.kv_blocks_total),
-                now,
-                self.settings.lease_s,
-                self.slot_limit(tenant.priority, b.slots_total),
-                tenant.name,
+                b,
+                s,
                 t_blocks,
                 t_slots,
             )
+            r = await self.store.try_reserve(plan, now)
             if r == TENANT_LIMIT:
-                return self._quota_rejection(tenant, why, verdict.kv_blocks, verdict.usage_after)
+                return quota_refusal(tenant, why, verdict.kv_blocks, verdict.usage_after, s)
             if not isinstance(r, Reservation):
-                retry = max(self.settings.min_retry_after_s, 1.0)
-                return Verdict(
-                    False,
-                    verdict.kv_blocks,
-                    verdict.usage_after,
-                    Rejection(
-                        RejectReason.RED_WATERMARK,
-                        True,
-                        retry,
-                        "the cluster KV budget filled up concurrently",
-                    ),
-                )
-            self.held[request_id] = r
-            await self.record("reserve", r, now)
+                return filled_up(verdict, s)
+            await self._hold(r, now)
         except AdmissionError as exc:
-            log.warning("admission refused %s: %s", request_id, exc)
-            return Verdict(
-                False,
-                0,
-                0.0,
-                Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, str(exc)),
-            )
+            log.warning("admission refused %s: %s", ask.request_id, exc)
+            return store_down(str(exc))
         return verdict
 
-    async def screen_and_admit(
-        self,
-        request_id: str,
-        tenant: Tenant,
-        attempt: str,
-        client: str,
-        prompt_tokens: int,
-        max_tokens: int,
-        block_size: int,
-        pool: str,
-        node_blocks: Sequence[int],
-        now: float,
-        model: str = "",
-        shape: OutputShape = ONE_OUTPUT,
-        ttft_deadline_s: float | None = None,
-    ) -> Verdict:
+    async def screen_and_admit(self, ask: AdmissionAsk, now: float) -> Verdict:
         """:meth:`early_retry` (a ``retry_storm`` refusal), then :meth:`admit`. The common case
         — nothing guarded, nobody queued, the pool below yellow with this request in — takes
         one round trip to the store (:meth:`_admit_below_yellow`); anything else the two steps
         in turn, as they answer alone."""
-        verdict = await self._admit_below_yellow(
-            request_id,
-            tenant,
-            attempt,
-            client,
-            prompt_tokens,
-            max_tokens,
-            block_size,
-            pool,
-            node_blocks,
-            now,
-            model,
-            shape,
-        )
+        verdict = await self._admit_below_yellow(ask, now)
         if verdict is not None:
             return verdict
-        early = await self.early_retry(tenant, attempt, now, client)
+        early = await self.early_retry(ask.tenant, ask.attempt, now, ask.client)
         if early is not None:
             return Verdict(False, 0, 0.0, early)
-        return await self.admit(
-            request_id,
-            tenant,
-            prompt_tokens,
-            max_tokens,
-            block_size,
-            pool,
-            node_blocks,
-            now,
-            model,
-            shape,
-            ttft_deadline_s,
-        )
+        return await self.admit(ask, now)
 
-    async def _admit_below_yellow(
-        self,
-        request_id: str,
-        tenant: Tenant,
-        attempt: str,
-        client: str,
-        prompt_tokens: int,
-        max_tokens: int,
-        block_size: int,
-        pool: str,
-        node_blocks: Sequence[int],
-        now: float,
-        model: str,
-        shape: OutputShape,
-    ) -> Verdict | None:
-        """The verdict :func:`admission.core.admit` gives every priority below yellow,
-        reserved against the yellow limits (so it holds only if the pool stays at or below
-        yellow with it in: exactly then the core admits whatever the priority, and tenant caps
-        are the tenant's own, no fair share) — or None: the full path decides (guarded, queued
-        requests waiting, above yellow, too large, no capacity). The store checks the retry
-        guard's keys in the same round trip when it can read them."""
-        s = self.settings
-        total_blocks = sum(node_blocks)
-        yellow_blocks = int(s.yellow_watermark * total_blocks)
-        slots_total = len(node_blocks) * s.slots_per_node
-        yellow_slots = int(s.yellow_watermark * slots_total)
-        if (
-            yellow_blocks <= 0
-            or yellow_slots <= 0
-            or math.ceil(prompt_tokens / block_size) > max(node_blocks)
-            or self.queues.waiting_at_or_above(pool, tenant.priority)
-        ):
-            return None
-        guard: list[str] = []
-        if s.retry_guard:
-            attempts = self.storm.attempts(client, attempt, self._new_requests_guarded(tenant))
-            keys = self.storm.store.keys(attempts)
-            if keys is None:  # not where the store can read them: ask the guard (no strike)
-                try:
-                    ats = await self.storm.store.not_before_many(attempts)
-                except AdmissionError:
-                    return None
-                if any(at is not None and now < at for at in ats):
-                    return None
-            else:
-                guard = keys
-        expected = (
-            self.estimator.expected(tenant.name, model, max_tokens, s.expected_output_cap)
-            if s.learn_output
-            else None
+    async def _guard_keys(self, ask: AdmissionAsk, now: float) -> list[str] | None:
+        """The retry guard's keys for the store to check in the reservation's round trip
+        (empty: the guard is off); None when the guard holds the attempt back, or it cannot
+        be asked — the full path decides then."""
+        if not self.settings.retry_guard:
+            return []
+        attempts = self.storm.attempts(
+            ask.client, ask.attempt, self._new_requests_guarded(ask.tenant)
         )
-        blocks = kv_blocks_for(prompt_tokens, max_tokens, block_size, s, expected, shape)
-        caps = int(tenant.max_kv_share * total_blocks) if tenant.max_kv_share is not None else None
+        keys = self.storm.store.keys(attempts)
+        if keys is not None:
+            return keys
+        try:  # not where the store can read them: ask the guard (no strike)
+            ats = await self.storm.store.not_before_many(attempts)
+        except AdmissionError:
+            return None
+        return None if any(at is not None and now < at for at in ats) else []
+
+    async def _admit_below_yellow(self, ask: AdmissionAsk, now: float) -> Verdict | None:
+        """Reserve :func:`admission.plan.below_yellow`'s plan in one round trip (the store
+        checks the retry guard's keys in it when it can read them) — or None: the full path
+        decides (guarded, queued requests waiting, above yellow, too large, no capacity)."""
+        s = self.settings
+        expected = self._expected(ask)
+        queued = self.queues.waiting_at_or_above(ask.pool, ask.tenant.priority)
+        plan = below_yellow(ask, s, queued, expected)
+        if plan is None:
+            return None
+        guard = await self._guard_keys(ask, now)
+        if guard is None:
+            return None
         try:
-            got = await self.store.reserve_unguarded(
-                guard,
-                request_id,
-                pool,
-                blocks,
-                yellow_blocks,
-                now,
-                s.lease_s,
-                yellow_slots,
-                tenant.name,
-                caps,
-                tenant.max_concurrency,
-            )
+            got = await self.store.reserve_unguarded(plan, now, guard)
         except AdmissionError as exc:
-            log.warning("admission refused %s: %s", request_id, exc)
-            return Verdict(
-                False, 0, 0.0, Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, str(exc))
-            )
+            log.warning("admission refused %s: %s", ask.request_id, exc)
+            return store_down(str(exc))
         if not isinstance(got, tuple):
             return None  # guarded, over a tenant cap or not below yellow: the full path says
         r, held_blocks, held_slots = got
-        usage = max(held_blocks / total_blocks, held_slots / slots_total)
-        self._asked(tenant, now)  # as admit() notes it (a guarded request never gets here)
-        self._node_blocks[pool] = list(node_blocks)
-        self.held[request_id] = r
-        await self.record("reserve", r, now)
-        return Verdict(True, blocks, usage, output_estimate=expected)
+        slots_total = len(ask.node_blocks) * s.slots_per_node
+        usage = max(held_blocks / sum(ask.node_blocks), held_slots / slots_total)
+        self._asked(ask.tenant, now)  # as admit() notes it (a guarded request never gets here)
+        self._node_blocks[ask.pool] = list(ask.node_blocks)
+        await self._hold(r, now)
+        return Verdict(True, plan.kv_blocks, usage, output_estimate=expected)
 
     async def hold_extra(
         self,
@@ -402,43 +267,29 @@ class AdmissionGate:
         """A second reservation for a request already admitted (its prompt's KV on a prefill
         node while it is computed and sent), up to the whole budget; False when it does not
         fit or the store cannot answer (the request then goes without it)."""
+        slots = max(1, len(node_blocks) * self.settings.slots_per_node)
+        plan = ReserveAsk(
+            key, pool, kv_blocks, sum(node_blocks), self.settings.lease_s, slots, tenant.name
+        )
         try:
-            r = await self.store.try_reserve(
-                key,
-                pool,
-                kv_blocks,
-                sum(node_blocks),
-                now,
-                self.settings.lease_s,
-                max(1, len(node_blocks) * self.settings.slots_per_node),
-                tenant.name,
-                None,
-                None,
-            )
+            r = await self.store.try_reserve(plan, now)
         except AdmissionError as exc:
             log.warning("no prefill reservation for %s: %s", key, exc)
             return False
         if not isinstance(r, Reservation):
             return False
-        self.held[key] = r
-        await self.record("reserve", r, now)
+        await self._hold(r, now)
         return True
 
-    async def _wait(
-        self,
-        request_id: str,
-        tenant: Tenant,
-        pool: str,
-        verdict: Verdict,
-        b: Budget,
-        now: float,
-        ttft_deadline_s: float | None = None,
-    ) -> Verdict:
+    async def _wait(self, ask: AdmissionAsk, verdict: Verdict, b: Budget, now: float) -> Verdict:
+        """Queue until the pump admits it, its deadline passes (its priority's queue timeout,
+        at most its SLO class's TTFT) or the client leaves."""
+        tenant, request_id = ask.tenant, ask.request_id
         timeout = self.settings.queue_timeout_s.get(tenant.priority, 0.0)
-        if ttft_deadline_s is not None:
-            timeout = min(timeout, ttft_deadline_s)
+        if ask.ttft_deadline_s is not None:
+            timeout = min(timeout, ask.ttft_deadline_s)
         w = Waiting(
-            request_id, pool, tenant.priority, verdict.kv_blocks, now, now + timeout, tenant
+            request_id, ask.pool, tenant.priority, verdict.kv_blocks, now, now + timeout, tenant
         )
         refused = self.queues.offer(w, b, now)
         if refused is not None:
@@ -483,34 +334,34 @@ class AdmissionGate:
             for pool in self.queues.pools():
                 b = await self.budget(pool, self._node_blocks.get(pool, []), now)
                 while (head := self.queues.admissible(pool, b)) is not None:
-                    limit = int(priority_limit(head.priority, self.settings) * b.kv_blocks_total)
                     t = head.tenant or self.settings.anonymous
                     t_blocks, t_slots, why = await self.tenant_limits(t, pool, b, 1.0, now)
-                    r = await self.store.try_reserve(
+                    plan = reserve_ask(
                         head.request_id,
+                        t.name,
+                        head.priority,
                         pool,
                         head.kv_blocks,
-                        limit,
-                        now,
-                        self.settings.lease_s,
-                        self.slot_limit(head.priority, b.slots_total),
-                        t.name,
+                        b,
+                        self.settings,
                         t_blocks,
                         t_slots,
                     )
+                    r = await self.store.try_reserve(plan, now)
                     if r == TENANT_LIMIT:  # over its share: refused, the queue moves on
                         self.queues.remove(head)
                         fut = self._waiters.get(head)
                         if fut is not None and not fut.done():
                             fut.set_result(
-                                self._quota_rejection(t, why, head.kv_blocks, b.usage_after(0))
+                                quota_refusal(
+                                    t, why, head.kv_blocks, b.usage_after(0), self.settings
+                                )
                             )
                         continue
                     if not isinstance(r, Reservation):  # another router took the room first
                         break
                     self.queues.remove(head)
-                    self.held[head.request_id] = r
-                    await self.record("reserve", r, now)
+                    await self._hold(r, now)
                     admitted += 1
                     b = replace(b, kv_blocks_reserved=b.kv_blocks_reserved + r.kv_blocks)
                     fut = self._waiters.get(head)

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from admission.exceptions import AdmissionError, StoreReset
 from admission.redis_batch import ScriptBatcher
-from admission.reservations import GUARDED, TENANT_LIMIT, Reservation
+from admission.reservations import GUARDED, TENANT_LIMIT, Reservation, ReserveAsk
 
 __all__ = ["RedisReservations"]
 
@@ -163,53 +163,20 @@ class RedisReservations:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
 
     async def try_reserve(
-        self,
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None = None,
-        tenant: str = "",
-        tenant_limit_blocks: int | None = None,
-        tenant_limit_slots: int | None = None,
+        self, ask: ReserveAsk, now: float
     ) -> Reservation | Literal["tenant"] | None:
-        r = await self.reserve_unguarded(
-            (),
-            rid,
-            pool,
-            kv_blocks,
-            limit_blocks,
-            now,
-            lease_s,
-            limit_slots,
-            tenant,
-            tenant_limit_blocks,
-            tenant_limit_slots,
-        )
+        r = await self.reserve_unguarded(ask, now)
         if isinstance(r, tuple):
             return r[0]
         return TENANT_LIMIT if r == TENANT_LIMIT else None  # no guard keys: never guarded
 
     async def reserve_unguarded(
-        self,
-        guard: Sequence[str],
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None = None,
-        tenant: str = "",
-        tenant_limit_blocks: int | None = None,
-        tenant_limit_slots: int | None = None,
+        self, ask: ReserveAsk, now: float, guard: Sequence[str] = ()
     ) -> tuple[Reservation, int, int] | Literal["tenant", "guarded"] | None:
         """:meth:`try_reserve`, unless one of the retry guard's ``guard`` keys (full Redis
         keys: :meth:`admission.storm.RedisStormStore.keys`) says not before a time after
         ``now``; with the pool's held blocks and slots once it is in. One round trip."""
-        p = self.prefix
+        p, pool = self.prefix, ask.pool
         keys = [
             f"{p}:held:{pool}",
             f"{p}:resv",
@@ -219,15 +186,15 @@ class RedisReservations:
             *guard,
         ]
         args: list[str | int] = [
-            rid,
+            ask.rid,
             pool,
-            kv_blocks,
-            limit_blocks,
-            repr(now + lease_s),
-            -1 if limit_slots is None else limit_slots,
-            tenant,
-            -1 if tenant_limit_blocks is None else tenant_limit_blocks,
-            -1 if tenant_limit_slots is None else tenant_limit_slots,
+            ask.kv_blocks,
+            ask.limit_blocks,
+            repr(now + ask.lease_s),
+            -1 if ask.limit_slots is None else ask.limit_slots,
+            ask.tenant,
+            -1 if ask.tenant_limit_blocks is None else ask.tenant_limit_blocks,
+            -1 if ask.tenant_limit_slots is None else ask.tenant_limit_slots,
             repr(now),
         ]
         out = await self._run(self._reserve, keys, args)
@@ -238,7 +205,7 @@ class RedisReservations:
         if out is None:
             return None
         value, blocks, slots = out
-        return _parse(rid, value), int(blocks), int(slots)
+        return _parse(ask.rid, value), int(blocks), int(slots)
 
     async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]:
         try:

@@ -23,6 +23,7 @@ __all__ = [
     "InProcessReservations",
     "Reservation",
     "ReservationStore",
+    "ReserveAsk",
     "drain_rate",
 ]
 
@@ -50,33 +51,30 @@ class Reservation:
     tenant: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ReserveAsk:
+    """One atomic check-and-reserve: ``kv_blocks`` and one slot for ``rid`` in ``pool``, if the
+    pool's reservations stay within ``limit_blocks`` and ``limit_slots`` (the watermark the
+    request's priority may reach) and ``tenant``'s within its own limits (None: none); held
+    for ``lease_s`` unless renewed."""
+
+    rid: str
+    pool: str
+    kv_blocks: int
+    limit_blocks: int
+    lease_s: float
+    limit_slots: int | None = None
+    tenant: str = ""
+    tenant_limit_blocks: int | None = None
+    tenant_limit_slots: int | None = None
+
+
 class ReservationStore(Protocol):
     async def try_reserve(
-        self,
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None = None,
-        tenant: str = "",
-        tenant_limit_blocks: int | None = None,
-        tenant_limit_slots: int | None = None,
+        self, ask: ReserveAsk, now: float
     ) -> Reservation | Literal["tenant"] | None: ...
     async def reserve_unguarded(
-        self,
-        guard: Sequence[str],
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None = None,
-        tenant: str = "",
-        tenant_limit_blocks: int | None = None,
-        tenant_limit_slots: int | None = None,
+        self, ask: ReserveAsk, now: float, guard: Sequence[str] = ()
     ) -> tuple[Reservation, int, int] | Literal["tenant", "guarded"] | None: ...
     async def tenant_usage(self, pool: str) -> dict[str, tuple[int, int]]: ...
     async def release(self, rid: str, now: float) -> Reservation | None: ...
@@ -110,65 +108,38 @@ class InProcessReservations:
             self._released_sum[pool] -= q.popleft()[1]
         return q
 
-    async def try_reserve(
-        self,
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None = None,
-        tenant: str = "",
-        tenant_limit_blocks: int | None = None,
-        tenant_limit_slots: int | None = None,
-    ) -> Reservation | Literal["tenant"] | None:
-        if rid in self._by_id:  # ids are minted per request: a repeat takes nothing
+    def reserve(self, ask: ReserveAsk, now: float) -> Reservation | Literal["tenant"] | None:
+        """:meth:`try_reserve`, synchronously (the simulator's admission calls it too)."""
+        if ask.rid in self._by_id:  # ids are minted per request: a repeat takes nothing
             return None
-        mine = self._tenants.get(pool, {}).get(tenant, [0, 0])
-        if tenant_limit_blocks is not None and mine[0] + kv_blocks > tenant_limit_blocks:
+        mine = self._tenants.get(ask.pool, {}).get(ask.tenant, [0, 0])
+        blocks = ask.kv_blocks
+        if ask.tenant_limit_blocks is not None and mine[0] + blocks > ask.tenant_limit_blocks:
             return TENANT_LIMIT
-        if tenant_limit_slots is not None and mine[1] + 1 > tenant_limit_slots:
+        if ask.tenant_limit_slots is not None and mine[1] + 1 > ask.tenant_limit_slots:
             return TENANT_LIMIT
-        if self._blocks.get(pool, 0) + kv_blocks > limit_blocks:
+        if self._blocks.get(ask.pool, 0) + blocks > ask.limit_blocks:
             return None
-        if limit_slots is not None and self._slots.get(pool, 0) + 1 > limit_slots:
+        if ask.limit_slots is not None and self._slots.get(ask.pool, 0) + 1 > ask.limit_slots:
             return None
-        r = Reservation(rid, pool, kv_blocks, 1, now + lease_s, tenant)
+        r = Reservation(ask.rid, ask.pool, blocks, 1, now + ask.lease_s, ask.tenant)
         self._add(r, 1)
         return r
 
+    async def try_reserve(
+        self, ask: ReserveAsk, now: float
+    ) -> Reservation | Literal["tenant"] | None:
+        return self.reserve(ask, now)
+
     async def reserve_unguarded(
-        self,
-        guard: Sequence[str],
-        rid: str,
-        pool: str,
-        kv_blocks: int,
-        limit_blocks: int,
-        now: float,
-        lease_s: float,
-        limit_slots: int | None = None,
-        tenant: str = "",
-        tenant_limit_blocks: int | None = None,
-        tenant_limit_slots: int | None = None,
+        self, ask: ReserveAsk, now: float, guard: Sequence[str] = ()
     ) -> tuple[Reservation, int, int] | Literal["tenant", "guarded"] | None:
         """:meth:`try_reserve` with the pool's held blocks and slots once it is in. The retry
         guard lives elsewhere in process (``guard`` is empty: the caller asked it first)."""
-        r = await self.try_reserve(
-            rid,
-            pool,
-            kv_blocks,
-            limit_blocks,
-            now,
-            lease_s,
-            limit_slots,
-            tenant,
-            tenant_limit_blocks,
-            tenant_limit_slots,
-        )
+        r = self.reserve(ask, now)
         if not isinstance(r, Reservation):
             return r
-        return r, self._blocks.get(pool, 0), self._slots.get(pool, 0)
+        return r, self._blocks.get(ask.pool, 0), self._slots.get(ask.pool, 0)
 
     def _add(self, r: Reservation, sign: int) -> None:
         if sign > 0:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
+from admission.core import Verdict
+from admission.gate import AdmissionGate
+from admission.plan import AdmissionAsk
+from admission.reservations import Reservation, ReservationStore, ReserveAsk
+from admission.settings import Tenant
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest
 from streams.schemas import CandidateScore, Decision, Heartbeat, LedgerEvent, Outcome
 
@@ -119,3 +124,66 @@ def ledger_event(rid: str, kind: str, ts: float | None = None, **fields: Any) ->
     return LedgerEvent(
         reservation_id=rid, kind=kind, ts=time.time() if ts is None else ts, **values
     )
+
+
+async def admit(
+    gate: AdmissionGate,
+    rid: str,
+    tenant: Tenant,
+    prompt_tokens: int,
+    max_tokens: int,
+    block_size: int,
+    pool: str,
+    nodes: Sequence[int],
+    now: float,
+    model: str = "",
+) -> Verdict:
+    """``gate.admit`` of a request given by its fields."""
+    ask = AdmissionAsk(rid, tenant, prompt_tokens, max_tokens, block_size, pool, nodes, model)
+    return await gate.admit(ask, now)
+
+
+async def screen(
+    gate: AdmissionGate,
+    rid: str,
+    tenant: Tenant,
+    attempt: str,
+    client: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    block_size: int,
+    pool: str,
+    nodes: Sequence[int],
+    now: float,
+    model: str = "",
+) -> Verdict:
+    """``gate.screen_and_admit`` of a request given by its fields."""
+    ask = AdmissionAsk(
+        rid,
+        tenant,
+        prompt_tokens,
+        max_tokens,
+        block_size,
+        pool,
+        nodes,
+        model,
+        attempt=attempt,
+        client=client,
+    )
+    return await gate.screen_and_admit(ask, now)
+
+
+async def reserve(
+    store: ReservationStore,
+    rid: str,
+    pool: str,
+    kv_blocks: int,
+    limit_blocks: int,
+    now: float,
+    lease_s: float,
+    limit_slots: int | None = None,
+    tenant: str = "",
+) -> Reservation | Literal["tenant"] | None:
+    """``store.try_reserve`` of a reservation given by its fields."""
+    ask = ReserveAsk(rid, pool, kv_blocks, limit_blocks, lease_s, limit_slots, tenant)
+    return await store.try_reserve(ask, now)

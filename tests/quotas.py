@@ -8,6 +8,7 @@ from admission.gate import AdmissionGate
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
+from tests.factories import admit as gate_admit
 
 ALPHA = Tenant(name="alpha", max_concurrency=2)
 BETA = Tenant(name="beta", weight=1.0)
@@ -30,7 +31,7 @@ def gate_on(store: ReservationStore) -> tuple[AdmissionGate, list[LedgerEvent]]:
 
 
 async def admit(gate: AdmissionGate, rid: str, tenant: Tenant, prompt: int) -> RejectReason | None:
-    v = await gate.admit(rid, tenant, prompt, 16, 16, "default", NODES, 1.0, "m")
+    v = await gate_admit(gate, rid, tenant, prompt, 16, 16, "default", NODES, 1.0, "m")
     return None if v.admitted else (v.rejection.reason if v.rejection else None)
 
 

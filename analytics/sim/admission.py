@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 
 from admission.core import Budget, Rejection, RejectReason, admit
 from admission.queue import AdmissionQueues, Waiting
-from admission.reservations import InProcessReservations
+from admission.reservations import InProcessReservations, ReserveAsk
 from admission.settings import AdmissionSettings, Priority
 from admission.storm import InProcessStormStore, StormGuard
 
@@ -157,7 +157,7 @@ class SimAdmission:
 
     def _reserve(self, rid: str, blocks: int) -> None:
         # the verdict already checked the limits on this same snapshot (one router)
-        _now(self.store.try_reserve(rid, POOL, blocks, self.kv_blocks_total, 0.0, math.inf))
+        self.store.reserve(ReserveAsk(rid, POOL, blocks, self.kv_blocks_total, math.inf), 0.0)
 
     def refuse_admitted(
         self, index: int, rid: str, priority: str, rej: Rejection, now: float

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.gate import AdmissionGate
+from admission.plan import AdmissionAsk
 from admission.settings import Tenant
 from admission.slo import Slo
 from router.decision.calibrate import TokenCalibration
@@ -149,11 +150,9 @@ class Director:
                 if idempotency_key is not None
                 else attempt_fingerprint(client, p)
             )
-            verdict = await self.gate.screen_and_admit(
+            ask = AdmissionAsk(
                 request_id,
                 tenant,
-                attempt,
-                client,
                 # approximate tokens: scaled to what the engine counts
                 # (router/decision/calibrate.py)
                 p.prompt_tokens_total
@@ -163,11 +162,13 @@ class Director:
                 block_size,
                 pool,
                 budget_nodes,
-                now,
                 p.model,
                 OutputShape(p.min_tokens, p.ignore_eos, p.sequences),
                 slo[1].ttft_s if slo is not None else None,
+                attempt,
+                client,
             )
+            verdict = await self.gate.screen_and_admit(ask, now)
             rejection = verdict.rejection
             if rejection is not None and rejection.reason != RejectReason.RETRY_STORM:
                 await self.gate.refused(attempt, rejection, now, client, tenant)

@@ -29,6 +29,7 @@ from admission.redis_store import RedisReservations
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
+from tests.factories import admit
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -52,7 +53,7 @@ async def measure(store: ReservationStore, n: int) -> dict[str, float]:
     for i in range(n):
         now = time.time()
         t0 = time.perf_counter()
-        v = await gate.admit(f"r{i}", tenant, 2000, 256, 16, "default", NODES, now)
+        v = await admit(gate, f"r{i}", tenant, 2000, 256, 16, "default", NODES, now)
         t1 = time.perf_counter()
         assert v.admitted
         await gate.release(f"r{i}", now)

@@ -17,6 +17,7 @@ from admission.redis_store import RedisReservations
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
 from tests.conftest import REDIS
+from tests.factories import admit, reserve
 from tests.quotas import concurrency_and_kv_share, fair_share_when_contended
 
 pytestmark = pytest.mark.integration
@@ -54,7 +55,8 @@ async def test_four_routers_racing_never_exceed_the_watermarks() -> None:
         for j in range(40):
             tenant = TENANTS[rng.randrange(3)]
             rid = f"c{i}-{j}"
-            v = await gate.admit(
+            v = await admit(
+                gate,
                 rid,
                 tenant,
                 rng.randint(200, 4000),
@@ -111,13 +113,13 @@ async def test_low_priority_stops_at_yellow_normal_at_red() -> None:
     try:
         n = 0
         while (
-            await gate.admit(f"lo{n}", TENANTS[2], 144, 16, 16, "default", [1000], now=1.0)
+            await admit(gate, f"lo{n}", TENANTS[2], 144, 16, 16, "default", [1000], now=1.0)
         ).admitted:
             n += 1
         assert (await gate.store.held("default"))[0] <= 800
         m = 0
         while (
-            await gate.admit(f"mid{m}", TENANTS[1], 144, 16, 16, "default", [1000], now=1.0)
+            await admit(gate, f"mid{m}", TENANTS[1], 144, 16, 16, "default", [1000], now=1.0)
         ).admitted:
             m += 1
         held = (await gate.store.held("default"))[0]
@@ -132,11 +134,11 @@ async def test_redis_store_refuses_past_the_slot_limit() -> None:
     try:
         store = RedisReservations(client, prefix)
         with pytest.raises(StoreReset):  # an empty Redis admits nothing until rebuilt
-            await store.try_reserve("a", "p", 1, 100, 0.0, 10.0)
+            await reserve(store, "a", "p", 1, 100, 0.0, 10.0)
         await store.mark_generation("test")
-        assert await store.try_reserve("a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
-        assert await store.try_reserve("b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
-        assert await store.try_reserve("c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
+        assert await reserve(store, "a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+        assert await reserve(store, "b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+        assert await reserve(store, "c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
         assert await store.held("p") == (2, 2)
     finally:
         await client.aclose()
@@ -156,7 +158,7 @@ async def redis_store() -> AsyncIterator[RedisReservations]:
 
 async def test_redis_store_renews_a_held_lease_only(redis_store: RedisReservations) -> None:
     store, client, prefix = redis_store, redis_store.r, redis_store.prefix
-    assert await store.try_reserve("a", "p", 3, 100, 100.0, 10.0)
+    assert await reserve(store, "a", "p", 3, 100, 100.0, 10.0)
     got = await store.renew("a", 125.5)
     assert got is not None and (got.kv_blocks, got.slots, got.expires_at) == (3, 1, 125.5)
     assert (await store.entries())["a"].expires_at == 125.5
@@ -249,7 +251,7 @@ async def test_concurrent_scripts_share_round_trips_and_keep_their_answers(
 
     store = redis_store
     got = await asyncio.gather(
-        *(store.try_reserve(f"r{i}", "p", 1, 50, 1.0, 60.0) for i in range(200))
+        *(reserve(store, f"r{i}", "p", 1, 50, 1.0, 60.0) for i in range(200))
     )
     assert sum(r is not None for r in got) == 50 and await store.held("p") == (50, 50)
     assert {r.reservation_id for r in got if r is not None} <= {f"r{i}" for i in range(200)}
@@ -258,12 +260,12 @@ async def test_concurrent_scripts_share_round_trips_and_keep_their_answers(
     assert sum(r is not None for r in released) == 50 and await store.held("p") == (0, 0)
     await store.r.script_flush()
     again = await asyncio.gather(
-        *(store.try_reserve(f"s{i}", "p", 1, 5, 3.0, 60.0) for i in range(20))
+        *(reserve(store, f"s{i}", "p", 1, 5, 3.0, 60.0) for i in range(20))
     )
     assert sum(r is not None for r in again) == 5
     gone = RedisReservations(Redis.from_url("redis://127.0.0.1:1/0"), "test:gone")
     outcomes = await asyncio.gather(
-        *(gone.try_reserve(f"g{i}", "p", 1, 5, 1.0, 60.0) for i in range(10)),
+        *(reserve(gone, f"g{i}", "p", 1, 5, 1.0, 60.0) for i in range(10)),
         return_exceptions=True,
     )
     assert all(isinstance(o, AdmissionError) for o in outcomes)

@@ -9,6 +9,8 @@ from admission.gate import AdmissionGate
 from admission.reservations import InProcessReservations, Reservation
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
+from tests.factories import admit as gate_admit
+from tests.factories import reserve
 
 S = AdmissionSettings()
 
@@ -73,9 +75,9 @@ def test_watermarks_must_rise() -> None:
 
 async def test_reservations_check_limit_release_expire_and_drain_rate() -> None:
     r = InProcessReservations(drain_window_s=10)
-    assert await r.try_reserve("a", "p", 10, limit_blocks=30, now=0, lease_s=5)
-    assert await r.try_reserve("b", "p", 20, limit_blocks=30, now=0, lease_s=50)
-    assert await r.try_reserve("c", "p", 1, limit_blocks=30, now=0, lease_s=50) is None
+    assert await reserve(r, "a", "p", 10, limit_blocks=30, now=0, lease_s=5)
+    assert await reserve(r, "b", "p", 20, limit_blocks=30, now=0, lease_s=50)
+    assert await reserve(r, "c", "p", 1, limit_blocks=30, now=0, lease_s=50) is None
     assert await r.held("p") == (30, 2)
     assert await r.release("a", now=1) is not None and await r.release("a", now=1) is None
     assert await r.drain_rate("p", now=1) == 10.0  # over the span seen, at least 1 s
@@ -99,7 +101,7 @@ async def test_gate_tenants_and_ledger_events() -> None:
         rej = gate.tenant(key)
         assert not isinstance(rej, Tenant) and rej.reason == RejectReason.UNAUTHORIZED
     tenant = Tenant(name="batch", priority="low")
-    v = await gate.admit("r1", tenant, 64, 16, 16, "default", [100, 100], now=1)
+    v = await gate_admit(gate, "r1", tenant, 64, 16, 16, "default", [100, 100], now=1)
     assert v.admitted and (await gate.store.held("default"))[0] == v.kv_blocks
     await gate.release("r1", now=2)
     assert await gate.store.held("default") == (0, 0)
@@ -150,9 +152,9 @@ async def test_store_outage_refuses_with_503_reason_and_still_records_releases()
     store = _Unreachable()
     gate = AdmissionGate(S, "r1", publish, store)
     t = Tenant(name="t")
-    assert (await gate.admit("a", t, 160, 16, 16, "default", [1000], 1.0)).admitted
+    assert (await gate_admit(gate, "a", t, 160, 16, 16, "default", [1000], 1.0)).admitted
     store.down = True
-    v = await gate.admit("b", t, 160, 16, 16, "default", [1000], 2.0)
+    v = await gate_admit(gate, "b", t, 160, 16, 16, "default", [1000], 2.0)
     assert not v.admitted and v.rejection is not None
     assert v.rejection.reason == RejectReason.STORE_UNAVAILABLE and v.rejection.retry_after_s
     await gate.release("a", 3.0)  # never raises; the ledger still learns the release
@@ -173,7 +175,9 @@ async def test_the_gate_renews_the_leases_of_requests_still_served() -> None:
     gate = AdmissionGate(s, "rt", publish)
     tenant = Tenant(name="t", priority="normal")
     for rid in ("r1", "r2"):
-        assert (await gate.admit(rid, tenant, 64, 16, 16, "default", [100, 100], now=100)).admitted
+        assert (
+            await gate_admit(gate, rid, tenant, 64, 16, 16, "default", [100, 100], now=100)
+        ).admitted
     assert await gate.renew(["r1", "r2"], now=104.0) == 0  # 6 s of 10 left: not yet
     assert await gate.renew(["r1"], now=106.0) == 1  # 4 s left: renewed, r2 not asked
     assert gate.held["r1"].expires_at == 116.0 and gate.held["r2"].expires_at == 110.0
@@ -210,7 +214,7 @@ async def test_a_release_during_a_renewal_is_not_undone() -> None:
     gate = AdmissionGate(AdmissionSettings(lease_s=10.0), "rt", publish, store)
     store.gate = gate
     tenant = Tenant(name="t", priority="normal")
-    assert (await gate.admit("r1", tenant, 64, 16, 16, "default", [100], now=100)).admitted
+    assert (await gate_admit(gate, "r1", tenant, 64, 16, 16, "default", [100], now=100)).admitted
     assert await gate.renew(["r1"], now=108.0) == 0
     assert "r1" not in gate.held and await store.count() == 0
     assert [e.kind for e in events] == ["reserve", "release"]

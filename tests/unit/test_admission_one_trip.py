@@ -20,6 +20,7 @@ from admission.reservations import InProcessReservations, ReservationStore
 from admission.settings import AdmissionSettings, Priority, Tenant
 from admission.storm import InProcessStormStore, StormStore
 from streams.schemas import LedgerEvent
+from tests.factories import admit, reserve, screen
 
 NODES = [400, 400, 200]  # 1,000 blocks, 3 nodes
 
@@ -84,7 +85,7 @@ async def compare(
         store, storm = await make()
         gate = AdmissionGate(s, "r", publish, store, storm)
         for i, (who, blocks) in enumerate(case.held):
-            await store.try_reserve(f"h{i}", "p", blocks, 10**6, 1.0, 600.0, None, who)
+            await reserve(store, f"h{i}", "p", blocks, 10**6, 1.0, 600.0, None, who)
         full = Rejection(RejectReason.RED_WATERMARK, True, 30.0, "full")
         if case.refused_attempt:
             await gate.storm.refused("A", full, 1.0)
@@ -96,13 +97,13 @@ async def compare(
         args = (case.prompt_tokens, case.max_tokens, 16, "p", NODES, 2.0, "m")
         client = "anonymous@10.0.0.1"
         if joined:
-            v = await asyncio.wait_for(gate.screen_and_admit("x", tenant, "A", client, *args), 5)
+            v = await asyncio.wait_for(screen(gate, "x", tenant, "A", client, *args), 5)
         else:
             early = await gate.early_retry(tenant, "A", 2.0, client)
             if early is not None:
                 v = Verdict(False, 0, 0.0, early)
             else:
-                v = await asyncio.wait_for(gate.admit("x", tenant, *args), 5)
+                v = await asyncio.wait_for(admit(gate, "x", tenant, *args), 5)
         out.append((_summary(v), await store.held("p"), [e.kind for e in events]))
     assert out[0] == out[1], case
 
@@ -133,15 +134,11 @@ def test_the_common_case_reserves_below_yellow_in_one_call() -> None:
             pass
 
         gate = AdmissionGate(AdmissionSettings(), "r", publish, Counting())
-        v = await gate.screen_and_admit(
-            "x", Tenant(name="t"), "A", "t", 100, 50, 16, "p", NODES, 1.0, "m"
-        )
+        v = await screen(gate, "x", Tenant(name="t"), "A", "t", 100, 50, 16, "p", NODES, 1.0, "m")
         assert v.admitted and "x" in gate.held and calls == []
         # past yellow: the full path (a snapshot of the pool) decides
-        await gate.store.try_reserve("big", "p", 790, 10**6, 1.0, 600.0)
-        v = await gate.screen_and_admit(
-            "y", Tenant(name="t"), "B", "t", 100, 50, 16, "p", NODES, 1.0, "m"
-        )
+        await reserve(gate.store, "big", "p", 790, 10**6, 1.0, 600.0)
+        v = await screen(gate, "y", Tenant(name="t"), "B", "t", 100, 50, 16, "p", NODES, 1.0, "m")
         assert v.admitted and calls == ["snapshot"]
 
     asyncio.run(run())

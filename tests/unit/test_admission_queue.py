@@ -10,6 +10,8 @@ from admission.gate import AdmissionGate
 from admission.queue import AdmissionQueues, Waiting
 from admission.settings import AdmissionSettings, Tenant
 from streams.schemas import LedgerEvent
+from tests.factories import admit as gate_admit
+from tests.factories import reserve
 from tests.unit.test_admission import budget
 
 S = AdmissionSettings()
@@ -90,10 +92,12 @@ async def test_gate_queues_above_red_and_admits_on_release() -> None:
     # fill up to the red watermark: 64 prompt + 16 out = 5 blocks × 1.1 → 6 blocks each
     admitted = []
     for i in range(15):
-        v = await gate.admit(f"r{i}", normal, 64, 16, 16, "default", nodes, now=1.0)
+        v = await gate_admit(gate, f"r{i}", normal, 64, 16, 16, "default", nodes, now=1.0)
         assert v.admitted
         admitted.append(f"r{i}")
-    waiting = asyncio.create_task(gate.admit("late", normal, 64, 16, 16, "default", nodes, now=1.0))
+    waiting = asyncio.create_task(
+        gate_admit(gate, "late", normal, 64, 16, 16, "default", nodes, now=1.0)
+    )
     await asyncio.sleep(0.01)
     assert not waiting.done() and gate.queues.depth("default")["normal"] == 1
     await gate.release("r0", now=2.0)  # room for one more
@@ -101,13 +105,15 @@ async def test_gate_queues_above_red_and_admits_on_release() -> None:
     assert v.admitted and v.queue_wait_s == pytest.approx(1.0)
     assert [e.kind for e in events].count("reserve") == 16
     # a client that leaves while queued is forgotten
-    gone = asyncio.create_task(gate.admit("gone", normal, 64, 16, 16, "default", nodes, now=3.0))
+    gone = asyncio.create_task(
+        gate_admit(gate, "gone", normal, 64, 16, 16, "default", nodes, now=3.0)
+    )
     await asyncio.sleep(0.01)
     gone.cancel()
     await asyncio.sleep(0.01)
     assert len(gate.queues) == 0
     # one that waits past its deadline is refused with a Retry-After
-    late = asyncio.create_task(gate.admit("x", normal, 64, 16, 16, "default", nodes, now=3.0))
+    late = asyncio.create_task(gate_admit(gate, "x", normal, 64, 16, 16, "default", nodes, now=3.0))
     await asyncio.sleep(0.01)
     await gate.pump(now=3.0 + s.queue_timeout_s["normal"] + 0.1)
     refused = await asyncio.wait_for(late, 1.0)
@@ -120,7 +126,7 @@ async def test_stores_refuse_past_the_slot_limit_atomically() -> None:
     from admission.reservations import InProcessReservations
 
     r = InProcessReservations()
-    assert await r.try_reserve("a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
-    assert await r.try_reserve("b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
-    assert await r.try_reserve("c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
-    assert await r.try_reserve("c", "p", 1, 100, 0.0, 10.0) is not None  # no slot limit given
+    assert await reserve(r, "a", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+    assert await reserve(r, "b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
+    assert await reserve(r, "c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
+    assert await reserve(r, "c", "p", 1, 100, 0.0, 10.0) is not None  # no slot limit given

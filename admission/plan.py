@@ -1,0 +1,189 @@
+"""Admission's plans, pure: what a request asks (:class:`AdmissionAsk`), what to reserve for it
+(:class:`~admission.reservations.ReserveAsk`) and the limits that go with it — the priority's
+watermark, the tenant's caps and weighted fair share, the one-round-trip path below yellow —
+and the refusals the gate answers with. :mod:`admission.gate` asks the store for what these
+need (a budget snapshot, the tenants' usage), runs them, and executes the result: nothing
+here awaits or keeps state."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from admission.core import (
+    ONE_OUTPUT,
+    Budget,
+    OutputShape,
+    Rejection,
+    RejectReason,
+    Verdict,
+    kv_blocks_for,
+    priority_limit,
+)
+from admission.reservations import ReserveAsk
+from admission.settings import AdmissionSettings, Priority, Tenant
+
+__all__ = [
+    "AdmissionAsk",
+    "below_yellow",
+    "contended",
+    "filled_up",
+    "quota_refusal",
+    "reserve_ask",
+    "store_down",
+    "tenant_caps",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionAsk:
+    """One request at the admission gate."""
+
+    request_id: str  # minted by kvgate: the reservation's id
+    tenant: Tenant
+    prompt_tokens: int
+    max_tokens: int
+    block_size: int
+    pool: str  # the budget it is admitted against
+    node_blocks: Sequence[int]  # the KV blocks of each node of that budget
+    model: str = ""
+    shape: OutputShape = ONE_OUTPUT
+    ttft_deadline_s: float | None = None  # its SLO class's TTFT: the longest it may queue
+    attempt: str = ""  # the attempt's identity (retries of one attempt share it)
+    client: str = ""  # who retries (the retry guard's per-client limit)
+
+
+def reserve_ask(
+    rid: str,
+    tenant: str,
+    priority: Priority,
+    pool: str,
+    kv_blocks: int,
+    b: Budget,
+    s: AdmissionSettings,
+    tenant_blocks: int | None = None,
+    tenant_slots: int | None = None,
+) -> ReserveAsk:
+    """Reserve ``kv_blocks`` in ``pool`` up to the watermark ``priority`` may reach (in blocks
+    and in slots) and the tenant's own limits."""
+    share = priority_limit(priority, s)
+    return ReserveAsk(
+        rid,
+        pool,
+        kv_blocks,
+        int(share * b.kv_blocks_total),
+        s.lease_s,
+        max(1, int(share * b.slots_total)),
+        tenant,
+        tenant_blocks,
+        tenant_slots,
+    )
+
+
+def contended(s: AdmissionSettings, usage_after: float) -> bool:
+    """Whether tenants share the pool by weight now (fair share on, the pool above yellow with
+    the request in): then the tenants' usage decides."""
+    return s.fair_share and usage_after > s.yellow_watermark
+
+
+def tenant_caps(
+    tenant: Tenant,
+    b: Budget,
+    usage: Mapping[str, tuple[int, int]] | None,
+    asking: set[str],
+    weights: Mapping[str, float],
+    s: AdmissionSettings,
+) -> tuple[int | None, int | None, str]:
+    """The most KV blocks and slots ``tenant`` may hold in the pool with this request in (None:
+    no limit of its own), and why: its hard caps (``max_kv_share``, ``max_concurrency``) and,
+    with the pool contended (``usage``: blocks and slots held per tenant), its weighted fair
+    share among the tenants holding reservations or ``asking`` — only for a tenant already
+    holding something, so every tenant can always run one request."""
+    blocks = (
+        int(tenant.max_kv_share * b.kv_blocks_total) if tenant.max_kv_share is not None else None
+    )
+    why = "max_kv_share"
+    if usage is not None and usage.get(tenant.name, (0, 0))[1] > 0:
+        active = {t for t, (_, slots) in usage.items() if slots > 0} | asking | {tenant.name}
+        total = sum(weights.get(t, 1.0) for t in active)
+        limit = int(priority_limit(tenant.priority, s) * b.kv_blocks_total)
+        share = int(weights.get(tenant.name, 1.0) / total * limit)
+        if blocks is None or share < blocks:
+            blocks, why = share, f"fair share ({len(active)} tenants)"
+    return blocks, tenant.max_concurrency, why
+
+
+def below_yellow(
+    ask: AdmissionAsk, s: AdmissionSettings, queued: bool, expected: int | None
+) -> ReserveAsk | None:
+    """The reservation :func:`admission.core.admit` would make for any priority below yellow,
+    limited to yellow (so it holds only if the pool stays at or below yellow with it in:
+    exactly then the core admits whatever the priority, and tenant caps are the tenant's own,
+    no fair share) — or None: the full path decides (requests ``queued`` at or above its
+    priority, a prompt larger than any node, an empty budget)."""
+    nodes = ask.node_blocks
+    yellow_blocks = int(s.yellow_watermark * sum(nodes))
+    yellow_slots = int(s.yellow_watermark * len(nodes) * s.slots_per_node)
+    if (
+        yellow_blocks <= 0
+        or yellow_slots <= 0
+        or math.ceil(ask.prompt_tokens / ask.block_size) > max(nodes)
+        or queued
+    ):
+        return None
+    t = ask.tenant
+    blocks = kv_blocks_for(
+        ask.prompt_tokens, ask.max_tokens, ask.block_size, s, expected, ask.shape
+    )
+    caps = int(t.max_kv_share * sum(nodes)) if t.max_kv_share is not None else None
+    return ReserveAsk(
+        ask.request_id,
+        ask.pool,
+        blocks,
+        yellow_blocks,
+        s.lease_s,
+        yellow_slots,
+        t.name,
+        caps,
+        t.max_concurrency,
+    )
+
+
+def quota_refusal(
+    tenant: Tenant, why: str, kv_blocks: int, usage: float, s: AdmissionSettings
+) -> Verdict:
+    """The tenant is at its own limit (``why``): a 429 to retry later."""
+    return Verdict(
+        False,
+        kv_blocks,
+        usage,
+        Rejection(
+            RejectReason.TENANT_QUOTA,
+            True,
+            max(s.min_retry_after_s, 1.0),
+            f"tenant {tenant.name} is at its limit ({why}, max_concurrency "
+            f"{tenant.max_concurrency})",
+        ),
+    )
+
+
+def filled_up(verdict: Verdict, s: AdmissionSettings) -> Verdict:
+    """Admitted on the snapshot, but the store's atomic check found the budget full (other
+    routers reserved in between)."""
+    return Verdict(
+        False,
+        verdict.kv_blocks,
+        verdict.usage_after,
+        Rejection(
+            RejectReason.RED_WATERMARK,
+            True,
+            max(s.min_retry_after_s, 1.0),
+            "the cluster KV budget filled up concurrently",
+        ),
+    )
+
+
+def store_down(why: str) -> Verdict:
+    """The reservation store cannot answer: nothing is admitted that the budget cannot see."""
+    return Verdict(False, 0, 0.0, Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, why))
