@@ -20,7 +20,7 @@ from typing import Literal
 import aiohttp
 
 from agents.enginemetrics import EngineStats, parse_metrics
-from agents.kvtranslate import KvHealth, KvTranslator
+from agents.kvtranslate import KvHealth, KvTranslator, Restarts
 from agents.settings import AgentSettings
 from agents.vllm_events import KvEventSubscriber
 from streams.codec import decode
@@ -50,7 +50,7 @@ class NodeAgent:
         self._hb_seq = 0
         self._kv_seq = 0
         self.subscriber: KvEventSubscriber | None = None
-        self.engine_restarts = 0
+        self.restarts = Restarts()
         self._server_blocks: int | None = None  # SGLang: KV capacity from its server info
         self._last_stats: EngineStats | None = None
         self._last_scrape_s = 0.0
@@ -128,12 +128,12 @@ class NodeAgent:
             or stats.prompt_tokens_total < prev.prompt_tokens_total
             or stats.generation_tokens_total < prev.generation_tokens_total
         )
-        self.kv_health.scraped(now, stats.prompt_tokens_total)
+        self.kv_health.scraped(now, stats.prompt_tokens_total, stats.running + stats.waiting)
         if restarted:
             # the engine restarted (its KV cache is empty): drop its blocks from the index now,
             # not when its first new event arrives
             log.info("engine %s restarted: resetting its blocks", self.settings.engine_url)
-            self.engine_restarts += 1
+            self.restarts.seen("metrics", now)  # (counted once if the events saw it too)
             self.translator.reset()
             self._flush_now.set()
         self._last_stats, self._last_scrape_s = stats, now
@@ -228,7 +228,7 @@ class NodeAgent:
                     lease_s=s.lease_s,
                     kv_seq=self._kv_seq - 1 if self._kv_seq else None,
                     kv_index=self._kv_state(),
-                    engine_restarts=self.engine_restarts,
+                    engine_restarts=self.restarts.count,
                     kv_events_lost=self.engine_gaps,
                     kv_events_undecodable=self.undecodable,
                     kv_blocks_untranslatable=self.translator.untranslatable_blocks,
@@ -307,9 +307,7 @@ class NodeAgent:
         async for seq, batch, restarted in sub.batches():
             if restarted:
                 log.info("engine event sequence restarted at %d: resetting", seq)
-                last = self._last_stats
-                if last is None or last.start_time_s is None:  # else the scrape counts it
-                    self.engine_restarts += 1
+                self.restarts.seen("events", time.time())
                 self.translator.reset()
             t = self.translator
             before = (t.translated_blocks, t.untranslatable_blocks)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agents.vllm_events import (
     ClearedEvent,
@@ -36,7 +36,7 @@ from agents.vllm_events import (
 )
 from streams.blocks import block_hash, chain_root, offloaded
 
-__all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator"]
+__all__ = ["PREFIX_KINDS", "KvDelta", "KvHealth", "KvTranslator", "Restarts"]
 
 # KV cache groups whose blocks are reused by prefix (vLLM's KVCacheSpecKind values)
 PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -303,45 +303,66 @@ def _on_gpu(medium: str | None) -> bool:
 class KvHealth:
     """Whether a node's KV events really feed the index (pure; the agent feeds it).
 
-    Degraded when, for longer than ``silence_s``, the engine prefilled prompts (its
-    ``prompt_tokens_total`` grew) but no KV event batch arrived — the events go nowhere (wrong
-    endpoint, connection direction, a format nobody decodes) — or batches arrived but none of
-    their stored blocks could be chained into kvgate's hashes. Blocks left out on purpose
-    (offloaded, LoRA, salted) do not count against it."""
+    Degraded when the engine prefilled prompts that no KV event batch accounts for, for longer
+    than ``silence_s`` — the events go nowhere (wrong endpoint, connection direction, a format
+    nobody decodes) — or batches arrived but none of their stored blocks could be chained into
+    kvgate's hashes. Blocks left out on purpose (offloaded, LoRA, salted) do not count.
+
+    "Prefilled" is read from the engine's prompt-token counter, which some engines (and vLLM's
+    counters at times) raise only when a request finishes, long after its KV events. So growth
+    of the counter after a batch is put down to the requests that were running then, as long as
+    the engine has taken on no new work since (its running + waiting requests, read at the
+    first scrape after the batch, have not grown) and for at most ``tail_s``. Growth after new
+    work arrived, with no batch, is what counts."""
 
     silence_s: float = 10.0
     min_prompt_tokens: float = 64.0
-    _prompt_at_batch: float | None = None  # the engine's prompt counter at the last batch
+    tail_s: float = 60.0  # the longest a batch's requests may report prompt tokens after it
+    _base: float | None = None  # the counter value batches (or their requests) account for
     _last_batch_s: float | None = None
+    _load_ref: int | None = None  # running + waiting at the first scrape after the last batch
+    _new_work: bool = False  # more requests than that since the last batch
     _prompt_tokens: float = 0.0
-    _since_s: float | None = None  # when the agent started watching
+    _load: int | None = None
+    _unexplained_s: float | None = None  # when growth no batch accounts for was first seen
     _translated_s: float | None = None  # last time a stored block was chained
     _untranslatable_s: float | None = None  # last time one could not be
     reason: str | None = None
 
-    def scraped(self, now: float, prompt_tokens_total: float) -> None:
-        if self._since_s is None:
-            self._since_s = now
-            self._prompt_at_batch = prompt_tokens_total
-        elif prompt_tokens_total < self._prompt_tokens:  # the engine restarted
-            self._prompt_at_batch = prompt_tokens_total
-        self._prompt_tokens = prompt_tokens_total
+    def scraped(self, now: float, prompt_tokens_total: float, load: int | None = None) -> None:
+        """One scrape of the engine: its prompt-token counter and, when known, its running +
+        waiting requests."""
+        if self._base is None or prompt_tokens_total < self._prompt_tokens:
+            self._base = prompt_tokens_total  # watching starts, or the engine restarted
+        elif self._last_batch_s is not None and load is not None and not self._new_work:
+            if self._load_ref is None:
+                self._load_ref = load
+            if load > self._load_ref:
+                self._new_work = True
+            elif now - self._last_batch_s <= self.tail_s:
+                self._base = prompt_tokens_total  # the batch's requests finishing
+        self._prompt_tokens, self._load = prompt_tokens_total, load
+        grew = prompt_tokens_total - self._base
+        if grew < self.min_prompt_tokens:
+            self._unexplained_s = None
+        elif self._unexplained_s is None:
+            self._unexplained_s = now
 
     def batch(self, now: float, translated: int, untranslatable: int) -> None:
         self._last_batch_s = now
-        self._prompt_at_batch = self._prompt_tokens
+        self._base = self._prompt_tokens
+        self._load_ref, self._new_work, self._unexplained_s = None, False, None
         if translated:
             self._translated_s = now
         if untranslatable:
             self._untranslatable_s = now
 
     def degraded(self, now: float) -> bool:
-        quiet_since = self._last_batch_s or self._since_s
-        grew = self._prompt_tokens - (self._prompt_at_batch or 0.0)
-        if quiet_since is not None and now - quiet_since > self.silence_s:
-            if grew >= self.min_prompt_tokens:
-                self.reason = f"the engine prefilled {grew:.0f} tokens and sent no KV events"
-                return True
+        since = self._unexplained_s
+        if since is not None and now - since > self.silence_s:
+            grew = self._prompt_tokens - (self._base or 0.0)
+            self.reason = f"the engine prefilled {grew:.0f} tokens and sent no KV events"
+            return True
         untranslatable = self._untranslatable_s
         if untranslatable is not None and now - untranslatable <= self.silence_s:
             if self._translated_s is None or now - self._translated_s > self.silence_s:
@@ -349,3 +370,25 @@ class KvHealth:
                 return True
         self.reason = None
         return False
+
+
+@dataclass(slots=True)
+class Restarts:
+    """Engine restarts, each counted once although two things see it: the metrics scrape (the
+    process start time changed, or counters went back) and the KV event stream (its sequence
+    started over). A restart one of them saw within ``pair_s`` of the other's is the same
+    restart."""
+
+    pair_s: float = 30.0
+    count: int = 0
+    _unpaired: dict[str, float] = field(default_factory=dict)  # source -> when it saw one
+
+    def seen(self, source: Literal["metrics", "events"], now: float) -> bool:
+        """``source`` saw a restart at ``now``: True when it is a new one (counted)."""
+        other = "events" if source == "metrics" else "metrics"
+        at = self._unpaired.pop(other, None)
+        if at is not None and now - at <= self.pair_s:
+            return False  # the other source saw (and counted) this one
+        self._unpaired[source] = now
+        self.count += 1
+        return True

@@ -70,7 +70,7 @@ class AgentCollector:
         yield counter(
             "kvgate_agent_engine_restarts",
             "Engine restarts seen",
-            ((n, x.engine_restarts) for n, x in a),
+            ((n, x.restarts.count) for n, x in a),
         )
         yield counter(
             "kvgate_agent_scrape_failures",

@@ -113,12 +113,19 @@ def _token_text(v: Any) -> str:
     return str(v or "")
 
 
-def _hf_renderer(tok: Any, template: str, bos: str, eos: str) -> Callable[[ChatRequest], str]:
-    """A chat request rendered by transformers' ``apply_chat_template``, as vLLM calls it."""
+def _hf_renderer(template: str, bos: str, eos: str) -> Callable[[ChatRequest], str]:
+    """A chat request rendered by transformers' ``apply_chat_template``, as vLLM calls it.
+    Rendering to text reads the template and the special tokens' text, never the vocabulary:
+    transformers gets a one-word tokenizer (it deep-copies the one it is given, which for a
+    large vocabulary is gigabytes)."""
+    from tokenizers import Tokenizer, models
+
     tf: Any = importlib.import_module("transformers")
     tf.utils.logging.set_verbosity_error()  # "no PyTorch found": nothing here needs it
+    unknown = "<unk>"
+    stub = Tokenizer(models.WordLevel({unknown: 0}, unk_token=unknown))
     hf: Any = tf.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=bos or None, eos_token=eos or None
+        tokenizer_object=stub, bos_token=bos or None, eos_token=eos or None
     )
     hf.chat_template = template
 
@@ -158,7 +165,7 @@ def load_tokenization(spec: TokenizerSpec | None) -> Tokenization:
     render: Callable[[ChatRequest], str] = (
         (lambda req: render_chat(req.messages))
         if template_text is None
-        else _hf_renderer(tok, template_text, bos, eos)
+        else _hf_renderer(template_text, bos, eos)
     )
 
     def encode_chat(req: ChatRequest) -> list[int]:

@@ -231,3 +231,33 @@ def test_a_request_with_an_image_claims_no_block_past_it(exact: bool) -> None:
     full = chain_hashes(plain.tokens, 16)
     assert full[: len(h1)] == h1  # which a text-only request with that text has too
     assert len(h1) * 16 <= len(tk.encode_chat(ChatRequest.model_validate(orjson.loads(chat(text)))))
+
+
+def test_a_large_vocabulary_tokenizer_loads_without_a_copy(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokenizer is loaded once and never deep-copied (transformers copies the tokenizer it is
+    handed: for a vocabulary of a few hundred thousand tokens that was a 16 GB allocation)."""
+    import copy
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(300_000)} | {"<unk>": 300_000}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tok.to_str())
+    copied: list[int] = []
+    real = copy.deepcopy
+
+    def spy(x: Any, memo: Any = None) -> Any:
+        if isinstance(x, Tokenizer):
+            copied.append(x.get_vocab_size())
+        return real(x, memo)
+
+    monkeypatch.setattr(copy, "deepcopy", spy)
+    tk = load_tokenization(TokenizerSpec(tokenizer=str(path), chat_template=CONTINUE))
+    assert tk.vocab_size == 300_001 and all(n < 100 for n in copied), copied
+    body = {"model": "m", "messages": [{"role": "user", "content": "w7 w299999"}]}
+    p = parse_request(orjson.dumps(body), True, 16, lambda _: tk)
+    assert p.exact_tokens and 7 in p.tokens and 299_999 in p.tokens

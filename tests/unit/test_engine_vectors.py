@@ -154,20 +154,68 @@ def test_a_silent_or_untranslatable_event_feed_is_degraded() -> None:
     from agents.kvtranslate import KvHealth
 
     h = KvHealth(silence_s=10.0)
-    h.scraped(0.0, 1000.0)
+    h.scraped(0.0, 1000.0, 0)
     assert not h.degraded(5.0)
-    h.scraped(12.0, 5000.0)  # the engine prefilled 4,000 tokens, no batch ever arrived
-    assert h.degraded(12.0) and "no KV events" in (h.reason or "")
-    h.batch(13.0, translated=4, untranslatable=0)
-    assert not h.degraded(14.0)
-    h.scraped(30.0, 5000.0)  # idle engine, no batches: nothing wrong
-    assert not h.degraded(30.0)
-    h.batch(31.0, translated=0, untranslatable=12)  # batches whose blocks cannot be chained
-    assert h.degraded(32.0) and "chained" in (h.reason or "")
-    h.batch(33.0, translated=3, untranslatable=0)
-    assert not h.degraded(34.0)
-    h.scraped(40.0, 10.0)  # a counter going back: the engine restarted, not prefilling
-    assert not h.degraded(60.0)
+    h.scraped(12.0, 5000.0, 3)  # the engine prefilled 4,000 tokens, no batch ever arrived
+    assert not h.degraded(12.0)  # (a batch may be on its way)
+    h.scraped(23.0, 5000.0, 3)
+    assert h.degraded(23.0) and "no KV events" in (h.reason or "")
+    h.batch(24.0, translated=4, untranslatable=0)
+    assert not h.degraded(25.0)
+    h.scraped(40.0, 5000.0, 0)  # idle engine, no batches: nothing wrong
+    assert not h.degraded(40.0)
+    h.batch(41.0, translated=0, untranslatable=12)  # batches whose blocks cannot be chained
+    assert h.degraded(42.0) and "chained" in (h.reason or "")
+    h.batch(43.0, translated=3, untranslatable=0)
+    assert not h.degraded(44.0)
+    h.scraped(50.0, 10.0, 0)  # a counter going back: the engine restarted, not prefilling
+    assert not h.degraded(70.0)
+
+
+def test_prompt_tokens_reported_at_request_end_never_flip_a_node_to_degraded() -> None:
+    """An engine that counts a request's prompt tokens when it finishes, after its KV events:
+    a burst's counter growth trails its last batch by the requests' decode time."""
+    from agents.kvtranslate import KvHealth
+
+    h = KvHealth(silence_s=10.0)
+    h.scraped(0.0, 0.0, 0)
+    h.batch(0.5, translated=40, untranslatable=0)  # a burst of 8 requests prefilled
+    counter, t = 0.0, 1.0
+    for running in (8, 8, 6, 5, 5, 3, 2, 1, 1, 0, 0, 0):  # they finish over ~30 s
+        counter += 0 if running == 8 else 2000.0
+        h.scraped(t, counter, running)
+        assert not h.degraded(t), (t, h.reason)
+        t += 2.5
+    for _ in range(20):  # and the engine stays idle
+        h.scraped(t, counter, 0)
+        assert not h.degraded(t)
+        t += 5.0
+
+
+def test_new_work_without_batches_is_degraded_even_under_steady_load() -> None:
+    from agents.kvtranslate import KvHealth
+
+    h = KvHealth(silence_s=10.0, tail_s=60.0)
+    h.scraped(0.0, 0.0, 4)
+    h.batch(0.5, translated=40, untranslatable=0)  # the last batch the router will see
+    counter, t = 0.0, 1.0
+    h.scraped(t, counter, 4)
+    flipped = None
+    while t < 200.0 and flipped is None:
+        t += 1.0
+        counter += 500.0  # prefilling all along, at a constant 4 requests
+        h.scraped(t, counter, 4)
+        flipped = t if h.degraded(t) else None
+    assert flipped is not None and flipped <= 60.0 + 10.0 + 2.0  # tail_s, then silence_s
+    h2 = KvHealth(silence_s=10.0)
+    h2.scraped(0.0, 0.0, 2)
+    h2.batch(0.5, translated=40, untranslatable=0)
+    h2.scraped(1.0, 0.0, 2)
+    h2.scraped(2.0, 0.0, 5)  # new requests arrive...
+    h2.scraped(3.0, 3000.0, 5)  # ...and prefill with no batch
+    assert not h2.degraded(12.0)
+    h2.scraped(14.0, 6000.0, 5)
+    assert h2.degraded(14.0)
 
 
 def test_a_salted_request_hits_only_its_salts_blocks() -> None:
@@ -197,3 +245,18 @@ def test_the_simulated_engine_names_adapters_and_salts_as_vllm_does() -> None:
     raw, case = _vector("vllm-0.33.0", "lora_salt")
     events = [BlockStored((461, 462), None, tuple(TOKENS[:32]), "adapter-a", "salt-1")]
     assert encode_batch(events, 16, ts=case["ts"], lora_ids={"adapter-a": 3}) == raw  # type: ignore[arg-type]
+
+
+def test_one_engine_restart_counts_once_whoever_sees_it_first() -> None:
+    from agents.kvtranslate import Restarts
+
+    r = Restarts(pair_s=30.0)
+    assert r.seen("metrics", 100.0)  # counters went back (no process start time)
+    assert not r.seen("events", 101.0)  # the event sequence started over: the same restart
+    assert r.count == 1
+    assert r.seen("events", 500.0)  # the next restart, events first this time
+    assert not r.seen("metrics", 502.0)
+    assert r.count == 2
+    assert r.seen("metrics", 900.0)  # one the event stream never shows (no events flowing)
+    assert r.seen("events", 2000.0)  # ...is not paired with one much later
+    assert r.count == 4
