@@ -24,6 +24,7 @@ from router.decision.lanes import Lanes
 from router.decision.pipeline import Refused, Routed, Rules, Snapshot
 from router.decision.policies import LeastRequestsPolicy
 from router.decision.policies.canary import WeightsCanary
+from router.decision.recent import PendingPrefixes
 from router.decision.types import Policy
 from router.feed import FeedWatch
 from router.flow.director import Director
@@ -108,7 +109,10 @@ def build_router(
     s = settings
     router_id = s.router_id or f"{socket.gethostname()}:{s.port}:{os.getpid()}"
     canary = WeightsCanary(policy, s)
-    ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
+    ledger = InflightLedger(
+        track_blocks=getattr(policy, "wants_active_blocks", False),
+        pending=PendingPrefixes() if s.pending_prefixes else None,
+    )
     if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
         policy.sequences = ledger  # type: ignore[attr-defined]
     queue: RouterQueue[tuple[Routed | Refused, Snapshot]] = RouterQueue(

@@ -207,6 +207,11 @@ class RouterSettings(BaseModel):
         ge=0,
         description="remember prefixes this router had prefilled until indexed (0: off)",
     )
+    pending_prefixes: bool = Field(
+        default=True,
+        description="a prompt this router sent counts as a hit on its node until its first token "
+        "(followers weigh queueing behind that prefill against computing the prompt elsewhere)",
+    )
     default_max_tokens: int = Field(default=256, ge=1)
     tokenizers: dict[str, TokenizerSpec] = Field(
         default_factory=dict,

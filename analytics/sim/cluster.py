@@ -46,7 +46,7 @@ from router.decision.inflight import InflightLedger
 from router.decision.lanes import Lanes
 from router.decision.pipeline import Ask, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.pipeline import Refused as NotRouted
-from router.decision.recent import RecentPrefills, merge_matches
+from router.decision.recent import PendingPrefixes, RecentPrefills, known_matches
 from router.decision.types import Policy, RouteRequest
 from streams.prefix_index import PrefixIndex
 
@@ -128,7 +128,10 @@ class SimCluster:
         ttl = cfg.recent_prefill_ttl_s
         self.recent = RecentPrefills(ttl) if ttl > 0 else None
         self.index = PrefixIndex()
-        self.ledger = InflightLedger(track_blocks=getattr(policy, "wants_active_blocks", False))
+        self.ledger = InflightLedger(
+            track_blocks=getattr(policy, "wants_active_blocks", False),
+            pending=PendingPrefixes() if cfg.pending_prefixes else None,
+        )
         if getattr(policy, "wants_sequences", False):  # a peer that counts its own requests
             policy.sequences = self.ledger  # type: ignore[attr-defined]
         self.fleet = Fleet(cfg.outlier, cfg.slow_start)
@@ -248,8 +251,7 @@ class SimCluster:
             slo[1].queue_weight if slo else 1.0,
         )
         matches = self.index.match(r.block_hashes)
-        if self.recent is not None:
-            matches = merge_matches(matches, self.recent.match(r.block_hashes, now))
+        matches = known_matches(matches, r.block_hashes, now, self.recent, self.ledger.pending)
         got = candidates(
             views,
             MODEL,

@@ -34,7 +34,7 @@ from analytics.sim.bench_report import fmt
 from analytics.sim.cluster import simulate
 from analytics.sim.metrics import run_metrics
 from analytics.sim.replay import capacity_rps, open_trace
-from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names
+from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names, with_router
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
@@ -48,7 +48,7 @@ NO_SLOW = SlowStartSettings(window_s=0)
 
 def _run(trace: Trace, cfg: SimConfig, since_s: float | None = None) -> dict[str, Any]:
     settings = RouterSettings(policy="kvgate")
-    cfg = replace(cfg, prewarm=settings.prewarm, recent_prefill_ttl_s=settings.recent_prefill_ttl_s)
+    cfg = with_router(cfg, settings)
     stats: dict[str, int] = {}
     done = simulate(trace, make_policy(settings), cfg, stats)
     window = [d for d in done if since_s is None or d.request.arrival_s >= since_s]
@@ -101,12 +101,7 @@ def slo_mix(name: str, *, nodes: int, requests: int, load: float) -> dict[str, A
     cap = capacity_rps(trace0, SimConfig(nodes=nodes))
     rate = len(trace0.requests) / max(1e-9, trace0.span_s)
     settings = RouterSettings(policy="kvgate")
-    cfg = SimConfig(
-        nodes=nodes,
-        admission=adm,
-        prewarm=settings.prewarm,
-        recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
-    )
+    cfg = with_router(SimConfig(nodes=nodes, admission=adm), settings)
     out: dict[str, Any] = {"capacity_rps": round(cap, 3)}
     for label, classes in (("priorities", False), ("slo_classes", True)):
         trace = _with_classes(trace0, classes).scaled(rate / (load * cap))
@@ -158,12 +153,7 @@ def long_tail_isolation(*, nodes: int = 16, requests: int = 6000) -> dict[str, A
         trace = trace0.scaled(rate / (load * cap))
         rows: dict[str, Any] = {}
         for label, rules in runs:
-            cfg = SimConfig(
-                nodes=nodes,
-                lanes=rules,
-                prewarm=settings.prewarm,
-                recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
-            )
+            cfg = with_router(SimConfig(nodes=nodes, lanes=rules), settings)
             with status(f"fleet: long_tail/{load}/{label}"):
                 done = simulate(trace, make_policy(settings), cfg)
 
@@ -237,13 +227,7 @@ def pd_vs_colocated(
         roles = tuple((n, "prefill") for n in names[:n_pre]) + tuple(
             (n, "decode") for n in names[n_pre : n_pre + n_dec]
         )
-        cfg = replace(
-            base,
-            roles=roles,
-            disaggregation=split_ok,
-            prewarm=settings.prewarm,
-            recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
-        )
+        cfg = with_router(replace(base, roles=roles, disaggregation=split_ok), settings)
         with status(f"fleet: pd_vs_colocated/{name}/{label}"):
             done = simulate(trace, make_policy(settings), cfg)
         m = run_metrics(done, nodes, trace.block_size)

@@ -19,7 +19,7 @@ from admission.settings import AdmissionSettings, Priority
 from analytics.sim.admission import Refused
 from analytics.sim.cluster import simulate
 from analytics.sim.metrics import pct
-from analytics.sim.simconfig import Done, SimConfig
+from analytics.sim.simconfig import Done, SimConfig, with_router
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings
@@ -67,13 +67,7 @@ def overload_run(
     rate = len(trace.requests) / max(1e-9, trace.span_s)
     scaled = trace.scaled(rate / (load * capacity_rps))
     settings = RouterSettings.model_validate({"policy": policy})
-    cfg = replace(
-        SimConfig(),
-        nodes=nodes,
-        admission=admission,
-        prewarm=settings.prewarm,
-        recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
-    )
+    cfg = with_router(SimConfig(nodes=nodes, admission=admission), settings)
     refused: list[Refused] = []
     done = simulate(scaled, make_policy(settings), cfg, refused_out=refused)
     per: dict[str, Any] = {}

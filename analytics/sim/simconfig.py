@@ -24,6 +24,7 @@ __all__ = [
     "acting_on",
     "node_names",
     "node_profile",
+    "with_router",
 ]
 
 MODEL = "sim"
@@ -45,6 +46,8 @@ class SimConfig:
     storm_guard: bool = False  # the retry-storm guard in front of admission
     # the router remembers its completed prefills (router/decision/recent.py)
     recent_prefill_ttl_s: float = 0.0
+    # prompts being prefilled count as hits on their node (router/decision/recent.py)
+    pending_prefixes: bool = False
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
     # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
     # the operations on the fleet over time (drain, join, leave, canary)
@@ -123,12 +126,21 @@ class Done:
     queue_wait_s: float = 0.0  # time in the admission queue (included in TTFT)
 
 
+def with_router(cfg: SimConfig, router: RouterSettings) -> SimConfig:
+    """``cfg`` with what the kvgate router does beside routing, as ``router`` configures it:
+    pre-warming hot prefixes, remembering its recent prefills, counting pending ones."""
+    return replace(
+        cfg,
+        prewarm=router.prewarm,
+        recent_prefill_ttl_s=router.recent_prefill_ttl_s,
+        pending_prefixes=router.pending_prefixes,
+    )
+
+
 def acting_on(cfg: SimConfig, router: RouterSettings) -> SimConfig:
-    """``cfg`` with the kvgate system acting on the router's own advice: pre-warming hot
-    prefixes and remembering its recent prefills (other policies have neither)."""
-    if router.policy != "kvgate":
-        return cfg
-    return replace(cfg, prewarm=router.prewarm, recent_prefill_ttl_s=router.recent_prefill_ttl_s)
+    """``cfg`` with the kvgate system acting on the router's own advice (:func:`with_router`;
+    other policies have none of it)."""
+    return with_router(cfg, router) if router.policy == "kvgate" else cfg
 
 
 def node_profile(cfg: SimConfig, block_size: int) -> EngineProfile:

@@ -17,7 +17,7 @@ from admission.settings import AdmissionSettings
 from analytics.sim.admission import Refused
 from analytics.sim.cluster import simulate
 from analytics.sim.metrics import pct
-from analytics.sim.simconfig import RetryModel, SimConfig
+from analytics.sim.simconfig import RetryModel, SimConfig, with_router
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings
@@ -51,14 +51,14 @@ def storm_run(
         queue_enabled=False, slots_per_node=slots_per_node, retry_guard=guard
     )
     settings = RouterSettings()
-    cfg = replace(
-        SimConfig(),
-        nodes=nodes,
-        admission=admission,
-        retries=RetryModel(storm_clients=frozenset({STORM_CLIENT}) if storm else frozenset()),
-        storm_guard=guard,
-        prewarm=settings.prewarm,
-        recent_prefill_ttl_s=settings.recent_prefill_ttl_s,
+    cfg = with_router(
+        SimConfig(
+            nodes=nodes,
+            admission=admission,
+            retries=RetryModel(storm_clients=frozenset({STORM_CLIENT}) if storm else frozenset()),
+            storm_guard=guard,
+        ),
+        settings,
     )
     refused: list[Refused] = []
     done = simulate(scaled, make_policy(settings), cfg, refused_out=refused)

@@ -19,6 +19,8 @@
   must prefill them.
 * **Long requests' KV** (router/decision/lanes.py): the blocks (prompt + expected output) of the
   long requests in flight on each node.
+* **Pending prefixes** (``pending``: :class:`~router.decision.recent.PendingPrefixes`): the
+  prompts whose prefill is still running, as hits on their node until their first token.
 * **Active blocks** (``track_blocks``; the ``dynamo_cost`` baseline): the distinct prompt blocks
   of the requests in flight on each node, a block shared by several counted once — NVIDIA
   Dynamo's active-sequence accounting with its defaults (``router_assume_kv_reuse`` on,
@@ -33,6 +35,8 @@ import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from router.decision.recent import PendingPrefixes
 
 __all__ = ["InflightLedger"]
 
@@ -54,6 +58,7 @@ class _Entry:
     long_blocks: int = 0
     first_token_s: float | None = None
     hashes: tuple[int, ...] = ()  # its prompt blocks (with track_blocks)
+    pending: tuple[int, ...] = ()  # its prompt blocks among the pending prefixes
     ahead: int = 0  # this router's prefill backlog on the node when it was dispatched
 
 
@@ -92,6 +97,7 @@ class _Node:
 class InflightLedger:
     horizon_s: float = 600.0
     track_blocks: bool = False
+    pending: PendingPrefixes | None = None  # prompts being prefilled count as hits there
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _pools: dict[str, _Pool] = field(default_factory=dict)  # group -> its learned rates
@@ -145,6 +151,7 @@ class InflightLedger:
             expected_output=expected_output,
             long_blocks=long_blocks,
             hashes=kept,
+            pending=self.pending.add(node, hashes) if self.pending is not None else (),
             ahead=n.backlog,
         )
         if kept:
@@ -167,6 +174,9 @@ class InflightLedger:
         e.prefilling = False
         n = e.node
         n.backlog -= e.prefill_tokens
+        if e.pending and self.pending is not None:
+            self.pending.remove(n.name, e.pending)
+            e.pending = ()
         work = e.ahead + e.prefill_tokens
         if (
             learn

@@ -17,7 +17,7 @@ from router.decision.approx import ApproxIndex
 from router.decision.fit import fit_floor_tokens
 from router.decision.fleet import Fleet
 from router.decision.inflight import InflightLedger
-from router.decision.recent import RecentPrefills, merge_matches
+from router.decision.recent import RecentPrefills, known_matches, merge_matches
 from router.decision.types import NodeView
 from router.feed import FeedWatch
 from router.settings import RouterSettings
@@ -167,8 +167,7 @@ class ClusterView:
             matches = {
                 n: gpu.get(n, 0) + int(value * tier.get(n, 0)) for n in gpu.keys() | tier.keys()
             }
-        if self.recent is not None:
-            matches = merge_matches(matches, self.recent.match(hashes, now))
+        matches = known_matches(matches, hashes, now, self.recent, self.ledger.pending)
         if self.approx_nodes:  # nodes without KV events: what this router sent them
             matches = merge_matches(matches, self.approx.match(hashes, self.approx_nodes))
         return matches
