@@ -168,10 +168,16 @@ def known_matches(
 ) -> dict[str, int]:
     """Per node, the prefix of ``hashes`` it holds as this router knows it: the index's match,
     or longer where the router had the prompt prefilled just now (``recent``) or is having it
-    prefilled (``pending``). The live router and the simulator both match through here."""
+    prefilled (``pending``: only where that goes past what any node holds already — a prompt
+    whose head is cached somewhere is a cached prompt, and the holders' costs decide; what is
+    pending counts for a prefix new to the cluster). The live router and the simulator both
+    match through here."""
     matches = dict(indexed)
     if recent is not None:
         matches = merge_matches(matches, recent.match(hashes, now))
-    if pending is not None:
-        matches = merge_matches(matches, pending.match(hashes))
+    if pending is not None:  # only past what any node holds already: a prefix new to the cluster
+        held = max(matches.values(), default=0)
+        matches = merge_matches(
+            matches, {n: d for n, d in pending.match(hashes).items() if d > held}
+        )
     return matches
