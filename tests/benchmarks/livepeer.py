@@ -174,7 +174,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
     }
 
 
-async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
+async def main(args: argparse.Namespace, w: Workload, seed: int) -> dict[str, Any]:
     namespace = f"peer{uuid.uuid4().hex[:8]}"
     sup = Supervisor(
         Path(tempfile.mkdtemp(prefix="kvgate-peer-")),
@@ -233,7 +233,7 @@ async def main(args: argparse.Namespace, w: Workload) -> dict[str, Any]:
         for name, url in routers.items():
             if name not in wanted:
                 continue
-            runs[name] = await drive(url, engines, w, args.seed)
+            runs[name] = await drive(url, engines, w, seed)
             print(name, json.dumps(runs[name]), flush=True)
         return runs
     finally:
@@ -253,29 +253,112 @@ def report_header(module: str) -> dict[str, Any]:
     }
 
 
-def write(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+KEYS = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "throughput_rps", "errors")
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def medians(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per router, the median over the repetitions of each figure."""
+    routers = [r for r in reps[0]["runs"]] if reps else []
+    return {
+        router: {
+            k: _median(
+                [rep["runs"][router][k] for rep in reps if rep["runs"][router].get(k) is not None]
+            )
+            for k in KEYS
+        }
+        for router in routers
+        if all(router in rep["runs"] for rep in reps)
+    }
+
+
+def checks(name: str, reps: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """The targets of kvgate at its defaults against sglang-router, per repetition, and (loaded)
+    the median of kvgate against kvgate told the engines' prefill rate."""
+    out: list[tuple[str, bool]] = []
+    for i, rep in enumerate(reps):
+        runs = rep["runs"]
+        k, s = runs.get("kvgate"), runs.get("sglang_router_cache_aware")
+        if k is None or s is None:
+            continue
+        if name == "loaded":
+            out += [
+                (f"rep {i}: TTFT p50 <= sglang-router's", k["ttft_p50_s"] <= s["ttft_p50_s"]),
+                (
+                    f"rep {i}: TTFT p99 <= 0.8x sglang-router's",
+                    k["ttft_p99_s"] <= 0.8 * s["ttft_p99_s"],
+                ),
+                (f"rep {i}: hit rate >= sglang-router's", k["hit_rate"] >= s["hit_rate"]),
+            ]
+        else:
+            for key, worse in (("ttft_p50_s", 1.05), ("ttft_p99_s", 1.05)):
+                out.append(
+                    (f"rep {i}: {key} within 5 % of sglang-router's", k[key] <= worse * s[key])
+                )
+            out.append(
+                (
+                    f"rep {i}: hit rate within 5 % of sglang-router's",
+                    k["hit_rate"] >= 0.95 * s["hit_rate"],
+                )
+            )
+    med = medians(reps)
+    if "kvgate" in med and "kvgate_told_prefill_rate" in med:
+        k, t = med["kvgate"], med["kvgate_told_prefill_rate"]
+        for key in ("ttft_p50_s", "ttft_p99_s"):
+            out.append(
+                (f"median {key} within 10 % of kvgate told the rate", k[key] <= 1.1 * t[key])
+            )
+        out.append(
+            (
+                "median hit rate within 10 % of kvgate told the rate",
+                k["hit_rate"] >= 0.9 * t["hit_rate"],
+            )
+        )
+    return out
+
+
+def _table(runs: dict[str, dict[str, Any]]) -> str:
+    return "\n".join(
+        f"| {router} | " + " | ".join(_fmt(r.get(k)) for k in KEYS) + " |"
+        for router, r in runs.items()
+    )
+
+
+def write(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
     report = {
         **report_header("tests.benchmarks.livepeer"),
         "engines": args.engines,
         "workloads": {
-            name: {**asdict(WORKLOADS[name]), "runs": runs} for name, runs in results.items()
+            name: {
+                **asdict(WORKLOADS[name]),
+                "repetitions": reps,
+                "medians": medians(reps),
+                "checks": [{"check": c, "met": met} for c, met in checks(name, reps)],
+            }
+            for name, reps in results.items()
         },
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "livepeer.json").write_text(json.dumps(report, indent=2) + "\n")
-    keys = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "throughput_rps", "errors")
+    head = f"| router | {' | '.join(KEYS)} |\n|---|{'---:|' * len(KEYS)}"
     parts = []
-    for name, runs in results.items():
+    for name, reps in results.items():
         w = WORKLOADS[name]
-        rows = "\n".join(
-            f"| {router} | " + " | ".join(_fmt(r.get(k)) for k in keys) + " |"
-            for router, r in runs.items()
-        )
         speed = (
             f"prefill {w.prefill_tokens_per_s:,.0f} tokens/s"
             if w.prefill_tokens_per_s
             else "the profile's prefill speed"
         )
+        tables = "\n\n".join(
+            f"Repetition {i} (seed {rep['seed']}, fresh engines):\n\n{head}\n{_table(rep['runs'])}"
+            for i, rep in enumerate(reps)
+        )
+        met = "\n".join(f"* {'met' if ok else '**not met**'}: {c}" for c, ok in checks(name, reps))
         parts.append(
             f"""## {name}: {w.about}
 
@@ -283,9 +366,14 @@ def write(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
 ~{w.system_words} words, streamed answers); engines with {w.num_gpu_blocks} KV blocks of 16
 tokens and {speed}.
 
-| router | {" | ".join(keys)} |
-|---|{"---:|" * len(keys)}
-{rows}
+Median over {len(reps)} repetitions:
+
+{head}
+{_table(medians(reps))}
+
+{met}
+
+{tables}
 """
         )
     (OUT / "livepeer.md").write_text(
@@ -295,13 +383,14 @@ Command: `{report["command"]}`
 
 Machine: {report["machine"]}; date {report["date"]}; sglang-router
 {report["sglang_router_version"]} (`--policy cache_aware`, its defaults). {args.engines}
-simulated engines per workload, the same engines for both routers (prefix caches reset in
-between). Everything — engines, agents, Kafka, the Faust worker, the routers and the client —
-shares the machine's cores, so absolute latencies carry that noise; compare the rows.
-`kvgate` runs at its defaults (it learns the engines' prefill rate from its first streamed
-answers, `cost.prefill_tokens_per_s` 25,000 until then); `kvgate_told_prefill_rate` (on
-workloads whose engines are slower than that) is told the engines' rate in its configuration,
-as an operator who measured them would.
+simulated engines per workload and repetition, fresh for each repetition (the process starts
+over: engines, agents, worker, routers), the same engines for every router of a repetition
+(prefix caches reset in between). Everything — engines, agents, Kafka, the Faust worker, the
+routers and the client — shares the machine's cores, so absolute latencies carry that noise;
+compare the rows. `kvgate` runs at its defaults (it learns the engines' prefill rate from its
+first streamed answers, `cost.prefill_tokens_per_s` 25,000 until then);
+`kvgate_told_prefill_rate` (on workloads whose engines are slower than that) is told the
+engines' rate in its configuration, as an operator who measured them would.
 
 """
         + "\n".join(parts)
@@ -317,20 +406,25 @@ def cli() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--repetitions", type=int, default=3, help="fresh engines each, seed + i")
     ap.add_argument(
         "--routers", default="sglang_router_cache_aware,kvgate,kvgate_told_prefill_rate"
     )
     args = ap.parse_args()
     try:
-        import sglang_router  # noqa: F401
+        import sglang_router  # type: ignore[import-untyped,unused-ignore]  # noqa: F401
     except ImportError:
         sys.exit("sglang-router is not installed: pip install -e '.[peer]'")
-    results = {}
+    results: dict[str, list[dict[str, Any]]] = {}
     for name in args.workloads.split(","):
         if name not in WORKLOADS:
             sys.exit(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-        print(f"workload {name}", flush=True)
-        results[name] = asyncio.run(main(args, WORKLOADS[name]))
+        results[name] = []
+        for i in range(args.repetitions):
+            print(f"workload {name}, repetition {i}", flush=True)
+            seed = args.seed + i
+            runs = asyncio.run(main(args, WORKLOADS[name], seed))
+            results[name].append({"seed": seed, "runs": runs})
     write(args, results)
 
 
