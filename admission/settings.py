@@ -66,6 +66,11 @@ class Tenant(BaseModel):
     prefer_labels: dict[str, str] = Field(
         default_factory=dict, description="its requests prefer nodes with these labels"
     )
+    engine_priority: bool = Field(
+        default=False,
+        description="may set the body's `priority` (the engine's own priority scheduling); "
+        "otherwise kvgate removes it before the engine sees it",
+    )
 
     @field_validator("require_labels", "prefer_labels")
     @classmethod

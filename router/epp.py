@@ -45,7 +45,7 @@ from multidict import CIMultiDict
 from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import EPP
-from router.flow.headers import forwarded_peer
+from router.flow.headers import GATEWAY_KEY_HEADER, forwarded_peer, match_key
 from router.flow.refusals import Refusal
 from router.http.upstream import Upstream
 from router.loops import Loops
@@ -196,6 +196,10 @@ class _Exchange:
         kind = req.WhichOneof("request")
         if kind == "request_headers":
             self.headers = _headers(req.request_headers)
+            try:  # the tenant's key, before a byte of its body is read
+                self.parts.entry.reader.tenant(self.headers)
+            except Refusal as exc:
+                return [_refused(exc)]
             if req.request_headers.end_of_stream:  # no body to route by
                 return await self._route()
             if self.request_body_mode == FULL_DUPLEX:
@@ -359,19 +363,47 @@ def _refused(r: Refusal) -> ep.ProcessingResponse:
     return immediate(r.status, r.body(), headers)
 
 
+GATEWAY_KEY_METADATA = GATEWAY_KEY_HEADER.lower()  # on the stream (Envoy: initial_metadata)
+
+
 class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """The ext_proc service. A stream is the gateway's: with ``router.epp_keys`` set, it
+    must carry one in its gRPC metadata (``x-kvgate-gateway-key``, Envoy's ``grpc_service``
+    ``initial_metadata``), checked before anything of it is read; at most
+    ``router.epp_max_streams`` streams at once."""
+
     def __init__(self, parts: EppParts) -> None:
         self.parts = parts
+        self.streams = 0
+
+    def _unauthorized(self, context: Any) -> str | None:
+        keys = self.parts.settings.epp_keys
+        if not keys:
+            return None
+        metadata = context.invocation_metadata() or ()
+        given = next((v for k, v in metadata if k == GATEWAY_KEY_METADATA), None)
+        if isinstance(given, bytes):
+            given = given.decode("utf-8", "replace")
+        if match_key(keys, given) is None:
+            return f"a gateway key is required ({GATEWAY_KEY_METADATA} in the stream's metadata)"
+        return None
 
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
     ) -> AsyncIterator[ep.ProcessingResponse]:
+        why = self._unauthorized(context)
+        if why is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+        if self.streams >= self.parts.settings.epp_max_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many ext_proc streams")
+        self.streams += 1
         ex = _Exchange(self.parts)
         try:
             async for req in request_iterator:
                 for resp in await ex.on(req):
                     yield resp
         finally:
+            self.streams -= 1
             await asyncio.shield(ex.close())
 
 
@@ -393,6 +425,13 @@ async def serve_epp(router: Router, host: str, port: int) -> EppServer:
     ``readiness`` and the ext_proc service while the router is ready) on ``host:port`` (0: any
     free port)."""
     parts = EppParts(router.settings, router.entry, router.external, router.upstream, router.loops)
+    if not router.settings.epp_keys:
+        log.warning(
+            "the endpoint picker asks no gateway key (router.epp_keys is empty): anything "
+            "that reaches %s:%s may route requests and hold reservations",
+            host,
+            port,
+        )
     server = grpc.aio.server()
     ep_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(parts), server)
     checker = health.aio.HealthServicer()

@@ -98,5 +98,7 @@ async def collect(
     m.kafka_queued.set(bus.queued)
     for topic, n in bus.dropped.items():
         m.kafka_dropped.labels(topic).set(n)
+    for topic, n in bus.refused.items():
+        m.kafka_refused.labels(topic).set(n)
     for mode in ("last_known", "load_only"):
         m.degraded.labels(mode).set(1 if feed_state == mode else 0)

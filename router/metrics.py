@@ -145,6 +145,12 @@ class RouterMetrics:
             ["topic"],
             registry=self.registry,
         )
+        self.kafka_refused = Gauge(
+            "kvgate_router_kafka_refused",
+            "Messages the broker will never take (too large), set aside, by topic",
+            ["topic"],
+            registry=self.registry,
+        )
         self.degraded = Gauge(
             "kvgate_router_degraded",
             "1 while the router serves without a live feed: last_known (its last view) or "

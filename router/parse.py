@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,23 @@ class ParsedRequest:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
 
+MAX_JSON_DEPTH = 64  # nesting of a request body; orjson's own limit (1,024) is far past safe
+
+
+def _depth_ok(body: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``body`` nests at most ``limit`` levels (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return True
+
+
 def parse_request(
     raw: bytes,
     chat: bool,
@@ -59,6 +77,8 @@ def parse_request(
     body = orjson.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - a 400
+    if not _depth_ok(body):
+        raise ValueError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     if "kv_transfer_params" in body:
         # an engine with a KV connector would pull KV from wherever these say: only kvgate's
         # disaggregated-prefill path sets them
@@ -87,7 +107,7 @@ def parse_request(
         prompts = req.prompt_list(tk.encode_prompt)
         tokens, other_prompts = prompts[0], sum(len(x) for x in prompts[1:])
         given_ids = req.prompt_text() is None  # token ids: exact whatever the tokenizer
-    if req.max_tokens is None and req.max_completion_tokens is None:
+    if req.given_limit is None:
         # the engine generates no more than the reservation was sized for: the router's
         # default becomes the request's limit (docs/operations.md, "Reservation size")
         body = {**body, "max_tokens": default_max_tokens}
@@ -99,7 +119,7 @@ def parse_request(
         tokens=tokens,
         max_tokens=req.output_limit(default_max_tokens),
         chat=chat,
-        session_id=body.get("user") or request_session(body),
+        session_id=bounded_id(body.get("user") or request_session(body)),
         exact_tokens=(tk.exact or (not chat and given_ids)) and hashable is None,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
@@ -118,6 +138,20 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading ids ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+MAX_ID_CHARS = 256  # a client's identifier kept as given up to this; beyond, its digest
+
+
+def bounded_id(value: Any) -> str | None:
+    """A client-chosen identifier (``user``, ``session_id``) as kvgate keeps and records it:
+    itself up to :data:`MAX_ID_CHARS`, else a digest of it (the same value, the same digest)."""
+    if value is None:
+        return None
+    text = str(value)
+    if len(text) <= MAX_ID_CHARS:
+        return text
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
 def request_session(body: dict[str, Any]) -> str | None:

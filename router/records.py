@@ -7,7 +7,11 @@ from router.flow.served import Served
 from router.parse import ParsedRequest
 from streams.schemas import CandidateScore, Decision, Outcome
 
-__all__ = ["decision_record", "outcome_record"]
+__all__ = ["MAX_RECORDED_BLOCKS", "decision_record", "outcome_record"]
+
+# a record's prompt blocks: enough for any prompt an engine holds (a million tokens at 64 per
+# block), and a record the broker always takes (Kafka's default limit is 1 MiB)
+MAX_RECORDED_BLOCKS = 16_384
 
 
 def refusal_record(
@@ -79,7 +83,7 @@ def decision_record(
         prompt_tokens=p.prompt_tokens_total,
         max_tokens=p.max_tokens,
         block_size=block_size,
-        block_hashes=list(rreq.block_hashes),
+        block_hashes=list(rreq.block_hashes[:MAX_RECORDED_BLOCKS]),  # (a prompt of any size)
         approximate_tokens=not p.exact_tokens,
         policy=policy,
         weights_version=weights_version,

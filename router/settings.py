@@ -303,6 +303,12 @@ class RouterSettings(BaseModel):
         description="serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc "
         "gRPC) on this port too (needs the epp extra); off when unset",
     )
+    epp_max_streams: int = Field(
+        default=1024,
+        ge=1,
+        description="ext_proc streams the endpoint picker serves at once; beyond, a new stream "
+        "is refused (RESOURCE_EXHAUSTED) before it is read",
+    )
     upstream_api_key: SecretStr | None = Field(
         default=None,
         description="the key engines were started with (vLLM --api-key): sent to them as "
@@ -316,6 +322,12 @@ class RouterSettings(BaseModel):
         default_factory=dict,
         description="gateway key -> gateway name: the callers of /v1/kvgate/route, /release and "
         "/renew (header X-Kvgate-Gateway-Key); without any, the gateway API is closed",
+    )
+    epp_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="key -> gateway name: the gateways whose ext_proc streams the endpoint "
+        "picker serves (gRPC metadata x-kvgate-gateway-key); without any, every stream is served "
+        "(and the router says so at start)",
     )
     admin_keys: dict[str, str] = Field(
         default_factory=dict,

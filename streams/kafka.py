@@ -17,7 +17,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+)
 from pydantic import BaseModel
 
 from streams.codec import decode, encode, encode_key
@@ -25,6 +30,9 @@ from streams.exceptions import SchemaError, StreamError
 from streams.schemas import DeadLetter
 from streams.settings import KafkaSettings
 from streams.topics import ALL_TOPICS, DLQ, TopicSpec
+
+# what a broker never takes, however often it is sent: retrying it would jam the outbox
+_NEVER_TAKEN = (MessageSizeTooLargeError, RecordTooLargeError)
 
 __all__ = [
     "KafkaBus",
@@ -193,6 +201,8 @@ class KafkaBus:
         self.send_errors = 0
         self.retried = 0
         self.dropped: Counter[str] = Counter()  # topic -> messages dropped (outbox full)
+        # topic -> messages the broker will never take (too large): set aside, never retried
+        self.refused: Counter[str] = Counter()
         self.delivered = 0
         self.last_delivery_at: float | None = None
 
@@ -311,6 +321,9 @@ class KafkaBus:
             topic, key, value = item
             try:
                 fut = await self._producer.send(topic, value, key)
+            except _NEVER_TAKEN as exc:  # larger than the producer may send: never will be
+                self._refuse(item, exc)
+                continue
             except KafkaError as exc:  # no metadata / buffer full for too long: broker away
                 self._requeue(item)
                 self.send_errors += 1
@@ -327,6 +340,9 @@ class KafkaBus:
         self, item: tuple[str, bytes | None, bytes | None], fut: asyncio.Future[Any]
     ) -> None:
         self._inflight -= 1
+        if not fut.cancelled() and isinstance(fut.exception(), _NEVER_TAKEN):
+            self._refuse(item, fut.exception())
+            return
         if fut.cancelled() or fut.exception() is not None:
             self.send_errors += 1
             log.warning("delivery to %s failed (%r); retrying", item[0], fut.exception())
@@ -334,6 +350,15 @@ class KafkaBus:
             return
         self.delivered += 1
         self.last_delivery_at = time.time()
+
+    def _refuse(
+        self, item: tuple[str, bytes | None, bytes | None], exc: BaseException | None
+    ) -> None:
+        """A message the broker (or the producer) will never take — retried, it would hold up
+        every message behind it: counted per topic in ``refused`` and set aside."""
+        self.refused[item[0]] += 1
+        size = len(item[2] or b"") + len(item[1] or b"")
+        log.error("Kafka refuses a %d-byte message to %s (%r): dropped", size, item[0], exc)
 
 
 class OffsetProbe:

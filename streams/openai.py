@@ -51,13 +51,21 @@ class _Base(BaseModel):
     def _consistent(self) -> _Base:
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError("best_of must not be less than n")
-        limit = self.max_completion_tokens or self.max_tokens
+        limit = self.given_limit
         if limit is not None and self.min_tokens > limit:
             raise ValueError("min_tokens must not exceed max_tokens")
         return self
 
+    @property
+    def given_limit(self) -> int | None:
+        """The output limit the engine applies, when the request sets one: vLLM's chat API takes
+        ``max_completion_tokens`` before the older ``max_tokens``; its completions API knows
+        only ``max_tokens`` (:class:`CompletionRequest`)."""
+        return self.max_completion_tokens or self.max_tokens
+
     def output_limit(self, default: int) -> int:
-        return self.max_completion_tokens or self.max_tokens or default
+        limit = self.given_limit
+        return limit if limit is not None else default
 
     @property
     def sequences(self) -> int:
@@ -87,6 +95,12 @@ class CompletionRequest(_Base):
             if any(isinstance(x, list) and not x for x in v):
                 raise ValueError("prompt must not contain an empty token list")
         return v
+
+    @property
+    def given_limit(self) -> int | None:
+        """``max_tokens`` only: vLLM's completion request has no ``max_completion_tokens`` (a
+        client's is ignored, by the engine and so by kvgate's reservation)."""
+        return self.max_tokens
 
     @property
     def batch(self) -> int:

@@ -29,6 +29,10 @@ class ApproxIndex:
         while len(lru) > max(0, capacity_blocks):
             lru.popitem(last=False)
 
+    def nodes(self) -> list[str]:
+        """The nodes it remembers anything of."""
+        return list(self._nodes)
+
     def match(self, hashes: Sequence[int], nodes: Iterable[str]) -> dict[str, int]:
         """Per node of ``nodes``, how many leading blocks of ``hashes`` it is believed to hold."""
         out: dict[str, int] = {}

@@ -78,6 +78,7 @@ class Ask:
     hold_slo: bool = False  # held for its class (admitted by admission control)
     mode: Mode = "proxy"
     prewarm: bool = True  # its prefix may be advised to other engines (not salted or adapter)
+    exact: bool = True  # its block hashes are of the engine's tokens (the index can match them)
 
 
 @dataclass(frozen=True, slots=True)

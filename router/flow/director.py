@@ -222,6 +222,7 @@ class Director:
             # salted prefixes are one tenant's, an adapter's only where it is loaded: no
             # pre-warming other engines with them
             prewarm=not (p.cache_salt or adapter),
+            exact=p.exact_tokens,
         )
 
     def snapshot(
@@ -229,7 +230,8 @@ class Director:
     ) -> Snapshot:
         """The cluster as this router sees it now, for ``ask`` among ``nodes``."""
         load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
-        matches = {} if load_only else self.views.matches(ask.request.block_hashes, now)
+        hashes = ask.request.block_hashes
+        matches = {} if load_only else self.views.matches(hashes, now, ask.exact)
         return Snapshot(
             nodes, matches, now, block_size, load_only, self.views.fit_floor, self.views.roles
         )
@@ -437,7 +439,8 @@ class Director:
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
         rreq = self.route_request(mint_id(), p, block_size)
-        ask = Ask(rreq, self.expected_output(p, ""), now, mode="query", prewarm=False)
+        expected = self.expected_output(p, "")
+        ask = Ask(rreq, expected, now, mode="query", prewarm=False, exact=p.exact_tokens)
         got = decide(ask, self.snapshot(ask, nodes, block_size, now), self.rules)
         d = got.now.decision if isinstance(got, Held) else got.decision
         return rreq, d, nodes, block_size

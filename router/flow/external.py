@@ -109,7 +109,7 @@ class ExternalRequests:
         now = time.time()
         f.first_token_s = now
         self.ledger.first_token(rid, now, learn=f.parsed.stream)
-        self.views.prefilled(f.node, f.hashes)
+        self.views.prefilled(f.node, f.hashes, f.parsed.exact_tokens)
 
     async def finish(
         self,
@@ -154,6 +154,6 @@ class ExternalRequests:
             if prompt_tokens is not None and not p.exact_tokens:
                 self.calibration.observe(p.model, p.prompt_tokens_total, prompt_tokens)
             if f.first_token_s is None:
-                self.views.prefilled(node, f.hashes)
+                self.views.prefilled(node, f.hashes, p.exact_tokens)
         await self.recorder.outcome(rid, node, relay, p, f.started, slo=f.slo)
         return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from hashlib import blake2b
 
 import orjson
@@ -197,6 +197,9 @@ class IntakeReader:
             except TypeError:  # a JSON value without keys
                 chat = False
         p = self.parse(raw, chat)
+        if "priority" in p.body and not tenant.engine_priority:
+            # the engine's own priority scheduling: a tenant jumping every queue on its engine
+            p = replace(p, body={k: v for k, v in p.body.items() if k != "priority"})
         known.parsed = p
         client = client_identity(tenant, self.gate.settings.anonymous, peer)
         return Intake(

@@ -80,7 +80,7 @@ class ProxiedRequests:
         now = time.time()
         f.first_token_s = now
         self.ledger.first_token(f.id, now, learn=f.parsed.stream)
-        self.views.prefilled(node, f.hashes)
+        self.views.prefilled(node, f.hashes, f.parsed.exact_tokens)
 
     async def served(self, f: Flight, served: Served, reroutes: int) -> None:
         """Serving ended (answered, failed or cut off): the node's place frees, the router's

@@ -158,8 +158,12 @@ class ClusterView:
         since = self._behind_since.setdefault(hb.node_id, hb.ts)
         return gap, max(0.0, now - since)
 
-    def matches(self, hashes: Sequence[int], now: float) -> dict[str, int]:
-        """Per node, the prefix it holds: the index, plus what this router just had prefilled."""
+    def matches(self, hashes: Sequence[int], now: float, exact: bool = True) -> dict[str, int]:
+        """Per node, the prefix it holds: the index, plus what this router just had prefilled.
+        ``exact`` False: the hashes are of approximate tokens (no tokenizer for the model),
+        which the index — the engines' own tokens — matches only where an engine tokenizes the
+        same way; the router's memory of what it had each node prefill counts on every node
+        then, as on nodes without KV events (never worse with working events than without)."""
         gpu, tier = self.replica.index.match_tiers(hashes, offloaded)
         matches = gpu
         if tier:  # blocks in an offloaded tier after the GPU prefix: a cheaper miss
@@ -168,14 +172,17 @@ class ClusterView:
                 n: gpu.get(n, 0) + int(value * tier.get(n, 0)) for n in gpu.keys() | tier.keys()
             }
         matches = known_matches(matches, hashes, now, self.recent, self.ledger.pending)
-        if self.approx_nodes:  # nodes without KV events: what this router sent them
-            matches = merge_matches(matches, self.approx.match(hashes, self.approx_nodes))
+        # nodes without KV events, or approximate tokens: what this router had them prefill
+        remembered = self.approx_nodes if exact else self.approx.nodes()
+        if remembered:
+            matches = merge_matches(matches, self.approx.match(hashes, remembered))
         return matches
 
-    def prefilled(self, node: str, hashes: Sequence[int]) -> None:
-        """``node`` computed the prompt ``hashes``: it caches them from now on."""
+    def prefilled(self, node: str, hashes: Sequence[int], exact: bool = True) -> None:
+        """``node`` computed the prompt ``hashes`` (``exact``: of the engine's tokens): it
+        caches them from now on."""
         if self.recent is not None:
             self.recent.add(node, hashes, time.time())
-        if node in self.approx_nodes:
+        if node in self.approx_nodes or not exact:
             hb = self.replica.load.get(node)
             self.approx.add(node, hashes, hb.kv_blocks_total if hb is not None else 0)

@@ -222,6 +222,7 @@ class AdminApi:
                 # degraded routers stay ready: they serve on what they know (router/feed.py)
                 "feed": self.director.feed.state,
                 "kafka_queued": self.bus.queued,
+                "kafka_refused": sum(self.bus.refused.values()),  # never taken: set aside
                 "replica_caught_up": caught_up,
                 "admission_store_ready": store_ready,
                 "healthy_nodes": len(healthy),

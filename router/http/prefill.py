@@ -85,7 +85,7 @@ class PrefillLeg:
                 now,
             )
         )
-        hit = self.views.matches(rreq.block_hashes, now).get(prefill, 0)
+        hit = self.views.matches(rreq.block_hashes, now, p.exact_tokens).get(prefill, 0)
         self.ledger.dispatch(key, prefill, now, max(0, rreq.prompt_tokens - hit * g.block_size))
         try:
             params, failure = await self._post(request_id, pnode.endpoint, pnode.engine_headers, p)

@@ -138,6 +138,27 @@ async def one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> di
     return {"ok": ttft is not None, "ttft_s": ttft, "e2e_s": time.perf_counter() - started}
 
 
+async def refusals(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """A kvgate router's refusals so far, by reason (``kvgate_router_rejections``); empty for a
+    router without them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with http.get(url + "/metrics") as r:
+            if r.status != 200:
+                return {}
+            text = await r.text()
+    except aiohttp.ClientError:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "kvgate_router_rejections":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["reason"]] = sample.value
+    return out
+
+
 async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[str, Any]:
     specs = list(
         shared_prompt_chat(
@@ -149,6 +170,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await reset_caches(http, engines)
         hits0, queries0 = await engine_counters(http, engines)
+        refused0 = await refusals(http, url)
         start = time.perf_counter()
         tasks = []
         for spec in specs:
@@ -159,6 +181,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
         results = await asyncio.gather(*tasks)
         span = time.perf_counter() - start
         hits1, queries1 = await engine_counters(http, engines)
+        refused1 = await refusals(http, url)
     ok = [r for r in results if r["ok"]]
     ttft = [r["ttft_s"] for r in ok]
     e2e = [r["e2e_s"] for r in ok]
@@ -166,6 +189,10 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
         "requests": len(results),
         "errors": len(results) - len(ok),
         "error_statuses": sorted({str(r["status"]) for r in results if not r["ok"]}),
+        # kvgate's refusals of this run, by reason (its /metrics)
+        "refused_by_reason": {
+            k: v - refused0.get(k, 0.0) for k, v in refused1.items() if v > refused0.get(k, 0.0)
+        },
         "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
         "ttft_p50_s": pct(ttft, 0.5),
         "ttft_p99_s": pct(ttft, 0.99),

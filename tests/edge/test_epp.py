@@ -25,7 +25,7 @@ from router.epp import DESTINATION, EppServer, host_port, serve_epp
 from streams.codec import decode
 from streams.schemas import Outcome
 from streams.topics import OUTCOMES
-from tests.edgekit import MODEL, Edge, completion, edge
+from tests.edgekit import GATEWAY, MODEL, Edge, completion, edge
 
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
@@ -54,7 +54,7 @@ class Envoy:
     """One ext_proc stream, driven as Envoy's ext_proc filter drives it."""
 
     def __init__(self, stub: Any, request_mode: int, response_mode: int) -> None:
-        self.call = stub.Process()
+        self.call = stub.Process(metadata=(("x-kvgate-gateway-key", GATEWAY),))
         self.config = ep.ProtocolConfiguration(
             request_body_mode=request_mode, response_body_mode=response_mode
         )
@@ -75,7 +75,7 @@ class Envoy:
 
 @pytest.fixture
 async def picker() -> AsyncIterator[tuple[Edge, Any, EppServer]]:
-    async with edge(admission={"tenants": TENANTS}) as e:
+    async with edge(admission={"tenants": TENANTS}, router={"epp_keys": {GATEWAY: "gw-a"}}) as e:
         server = await serve_epp(e.router, "127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
         try:
@@ -339,3 +339,24 @@ async def test_an_epp_stream_past_its_lease_stays_held_and_learns_its_first_toke
         finally:
             await channel.close()
             await server.stop(0)
+
+
+async def test_the_picker_wants_the_gateways_key_before_reading_anything(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    """A stream without the gateway key (or with another) is refused UNAUTHENTICATED before a
+    message of it is read; a stream with it still answers a request without a tenant key with
+    the 401 at its headers, before any body is sent."""
+    e, channel, _ = picker
+    stub = ep_grpc.ExternalProcessorStub(channel)
+    for metadata in ((), (("x-kvgate-gateway-key", "not-a-key"),)):
+        call = stub.Process(metadata=metadata)
+        await call.write(ep.ProcessingRequest(request_headers=request_headers()))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call.read(), 10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    envoy = Envoy(stub, BUFFERED, BUFFERED)
+    await envoy.send(request_headers=headers((":method", "POST"), (":path", "/v1/completions")))
+    resp = await envoy.read()
+    assert resp.HasField("immediate_response") and resp.immediate_response.status.code == 401
+    assert await e.reservations() == 0

@@ -20,7 +20,7 @@ from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
 from tests.chfront import ChdbFront, sink_env
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt
+from tests.integration.cluster import GATEWAY_KEY, MODEL, Cluster, get, long_prompt
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +52,18 @@ async def test_picked_requests_land_in_clickhouse(
         c.add_worker()
         supervisor.spawn("sink", "sink")
         epp_port = free_port()
-        url = c.add_router(env={"KVGATE_ROUTER__EPP_PORT": str(epp_port)})
+        url = c.add_router(
+            env={
+                "KVGATE_ROUTER__EPP_PORT": str(epp_port),
+                "KVGATE_ROUTER__EPP_KEYS": f'{{"{GATEWAY_KEY}": "test-gateway"}}',
+            }
+        )
         await c.wait_ready("router", 2)
         ids = []
         async with grpc.aio.insecure_channel(f"127.0.0.1:{epp_port}") as channel:
             stub = ep_grpc.ExternalProcessorStub(channel)
             for i in range(3):
-                call = stub.Process()
+                call = stub.Process(metadata=(("x-kvgate-gateway-key", GATEWAY_KEY),))
                 first = ep.ProcessingRequest(
                     request_headers=_headers(
                         (":method", "POST"),

@@ -266,3 +266,27 @@ def test_the_forwarded_request_carries_the_limit_the_reservation_was_sized_for()
     for bad in ({"n": 3, "best_of": 2}, {"min_tokens": 10, "max_tokens": 5}, {"n": 0}):
         with pytest.raises(ValueError):
             parse_request(orjson.dumps({"model": "m", "prompt": "x", **bad}), False, 256)
+
+
+def test_max_completion_tokens_does_not_shrink_a_completion_reservation() -> None:
+    """vLLM's completions API knows only ``max_tokens`` (its chat API prefers
+    ``max_completion_tokens``): a client's ``max_completion_tokens: 1`` beside ``max_tokens``
+    7,000 still gets 7,000 tokens generated, so the reservation is for 7,000 — and the simulated
+    engine, which follows vLLM's rules, generates them."""
+    import orjson
+
+    from router.parse import parse_request
+    from streams.openai import ChatRequest, CompletionRequest
+
+    body = {"model": "m", "prompt": "hi", "max_tokens": 7000, "max_completion_tokens": 1}
+    p = parse_request(orjson.dumps(body), False, 256)
+    assert p.max_tokens == 7000 and p.body["max_tokens"] == 7000
+    assert CompletionRequest.model_validate(body).output_limit(16) == 7000  # the engine's rule
+    only = parse_request(
+        orjson.dumps({"model": "m", "prompt": "hi", "max_completion_tokens": 1}), False, 256
+    )
+    assert only.max_tokens == 256 == only.body["max_tokens"]  # the limit the engine will apply
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    both = {**chat, "max_tokens": 7000, "max_completion_tokens": 5}
+    assert parse_request(orjson.dumps(both), True, 256).max_tokens == 5
+    assert ChatRequest.model_validate(both).output_limit(16) == 5
