@@ -90,6 +90,7 @@ def _rules(settings: RouterSettings, policy: Policy, fleet: Fleet, gate: Admissi
         disaggregation=settings.disaggregation,
         kv_bytes_per_token=settings.kv_bytes_per_token,
         kv_link_gbps=settings.kv_link_gbps,
+        fit_hold_s=settings.fit_hold_s,
     )
 
 

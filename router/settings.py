@@ -207,6 +207,13 @@ class RouterSettings(BaseModel):
         ge=0,
         description="remember prefixes this router had prefilled until indexed (0: off)",
     )
+    fit_hold_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="a proxied request whose KV fits on no node now waits in the router up to "
+        "this long (from its arrival) for a node to have room, as an engine would queue it; "
+        "then 503 no_fit_now (0: at once; gateways and the endpoint picker are never held)",
+    )
     pending_prefixes: bool = Field(
         default=True,
         description="a prompt this router sent counts as a hit on its node until its first token "

@@ -154,6 +154,7 @@ class SimCluster:
             disaggregation=cfg.disaggregation,
             kv_bytes_per_token=profile.kv_bytes_per_token,
             kv_link_gbps=cfg.kv_link_gbps,
+            fit_hold_s=cfg.fit_hold_s,
         )
         self.adm = (
             SimAdmission(
@@ -268,7 +269,7 @@ class SimCluster:
         snap = Snapshot(got, matches, now, self.trace.block_size, roles=bool(self.roles))
         d = decide(ask, snap, self.rules)
         if isinstance(d, Held):
-            if d.why == "slo":
+            if d.why in ("slo", "fit"):
                 if not queued:  # (one in the router's queue stays there)
                     self.holding.append((idx, queue_wait_s))  # waits until the engines drain
                 return UNKNOWN

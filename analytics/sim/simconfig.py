@@ -48,6 +48,8 @@ class SimConfig:
     recent_prefill_ttl_s: float = 0.0
     # prompts being prefilled count as hits on their node (router/decision/recent.py)
     pending_prefixes: bool = False
+    # a request whose KV fits nowhere now waits for room (router.fit_hold_s; 0: refused at once)
+    fit_hold_s: float = RouterSettings.model_fields["fit_hold_s"].default
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
     # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
     # the operations on the fleet over time (drain, join, leave, canary)
@@ -134,6 +136,7 @@ def with_router(cfg: SimConfig, router: RouterSettings) -> SimConfig:
         prewarm=router.prewarm,
         recent_prefill_ttl_s=router.recent_prefill_ttl_s,
         pending_prefixes=router.pending_prefixes,
+        fit_hold_s=router.fit_hold_s,
     )
 
 

@@ -107,6 +107,9 @@ class Rules:
     disaggregation: bool = True
     kv_bytes_per_token: int = 131_072
     kv_link_gbps: float = 100.0
+    # proxy mode: a request whose KV fits on no node now waits up to this long (since it
+    # arrived, at most half its lease) for one to have room, then is refused (0: at once)
+    fit_hold_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +130,10 @@ class Refused:
 class Held:
     """The request should wait in the router (the caller decides how): ``slo``, its class
     holds it while its best node is queued; ``lanes``, the lane rules do (``blocker``: its best
-    node, or UNKNOWN). ``now``: what it gets if it goes at once instead."""
+    node, or UNKNOWN); ``fit``, its KV fits on no node now (an engine would only queue it).
+    ``now``: what it gets if it goes at once instead."""
 
-    why: Literal["slo", "lanes"]
+    why: Literal["slo", "lanes", "fit"]
     blocker: str
     now: Routed | Refused
 
@@ -183,7 +187,10 @@ def decide(ask: Ask, snap: Snapshot, rules: Rules) -> Decision:
         if not fitted.ever:
             return _refused("too_large", ask, rules)
         if not fitted.nodes:
-            return _refused("no_fit_now", ask, rules)
+            refused = _refused("no_fit_now", ask, rules)
+            if ask.mode == "proxy" and waited < min(rules.fit_hold_s, lease_half):
+                return Held("fit", UNKNOWN, refused)  # until a node has room
+            return refused
         if len(fitted.nodes) < len(sel.nodes):
             sel = replace(sel, nodes=fitted.nodes)
     d = _choose(ask, snap, rules, sel, matches)

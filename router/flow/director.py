@@ -321,14 +321,15 @@ class Director:
         self, ask: Ask, g: Gated, got: Decision, snap: Snapshot, p: ParsedRequest
     ) -> tuple[Routed | Refused, Snapshot, bool]:
         """``got``, once the request has waited as long as the pipeline holds it: for its SLO
-        class (polled), then in the router's queue (the lane rules). Returns the decision it
-        leaves with, the snapshot it was made on, and whether it is committed already (the
-        router's queue commits a request the moment its turn routes it)."""
-        if isinstance(got, Held) and got.why == "slo":
+        class or for room for its KV (polled), then in the router's queue (the lane rules).
+        Returns the decision it leaves with, the snapshot it was made on, and whether it is
+        committed already (the router's queue commits a request the moment its turn routes
+        it)."""
+        if isinstance(got, Held) and got.why in ("slo", "fit"):
             self.metrics.held.inc()
             self.metrics.holds.inc()
             try:
-                while isinstance(got, Held) and got.why == "slo":
+                while isinstance(got, Held) and got.why in ("slo", "fit"):
                     await asyncio.sleep(self.settings.hold_poll_s)
                     snap = self._again(ask, g)
                     got = decide(ask, snap, self.rules)

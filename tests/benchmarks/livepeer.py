@@ -138,9 +138,10 @@ async def one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> di
     return {"ok": ttft is not None, "ttft_s": ttft, "e2e_s": time.perf_counter() - started}
 
 
-async def refusals(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """A kvgate router's refusals so far, by reason (``kvgate_router_rejections``); empty for a
-    router without them."""
+async def router_counts(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """A kvgate router's decisions by reason (``decision/<reason>``: routed or refused — a
+    refusal of routing names no node: ``no_fit_now``, ``nodes_unhealthy``…) and admission's
+    refusals (``refused/<reason>``) so far; empty for a router without them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -150,12 +151,13 @@ async def refusals(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
             text = await r.text()
     except aiohttp.ClientError:
         return {}
+    names = {"kvgate_router_decisions": "decision", "kvgate_router_rejections": "refused"}
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name == "kvgate_router_rejections":
+        if family.name in names:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
-                    out[sample.labels["reason"]] = sample.value
+                    out[f"{names[family.name]}/{sample.labels['reason']}"] = sample.value
     return out
 
 
@@ -170,7 +172,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await reset_caches(http, engines)
         hits0, queries0 = await engine_counters(http, engines)
-        refused0 = await refusals(http, url)
+        counts0 = await router_counts(http, url)
         start = time.perf_counter()
         tasks = []
         for spec in specs:
@@ -181,7 +183,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
         results = await asyncio.gather(*tasks)
         span = time.perf_counter() - start
         hits1, queries1 = await engine_counters(http, engines)
-        refused1 = await refusals(http, url)
+        counts1 = await router_counts(http, url)
     ok = [r for r in results if r["ok"]]
     ttft = [r["ttft_s"] for r in ok]
     e2e = [r["e2e_s"] for r in ok]
@@ -189,9 +191,9 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
         "requests": len(results),
         "errors": len(results) - len(ok),
         "error_statuses": sorted({str(r["status"]) for r in results if not r["ok"]}),
-        # kvgate's refusals of this run, by reason (its /metrics)
-        "refused_by_reason": {
-            k: v - refused0.get(k, 0.0) for k, v in refused1.items() if v > refused0.get(k, 0.0)
+        # kvgate's decisions and refusals of this run, by reason (its /metrics)
+        "router_counts": {
+            k: v - counts0.get(k, 0.0) for k, v in counts1.items() if v > counts0.get(k, 0.0)
         },
         "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
         "ttft_p50_s": pct(ttft, 0.5),

@@ -346,7 +346,7 @@ async def test_the_picker_wants_the_gateways_key_before_reading_anything(
 ) -> None:
     """A stream without the gateway key (or with another) is refused UNAUTHENTICATED before a
     message of it is read; a stream with it still answers a request without a tenant key with
-    the 401 at its headers, before any body is sent."""
+    the 401 of an unknown tenant key at its headers, before any body is sent."""
     e, channel, _ = picker
     stub = ep_grpc.ExternalProcessorStub(channel)
     for metadata in ((), (("x-kvgate-gateway-key", "not-a-key"),)):
@@ -356,7 +356,7 @@ async def test_the_picker_wants_the_gateways_key_before_reading_anything(
             await asyncio.wait_for(call.read(), 10)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     envoy = Envoy(stub, BUFFERED, BUFFERED)
-    await envoy.send(request_headers=headers((":method", "POST"), (":path", "/v1/completions")))
+    await envoy.send(request_headers=request_headers("sk-unknown"))
     resp = await envoy.read()
     assert resp.HasField("immediate_response") and resp.immediate_response.status.code == 401
     assert await e.reservations() == 0

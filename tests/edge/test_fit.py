@@ -32,7 +32,7 @@ def test_fit_reads_the_heartbeat_figure_or_derives_it() -> None:
 async def test_routing_admission_and_metrics_follow_the_fit() -> None:
     prompt = list(range(1, 1501))  # 1,500 tokens: 94 blocks
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
-    async with edge(blocks=200) as e:
+    async with edge(blocks=200, router={"fit_hold_s": 0}) as e:  # refused at once
         full = {"kv_blocks_used": 150}  # 48 blocks left on each: the cluster has 96
         e.overrides = {"n1": full, "n2": full}
         await asyncio.sleep(0.5)
@@ -82,3 +82,30 @@ def test_a_prompt_within_every_floor_fits_everywhere() -> None:
             got = fit(nodes, prompt, {})
             if prompt <= floor:  # the router skips the pass: it must have found every node
                 assert got.ever and [n.node_id for n in got.nodes] == [n.node_id for n in nodes]
+
+
+async def test_a_request_that_fits_nowhere_now_waits_for_room_then_goes() -> None:
+    """Proxied, a request whose KV fits on no node now waits in the router (``fit_hold_s``) as
+    an engine would queue it, and goes once a node has room; past the hold it is the 503."""
+    prompt = list(range(1, 1501))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+    async with edge(blocks=200, router={"fit_hold_s": 1.5}) as e:
+        full = {"kv_blocks_used": 150}
+        e.overrides = {"n1": full, "n2": full}
+        await asyncio.sleep(0.5)
+        t0 = asyncio.get_running_loop().time()
+        status, out, headers = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
+        waited = asyncio.get_running_loop().time() - t0
+        assert status == 503 and out["error"]["kvgate_reason"] == "no_fit_now", out
+        assert waited >= 1.4  # it waited for room first
+
+        async def free_n2() -> None:
+            await asyncio.sleep(0.6)
+            e.overrides = {"n1": full}  # n2 drained its requests
+
+        freeing = asyncio.create_task(free_n2())
+        status, out, headers = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
+        await freeing
+        assert status == 200, out
+        assert headers["X-Kvgate-Node"] == "n2"
+        assert await e.reservations() == 0

@@ -77,7 +77,7 @@ def test_followers_of_a_cold_prompt_queue_behind_its_prefill(seed: int) -> None:
         )
     }
     on, off, sglang = runs["kvgate"], runs["off"], runs["sglang"]
-    assert on["refused"] == 0 and off["refused"] > 0
+    assert on["refused"] == 0
     assert on["hit_rate"] >= off["hit_rate"] + 0.05
     assert on["ttft_p50_s"] <= off["ttft_p50_s"] / 4
     assert on["hit_rate"] >= sglang["hit_rate"] - 0.005

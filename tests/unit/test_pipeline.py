@@ -64,6 +64,7 @@ class Case:
     lanes: bool = False
     load_only: bool = False
     roles: bool = False
+    fit_hold_s: float = 0.0
     want: tuple[str, str | None, str] = ("routed", "a", "prefix_hit")  # kind, node, reason
 
 
@@ -85,6 +86,21 @@ CASES = [
         "no node has room now",
         [node_view("a", used=95), node_view("b", used=95)],
         req=request(prompt_tokens=50 * 16, blocks=50),
+        want=("refused", None, "no_fit_now"),
+    ),
+    Case(
+        "no node has room now: proxied, it waits for room",
+        [node_view("a", used=95), node_view("b", used=95)],
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        fit_hold_s=10.0,
+        want=("held", "fit", "fit"),
+    ),
+    Case(
+        "no node has room now: a gateway is refused at once",
+        [node_view("a", used=95), node_view("b", used=95)],
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        fit_hold_s=10.0,
+        mode="gateway",
         want=("refused", None, "no_fit_now"),
     ),
     Case(
@@ -153,7 +169,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_decide(case: Case) -> None:
-    r = rules(case.policy, lanes=case.lanes)
+    r = rules(case.policy, lanes=case.lanes, fit_hold_s=case.fit_hold_s)
     ask = Ask(case.req, 16, NOW, case.slo, case.hold_slo, case.mode)
     for n in case.nodes:  # every node big enough for the fit cases
         n.kv_blocks_total = 100
