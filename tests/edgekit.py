@@ -111,6 +111,38 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
+@dataclass
+class Seen:
+    """What a recording engine received: each request's headers and JSON body."""
+
+    headers: list[CIMultiDict[str]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def recording_engine() -> AsyncIterator[tuple[str, Seen]]:
+    """A stand-in engine at the URL it yields: every ``POST /v1/completions`` gets a one-token
+    answer, and what it received is kept (point an edge's nodes at it: ``e.engines[n] = url``)."""
+    seen = Seen()
+
+    async def engine(request: web.Request) -> web.Response:
+        seen.headers.append(CIMultiDict(request.headers))
+        seen.bodies.append(await request.json())
+        body = {
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+        }
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", engine)
+    runner, url = await _serve(app)
+    try:
+        yield url, seen
+    finally:
+        await runner.cleanup()
+
+
 def _beat(node: str, url: str, blocks: int, seq: int) -> Heartbeat:
     return Heartbeat(
         node_id=node,

@@ -126,6 +126,32 @@ def ledger_event(rid: str, kind: str, ts: float | None = None, **fields: Any) ->
     )
 
 
+def admission_ask(
+    rid: str,
+    tenant: Tenant,
+    prompt_tokens: int,
+    max_tokens: int,
+    block_size: int,
+    pool: str,
+    nodes: Sequence[int],
+    model: str = "",
+    attempt: str = "",
+    client: str = "",
+) -> AdmissionAsk:
+    return AdmissionAsk(
+        rid,
+        tenant,
+        prompt_tokens,
+        max_tokens,
+        block_size,
+        pool,
+        nodes,
+        model,
+        attempt=attempt,
+        client=client,
+    )
+
+
 async def admit(
     gate: AdmissionGate,
     rid: str,
@@ -139,7 +165,7 @@ async def admit(
     model: str = "",
 ) -> Verdict:
     """``gate.admit`` of a request given by its fields."""
-    ask = AdmissionAsk(rid, tenant, prompt_tokens, max_tokens, block_size, pool, nodes, model)
+    ask = admission_ask(rid, tenant, prompt_tokens, max_tokens, block_size, pool, nodes, model)
     return await gate.admit(ask, now)
 
 
@@ -158,17 +184,8 @@ async def screen(
     model: str = "",
 ) -> Verdict:
     """``gate.screen_and_admit`` of a request given by its fields."""
-    ask = AdmissionAsk(
-        rid,
-        tenant,
-        prompt_tokens,
-        max_tokens,
-        block_size,
-        pool,
-        nodes,
-        model,
-        attempt=attempt,
-        client=client,
+    ask = admission_ask(
+        rid, tenant, prompt_tokens, max_tokens, block_size, pool, nodes, model, attempt, client
     )
     return await gate.screen_and_admit(ask, now)
 

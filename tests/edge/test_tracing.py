@@ -5,35 +5,21 @@ spans reach an OTLP/HTTP collector as the OTLP protocol encodes them."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from router.tracing import Tracing
-from tests.edgekit import _serve, bearer, completion, edge
+from tests.edgekit import _serve, bearer, completion, edge, recording_engine
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
 
 
 async def test_spans_continue_the_clients_trace_and_reach_the_engine() -> None:
-    seen: list[Any] = []
-
-    async def engine(request: web.Request) -> web.Response:
-        seen.append(request.headers.copy())
-        body = {
-            "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 1},
-        }
-        return web.json_response(body)
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", engine)
-    runner, url = await _serve(app)
     exporter = InMemorySpanExporter()
-    try:
+    async with recording_engine() as (url, seen):
         async with edge() as plain:
             assert not plain.router.tracing.on  # off unless an endpoint is set
         async with edge(tracing=Tracing(None, "kvgate-router/test", exporter=exporter)) as e:
@@ -42,13 +28,11 @@ async def test_spans_continue_the_clients_trace_and_reach_the_engine() -> None:
             for _ in range(50):
                 headers = {**bearer("sk-alpha"), "traceparent": PARENT}
                 status, _, _ = await e.call("POST", "/v1/completions", completion(), headers)
-                if seen:
+                if seen.headers:
                     break
                 await asyncio.sleep(0.05)
-            assert status == 200 and seen
+            assert status == 200 and seen.headers
             e.router.tracing.shutdown()
-    finally:
-        await runner.cleanup()
     spans = exporter.get_finished_spans()
     names = {s.name for s in spans}
     assert {"kvgate.request", "kvgate.admission", "kvgate.route", "kvgate.proxy"} <= names
@@ -56,7 +40,7 @@ async def test_spans_continue_the_clients_trace_and_reach_the_engine() -> None:
     assert f"{last.context.trace_id:032x}" == TRACE  # the client's trace goes on
     by_id = {s.context.span_id: s for s in spans}
     assert by_id[last.parent.span_id].name == "kvgate.request"  # proxy is the request's child
-    sent = seen[-1]["traceparent"]
+    sent = seen.headers[-1]["traceparent"]
     assert sent.split("-")[1] == TRACE and sent.split("-")[2] == f"{last.context.span_id:016x}"
 
 

@@ -18,26 +18,10 @@ from streams.kafka import KafkaBus, ensure_topics
 from streams.schemas import Outcome
 from streams.settings import KafkaSettings
 from streams.topics import OUTCOMES
+from tests.factories import outcome
 from tests.integration.cluster import read_topic
 
 pytestmark = pytest.mark.integration
-
-
-def _outcome(rid: str, error: str | None = None) -> Outcome:
-    return Outcome(
-        request_id=rid,
-        ts=1.0,
-        router_id="r",
-        node_id="n1",
-        status="ok",
-        http_status=200,
-        ttft_s=0.1,
-        tpot_s=0.01,
-        e2e_s=0.5,
-        prompt_tokens=10,
-        output_tokens=5,
-        error=error,
-    )
 
 
 async def test_a_record_the_broker_refuses_is_set_aside_and_the_rest_delivered(
@@ -48,8 +32,8 @@ async def test_a_record_the_broker_refuses_is_set_aside_and_the_rest_delivered(
     await bus.start()
     try:
         # 2 MiB: under the producer's request limit (8 MiB), over the broker's (1 MiB)
-        await bus.publish(OUTCOMES, "big", _outcome("big", error="x" * (2 << 20)))
-        await bus.publish(OUTCOMES, "after", _outcome("after"))
+        await bus.publish(OUTCOMES, "big", outcome("big", error="x" * (2 << 20)))
+        await bus.publish(OUTCOMES, "after", outcome("after"))
         await asyncio.wait_for(bus.flush(), 30)  # not stuck behind the refused record
         assert bus.refused == {OUTCOMES.name(kafka_settings.namespace): 1}
         assert bus.queued == 0
