@@ -50,6 +50,7 @@ from router.flow.refusals import Refusal
 from router.http.upstream import Upstream
 from router.loops import Loops
 from router.settings import RouterSettings
+from router.sse import ResponseWatch
 
 if TYPE_CHECKING:
     from router.runtime import Router
@@ -65,7 +66,6 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 MAX_BODY_CHUNKS = 4096
-MAX_PENDING_RESPONSE = 1 << 20  # response bytes held while looking for a whole event
 HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
 
 
@@ -106,58 +106,6 @@ def immediate(status: int, body: bytes, headers: dict[str, str]) -> ep.Processin
     )
 
 
-@dataclass
-class _Watch:
-    """What the response says so far."""
-
-    status: int = 0
-    first_token_s: float | None = None
-    output_tokens: int = 0
-    usage: dict[str, Any] | None = None
-    buffer: bytes = b""
-
-    def chunk(self, data: bytes, now: float) -> None:
-        """An SSE or JSON piece of the response body."""
-        self.buffer += data
-        if len(self.buffer) > MAX_PENDING_RESPONSE:  # no event boundary in sight: stop reading
-            self.buffer = b""
-            return
-        if b"\n\n" not in self.buffer and not data.strip().endswith(b"}"):
-            return
-        events, _, rest = self.buffer.rpartition(b"\n\n")
-        if not events and not rest.lstrip().startswith(b"{"):
-            return
-        self.buffer = rest if events else b""
-        for raw in events.split(b"\n\n") if events else [rest]:
-            line = raw.strip()
-            if line.startswith(b"data:"):
-                line = line[5:].strip()
-            if not line or line == b"[DONE]":
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if isinstance(obj.get("usage"), dict):
-                self.usage = obj["usage"]
-            for choice in obj.get("choices") or ():
-                if not isinstance(choice, dict):
-                    continue
-                delta = choice.get("delta") or choice.get("message") or {}
-                text = choice.get("text") or (
-                    delta.get("content") if isinstance(delta, dict) else None
-                )
-                more = isinstance(delta, dict) and any(
-                    delta.get(k) for k in ("reasoning_content", "reasoning", "tool_calls")
-                )
-                if text or more:
-                    self.output_tokens += 1
-                    if self.first_token_s is None:
-                        self.first_token_s = now
-
-
 @dataclass(frozen=True, slots=True)
 class EppParts:
     """What the endpoint picker uses of its router."""
@@ -181,7 +129,7 @@ class _Exchange:
     body_bytes: int = 0
     request_id: str | None = None
     started: float = field(default_factory=time.time)
-    watch: _Watch = field(default_factory=_Watch)
+    watch: ResponseWatch = field(default_factory=ResponseWatch)
     done: bool = False
     subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
 

@@ -1,0 +1,68 @@
+"""Reading an OpenAI answer as it passes by (SSE events or one JSON body) without holding it up:
+what the endpoint picker learns of the responses Envoy forwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["MAX_PENDING_RESPONSE", "ResponseWatch"]
+
+MAX_PENDING_RESPONSE = 1 << 20  # response bytes held while looking for a whole event
+
+
+@dataclass
+class ResponseWatch:
+    """What a response streamed past the endpoint picker says so far: its status, the first
+    token (text, content, reasoning or a tool call), output tokens counted per event and the
+    usage of its last chunk. Bounded: a response with no event boundary within
+    ``MAX_PENDING_RESPONSE`` bytes is not read further."""
+
+    status: int = 0
+    first_token_s: float | None = None
+    output_tokens: int = 0
+    usage: dict[str, Any] | None = None
+    buffer: bytes = b""
+
+    def chunk(self, data: bytes, now: float) -> None:
+        """An SSE or JSON piece of the response body."""
+        self.buffer += data
+        if len(self.buffer) > MAX_PENDING_RESPONSE:  # no event boundary in sight: stop reading
+            self.buffer = b""
+            return
+        if b"\n\n" not in self.buffer and not data.strip().endswith(b"}"):
+            return
+        events, _, rest = self.buffer.rpartition(b"\n\n")
+        if not events and not rest.lstrip().startswith(b"{"):
+            return
+        self.buffer = rest if events else b""
+        for raw in events.split(b"\n\n") if events else [rest]:
+            line = raw.strip()
+            if line.startswith(b"data:"):
+                line = line[5:].strip()
+            if not line or line == b"[DONE]":
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if isinstance(obj.get("usage"), dict):
+                self.usage = obj["usage"]
+            for choice in obj.get("choices") or ():
+                if not isinstance(choice, dict):
+                    continue
+                delta = choice.get("delta") or choice.get("message") or {}
+                text = choice.get("text") or (
+                    delta.get("content") if isinstance(delta, dict) else None
+                )
+                more = isinstance(delta, dict) and any(
+                    delta.get(k) for k in ("reasoning_content", "reasoning", "tool_calls")
+                )
+                if text or more:
+                    self.output_tokens += 1
+                    if self.first_token_s is None:
+                        self.first_token_s = now
