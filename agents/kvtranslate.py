@@ -323,7 +323,6 @@ class KvHealth:
     _load_ref: int | None = None  # running + waiting at the first scrape after the last batch
     _new_work: bool = False  # more requests than that since the last batch
     _prompt_tokens: float = 0.0
-    _load: int | None = None
     _unexplained_s: float | None = None  # when growth no batch accounts for was first seen
     _translated_s: float | None = None  # last time a stored block was chained
     _untranslatable_s: float | None = None  # last time one could not be
@@ -341,7 +340,7 @@ class KvHealth:
                 self._new_work = True
             elif now - self._last_batch_s <= self.tail_s:
                 self._base = prompt_tokens_total  # the batch's requests finishing
-        self._prompt_tokens, self._load = prompt_tokens_total, load
+        self._prompt_tokens = prompt_tokens_total
         grew = prompt_tokens_total - self._base
         if grew < self.min_prompt_tokens:
             self._unexplained_s = None

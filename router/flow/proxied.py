@@ -71,7 +71,7 @@ class ProxiedRequests:
         """It goes to ``node`` (again, after a re-route)."""
         f.node = node
         if hashes is not None:
-            f.hashes = list(hashes)
+            f.hashes = hashes
 
     def first_token(self, f: Flight, node: str) -> None:
         """Its first token came back from ``node``: the prefill is done (the node holds the
