@@ -81,7 +81,9 @@ async def test_four_routers_racing_never_exceed_the_watermarks() -> None:
         results = await asyncio.gather(*(client(i) for i in range(32)))
         total = sum(NODES)
         assert max(held_samples) <= total  # high priority may use all of it, nobody more
-        assert sum(r[0] for r in results) > 20 and sum(r[1] for r in results) > 50
+        # both outcomes happen: ~150 blocks a request and 30 % never released fill the 1,600
+        # blocks after a dozen admissions; how many more depends on the interleaving (20-70 seen)
+        assert sum(r[0] for r in results) >= 10 and sum(r[1] for r in results) > 50
         held, _ = await gates[0].store.held("default")
         live = await gates[0].store.count()
         reserve = sum(e.kv_blocks for e in events if e.kind == "reserve")
