@@ -21,14 +21,14 @@ import aiohttp
 
 from agents.enginemetrics import EngineStats, parse_metrics
 from agents.kvtranslate import KvHealth, KvTranslator, Restarts
+from agents.prewarm import Prewarmer
+from agents.probe import PrefillProbe
 from agents.settings import AgentSettings
 from agents.vllm_events import KvEventSubscriber
-from streams.codec import decode
-from streams.exceptions import SchemaError
 from streams.fit import admissible_blocks
-from streams.kafka import KafkaBus, make_consumer
-from streams.schemas import ControlMessage, Heartbeat, KvEventBatch
-from streams.topics import CONTROL, HEARTBEATS, KV_EVENTS
+from streams.kafka import KafkaBus
+from streams.schemas import Heartbeat, KvEventBatch
+from streams.topics import HEARTBEATS, KV_EVENTS
 
 __all__ = ["NodeAgent", "new_epoch"]
 
@@ -57,10 +57,10 @@ class NodeAgent:
         self._rates = (0.0, 0.0)
         self._flush_now = asyncio.Event()
         self._kv_lock = asyncio.Lock()
-        self.prewarmed = 0
         self._warned_degraded = False
         self.adapters: list[str] = []  # LoRA adapters the engine serves
         self.max_model_len: int | None = None  # the engine's context limit (/v1/models)
+        self.served_model: str | None = None  # its base model's name (/v1/models)
         self.scrape_failures = 0
         self.kv_index_state: Literal["events", "approximate", "degraded"] = "events"
         rank = settings.data_parallel_rank
@@ -70,6 +70,16 @@ class NodeAgent:
         key = settings.engine_api_key
         self._auth = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self._models_read_s = -float("inf")
+        engine_headers = {**self._rank_header, **self._auth}
+        self.prewarmer = Prewarmer(settings, bus, engine_headers)
+        self.probe = PrefillProbe(
+            settings.engine_url, engine_headers, settings.prefill_probe_tokens
+        )
+
+    @property
+    def prewarmed(self) -> int:
+        """Pre-warm advice the engine carried out."""
+        return self.prewarmer.prewarmed
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -79,14 +89,17 @@ class NodeAgent:
             stats = await self._scrape(http)
             if stats is not None:
                 self.translator.block_size = stats.block_size
+                await self._read_adapters(http)
+                await self._probe(http)  # before the first heartbeat: no router sends work yet
             tasks = [
                 asyncio.create_task(self._heartbeats(http)),
                 asyncio.create_task(self._flusher()),
+                asyncio.create_task(self._probing(http)),
             ]
             if self.settings.kv_events_endpoint:
                 tasks.append(asyncio.create_task(self._subscribe(self.settings.kv_events_endpoint)))
             if self.settings.prewarm:
-                tasks.append(asyncio.create_task(self._prewarm(http)))
+                tasks.append(asyncio.create_task(self.prewarmer.run(http)))
             await self._publish_kv(snapshot=True)
             try:
                 await asyncio.gather(*tasks)
@@ -135,6 +148,7 @@ class NodeAgent:
             log.info("engine %s restarted: resetting its blocks", self.settings.engine_url)
             self.restarts.seen("metrics", now)  # (counted once if the events saw it too)
             self.translator.reset()
+            self.probe.restarted()
             self._flush_now.set()
         self._last_stats, self._last_scrape_s = stats, now
         return stats
@@ -167,6 +181,15 @@ class NodeAgent:
             and 0 < m["max_model_len"] <= 1 << 30
         ]
         self.max_model_len = max(lengths) if lengths else self.max_model_len
+        bases = [
+            m["id"]
+            for m in data
+            if isinstance(m, dict)
+            and not m.get("parent")
+            and isinstance(m.get("id"), str)
+            and 0 < len(m["id"]) <= 200
+        ]
+        self.served_model = bases[0] if bases else self.served_model
         self.adapters = sorted(
             {
                 m["id"]
@@ -178,6 +201,30 @@ class NodeAgent:
                 and m["parent"]
             }
         )[:256]
+
+    async def _probe(self, http: aiohttp.ClientSession) -> None:
+        """Measure the engine's prefill rate (agents/probe.py) when it is due (this agent's
+        start, an engine restart) and the engine was idle at the last scrape; at most
+        ``prefill_probe_timeout_s``."""
+        stats = self._last_stats
+        if stats is None or not self.settings.prefill_probe:
+            return
+        model = self.served_model or stats.model_name
+        idle = stats.running == 0 and stats.waiting == 0
+        if model and self.probe.ready(time.time(), idle):
+            try:
+                await asyncio.wait_for(
+                    self.probe.measure(http, model, self.max_model_len, time.time()),
+                    self.settings.prefill_probe_timeout_s,
+                )
+            except TimeoutError:
+                self.probe.failed(time.time())
+
+    async def _probing(self, http: aiohttp.ClientSession) -> None:
+        """Probe again whenever it is due (beside the heartbeats, which it never delays)."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await self._probe(http)
 
     async def _sglang_blocks(self, http: aiohttp.ClientSession, stats: EngineStats) -> int:
         if self._server_blocks is None:
@@ -222,6 +269,7 @@ class NodeAgent:
                     running=last.running,
                     waiting=last.waiting,
                     prompt_tokens_per_s=self._rates[0],
+                    prefill_tokens_per_s=self.probe.rate,
                     generation_tokens_per_s=self._rates[1],
                     prefix_cache_hit_rate=last.hit_rate(),
                     healthy=stats is not None,
@@ -244,58 +292,6 @@ class NodeAgent:
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)
             await asyncio.sleep(max(0.0, s.heartbeat_interval_s - (time.monotonic() - started)))
 
-    # --- pre-warm advice -----------------------------------------------------------------
-    async def _prewarm(self, http: aiohttp.ClientSession) -> None:
-        """Follow kvgate.control from its end; advice naming this node makes the engine compute
-        the hot prefix (a one-token completion on its token ids), so the next request hits."""
-        topic = CONTROL.name(self.bus.settings.namespace)
-        while True:
-            consumer = make_consumer(
-                self.bus.settings,
-                topic,
-                group_id=None,
-                client_id=f"agent-{self.settings.node_id}-control",
-                auto_offset_reset="latest",
-            )
-            try:
-                await consumer.start()
-                async for record in consumer:
-                    if record.value is None:  # a tombstone (advice withdrawn by compaction)
-                        continue
-                    try:
-                        msg = decode(ControlMessage, record.value or b"")
-                    except SchemaError:
-                        continue  # the routers dead-letter malformed control messages
-                    if msg.kind == "prewarm" and self.settings.node_id in msg.payload.get(
-                        "nodes", ()
-                    ):
-                        await self._warm(http, msg)
-            except Exception as exc:  # keep heartbeats going whatever happens here
-                log.warning("pre-warm follower restarting after %s", exc)
-                await asyncio.sleep(1.0)
-            finally:
-                await consumer.stop()
-
-    async def _warm(self, http: aiohttp.ClientSession, msg: ControlMessage) -> None:
-        body = {
-            "model": msg.payload.get("model"),
-            "prompt": msg.payload.get("prompt_token_ids", []),
-            "max_tokens": 1,
-        }
-        try:
-            async with http.post(
-                f"{self.settings.engine_url}/v1/completions",
-                json=body,
-                headers={**self._rank_header, **self._auth},
-            ) as r:
-                await r.read()
-                if r.status == 200:
-                    self.prewarmed += 1
-                else:
-                    log.warning("pre-warm refused by the engine: HTTP %d", r.status)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("pre-warm failed: %s", exc)
-
     # --- KV events -----------------------------------------------------------------------
     async def _subscribe(self, endpoint: str) -> None:
         """Engine KV events in sequence order (gaps filled from the engine's replay socket when
@@ -309,6 +305,7 @@ class NodeAgent:
                 log.info("engine event sequence restarted at %d: resetting", seq)
                 self.restarts.seen("events", time.time())
                 self.translator.reset()
+                self.probe.restarted()
             t = self.translator
             before = (t.translated_blocks, t.untranslatable_blocks)
             t.apply(batch)

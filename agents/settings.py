@@ -177,6 +177,19 @@ class AgentSettings(BaseModel):
     lease_s: float = Field(default=2.0, gt=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     prewarm: bool = Field(default=True, description="act on pre-warm advice from kvgate.control")
+    prefill_probe: bool = Field(
+        default=True,
+        description="measure the engine's prefill rate when the agent starts and after each "
+        "engine restart, while the engine is idle (a few one-token completions of uncached "
+        "prompts); heartbeats carry it so that routers price a miss in the engine's real "
+        "seconds from the first request",
+    )
+    prefill_probe_tokens: int = Field(
+        default=2048, ge=64, le=65_536, description="the long probe prompt (about; in words)"
+    )
+    prefill_probe_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="the whole probe at most (then retried later)"
+    )
 
     def ranks(self) -> list[AgentSettings]:
         """One agent's settings per data-parallel rank (itself when there is one rank)."""

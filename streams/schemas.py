@@ -73,6 +73,14 @@ class Heartbeat(Message):
     waiting: int = Field(ge=0)
     prompt_tokens_per_s: float = Field(default=0.0, ge=0)
     generation_tokens_per_s: float = Field(default=0.0, ge=0)
+    prefill_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e8,
+        description="the engine's prefill rate (uncached prompt tokens per second) as its agent "
+        "measured it on the idle engine (agents/probe.py); routers price a miss with it until "
+        "their own requests taught them the rate (None: not measured)",
+    )
     prefix_cache_hit_rate: float = Field(default=0.0, ge=0, le=1)
     healthy: bool = True
     draining: bool = False

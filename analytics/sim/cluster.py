@@ -234,9 +234,10 @@ class SimCluster:
         best node) (``queued``: it is in the router's queue already)."""
         r = self.trace.requests[idx]
         rid = f"r{idx}"
+        reported = self.profile.prefill_tokens_per_s if self.cfg.prefill_probe else 0.0
         views = [
             n.view.with_router_state(
-                *self.ledger.router_state(n.node_id, n.view.heartbeat_ts, now, MODEL)
+                *self.ledger.router_state(n.node_id, n.view.heartbeat_ts, now, MODEL, reported)
             )
             for n in self.nodes
             if n.view is not None

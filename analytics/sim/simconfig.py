@@ -50,6 +50,9 @@ class SimConfig:
     pending_prefixes: bool = False
     # a request whose KV fits nowhere now waits for room (router.fit_hold_s; 0: refused at once)
     fit_hold_s: float = RouterSettings.model_fields["fit_hold_s"].default
+    # the agents measured the engines' prefill rate and heartbeats carry it (agents/probe.py,
+    # agent.prefill_probe): the profile's rate; off: routers know only what they learn
+    prefill_probe: bool = True
     node_ids: tuple[str, ...] = ()  # the nodes' names (default node-00, node-01, ...)
     # the live router's fleet rules (router/decision/fleet.py): outlier ejection, slow start, and
     # the operations on the fleet over time (drain, join, leave, canary)

@@ -16,7 +16,9 @@
   node and used as the mean over the nodes of a model, so the cost of a miss is in the engines'
   real seconds: engines 10× slower than the configured ``cost.prefill_tokens_per_s`` make misses
   10× costlier, and a router that kept the configured rate would spread prompts onto nodes that
-  must prefill them.
+  must prefill them. Until a node of the model has taught it (``PREFILL_MIN_SAMPLES``), the rate
+  its agent measured on the idle engine (the heartbeat's ``prefill_tokens_per_s``,
+  agents/probe.py), again the mean over the model's nodes that reported one.
 * **Long requests' KV** (router/decision/lanes.py): the blocks (prompt + expected output) of the
   long requests in flight on each node.
 * **Pending prefixes** (``pending``: :class:`~router.decision.recent.PendingPrefixes`): the
@@ -64,10 +66,19 @@ class _Entry:
 
 @dataclass(slots=True)
 class _Pool:
-    """The nodes of one group (a model) with a learned prefill rate, and the sum of the rates."""
+    """The nodes of one group (a model) with a learned prefill rate, and the sum of the rates;
+    the same for the rates their agents reported."""
 
     known: int = 0
     rates: float = 0.0
+    reporting: int = 0
+    reported: float = 0.0
+
+    def rate(self) -> float:
+        """Learned, else reported, else 0 (unknown)."""
+        if self.known:
+            return self.rates / self.known
+        return self.reported / self.reporting if self.reporting else 0.0
 
 
 @dataclass(slots=True)
@@ -90,6 +101,7 @@ class _Node:
     tpot: float | None = None  # observed s per output token
     prefill_rate: float = 0.0  # observed prompt tokens/s, and how many samples taught it
     prefill_samples: int = 0
+    reported_rate: float = 0.0  # what its agent measured (0: nothing reported)
     blocks: Counter[int] | None = None  # block -> holders (with track_blocks)
 
 
@@ -119,6 +131,8 @@ class InflightLedger:
 
     def _regroup(self, n: _Node, group: str) -> None:
         """``n`` serves ``group`` (its model) now: its learned rate counts in that pool."""
+        reported = n.reported_rate
+        self._report(n, 0.0)
         if n.prefill_samples >= PREFILL_MIN_SAMPLES:
             n.pool.known -= 1
             n.pool.rates -= n.prefill_rate
@@ -126,6 +140,19 @@ class InflightLedger:
         if n.prefill_samples >= PREFILL_MIN_SAMPLES:
             n.pool.known += 1
             n.pool.rates += n.prefill_rate
+        self._report(n, reported)
+
+    @staticmethod
+    def _report(n: _Node, rate: float) -> None:
+        """``n``'s agent reports ``rate`` (0: none) now."""
+        pool = n.pool
+        if n.reported_rate:
+            pool.reporting -= 1
+            pool.reported -= n.reported_rate
+        if rate:
+            pool.reporting += 1
+            pool.reported += rate
+        n.reported_rate = rate
 
     def dispatch(
         self,
@@ -256,7 +283,7 @@ class InflightLedger:
         another speed serve another model or pool."""
         n = self._nodes.get(node)
         pool = n.pool if n is not None else self._pools.get("")
-        return pool.rates / pool.known if pool is not None and pool.known else 0.0
+        return pool.rate() if pool is not None else 0.0
 
     def node_prefill_rate(self, node: str) -> float:
         """``node``'s own learned prefill rate (0: fewer than PREFILL_MIN_SAMPLES samples)."""
@@ -290,9 +317,7 @@ class InflightLedger:
                 remaining = int(expected - (k + (k * now - n.first_sum) / tpot))
                 if remaining < 0:
                     remaining = 0
-        pool = n.pool
-        known = pool.known
-        return pending, n.backlog, remaining, n.long_blocks, pool.rates / known if known else 0.0
+        return pending, n.backlog, remaining, n.long_blocks, n.pool.rate()
 
     def remaining_decode(self, node: str, now: float) -> int:
         """Output tokens this router's requests on ``node`` are still expected to produce:
@@ -307,17 +332,20 @@ class InflightLedger:
         return self._state(n, heartbeat_ts, 0.0)[0] if n is not None else 0
 
     def router_state(
-        self, node: str, heartbeat_ts: float, now: float, group: str = ""
+        self, node: str, heartbeat_ts: float, now: float, group: str = "", reported: float = 0.0
     ) -> tuple[int, int, int, int, float]:
         """What :meth:`router.decision.types.NodeView.with_router_state` takes, in one pass (the
         decision's per-node loop): :meth:`unreflected`, :meth:`prefill_backlog`,
         :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
-        node's model, whose nodes share a prefill rate)."""
+        node's model, whose nodes share a prefill rate; ``reported``: the rate its agent
+        measured, 0 when none)."""
         n = self._nodes.get(node)
         if n is None:
             n = self._nodes[node] = _Node(node, self._pool(group), group)
         elif n.group != group:
             self._regroup(n, group)
+        if reported != n.reported_rate:
+            self._report(n, reported)
         return self._state(n, heartbeat_ts, now)
 
     def prefill_backlog(self, node: str) -> int:

@@ -126,7 +126,9 @@ class ClusterView:
                     view = replace(view, running=0, waiting=0)
             out.append(
                 view.with_router_state(
-                    *self.ledger.router_state(hb.node_id, hb.ts, now, view.model)
+                    *self.ledger.router_state(
+                        hb.node_id, hb.ts, now, view.model, hb.prefill_tokens_per_s or 0.0
+                    )
                 )
             )
         if adapters or self.adapter_base:  # a base model's name is never an adapter's

@@ -153,10 +153,12 @@ class AdminApi:
             "pending": n.pending,
             "remaining_decode_tokens": n.decode_backlog_tokens,
             "prefill_backlog_tokens": n.prefill_backlog_tokens,
-            # the rate its prompts are costed at (its model's mean), its own
+            # the rate its prompts are costed at (its model's mean), its own as this router
+            # learned it, and as its agent measured it (agents/probe.py)
             "prefill_tokens_per_s": round(n.prefill_tokens_per_s, 1) or None,
             "observed_prefill_tokens_per_s": round(self.ledger.node_prefill_rate(n.node_id), 1)
             or None,
+            "reported_prefill_tokens_per_s": hb.prefill_tokens_per_s if hb is not None else None,
             "long_kv_blocks": n.long_kv_blocks,
             "kv_used_ratio": n.kv_used_ratio,
             "heartbeat_age_s": now - n.heartbeat_ts,

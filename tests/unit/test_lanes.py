@@ -305,3 +305,24 @@ def test_the_nodes_of_a_model_share_the_mean_of_their_learned_prefill_rates() ->
     assert led.router_state("b", 0.0, 1.0, "m")[4] == pytest.approx(2250)
     assert led.prefill_rate("big") == pytest.approx(500)
     assert led.node_prefill_rate("b") == pytest.approx(2500)
+
+
+def test_the_rate_the_agents_measured_counts_until_the_router_has_learned_one() -> None:
+    """Before any first token came back, a miss is priced at the rate the nodes' agents measured
+    on the idle engines (their mean per model), not at the configured constant; learned samples
+    take over; a node that moves to another model takes its report along."""
+    led = InflightLedger()
+    assert led.router_state("a", 0.0, 0.0, "m", 1900.0)[4] == pytest.approx(1900)
+    assert led.router_state("b", 0.0, 0.0, "m", 2100.0)[4] == pytest.approx(2000)
+    assert led.router_state("c", 0.0, 0.0, "m")[4] == pytest.approx(2000)  # its agent did not
+    assert led.router_state("big", 0.0, 0.0, "m70", 500.0)[4] == pytest.approx(500)
+    led.router_state("b", 0.0, 0.0, "m", 2300.0)  # re-measured after an engine restart
+    assert led.prefill_rate("a") == pytest.approx(2100)
+    led.router_state("b", 0.0, 0.0, "m70", 2300.0)  # b serves the big model now
+    assert led.prefill_rate("a") == pytest.approx(1900)
+    assert led.prefill_rate("big") == pytest.approx(1400)
+    for i in range(3):  # a's own first tokens: 1,000 tokens in 0.8 s
+        led.dispatch(f"a{i}", "a", 10.0 * i, 1000)
+        led.first_token(f"a{i}", 10.0 * i + 0.8)
+        led.finish(f"a{i}")
+    assert led.router_state("c", 0.0, 40.0, "m")[4] == pytest.approx(1250)
