@@ -61,6 +61,7 @@ class NodeAgent:
         self.adapters: list[str] = []  # LoRA adapters the engine serves
         self.max_model_len: int | None = None  # the engine's context limit (/v1/models)
         self.served_model: str | None = None  # its base model's name (/v1/models)
+        self.model_source: str | None = None  # and what it serves it from (its root)
         self.scrape_failures = 0
         self.kv_index_state: Literal["events", "approximate", "degraded"] = "events"
         rank = settings.data_parallel_rank
@@ -182,14 +183,17 @@ class NodeAgent:
         ]
         self.max_model_len = max(lengths) if lengths else self.max_model_len
         bases = [
-            m["id"]
+            m
             for m in data
             if isinstance(m, dict)
             and not m.get("parent")
             and isinstance(m.get("id"), str)
             and 0 < len(m["id"]) <= 200
         ]
-        self.served_model = bases[0] if bases else self.served_model
+        if bases:
+            root = bases[0].get("root")
+            self.served_model = bases[0]["id"]
+            self.model_source = root if isinstance(root, str) and 0 < len(root) <= 500 else None
         self.adapters = sorted(
             {
                 m["id"]
@@ -257,6 +261,7 @@ class NodeAgent:
                     endpoint=s.advertise_url or s.engine_url,
                     pool=s.pool,
                     model=last.model_name or "unknown",
+                    model_source=self.model_source,
                     block_size=last.block_size,
                     kv_blocks_total=last.num_gpu_blocks,
                     kv_blocks_used=round(last.kv_usage * last.num_gpu_blocks),

@@ -47,7 +47,7 @@ class Param:
     integer: bool = False
 
 
-# the kvgate policy's weights that shape its decisions (router/settings.py CostWeights); the
+# the kvgate policy's weights that shape its decisions (router/decision/weights.py CostWeights); the
 # engine-model terms (step times, prefill rate) are measurements, not weights: not searched
 SPACE: dict[str, Param] = {
     "prefill_weight": Param(0.1, 20.0, log=True),

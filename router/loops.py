@@ -5,7 +5,9 @@
   that ran out expire with an event (router/flow/flight.py says who owns what);
 * the degraded-feed prober: without a live feed the router asks the last-known engines
   itself (``GET /health``);
-* the admission queue's pump.
+* the admission queue's pump;
+* the tokenizer lookup: models the heartbeats name a source for get their tokenizer when this
+  machine has it (router/flow/tokenizers.py).
 
 A loop that fails goes on (with the next tick) and says so in :meth:`Loops.failing`, which
 ``/ready`` and the endpoint picker's readiness read.
@@ -25,6 +27,7 @@ from router.control import ControlFollower
 from router.feed import FeedWatch
 from router.flow.external import ExternalRequests
 from router.flow.flight import Flights
+from router.flow.tokenizers import TokenizerDiscovery
 from router.flow.views import ClusterView
 from router.http.upstream import Upstream
 from router.settings import RouterSettings
@@ -33,6 +36,8 @@ from streams.replica import TableReplica
 __all__ = ["Loops"]
 
 log = logging.getLogger(__name__)
+
+TOKENIZER_LOOKUP_S = 2.0  # how often new (model, source) pairs are looked for
 
 
 def _why(exc: Exception) -> str:
@@ -62,6 +67,7 @@ class Loops:
         # the weights follower and the ledger reconciler, when the runtime has them
         self.control: ControlFollower | None = None
         self.reconciler: Reconciler | None = None
+        self.tokenizers: TokenizerDiscovery | None = None  # models' tokenizers, looked up
         self._failing: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._pump: asyncio.Task[None] | None = None
@@ -72,6 +78,7 @@ class Loops:
         self._tasks = [
             asyncio.create_task(self._sweep()),
             asyncio.create_task(self._probe()),
+            asyncio.create_task(self._discover()),
             self._pump,
         ]
 
@@ -91,6 +98,21 @@ class Loops:
             except Exception as exc:  # the loop goes on; /ready says so meanwhile
                 self._failing["prober"] = _why(exc)
                 log.exception("engine probes failed")
+
+    async def _discover(self) -> None:
+        """Look up the tokenizer of each model the heartbeats name a source for (once per
+        source, in a thread: files and parsing), and use it once found."""
+        while True:
+            found = self.tokenizers
+            try:
+                for model, source in found.due(self.replica.load.values()) if found else ():
+                    assert found is not None
+                    tokenization = await asyncio.to_thread(found.look_up, model, source)
+                    if tokenization is not None:
+                        found.install(model, tokenization)
+            except Exception:  # the loop goes on; the model stays approximate meanwhile
+                log.exception("tokenizer lookup failed")
+            await asyncio.sleep(TOKENIZER_LOOKUP_S)
 
     async def _sweep(self) -> None:
         """The requests this router is serving keep their leases (renewed as they run out);

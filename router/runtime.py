@@ -34,6 +34,7 @@ from router.flow.flight import Flights
 from router.flow.intake import IntakeReader
 from router.flow.proxied import ProxiedRequests
 from router.flow.recorder import Recorder
+from router.flow.tokenizers import TokenizerDiscovery
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
 from router.http.admin import AdminApi
@@ -150,6 +151,7 @@ def build_router(
         s, gate, flights, ledger, views, queue, calibration, recorder, metrics
     )
     loops = Loops(s, router_id, gate, flights, external, views, upstream)
+    loops.tokenizers = TokenizerDiscovery(s, reader.tokenizations)
     prefill = PrefillLeg(s, upstream, gate, views, ledger, director, metrics)
     openai = OpenAiApi(s, entry, director, proxied, upstream, prefill, tokens, tracing, feed)
     gateway = GatewayApi(s, metrics, entry, external, gate, flights)

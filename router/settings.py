@@ -6,153 +6,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from router.decision.weights import (
+    CostWeights,
+    LaneSettings,
+    OutlierSettings,
+    SeedWeights,
+    SlowStartSettings,
+)
 from streams.tokenization import TokenizerSpec
 
-__all__ = [
-    "CostWeights",
-    "LaneSettings",
-    "OutlierSettings",
-    "RouterSettings",
-    "SeedWeights",
-    "SlowStartSettings",
-]
-
-
-class LaneSettings(BaseModel):
-    """Head-of-line isolation of long requests (router/decision/lanes.py)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = True
-    long_prompt_tokens: int = Field(
-        default=8192, ge=1, description="an uncached prompt this long is a long request"
-    )
-    long_output_tokens: int = Field(
-        default=1024, ge=1, description="an expected output this long is a long request"
-    )
-    max_long_kv_share: float = Field(
-        default=0.5, gt=0, le=1, description="of a node's KV blocks, for long requests"
-    )
-    hold: bool = Field(
-        default=True, description="requests wait in the router while the engines are queued"
-    )
-    hold_queue_s: float = Field(
-        default=1.0, ge=0, description="… more than this much prefill queued on the best node"
-    )
-    long_yield_s: float = Field(
-        default=10.0, ge=0, description="a long request yields to short ones this much younger"
-    )
-    hold_max_s: float = Field(default=60.0, ge=0, description="a request waits at most this")
-    max_waiting: int = Field(
-        default=10_000, ge=0, description="requests the router's queue holds (then: sent at once)"
-    )
-    lane: bool = Field(default=False, description="prefill long prompts on a lane of nodes")
-    lane_floor: float = Field(default=0.125, ge=0, le=1, description="of the pool's nodes")
-    lane_ceiling: float = Field(default=0.5, ge=0, le=1, description="of the pool's nodes")
-    lane_headroom: float = Field(
-        default=1.5, ge=1, description="lane size = long prompts' share of prefill work × this"
-    )
-    lane_window_s: float = Field(
-        default=60.0, gt=0, description="half-life of the prefill work the lane is sized on"
-    )
-    spill_queue_s: float = Field(
-        default=0.5,
-        ge=0,
-        description="short requests use lane nodes when every other node has this much "
-        "prefill queued",
-    )
-
-
-class SeedWeights(BaseModel):
-    """Weights of the seed score (DESIGN.md): higher score wins. Bounded: a weights message
-    outside the bounds is refused as a whole."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    version: int = Field(default=1, ge=0)
-    hit: float = Field(default=0.5, ge=0, le=100)
-    load: float = Field(default=0.3, ge=0, le=100)
-    queue: float = Field(default=0.05, ge=0, le=100)
-    unhealthy: float = Field(default=0.1, ge=0, le=100)
-    slo: float = Field(default=0.1, ge=0, le=100)
-
-
-class CostWeights(BaseModel):
-    """The completion-cost model of the ``kvgate`` policy (defaults: the documented engine
-    profile, docs/engine-model.md). ``version`` is recorded with every decision."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    version: int = Field(default=1, ge=0)
-    prefill_tokens_per_s: float = Field(default=25_000.0, gt=0, le=1e8)
-    step_base_s: float = Field(default=0.00845, ge=0, le=10)
-    step_per_seq_s: float = Field(default=0.00003, ge=0, le=1)
-    step_per_context_token_s: float = Field(default=5.59e-8, ge=0, le=1e-3)
-    prefill_weight: float = Field(
-        default=3.0,
-        ge=0,
-        le=100,
-        description="weight of the uncached prefill (>1 values cache hits more)",
-    )
-    interference: float = Field(
-        default=0.0, ge=0, le=100, description="weight of the stall on others"
-    )
-    decode_horizon_tokens: int = Field(default=32, ge=0, le=100_000)
-    kv_soft_limit: float = Field(default=0.85, ge=0, le=1)
-    kv_pressure_s: float = Field(
-        default=5.0, ge=0, le=3600, description="cost per unit of KV over limit"
-    )
-    prefill_ewma: float = Field(default=0.1, gt=0, le=1)
-    load_ewma: float = Field(default=0.5, gt=0, le=1, description="smoothing of heartbeats")
-    stale_grace_s: float = Field(default=0.5, ge=0, le=600, description="index lag that is normal")
-    stale_tau_s: float = Field(
-        default=1.0, gt=0, le=3600, description="trust decay of a lagging index"
-    )
-    session_affinity_s: float = Field(
-        default=0.1, ge=0, le=600, description="bonus of a session's home node (0: no affinity)"
-    )
-    affinity_load_bound: float = Field(
-        default=1.25, ge=1, le=100, description="home nodes above this × mean load are skipped"
-    )
-
-
-class OutlierSettings(BaseModel):
-    """Outlier ejection on the outcomes the router sees (Envoy's outlier detection; names and
-    defaults follow its ``OutlierDetection`` message, router/decision/outlier.py)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = True
-    consecutive_errors: int = Field(
-        default=5, ge=1, description="5xx, timeouts and connection errors in a row that eject"
-    )
-    interval_s: float = Field(default=10.0, gt=0, description="success-rate analysis interval")
-    base_ejection_time_s: float = Field(default=30.0, gt=0, description="× ejections so far")
-    max_ejection_time_s: float = Field(default=300.0, gt=0)
-    max_ejection_percent: float = Field(
-        default=10.0, ge=0, le=100, description="of the nodes at once (at least one)"
-    )
-    success_rate_minimum_hosts: int = Field(default=5, ge=1)
-    success_rate_request_volume: int = Field(default=100, ge=1, description="per interval")
-    success_rate_stdev_factor: float = Field(default=1.9, gt=0)
-    probe_successes: int = Field(
-        default=1, ge=1, description="successes in a row before a probing node is trusted again"
-    )
-    probe_timeout_s: float = Field(
-        default=60.0, gt=0, description="a probe with no outcome after this long failed"
-    )
-
-
-class SlowStartSettings(BaseModel):
-    """A new replica's ramp-up (Envoy's ``slow_start_config``): offered a request with
-    probability max(min_weight, (age / window_s) ** (1 / aggression)) while younger than
-    window_s."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    window_s: float = Field(default=60.0, ge=0, description="0: no slow start")
-    aggression: float = Field(default=1.0, gt=0)
-    min_weight: float = Field(default=0.1, gt=0, le=1)
+__all__ = ["RouterSettings"]
 
 
 class RouterSettings(BaseModel):
@@ -223,7 +86,20 @@ class RouterSettings(BaseModel):
     tokenizers: dict[str, TokenizerSpec] = Field(
         default_factory=dict,
         description="model -> its tokenizer and chat template (engine-exact block hashes); "
-        "models without one are tokenized approximately",
+        "models without one are looked up (tokenizer_discovery), else tokenized approximately",
+    )
+    tokenizer_discovery: bool = Field(
+        default=True,
+        description="find a model's tokenizer from what its engines serve it from (the "
+        "heartbeat's model_source: a folder of tokenizer_dirs, or the Hugging Face cache for a "
+        "repository id), loaded once per process and checked against the engine like a "
+        "configured one",
+    )
+    tokenizer_dirs: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="folders holding model folders (the engines' models volume, e.g. /models): "
+        "an engine serving .../<name> is looked up as <dir>/<name>/tokenizer.json",
     )
     offload_hit_value: float = Field(
         default=0.5,

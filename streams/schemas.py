@@ -56,6 +56,13 @@ class Heartbeat(Message):
     pool: str = "default"
     model: str = Field(min_length=1)
     role: NodeRole = "mixed"
+    model_source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="what the engine serves the model from (vLLM's /v1/models root: a path or a "
+        "Hugging Face repository id); routers look its tokenizer up by it",
+    )
     block_size: int = Field(gt=0)
     kv_blocks_total: int = Field(ge=0)
     kv_blocks_used: int = Field(ge=0)

@@ -37,7 +37,8 @@ from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names, with_router
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
-from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
+from router.decision.weights import OutlierSettings, SlowStartSettings
+from router.settings import RouterSettings
 
 __all__ = ["bench_fleet"]
 

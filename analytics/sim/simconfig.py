@@ -12,7 +12,8 @@ from agents.profile import EngineProfile
 from analytics.autoscale import AutoscaleSettings
 from analytics.sim.traces import TraceRequest
 from router.decision.placement import FREE, Placement
-from router.settings import LaneSettings, OutlierSettings, RouterSettings, SlowStartSettings
+from router.decision.weights import LaneSettings, OutlierSettings, SlowStartSettings
+from router.settings import RouterSettings
 
 __all__ = [
     "MODEL",

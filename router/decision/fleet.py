@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from router.decision.outlier import OutlierDetector
 from router.decision.types import NodeView
-from router.settings import OutlierSettings, SlowStartSettings
+from router.decision.weights import OutlierSettings, SlowStartSettings
 
 __all__ = ["CanaryGroup", "Fleet", "Selection"]
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from admission.settings import SloClass
 from router.decision.types import NodeView
-from router.settings import LaneSettings
+from router.decision.weights import LaneSettings
 
 __all__ = [
     "LaneFacts",

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from router.settings import OutlierSettings
+from router.decision.weights import OutlierSettings
 
 __all__ = ["Failure", "NodeHealth", "OutlierDetector"]
 

@@ -183,6 +183,7 @@ class AdminApi:
                 **d.fleet.state(now),
                 "token_calibration": d.calibration.report(),
                 "tokenization_checks": self.tokencheck.report(),
+                "tokenizers": t.report() if (t := self.loops.tokenizers) is not None else {},
                 "replica_caught_up": self.replica.caught_up.is_set(),
                 "indexed_blocks": len(self.replica.index),
                 **await self._budgets(views, now),

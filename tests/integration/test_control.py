@@ -11,7 +11,7 @@ import pytest
 
 from deploy.procs import Supervisor
 from router.control import weights_message
-from router.settings import CostWeights
+from router.decision.weights import CostWeights
 from streams.kafka import KafkaBus
 from streams.schemas import ControlMessage, Decision
 from streams.settings import KafkaSettings

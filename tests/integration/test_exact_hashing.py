@@ -6,6 +6,7 @@ router's own hashes. A router without the tokenizer (approximate text chunks) fi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,9 @@ from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
 from streams.openai import ChatMessage, ChatRequest
 from streams.settings import KafkaSettings
-from streams.tokenization import TokenizerSpec, load_tokenization
+from streams.tokenization import TokenizerSpec, load_tokenization, read_source
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, post
+from tests.integration.cluster import MODEL, Cluster, get, post
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +90,47 @@ async def test_router_and_engine_agree_block_for_block(
         _, a = await post(approx, "/v1/kvgate/decide", body)
         assert a["prompt_blocks"] > 0
         assert all(c["hit_blocks"] == 0 for c in a["candidates"]), "approximate hashes matched?"
+
+
+async def test_a_router_finds_the_tokenizer_of_the_model_its_engines_serve(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    """No tokenizer configured anywhere on the router: the engine serves its model from
+    /models/kvgate-test-model (vLLM's /v1/models root), the agent says so in its heartbeats and
+    the router finds the same folder under its tokenizer_dirs; from then on its hashes are the
+    engine's, block for block."""
+    await ensure_topics(kafka_settings)
+    folder = tmp_path / "kvgate-test-model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(read_source(SPEC.tokenizer))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    supervisor.env["KVGATE_ENGINE__TOKENIZER"] = json.dumps(SPEC.model_dump(exclude_none=True))
+    supervisor.env["KVGATE_ENGINE__PROFILE__MODEL"] = "/models/kvgate-test-model"
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_worker()
+    router = c.add_router("found", {"KVGATE_ROUTER__TOKENIZER_DIRS": json.dumps([str(tmp_path)])})
+    await c.wait_ready("found", 1)
+
+    async def found() -> bool:
+        state = await get(router, "/v1/kvgate/state")
+        return bool(state["tokenizers"].get(MODEL) == "found: /models/kvgate-test-model")
+
+    await wait_until(found, 20, "the router to find the model's tokenizer", 0.25)
+    body = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "You are the support assistant of kvgate. " * 30},
+            {"role": "user", "content": "How do I tune the prefill weight?"},
+        ],
+        "max_tokens": 4,
+    }
+    status, _ = await post(router, "/v1/chat/completions", body)
+    assert status == 200
+
+    async def all_blocks_hit() -> dict[str, Any] | None:
+        _, d = await post(router, "/v1/kvgate/decide", body)
+        hit = {c["node_id"]: c["hit_blocks"] for c in d["candidates"]}
+        return d if d["prompt_blocks"] > 5 and hit.get("n1") == d["prompt_blocks"] else None
+
+    await wait_until(all_blocks_hit, 10, "every block of the prompt to hit", 0.1)

@@ -7,7 +7,7 @@ import pytest
 from router.control import apply_weights, weights_message
 from router.decision.policies.cost import CompletionCostPolicy
 from router.decision.types import NodeView, RouteRequest
-from router.settings import CostWeights
+from router.decision.weights import CostWeights
 from tests.factories import take
 from tests.unit.test_policy import NOW, node
 

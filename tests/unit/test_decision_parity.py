@@ -13,8 +13,9 @@ from analytics.sim.replay import at_load, capacity_rps, open_trace
 from analytics.sim.simconfig import SimConfig
 from router.decision.pipeline import Ask, Decision, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.policies import make_policy
+from router.decision.weights import OutlierSettings, SlowStartSettings
 from router.runtime import build_router
-from router.settings import OutlierSettings, RouterSettings, SlowStartSettings
+from router.settings import RouterSettings
 from streams.kafka import KafkaBus
 from streams.replica import TableReplica
 from streams.settings import KafkaSettings, WorkerSettings

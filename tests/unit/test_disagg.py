@@ -18,7 +18,7 @@ from router.decision.disagg import (
 )
 from router.decision.policies.cost import CompletionCostPolicy
 from router.decision.types import RouteRequest
-from router.settings import CostWeights
+from router.decision.weights import CostWeights
 from tests.factories import NOW, node_view
 
 REQ = RouteRequest("r1", "m", list(range(100)), prompt_tokens=1600, max_tokens=64)

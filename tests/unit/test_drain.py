@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from router.control import ControlFollower, canary_message, drain_message
 from router.decision.fleet import Fleet
-from router.settings import OutlierSettings, SlowStartSettings
+from router.decision.weights import OutlierSettings, SlowStartSettings
 from streams.schemas import ControlMessage
 
 

@@ -10,7 +10,7 @@ import pytest
 from router.decision.fleet import Fleet
 from router.decision.outlier import OutlierDetector
 from router.decision.types import NodeView
-from router.settings import OutlierSettings, SlowStartSettings
+from router.decision.weights import OutlierSettings, SlowStartSettings
 from tests.factories import node_view
 
 

@@ -19,8 +19,9 @@ from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
 from router.decision.policies import make_policy
 from router.decision.policies.cost import CompletionCostPolicy
 from router.decision.types import RouteRequest
+from router.decision.weights import CostWeights, LaneSettings
 from router.flow.waiting import RouterQueue, Waiting
-from router.settings import CostWeights, LaneSettings, RouterSettings
+from router.settings import RouterSettings
 from tests.factories import NOW, node_view
 
 S = LaneSettings()

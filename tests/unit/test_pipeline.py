@@ -29,7 +29,8 @@ from router.decision.pipeline import (
 from router.decision.policies import LeastRequestsPolicy, make_policy
 from router.decision.policies.cost import CompletionCostPolicy
 from router.decision.types import NodeView, RouteRequest
-from router.settings import LaneSettings, OutlierSettings, RouterSettings, SlowStartSettings
+from router.decision.weights import LaneSettings, OutlierSettings, SlowStartSettings
+from router.settings import RouterSettings
 from tests.factories import NOW, node_view
 
 BATCH: Slo = ("batch", DEFAULT_SLO_CLASSES["batch"])

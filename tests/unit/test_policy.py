@@ -1,7 +1,7 @@
 from router.decision.inflight import InflightLedger
 from router.decision.policies import SeedScorePolicy
 from router.decision.types import RouteRequest, eligible
-from router.settings import SeedWeights
+from router.decision.weights import SeedWeights
 from streams.prefix_index import PrefixIndex
 from tests.factories import NOW, take
 from tests.factories import node_view as node

@@ -11,7 +11,7 @@ from analytics.sim.cluster import simulate
 from analytics.sim.simconfig import FleetOp, SimConfig
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.policies import LeastRequestsPolicy
-from router.settings import OutlierSettings, SlowStartSettings
+from router.decision.weights import OutlierSettings, SlowStartSettings
 
 PROFILE = EngineProfile(num_gpu_blocks_override=2000, block_size=16)
 

@@ -10,7 +10,7 @@ from analytics.sim.metrics import run_metrics
 from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace, TraceRequest, hit_bound, load_trace
 from router.decision.policies import RoundRobinPolicy, SeedScorePolicy
-from router.settings import SeedWeights
+from router.decision.weights import SeedWeights
 
 PROFILE = EngineProfile(num_gpu_blocks_override=400, block_size=16)
 

@@ -25,7 +25,8 @@ from pydantic import ValidationError
 
 from router.decision.policies import make_policy
 from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest
-from router.settings import CostWeights, RouterSettings, SeedWeights
+from router.decision.weights import CostWeights, SeedWeights
+from router.settings import RouterSettings
 from streams.schemas import ControlMessage
 
 __all__ = ["WeightsCanary", "apply_weights_canary", "weights_canary_message"]

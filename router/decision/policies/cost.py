@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from router.decision.affinity import HashRing, point
 from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
-from router.settings import CostWeights
+from router.decision.weights import CostWeights
 
 __all__ = ["SESSION_HOMES", "CompletionCostPolicy", "index_confidence", "prefill_weight"]
 

@@ -12,7 +12,7 @@ from router.decision.types import (
     RouteDecision,
     RouteRequest,
 )
-from router.settings import SeedWeights
+from router.decision.weights import SeedWeights
 
 __all__ = ["SeedScorePolicy"]
 
