@@ -29,6 +29,7 @@ from analytics.sim.bench_targets import (
     speed_targets,
     targets,
 )
+from analytics.sim.coldstart import cold_start
 from analytics.sim.replay import bounds_at, capacity_rps, open_trace, replay_trace
 from analytics.sim.simconfig import SimConfig
 from router.decision.policies import POLICIES, TUNING_GRID, grid_points
@@ -133,6 +134,7 @@ def bench_routing(
                         more.append((s, lim, nodes, settings, load, caps[s]))
         for r in tracked(pool.map(_one, more), len(more), "tuned peers"):
             results.append({**r, "policy": r["policy"] + TUNED})
+        cold = cold_start(sources, nodes, policies, pool)
     speed = _speed(sources, nodes, caps)
     bounds = _bounds(sources, loads, caps)
     report = {
@@ -148,6 +150,7 @@ def bench_routing(
         "bounds": bounds,
         "sim_requests_per_min_alone": speed,
         "results": results,
+        "cold_start": cold,
     }
     write_report(report, out_dir)
     return report
@@ -226,6 +229,10 @@ def reuse(
         if "kvgate" in rerun:
             report["sim_requests_per_min_alone"] = _speed(ran, report["nodes"], caps)
     report["results"] = results
+    # the cold start is short: every policy runs it again, whatever ran again above
+    everyone = sorted({r["policy"] for r in results if not r["policy"].endswith(TUNED)})
+    with ProcessPoolExecutor(jobs) as pool:
+        report["cold_start"] = cold_start(ran, report["nodes"], everyone, pool)
     report["bounds"] = _bounds(ran, loads, caps)
     report["targets"] = (
         targets(results)

@@ -15,6 +15,7 @@ from analytics.sim.bench_targets import (
     TUNED,
     run_params,
 )
+from analytics.sim.coldstart import cold_markdown
 
 __all__ = ["KEYS", "SPEED_RUNS", "fmt", "write_report"]
 
@@ -205,6 +206,7 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
         for r in sorted(rows, key=lambda x: x["ttft_p99_s"] or 0):
             lines.append(f"| {r['policy']} | " + " | ".join(fmt(r.get(k)) for k in KEYS) + " |")
         lines.append("")
+    lines += cold_markdown(report.get("cold_start"), fmt)
     alone = report["sim_requests_per_min_alone"]
     lines += [
         "## Simulator speed",

@@ -80,11 +80,13 @@ def replay_trace(
     ttft_slo_s: float = 2.0,
     tpot_slo_s: float = 0.1,
     measure_from_s: float = 0.0,
+    measure_until_s: float | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace``; ``load`` (e.g. 0.8) rescales arrivals to that fraction of the measured
     capacity, ``None`` keeps the trace's own timing. ``policy`` is a policy name or the whole
     router configuration (policy and weights) to evaluate. Requests arriving in the first
-    ``measure_from_s`` seconds are simulated (they warm the caches) but not measured."""
+    ``measure_from_s`` seconds are simulated (they warm the caches) but not measured, nor are
+    those arriving ``measure_until_s`` or later (they load the engines)."""
     cfg = replace(cfg or SimConfig(), nodes=nodes, seed=seed)
     cap = None
     if load is not None:
@@ -102,10 +104,13 @@ def replay_trace(
     done = simulate(trace, make_policy(settings), cfg, stats, refused)
     wall = time.perf_counter() - started
     final = [r for r in refused if r.final]
-    if measure_from_s > 0 and trace.requests:
+    if (measure_from_s > 0 or measure_until_s is not None) and trace.requests:
         since = trace.requests[0].arrival_s + measure_from_s
-        done = [d for d in done if d.request.arrival_s >= since]
-        final = [r for r in final if trace.requests[r.index].arrival_s >= since]
+        until = trace.requests[0].arrival_s + (
+            measure_until_s if measure_until_s is not None else float("inf")
+        )
+        done = [d for d in done if since <= d.request.arrival_s < until]
+        final = [r for r in final if since <= trace.requests[r.index].arrival_s < until]
     profile = node_profile(cfg, trace.block_size)
     out = run_metrics(
         done,

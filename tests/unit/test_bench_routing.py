@@ -1,5 +1,6 @@
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,12 +33,28 @@ def test_bench_writes_every_number_and_the_targets(tmp_path: Path) -> None:
     kvgate = next(r for r in saved["results"] if r["policy"] == "kvgate")
     assert floor["ttft_floor_p99_s"] <= kvgate["ttft_p99_s"]
     assert "TTFT floor p50" in md
+    cold = saved["cold_start"]  # every policy's first minute, and kvgate's without the probe
+    assert {(r["policy"], r["load"]) for r in cold["results"]} == {
+        (p, load)
+        for p in ("round_robin", "least_requests", "kvgate", "kvgate, no probe")
+        for load in cold["loads"]
+    }
+    assert "## Cold start" in md and "| kvgate, no probe |" in md
 
     # the targets again from the saved runs, without simulating
     source = [("shared_prompt", 300)]
     again = reuse(source, tmp_path, "kvgate bench routing --reuse", jobs=1)
     assert again["targets"] == report["targets"] and again["bounds"] == report["bounds"]
     assert again["results"] == report["results"]
+
+    def cold(r: dict[str, Any]) -> dict[tuple[str, float], dict[str, Any]]:
+        wall = ("sim_wall_s", "sim_requests_per_min")  # the machine's, not the simulation's
+        return {
+            (x["policy"], x["load"]): {k: v for k, v in x.items() if k not in wall}
+            for x in r["cold_start"]["results"]
+        }
+
+    assert cold(again) == cold(report)  # every policy's cold start again, the same
     assert again["reused"]["command"] == "kvgate bench routing --reuse"
     assert "no run again" in (tmp_path / "routing.md").read_text()
 

@@ -82,3 +82,18 @@ def test_followers_of_a_cold_prompt_queue_behind_its_prefill(seed: int) -> None:
     assert on["ttft_p50_s"] <= off["ttft_p50_s"] / 4
     assert on["hit_rate"] >= sglang["hit_rate"] - 0.005
     assert on["ttft_p50_s"] <= sglang["ttft_p50_s"]
+
+
+def test_at_a_cold_start_on_slow_engines_the_measured_rate_prices_misses_right() -> None:
+    """`kvgate bench routing`'s cold start (analytics/sim/coldstart.py): engines 12.5× slower
+    than the configured rate, empty caches, a router that learned nothing. With the rate the
+    agents measured the followers of a prompt in its first prefill wait for it; without, the
+    router believes a miss costs a twelfth of what it does until its first tokens come back."""
+    from analytics.sim.coldstart import _capacity, _one
+
+    cap = _capacity(("shared_prompt", 6000, 16))
+    told = _one(("shared_prompt", 6000, 16, "kvgate", True, 0.5, cap))
+    blind = _one(("shared_prompt", 6000, 16, "kvgate", False, 0.5, cap))
+    assert told["policy"] == "kvgate" and blind["policy"] == "kvgate, no probe"
+    assert told["refused"] == blind["refused"] == 0
+    assert told["ttft_p99_s"] < 0.8 * blind["ttft_p99_s"], (told, blind)
