@@ -53,6 +53,9 @@ class Workload:
     num_gpu_blocks: int
     prefill_tokens_per_s: float | None  # None: the engine profile's (25,000 tokens/s)
     about: str
+    # the engines tokenize with a real tokenizer (a BPE vocabulary) that kvgate is not given:
+    # its tokens are approximate; it runs with the agents' KV events and again without them
+    engine_tokenizer: bool = False
 
 
 WORKLOADS = {
@@ -66,7 +69,22 @@ WORKLOADS = {
         2000.0,
         "slow prefill: a miss costs ~1 s of an engine; near saturation even when prompts hit",
     ),
+    "approx": Workload(
+        20.0,
+        40.0,
+        40,
+        600,
+        1200,
+        None,
+        "engines tokenize with a BPE vocabulary kvgate is not given (approximate tokens), with "
+        "the agents' KV events flowing and then switched off",
+        engine_tokenizer=True,
+    ),
 }
+# the engines' tokenizer in the approx workload (a real BPE tokenizer.json, shipped inside the
+# anthropic package: nothing is downloaded); the router is given none and finds none
+ENGINE_TOKENIZER = {"tokenizer": "package:anthropic/tokenizer.json"}
+EVENTS_OFF = "kvgate_events_off"
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -203,7 +221,11 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
     }
 
 
-async def main(args: argparse.Namespace, w: Workload, seed: int) -> dict[str, Any]:
+async def main(args: argparse.Namespace, w: Workload, seed: int, rep: int) -> dict[str, Any]:
+    """One repetition on fresh engines. The routers run one after the other, in an order
+    rotated by ``rep`` (a router that always ran first, or always after the same one, would
+    carry that into its figures); the approx workload's kvgate without events runs last, after
+    the agents were started again without them."""
     namespace = f"peer{uuid.uuid4().hex[:8]}"
     sup = Supervisor(
         Path(tempfile.mkdtemp(prefix="kvgate-peer-")),
@@ -215,13 +237,13 @@ async def main(args: argparse.Namespace, w: Workload, seed: int) -> dict[str, An
         },
     )
     try:
-        speed = (
-            {"KVGATE_ENGINE__PROFILE__PREFILL_TOKENS_PER_S": str(w.prefill_tokens_per_s)}
-            if w.prefill_tokens_per_s
-            else {}
-        )
+        env: dict[str, str] = {}
+        if w.prefill_tokens_per_s:
+            env["KVGATE_ENGINE__PROFILE__PREFILL_TOKENS_PER_S"] = str(w.prefill_tokens_per_s)
+        if w.engine_tokenizer:
+            env["KVGATE_ENGINE__TOKENIZER"] = json.dumps(ENGINE_TOKENIZER)
         engines = [
-            sup.spawn_node(f"node-{i}", num_gpu_blocks=w.num_gpu_blocks, engine_env=speed)
+            sup.spawn_node(f"node-{i}", num_gpu_blocks=w.num_gpu_blocks, engine_env=env)
             for i in range(args.engines)
         ]
         for url in engines:
@@ -229,7 +251,7 @@ async def main(args: argparse.Namespace, w: Workload, seed: int) -> dict[str, An
         sup.spawn("worker", "worker")
         kv_port, sgl_port = free_port(), free_port()
         sup.spawn("router", "router", "--port", str(kv_port))
-        routers = {  # the order they run in
+        routers = {
             "sglang_router_cache_aware": f"http://127.0.0.1:{sgl_port}",
             "kvgate": f"http://127.0.0.1:{kv_port}",
         }
@@ -258,15 +280,39 @@ async def main(args: argparse.Namespace, w: Workload, seed: int) -> dict[str, An
             await wait_http(url + ("/v1/models" if name.startswith("sglang") else "/ready"))
         await asyncio.sleep(2.0)  # every agent has sent a few heartbeats
         runs: dict[str, Any] = {}
-        wanted = args.routers.split(",")
-        for name, url in routers.items():
-            if name not in wanted:
-                continue
-            runs[name] = await drive(url, engines, w, seed)
+        wanted = [r for r in args.routers.split(",") if r in routers]
+        order = wanted[rep % len(wanted) :] + wanted[: rep % len(wanted)] if wanted else []
+        for name in order:
+            runs[name] = await drive(routers[name], engines, w, seed)
             print(name, json.dumps(runs[name]), flush=True)
-        return runs
+        if w.engine_tokenizer:
+            runs[EVENTS_OFF] = await events_off(sup, engines, w, seed)
+            print(EVENTS_OFF, json.dumps(runs[EVENTS_OFF]), flush=True)
+        return {"order": [*order, *([EVENTS_OFF] if w.engine_tokenizer else [])], "runs": runs}
     finally:
         sup.stop_all()
+
+
+async def events_off(sup: Supervisor, engines: list[str], w: Workload, seed: int) -> dict[str, Any]:
+    """The same engines with agents that read no KV events (``kv_index: approximate``) and a
+    fresh kvgate router: what the router does on its own memory of where it sent each prompt."""
+    for i, url in enumerate(engines):
+        sup.kill(f"agent-node-{i}")
+        sup.spawn(
+            f"agent-node-{i}",
+            "agent",
+            "--node-id",
+            f"node-{i}",
+            "--engine-url",
+            url,
+            "--no-kv-events",
+        )
+    port = free_port()
+    sup.spawn("router-off", "router", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    await wait_http(url + "/ready")
+    await asyncio.sleep(3.0)  # the new agents' heartbeats (approximate) and empty snapshots
+    return await drive(url, engines, w, seed)
 
 
 def report_header(module: str) -> dict[str, Any]:
@@ -313,7 +359,15 @@ def checks(name: str, reps: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     for i, rep in enumerate(reps):
         runs = rep["runs"]
         k, s = runs.get("kvgate"), runs.get("sglang_router_cache_aware")
-        if k is None or s is None:
+        off = runs.get(EVENTS_OFF)
+        if k is not None and off is not None:
+            out.append(
+                (
+                    f"rep {i}: hit rate with KV events >= without them (approximate tokens)",
+                    k["hit_rate"] >= off["hit_rate"],
+                )
+            )
+        if k is None or s is None or off is not None:
             continue
         if name == "loaded":
             out += [
@@ -384,7 +438,8 @@ def write(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) ->
             else "the profile's prefill speed"
         )
         tables = "\n\n".join(
-            f"Repetition {i} (seed {rep['seed']}, fresh engines):\n\n{head}\n{_table(rep['runs'])}"
+            f"Repetition {i} (seed {rep['seed']}, fresh engines; in the order "
+            f"{', '.join(rep.get('order') or rep['runs'])}):\n\n{head}\n{_table(rep['runs'])}"
             for i, rep in enumerate(reps)
         )
         met = "\n".join(f"* {'met' if ok else '**not met**'}: {c}" for c, ok in checks(name, reps))
@@ -416,10 +471,15 @@ simulated engines per workload and repetition, fresh for each repetition (the pr
 over: engines, agents, worker, routers), the same engines for every router of a repetition
 (prefix caches reset in between). Everything — engines, agents, Kafka, the Faust worker, the
 routers and the client — shares the machine's cores, so absolute latencies carry that noise;
-compare the rows. `kvgate` runs at its defaults (it learns the engines' prefill rate from its
-first streamed answers, `cost.prefill_tokens_per_s` 25,000 until then);
+compare the rows. `kvgate` runs at its defaults (the engines' prefill rate as its agents
+measured it when they started, then as it learns it from its first streamed answers);
 `kvgate_told_prefill_rate` (on workloads whose engines are slower than that) is told the
-engines' rate in its configuration, as an operator who measured them would.
+engines' rate in its configuration, as an operator who measured them would. The routers of a
+repetition run in an order rotated from one repetition to the next. `approx`: the engines
+tokenize with a BPE tokenizer the router is not given (nor finds), so its tokens are
+approximate and the index (the engines' exact tokens) cannot match them; `kvgate` runs with
+the agents' KV events flowing, `kvgate_events_off` after the agents were started again
+without them (`--no-kv-events`), on a fresh router.
 
 """
         + "\n".join(parts)
@@ -452,8 +512,9 @@ def cli() -> None:
         for i in range(args.repetitions):
             print(f"workload {name}, repetition {i}", flush=True)
             seed = args.seed + i
-            runs = asyncio.run(main(args, WORKLOADS[name], seed))
-            results[name].append({"seed": seed, "runs": runs})
+            results[name].append(
+                {"seed": seed, **asyncio.run(main(args, WORKLOADS[name], seed, i))}
+            )
     write(args, results)
 
 
