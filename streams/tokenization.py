@@ -30,7 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from streams.blocks import approx_tokenize, detokenize_approx
 from streams.openai import ChatRequest, render_chat
 
-__all__ = ["APPROXIMATE", "Tokenization", "TokenizerSpec", "load_tokenization", "read_source"]
+__all__ = [
+    "APPROXIMATE",
+    "Tokenization",
+    "TokenizerSpec",
+    "load_tokenization",
+    "read_source",
+    "token_text",
+]
 
 
 class TokenizerSpec(BaseModel):
@@ -100,14 +107,15 @@ def _template(spec: TokenizerSpec) -> tuple[str | None, str, str]:
             if isinstance(template, list):  # several named templates: the default one
                 named = {t.get("name"): t.get("template") for t in template}
                 template = named.get("default") or next(iter(named.values()), None)
-            bos = bos or _token_text(cfg.get("bos_token"))
-            eos = eos or _token_text(cfg.get("eos_token"))
+            bos = bos or token_text(cfg.get("bos_token"))
+            eos = eos or token_text(cfg.get("eos_token"))
         else:
             template = raw.decode()
     return template, bos, eos
 
 
-def _token_text(v: Any) -> str:
+def token_text(v: Any) -> str:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
     if isinstance(v, dict):
         return str(v.get("content", ""))
     return str(v or "")

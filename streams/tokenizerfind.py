@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from streams.tokenization import TokenizerSpec
+from streams.tokenization import TokenizerSpec, token_text
 
 __all__ = ["find_tokenizer"]
 
@@ -59,7 +59,7 @@ def _spec(folder: Path) -> TokenizerSpec:
             cfg = json.loads(config.read_bytes())
         except ValueError:
             cfg = {}
-        bos, eos = _text(cfg.get("bos_token")), _text(cfg.get("eos_token"))
+        bos, eos = token_text(cfg.get("bos_token")), token_text(cfg.get("eos_token"))
     template = jinja if jinja.is_file() else config if config.is_file() else None
     return TokenizerSpec(
         tokenizer=f"file:{folder / 'tokenizer.json'}",
@@ -67,9 +67,3 @@ def _spec(folder: Path) -> TokenizerSpec:
         bos_token=bos,
         eos_token=eos,
     )
-
-
-def _text(v: object) -> str:
-    if isinstance(v, dict):
-        return str(v.get("content", ""))
-    return v if isinstance(v, str) else ""

@@ -108,14 +108,24 @@ async def wait_http(url: str, timeout_s: float = 90.0) -> None:
     raise TimeoutError(f"{url} not ready after {timeout_s} s")
 
 
-async def engine_counters(http: aiohttp.ClientSession, engines: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
+async def engine_counters(
+    http: aiohttp.ClientSession, engines: list[str]
+) -> tuple[float, float, float]:
+    """The engines' prefix-cache hits and queries (tokens) and preemptions (a KV-bound engine
+    puts running requests back in its queue), summed over the engines."""
+    hits = queries = preemptions = 0.0
     for url in engines:
         async with http.get(url + "/metrics") as r:
-            stats = parse_metrics(await r.text())
+            text = await r.text()
+        stats = parse_metrics(text)
         hits += stats.prefix_hits_total
         queries += stats.prefix_queries_total
-    return hits, queries
+        preemptions += sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("vllm:num_preemptions_total")
+        )
+    return hits, queries, preemptions
 
 
 async def reset_caches(http: aiohttp.ClientSession, engines: list[str]) -> None:
@@ -189,7 +199,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await reset_caches(http, engines)
-        hits0, queries0 = await engine_counters(http, engines)
+        hits0, queries0, preempted0 = await engine_counters(http, engines)
         counts0 = await router_counts(http, url)
         start = time.perf_counter()
         tasks = []
@@ -200,7 +210,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
             tasks.append(asyncio.create_task(one(http, url, spec.body)))
         results = await asyncio.gather(*tasks)
         span = time.perf_counter() - start
-        hits1, queries1 = await engine_counters(http, engines)
+        hits1, queries1, preempted1 = await engine_counters(http, engines)
         counts1 = await router_counts(http, url)
     ok = [r for r in results if r["ok"]]
     ttft = [r["ttft_s"] for r in ok]
@@ -214,6 +224,7 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
             k: v - counts0.get(k, 0.0) for k, v in counts1.items() if v > counts0.get(k, 0.0)
         },
         "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
+        "engine_preemptions": preempted1 - preempted0,
         "ttft_p50_s": pct(ttft, 0.5),
         "ttft_p99_s": pct(ttft, 0.99),
         "e2e_p99_s": pct(e2e, 0.99),
