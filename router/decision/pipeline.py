@@ -159,6 +159,16 @@ def _refused(
     return Refused(rej, RouteDecision(None, reason, candidates))
 
 
+def _without_index_lag(nodes: Sequence[NodeView]) -> Sequence[NodeView]:
+    """``nodes`` for a request of approximate tokens: what it matches comes from the router's
+    memory of where it sent each prompt (the index holds the engines' tokens, which approximate
+    ones never match), so the index's lag says nothing about those hits and does not discount
+    them (it did, on nodes with KV events only: working events routed worse than none)."""
+    if not any(n.kv_index_gap for n in nodes):
+        return nodes
+    return [replace(n, kv_index_gap=0, kv_index_age_s=0.0) if n.kv_index_gap else n for n in nodes]
+
+
 def decide(ask: Ask, snap: Snapshot, rules: Rules) -> Decision:
     """Where ``ask`` goes now, or why it waits, or why it is refused; changes no state of
     ``rules`` that a later decision reads (see :func:`commit`)."""
@@ -172,7 +182,7 @@ def decide(ask: Ask, snap: Snapshot, rules: Rules) -> Decision:
         lanes is not None and ask.mode == "proxy" and waited < min(lanes.s.hold_max_s, lease_half)
     )
     facts = LaneFacts(ask.expected_output)
-    nodes: Sequence[NodeView] = snap.nodes
+    nodes: Sequence[NodeView] = snap.nodes if ask.exact else _without_index_lag(snap.nodes)
     if lanes is not None:
         best_hit = max(matches.values(), default=0)
         uncached = max(0, req.prompt_tokens - best_hit * snap.block_size)

@@ -208,3 +208,19 @@ def test_decide_learns_nothing_and_commit_learns_once() -> None:
     assert len(ledger) == 1
     assert ledger.prefill_backlog("a") == got.uncached_tokens == 3200 - 190 * 16
     assert r.policy._homes == {hash("s1"): "a"} and r.policy._avg_uncached != before[1]
+
+
+def test_an_index_lag_does_not_discount_the_hits_of_approximate_tokens() -> None:
+    """A request of approximate tokens matches only through the router's memory of where it sent
+    each prompt: the index (the engines' exact tokens) cannot match it, so how far behind the
+    index is says nothing about those hits. With exact tokens a lagging index's hits are
+    trusted less (the cost policy's confidence) and the request goes elsewhere."""
+    lagging = node_view("b", kv_index_gap=4, kv_index_age_s=10.0, running=2, kv_blocks_total=1000)
+    nodes = [node_view("a", kv_blocks_total=1000), lagging]
+    req = request(prompt_tokens=3200, blocks=200)
+    snap = Snapshot(nodes, {"b": 200}, NOW, 16)
+    exact = decide(Ask(req, 16, NOW), snap, rules())
+    approximate = decide(Ask(req, 16, NOW, exact=False), snap, rules())
+    assert isinstance(exact, Routed) and exact.decision.chosen == "a"
+    assert isinstance(approximate, Routed) and approximate.decision.chosen == "b"
+    assert approximate.decision.reason == "prefix_hit"
