@@ -36,6 +36,7 @@ _WORDS = (
 ).split()
 
 PAIRS = 3
+MAX_RATE = 1e7  # prompt tokens/s: no engine is faster; a pair past it timed noise, not work
 RETRY_S = 15.0  # an engine busy (or not answering) when a probe was due: try again this late
 
 
@@ -47,11 +48,14 @@ def probe_words(n: int, nonce: str) -> str:
 def rate_from_pairs(pairs: list[tuple[int, float, int, float]]) -> float | None:
     """Prompt tokens per second from (short tokens, short s, long tokens, long s) pairs: the
     median of each pair's difference quotient; None when no pair is usable (the long prompt
-    not longer, or not slower, than the short)."""
+    not longer, or not slower, than the short; or a quotient past :data:`MAX_RATE`, which only
+    timing noise gives)."""
     rates = [
-        (long_tokens - short_tokens) / (long_s - short_s)
+        rate
         for short_tokens, short_s, long_tokens, long_s in pairs
-        if long_tokens > short_tokens and long_s > short_s
+        if long_tokens > short_tokens
+        and long_s > short_s
+        and (rate := (long_tokens - short_tokens) / (long_s - short_s)) <= MAX_RATE
     ]
     return statistics.median(rates) if rates else None
 

@@ -75,4 +75,5 @@ def test_the_probe_prompts_are_uncached_and_the_rate_is_the_median_difference_qu
     pairs = [(16, 0.02, 2016, 1.02), (16, 0.02, 2016, 2.02), (16, 0.02, 2116, 1.02)]
     assert rate_from_pairs(pairs) == pytest.approx(2000.0)
     assert rate_from_pairs([(16, 0.5, 2016, 0.4)]) is None  # the long one was not slower
+    assert rate_from_pairs([(16, 0.5, 2016, 0.5000001)]) is None  # noise, not a rate
     assert rate_from_pairs([]) is None
