@@ -82,6 +82,16 @@ class AgentCollector:
             "Pre-warm requests the engine served",
             ((n, x.prewarmed) for n, x in a),
         )
+        yield counter(
+            "kvgate_agent_prefill_probe_failures",
+            "Prefill probes of the engine that gave no rate (busy, refused, timed out)",
+            ((n, x.probe.failures) for n, x in a),
+        )
+        yield gauge(
+            "kvgate_agent_engine_prefill_tokens_per_s",
+            "The engine's prefill rate as the agent's probe measured it (0: not yet)",
+            ((n, x.probe.rate or 0.0) for n, x in a),
+        )
         yield gauge(
             "kvgate_agent_kv_blocks",
             "Blocks the engine holds now (index keys)",

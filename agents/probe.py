@@ -76,7 +76,6 @@ class PrefillProbe:
         self.long_tokens = long_tokens
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.rate: float | None = None
-        self.measured_at: float | None = None
         self.due = True
         self.failures = 0
         self._next_try = 0.0
@@ -115,7 +114,7 @@ class PrefillProbe:
         if rate is None:
             self.failed(now)
             return None
-        self.rate, self.measured_at, self.due = rate, now, False
+        self.rate, self.due = rate, False
         log.info("engine at %s prefills %.0f prompt tokens/s", self.url, rate)
         return rate
 

@@ -66,6 +66,9 @@ async def test_agent_worker_and_sink_metrics(
 
     m = await wait_until(agent_counted, 30, "the agent's metrics", 0.25)
     assert m[("kvgate_agent_kv_index_degraded", node)] == 0
+    # the agent measured its engine (how exactly: tests/edge/test_prefill_probe.py)
+    assert m[("kvgate_agent_engine_prefill_tokens_per_s", node)] > 0
+    assert m[("kvgate_agent_prefill_probe_failures_total", node)] == 0
 
     async def sink_counted() -> dict[Any, float] | None:
         s = await scrape(sink_port)
