@@ -317,7 +317,12 @@ class InflightLedger:
                 remaining = int(expected - (k + (k * now - n.first_sum) / tpot))
                 if remaining < 0:
                     remaining = 0
-        return pending, n.backlog, remaining, n.long_blocks, n.pool.rate()
+        pool = n.pool  # _Pool.rate(), inline: the decision's per-node loop
+        if pool.known:
+            rate = pool.rates / pool.known
+        else:
+            rate = pool.reported / pool.reporting if pool.reporting else 0.0
+        return pending, n.backlog, remaining, n.long_blocks, rate
 
     def remaining_decode(self, node: str, now: float) -> int:
         """Output tokens this router's requests on ``node`` are still expected to produce:
