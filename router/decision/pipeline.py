@@ -162,8 +162,12 @@ def _refused(
 def _without_index_lag(nodes: Sequence[NodeView]) -> Sequence[NodeView]:
     """``nodes`` for a request of approximate tokens: what it matches comes from the router's
     memory of where it sent each prompt (the index holds the engines' tokens, which approximate
-    ones never match), so the index's lag says nothing about those hits and does not discount
-    them (it did, on nodes with KV events only: working events routed worse than none)."""
+    ones do not match), so the index's lag says nothing about those hits and does not discount
+    them (it did, on nodes with KV events only: working events routed worse than none).
+    Limit: an engine that tokenizes as the router's approximation does (the simulated engine's
+    default) lets the index match them too, and those index hits lose the lag discount here.
+    The whole fix is for the policy's confidence to discount the index's share of a match only
+    (for exact requests too: their recent and pending hits are the router's memory as well)."""
     if not any(n.kv_index_gap for n in nodes):
         return nodes
     return [replace(n, kv_index_gap=0, kv_index_age_s=0.0) if n.kv_index_gap else n for n in nodes]
