@@ -71,6 +71,13 @@ class Tenant(BaseModel):
         description="may set the body's `priority` (the engine's own priority scheduling); "
         "otherwise kvgate removes it before the engine sees it",
     )
+    cache_group: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="tenants with the same cache group share the engines' cached prefixes "
+        "(default: the tenant's name, a group of its own; router.cache_isolation)",
+    )
 
     @field_validator("require_labels", "prefer_labels")
     @classmethod

@@ -67,6 +67,9 @@ class Prewarmer:
             "prompt": msg.payload.get("prompt_token_ids", []),
             "max_tokens": 1,
         }
+        salt = msg.payload.get("cache_salt")
+        if isinstance(salt, str) and salt:
+            body["cache_salt"] = salt  # the tenant's prefix, salted as its requests are
         try:
             async with http.post(
                 f"{self.settings.engine_url}/v1/completions",

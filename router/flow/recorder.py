@@ -104,6 +104,8 @@ class Recorder:
                 "holders": list(advice.holders),
                 "nodes": list(advice.targets),
                 "prompt_token_ids": p.tokens[: advice.blocks * block_size],
+                # the engine hashes it into the first block: the warmed prefix is the salted one
+                "cache_salt": p.cache_salt,
                 "router_id": self.router_id,
             },
         )

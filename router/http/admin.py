@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from admission.exceptions import AdmissionError
 from admission.queue import ORDER as PRIORITIES
+from admission.settings import Tenant
 from router.decision.candidates import budget_totals
 from router.decision.policies.canary import WeightsCanary
 from router.decision.types import NodeView
@@ -22,6 +23,7 @@ from router.flow.director import Director
 from router.flow.flight import Flights
 from router.flow.intake import IntakeReader
 from router.flow.refusals import Refusal
+from router.flow.salt import isolated
 from router.gauges import collect
 from router.http.edge import json_response, read_body
 from router.loops import Loops
@@ -71,15 +73,27 @@ class AdminApi:
         d = director
         self.gate, self.views, self.replica, self.ledger = d.gate, d.views, d.replica, d.ledger
 
+    def _tenant(self, name: str | None) -> Tenant:
+        """The configured tenant called ``name`` (None: the anonymous one); a 400 if none is."""
+        known = [*self.gate.settings.tenants.values(), self.gate.settings.anonymous]
+        found = next((t for t in known if t.name == (name or known[-1].name)), None)
+        if found is None:
+            raise Refusal(400, f"no tenant is called {name!r}")
+        return found
+
     async def decide(self, request: web.Request) -> web.Response:
         """Dry run: what would the router do with this body (completion or chat)? No events,
-        no pre-warm advice, no reservation. An admin endpoint: it shows what the index holds."""
+        no pre-warm advice, no reservation. An admin endpoint: it shows what the index holds.
+        ``?tenant=NAME`` decides as that tenant's request (its cache group's salt), where tenants'
+        caches are kept apart."""
         raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         try:
             body = orjson.loads(raw)
             p = self.reader.parse(raw, chat=isinstance(body, dict) and "messages" in body)
         except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
             raise Refusal(400, str(exc).splitlines()[0]) from None
+        if self.reader.isolating:  # as the named tenant's request (default: an anonymous one)
+            p = isolated(p, self._tenant(request.query.get("tenant")))
         t0 = time.perf_counter()
         rreq, d, nodes, block_size = self.director.dry_run(p, time.time())
         decision_us = (time.perf_counter() - t0) * 1e6

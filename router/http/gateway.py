@@ -125,6 +125,9 @@ class GatewayApi:
                 "headers": node.engine_headers,  # to send with the request (a DP rank)
                 "path": p.path,
                 "model": p.model,
+                # to set as the body's cache_salt (the tenant's, router.flow.salt; None: leave
+                # the body's as it is): the engine's cache must be keyed as the router hashed it
+                "cache_salt": p.cache_salt,
                 "reason": decision.reason,
                 "prompt_blocks": len(rreq.block_hashes),
                 "kv_blocks_reserved": held.kv_blocks if held is not None else 0,

@@ -16,7 +16,9 @@ async def test_an_approximate_prompt_finds_the_node_that_prefilled_it() -> None:
         status, _, headers = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
         assert status == 200
         node = headers["X-Kvgate-Node"]
-        status, d, _ = await e.call("POST", "/v1/kvgate/decide", body, base=e.admin_url)
+        status, d, _ = await e.call(
+            "POST", "/v1/kvgate/decide?tenant=alpha", body, base=e.admin_url
+        )
         assert status == 200 and d["prompt_blocks"] > 10
         hits = {c["node_id"]: c["hit_blocks"] for c in d["candidates"]}
         assert hits[node] >= d["prompt_blocks"] - 1, hits  # it holds the prompt

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.epp import DESTINATION, EppServer, host_port, serve_epp
+from router.flow.salt import tenant_salt
 from streams.codec import decode
 from streams.schemas import Outcome
 from streams.topics import OUTCOMES
@@ -130,8 +131,10 @@ async def test_a_buffered_request_is_picked_served_and_released(
     assert dest in {host_port(u) for u in e.engines.values()}
     assert await e.reservations() == 1
     # the router adds the default max_tokens it reserved for: the body is mutated to say so
+    # and the tenant's cache_salt (router.flow.salt): the engine's cache is keyed by tenant
     sent = picked.request_body.response.body_mutation.body
-    assert orjson.loads(sent)["max_tokens"] > 0
+    mutated = orjson.loads(sent)
+    assert mutated["max_tokens"] > 0 and mutated["cache_salt"] == tenant_salt("alpha")
     removed = picked.request_body.response.header_mutation.remove_headers
     assert "content-length" in removed
     assert "authorization" in removed  # the tenant's key does not travel to the engine
