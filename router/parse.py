@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any
 
 import orjson
@@ -34,6 +36,7 @@ class ParsedRequest:
     # images (or other media), whose blocks past the first one the router cannot reproduce
     hashable_tokens: int | None = None
     other_prompt_tokens: int = 0  # the other prompts of a batched completion (not routed by)
+    tokens_digest: bytes = b""  # of ``tokens`` (made with them, off the loop for a long prompt)
 
     @property
     def prompt_tokens_total(self) -> int:
@@ -127,7 +130,16 @@ def parse_request(
         other_prompt_tokens=other_prompts,
         cache_salt=req.cache_salt,
         hashable_tokens=hashable,
+        tokens_digest=tokens_digest(tokens),
     )
+
+
+def tokens_digest(tokens: list[int]) -> bytes:
+    """A digest of ``tokens``, converted a slice at a time (no long hold of the interpreter)."""
+    h = blake2b(digest_size=16)
+    for i in range(0, len(tokens), 1 << 16):
+        h.update(array("I", tokens[i : i + (1 << 16)]).tobytes())
+    return h.digest()
 
 
 _MEDIA_A, _MEDIA_B = "<media:a>", "<media:b>"

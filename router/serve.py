@@ -4,7 +4,12 @@
   is closed, whether it sits idle between keep-alive requests or trickles its headers (slowloris);
 * ``max_header_bytes`` / ``max_headers``: longer lines or more headers are a 400;
 * ``max_connections``: connections beyond it (on one listener) get a 503 with ``Retry-After``
-  and are closed at once, before any request is parsed;
+  before any request is parsed, and so do a client address's connections beyond
+  ``max_connections_per_client`` (unless its network is in ``connection_share_exempt``): one
+  client cannot hold the whole listener. Past the cap, a client address holding no connection
+  still gets in, up to ``connection_headroom`` more (a liveness probe, a new tenant). The 503 is
+  delivered, not reset: the router half-closes, reads and discards what the client sends for up
+  to :data:`LINGER_S`, then closes;
 * the admin listener (``admin_port``) binds ``admin_host`` (loopback by default).
 
 With ``router.workers`` > 1 the main listener binds with ``SO_REUSEPORT`` (the processes of
@@ -17,12 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from ipaddress import ip_address
+from typing import TYPE_CHECKING, cast
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
 
 from streams.openai import error_body
 
@@ -42,13 +51,114 @@ _BUSY = (
 ) + _BUSY_BODY
 
 
+LINGER_S = 2.0  # a refused connection is read (and discarded) this long before its close
+_LINGER_BYTES = 64 << 10  # or until the client sent this much
+_MAX_LINGERING = 1024  # refused connections lingering at once; past it, closed at once
+
+
 class _Busy(asyncio.Protocol):
-    """Answers one connection over the limit with a 503 and closes it."""
+    """Answers one connection over the limit with a 503 and closes it once the client has read
+    it: closing with the client's request unread would reset the connection, and a reset can
+    destroy the 503 before the client reads it."""
+
+    def __init__(self, listeners: Listeners) -> None:
+        self.listeners = listeners
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        # (uvloop's transports are not asyncio.Transport subclasses: never check the class)
+        transport = cast("asyncio.Transport", transport)
+        self.transport = transport
         transport.write(_BUSY)
-        transport.close()
+        if self.listeners.lingering >= _MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        self.listeners.lingering += 1
+        transport.write_eof()
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.received > _LINGER_BYTES and self.transport is not None:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.listeners.lingering -= 1
+
+
+class _Admit(asyncio.Protocol):
+    """A new connection: handed to the HTTP server's own protocol (which then receives
+    everything directly) when its listener and its client address have room, else a 503."""
+
+    def __init__(self, gate: _ConnectionGate) -> None:
+        self.gate = gate
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) and peer else ""
+        protocol: asyncio.BaseProtocol
+        if self.gate.admits(host):
+            protocol = self.gate.handler()
+        else:
+            self.gate.listeners.refused_connections += 1
+            protocol = _Busy(self.gate.listeners)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+
+
+class _ConnectionGate:
+    """Who may open one more connection on a listener: the listener's cap, each client
+    address's share of it, the headroom for clients holding none."""
+
+    def __init__(self, listeners: Listeners, handler: Server, r: RouterSettings) -> None:
+        self.listeners, self.handler = listeners, handler
+        self.limit, self.per_client = r.max_connections, r.max_connections_per_client
+        self.headroom, self.exempt = r.connection_headroom, list(r.connection_share_exempt)
+        self.by_client: Counter[str] = Counter()
+        self.client_of: dict[RequestHandler, str] = {}
+        made, lost = handler.connection_made, handler.connection_lost
+
+        def connection_made(h: RequestHandler, transport: asyncio.Transport) -> None:
+            peer = transport.get_extra_info("peername")
+            host = peer[0] if isinstance(peer, tuple) and peer else ""
+            self.client_of[h] = host
+            self.by_client[host] += 1
+            made(h, transport)
+
+        def connection_lost(h: RequestHandler, exc: BaseException | None = None) -> None:
+            host = self.client_of.pop(h, None)
+            if host is not None:
+                self.by_client[host] -= 1
+                if self.by_client[host] <= 0:
+                    del self.by_client[host]
+            lost(h, exc)
+
+        # the server's own bookkeeping of its connections, counted per client on the way
+        handler.connection_made = connection_made  # type: ignore[method-assign,assignment]
+        handler.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
+
+    def admits(self, host: str) -> bool:
+        held = self.by_client.get(host, 0)
+        total = len(self.handler.connections)
+        if total >= self.limit and (held or total >= self.limit + self.headroom):
+            return False
+        return held < self.per_client or self._exempt(host)
+
+    def _exempt(self, host: str) -> bool:
+        if not self.exempt:
+            return False
+        try:
+            address = ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self.exempt)
 
 
 @dataclass
@@ -56,6 +166,7 @@ class Listeners:
     runners: list[web.AppRunner] = field(default_factory=list)
     servers: list[asyncio.Server] = field(default_factory=list)
     refused_connections: int = 0
+    lingering: int = 0  # refused connections being closed gracefully
 
     @property
     def ports(self) -> list[int]:
@@ -89,13 +200,10 @@ async def _listen(
     listeners.runners.append(runner)
     handler = runner.server
     assert handler is not None
-    limit = r.max_connections
+    gate = _ConnectionGate(listeners, handler, r)
 
     def factory() -> asyncio.BaseProtocol:
-        if len(handler.connections) >= limit:
-            listeners.refused_connections += 1
-            return _Busy()
-        return handler()
+        return _Admit(gate)
 
     server = await asyncio.get_running_loop().create_server(
         factory, host, port, reuse_address=True, reuse_port=reuse_port or None, backlog=512

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, SecretStr
 
 from router.decision.weights import (
     CostWeights,
@@ -64,6 +64,13 @@ class RouterSettings(BaseModel):
     cost: CostWeights = CostWeights()
     prewarm: bool = Field(
         default=True, description="publish pre-warm advice for hot prefixes on kvgate.control"
+    )
+    cache_isolation: Literal["tenant", "off"] = Field(
+        default="tenant",
+        description="tenant: where API-key tenants are configured, each request carries a "
+        "cache_salt derived from its tenant's cache group, so tenants never hit each other's "
+        "cached prefixes (anonymous clients are one more group); off: clients' cache_salt "
+        "passes unchanged and tenants share the engines' caches",
     )
     recent_prefill_ttl_s: float = Field(
         default=2.0,
@@ -236,6 +243,25 @@ class RouterSettings(BaseModel):
     )
     max_connections: int = Field(
         default=4096, ge=1, description="more concurrent connections are answered 503 and closed"
+    )
+    max_connections_per_client: int = Field(
+        default=256,
+        ge=1,
+        description="connections one client address may hold on a listener; more are answered "
+        "503 (behind an ingress or NAT, raise it or list the proxies in "
+        "connection_share_exempt)",
+    )
+    connection_share_exempt: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="client networks the per-client share does not apply to (an ingress, a "
+        "gateway), e.g. 10.0.0.0/8",
+    )
+    connection_headroom: int = Field(
+        default=32,
+        ge=0,
+        description="past max_connections, a client address holding no connection still gets "
+        "in, up to this many more: a liveness probe or a new tenant is not locked out by "
+        "others' connections",
     )
     max_header_bytes: int = Field(default=8190, ge=256, description="per header line")
     max_headers: int = Field(default=64, ge=8)

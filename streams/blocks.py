@@ -24,6 +24,7 @@ __all__ = [
 ]
 
 APPROX_BYTES_PER_TOKEN = 4
+_SLICE = 1 << 16  # tokens converted in one call (a few ms at most)
 HASH_MASK = (1 << 63) - 1  # hashes fit a signed 64-bit column and a JSON integer parser
 
 
@@ -34,7 +35,13 @@ def approx_tokenize(text: str) -> list[int]:
     pad = (-len(raw)) % step
     if pad:
         raw += b" " * pad
-    return array("I", raw).tolist()
+    ids = array("I", raw)
+    if len(ids) <= _SLICE:
+        return ids.tolist()
+    out: list[int] = []
+    for i in range(0, len(ids), _SLICE):  # slices: other threads run in between
+        out.extend(ids[i : i + _SLICE].tolist())
+    return out
 
 
 def detokenize_approx(token_ids: Sequence[int]) -> str:
@@ -82,16 +89,21 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
     runs on every request)."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    raw = array("I", token_ids).tobytes()
     step = block_size * 4
-    end = (len(token_ids) // block_size) * step
+    full = (len(token_ids) // block_size) * block_size
+    # converted a slice at a time: a long prompt never holds the interpreter in one long call
+    span = max(block_size, _SLICE // block_size * block_size)
     prev = (parent if parent is not None else HASH_MASK).to_bytes(8, "little")
     out: list[int] = []
-    for off in range(0, end, step):
-        h = (
-            int.from_bytes(blake2b(prev + raw[off : off + step], digest_size=8).digest(), "little")
-            & HASH_MASK
-        )
-        out.append(h)
-        prev = h.to_bytes(8, "little")
+    for start in range(0, full, span):
+        raw = array("I", token_ids[start : min(full, start + span)]).tobytes()
+        for off in range(0, len(raw), step):
+            h = (
+                int.from_bytes(
+                    blake2b(prev + raw[off : off + step], digest_size=8).digest(), "little"
+                )
+                & HASH_MASK
+            )
+            out.append(h)
+            prev = h.to_bytes(8, "little")
     return out

@@ -106,7 +106,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     server = site._server
-    assert server is not None and isinstance(server, asyncio.Server)
+    assert server is not None
     port = server.sockets[0].getsockname()[1]
     return runner, f"http://127.0.0.1:{port}"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from admission.core import OutputShape, Rejection, RejectReason, Verdict
@@ -43,6 +43,7 @@ from router.decision.placement import FREE, Placement
 from router.decision.types import NodeView, RouteDecision, RouteRequest, eligible
 from router.flow.headers import mint_id
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
+from router.flow.offload import OFFLOAD_TOKENS, offloaded
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
 from router.flow.served import Served
@@ -192,13 +193,25 @@ class Director:
         answers from this model have been (admission/estimate.py, learned from outcomes)."""
         return self.gate.estimator.expected(tenant, p.model, p.max_tokens, p.max_tokens)
 
-    def route_request(
-        self, request_id: str, p: ParsedRequest, block_size: int, queue_weight: float = 1.0
-    ) -> RouteRequest:
-        """What routing knows of ``p``: its prompt's chained block hashes (salted by its
-        ``cache_salt`` and LoRA adapter), its sizes and its session."""
+    def hashes(self, p: ParsedRequest, block_size: int) -> Callable[[], list[int]]:
+        """The computation of ``p``'s chained block hashes (salted by its ``cache_salt`` and
+        LoRA adapter), ready to run here or off the loop."""
         adapter = p.model if p.model in self.views.adapter_base else None
-        hashes = chain_hashes(p.hashable, block_size, chain_root(p.cache_salt, adapter))
+        root = chain_root(p.cache_salt, adapter)
+        return lambda: chain_hashes(p.hashable, block_size, root)
+
+    def route_request(
+        self,
+        request_id: str,
+        p: ParsedRequest,
+        block_size: int,
+        queue_weight: float = 1.0,
+        hashes: list[int] | None = None,
+    ) -> RouteRequest:
+        """What routing knows of ``p``: its prompt's chained block hashes (``hashes``, when
+        computed already), its sizes and its session."""
+        if hashes is None:
+            hashes = self.hashes(p, block_size)()
         return RouteRequest(
             request_id,
             p.model,
@@ -209,8 +222,16 @@ class Director:
             queue_weight,
         )
 
-    def ask(self, request_id: str, p: ParsedRequest, g: Gated, started: float, mode: Mode) -> Ask:
-        rreq = self.route_request(request_id, p, g.block_size, _queue_weight(g.slo))
+    def ask(
+        self,
+        request_id: str,
+        p: ParsedRequest,
+        g: Gated,
+        started: float,
+        mode: Mode,
+        hashes: list[int] | None = None,
+    ) -> Ask:
+        rreq = self.route_request(request_id, p, g.block_size, _queue_weight(g.slo), hashes)
         adapter = p.model in self.views.adapter_base
         return Ask(
             rreq,
@@ -219,9 +240,9 @@ class Director:
             g.slo,
             hold_slo=g.verdict is not None and g.verdict.admitted,
             mode=mode,
-            # salted prefixes are one tenant's, an adapter's only where it is loaded: no
-            # pre-warming other engines with them
-            prewarm=not (p.cache_salt or adapter),
+            # an adapter's prefixes only where it is loaded: no pre-warming other engines with
+            # them (a salted prefix is warmed with its salt: its tenant's alone still)
+            prewarm=not adapter,
             exact=p.exact_tokens,
         )
 
@@ -268,7 +289,10 @@ class Director:
         record the decision, and either refuse (a response) or name the node; the request
         then counts in this router's in-flight ledger until ``ledger.finish``."""
         tenant, block_size, verdict = g.tenant, g.block_size, g.verdict
-        ask = self.ask(request_id, p, g, started, mode)
+        # a long prompt's hashes off the loop (router/flow/offload.py)
+        long = len(p.hashable) > OFFLOAD_TOKENS
+        hashes = await offloaded(self.hashes(p, block_size)) if long else None
+        ask = self.ask(request_id, p, g, started, mode, hashes)
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
         got: Routed | Refused | None = None
         if verdict is not None and not verdict.admitted:

@@ -10,7 +10,6 @@ client chose names state. A refusal is recorded as a decision (rate-limited) and
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from hashlib import blake2b
@@ -24,8 +23,10 @@ from admission.settings import Tenant
 from admission.slo import Slo, slo_of
 from router.decision.placement import Placement, placement_of
 from router.flow.headers import bearer_key, client_label, mint_id, requested_priority
+from router.flow.offload import OFFLOAD_BYTES, offloaded
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
+from router.flow.salt import isolated
 from router.flow.views import ClusterView
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
@@ -39,7 +40,7 @@ __all__ = ["Intake", "IntakeReader", "attempt_fingerprint", "client_identity"]
 def attempt_fingerprint(client: str, p: ParsedRequest) -> str:
     """The same request from the same client: retries of one attempt share this."""
     h = blake2b(f"{client}|{p.model}|{p.max_tokens}|{p.cache_salt or ''}|".encode(), digest_size=12)
-    h.update(array("I", p.tokens).tobytes())
+    h.update(p.tokens_digest)
     return h.hexdigest()
 
 
@@ -94,6 +95,8 @@ class IntakeReader:
         # loaded once: a bad tokenizer path fails at start, not on the first request
         self.tokenizations = {m: load_tokenization(t) for m, t in settings.tokenizers.items()}
         self._zone = (settings.zone_label, settings.zone) if settings.zone else None
+        # tenants' caches kept apart (router.flow.salt) where there are tenants to keep apart
+        self.isolating = settings.cache_isolation == "tenant" and bool(gate.settings.tenants)
 
     def tenant(self, headers: Mapping[str, str]) -> Tenant:
         """The tenant a request's headers authenticate (a 401 refusal when none)."""
@@ -196,10 +199,16 @@ class IntakeReader:
                 raise self.refuse("bad_json", 400, f"invalid JSON: {exc}") from None
             except TypeError:  # a JSON value without keys
                 chat = False
-        p = self.parse(raw, chat)
+        p = (
+            await offloaded(self.parse, raw, chat)
+            if len(raw) > OFFLOAD_BYTES
+            else self.parse(raw, chat)
+        )
         if "priority" in p.body and not tenant.engine_priority:
             # the engine's own priority scheduling: a tenant jumping every queue on its engine
             p = replace(p, body={k: v for k, v in p.body.items() if k != "priority"})
+        if self.isolating:
+            p = isolated(p, tenant)
         known.parsed = p
         client = client_identity(tenant, self.gate.settings.anonymous, peer)
         return Intake(

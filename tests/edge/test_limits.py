@@ -8,6 +8,7 @@ import asyncio
 import socket
 
 import orjson
+import pytest
 
 from tests.conftest import wait_until
 from tests.edgekit import bearer, completion, edge, raw_http
@@ -156,3 +157,78 @@ async def test_clients_cannot_send_kv_transfer_params() -> None:
             status, out, _ = await e.call("POST", path, body, bearer("sk-alpha"))
             assert status == 400 and "kv_transfer_params" in out["error"]["message"], out
         assert not e.decisions() or all(d.chosen_node is None for d in e.decisions())
+
+
+async def _request_from(host: str, port: int, payload: bytes) -> bytes:
+    """``payload`` sent from local address ``host``; what comes back until the router closes
+    (a reset mid-way raises: the answer must arrive whole)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(host, 0))
+    try:
+        writer.write(payload)
+        await writer.drain()
+        async with asyncio.timeout(5):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+async def test_one_client_cannot_hold_the_listener() -> None:
+    """One address holding its share of connections gets a 503 for the next (whole, read after
+    its request was sent: no reset); another address, and a probe past the cap, still get in."""
+    limits = {"max_connections": 6, "max_connections_per_client": 4, "idle_timeout_s": 30.0}
+    async with edge(router=limits) as e:
+        port = _port(e.url)
+        held = [
+            await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            for _ in range(4)
+        ]
+        await asyncio.sleep(0.1)
+        health = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        for _ in range(3):  # the answer survives the request the client sends after it
+            answer = await _request_from("127.0.0.2", port, health + b"x" * 4096)
+            assert _status(answer) == 503 and b"too many open connections" in answer, answer
+        assert _status(await _request_from("127.0.0.3", port, health)) == 200
+        # the listener full (two more clients): a client already holding one is refused, a
+        # client holding none (a liveness probe) still gets in
+        more = [
+            await asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{i}", 0))
+            for i in (4, 5)
+        ]
+        await asyncio.sleep(0.1)
+        assert _status(await _request_from("127.0.0.4", port, health)) == 503
+        assert _status(await _request_from("127.0.0.6", port, health)) == 200
+        for _, w in held + more:
+            w.close()
+        assert e.listeners.refused_connections == 4
+
+
+async def test_a_network_can_be_exempt_from_the_share() -> None:
+    limits = {
+        "max_connections_per_client": 1,
+        "connection_share_exempt": ["127.0.0.8/30"],
+        "idle_timeout_s": 30.0,
+    }
+    async with edge(router=limits) as e:
+        port = _port(e.url)
+        held = [
+            await asyncio.open_connection("127.0.0.1", port, local_addr=(host, 0))
+            for host in ("127.0.0.8", "127.0.0.12")
+        ]
+        await asyncio.sleep(0.1)
+        health = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        assert _status(await _request_from("127.0.0.8", port, health)) == 200  # an ingress
+        assert _status(await _request_from("127.0.0.12", port, health)) == 503
+        for _, w in held:
+            w.close()
+
+
+def test_the_connection_limits_hold_on_uvloop() -> None:
+    """The router runs on uvloop by default, whose transports are not asyncio's classes: the
+    503 must arrive whole there too."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def both() -> None:
+        await test_connections_over_the_limit_get_503()
+        await test_one_client_cannot_hold_the_listener()
+
+    uvloop.run(both())

@@ -36,3 +36,16 @@ def test_chain_hashes_equal_folding_block_hash() -> None:
         parent = block_hash(parent, toks[start : start + 16])
         folded.append(parent)
     assert chain_hashes(toks, 16) == folded
+
+
+def test_long_prompts_hash_and_tokenize_as_one_piece() -> None:
+    """Past one conversion slice (65,536 tokens) the hashes are still the fold of block_hash,
+    for block sizes that do and do not divide the slice."""
+    toks = [(i * 7919) % 50_000 for i in range(150_000)]
+    for size in (16, 48):
+        want: list[int] = []
+        for i in range(0, len(toks) // size * size, size):
+            want.append(block_hash(want[-1] if want else None, toks[i : i + size]))
+        assert chain_hashes(toks, size) == want
+    text = "a long prompt of many words " * 20_000  # 560,000 bytes: many slices
+    assert detokenize_approx(approx_tokenize(text)) == text
