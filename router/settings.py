@@ -274,6 +274,14 @@ class RouterSettings(BaseModel):
         description="a streaming client that takes nothing for this long is cut off (its "
         "reservation released)",
     )
+    stall_budget_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="a streaming client that takes nothing for this long is cut off (its "
+        "engine request closed, its reservation released) while its pool's KV is contended "
+        "(this router refused or queued a request for capacity within the last "
+        "stream_write_timeout_s); otherwise after stream_write_timeout_s (0: always then)",
+    )
     stream_send_buffer_bytes: int = Field(
         default=64 << 10,
         ge=4096,

@@ -167,16 +167,17 @@ async def edge(
     admission: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
     tracing: Tracing | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> AsyncIterator[Edge]:
     """A router (main listener + admin listener on loopback) in front of ``engines`` simulated
     engines of ``blocks`` KV blocks each. Defaults: admin and two gateway keys, two tenants;
-    ``tracing``: the router's (off by default)."""
+    ``tracing``: the router's (off by default); ``profile``: the engines' profile fields."""
     runners: dict[str, web.AppRunner] = {}
     urls: dict[str, str] = {}
     for i in range(engines):
         es = EngineSettings(
             kv_events_endpoint=None,
-            profile=EngineProfile(num_gpu_blocks_override=blocks),
+            profile=EngineProfile(num_gpu_blocks_override=blocks, **(profile or {})),
             **(engine or {}),
         )
         runner, url = await _serve(SimEngine(es).app())

@@ -44,6 +44,7 @@ from router.decision.types import NodeView, RouteDecision, RouteRequest, eligibl
 from router.flow.headers import mint_id
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.offload import OFFLOAD_TOKENS, offloaded
+from router.flow.pressure import Pressure
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
 from router.flow.served import Served
@@ -103,6 +104,9 @@ class Director:
         self.reader = reader
         self.calibration = calibration
         self.fleet, self.feed, self.replica = rules.fleet, views.feed, views.replica
+        # whose KV is short now (someone refused or queued for it within a write timeout, the
+        # longest a stall can last): stalled streams there are cut within the stall budget
+        self.pressure = Pressure(settings.stream_write_timeout_s)
 
     def _rejected(self, rej: Rejection) -> Refusal:
         """Admission's or routing's rejection, counted."""
@@ -170,6 +174,7 @@ class Director:
                 client,
             )
             verdict = await self.gate.screen_and_admit(ask, now)
+            self.pressure.note(pool, verdict, now)
             rejection = verdict.rejection
             if rejection is not None and rejection.reason != RejectReason.RETRY_STORM:
                 await self.gate.refused(attempt, rejection, now, client, tenant)

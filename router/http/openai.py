@@ -25,7 +25,7 @@ from router.http.edge import json_response, read_body
 from router.http.passthrough import NOT_ADMITTED, pick_node, relay, request_model
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
-from router.http.proxy import forward
+from router.http.proxy import StallBudget, forward
 from router.http.upstream import Upstream
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
@@ -154,7 +154,11 @@ class OpenAiApi:
                 p,
                 t.started,
                 on_first_token=lambda: self.proxied.first_token(f, node.node_id),
-                write_timeout_s=s.stream_write_timeout_s,
+                stall=StallBudget(
+                    s.stream_write_timeout_s,
+                    s.stall_budget_s,
+                    lambda: self.director.pressure.contended(t.gated.budget[0], time.time()),
+                ),
                 send_buffer_bytes=s.stream_send_buffer_bytes,
                 max_duration_s=max(0.0, s.max_stream_s - (time.time() - t.started)),
                 # with tracing on the engine continues this span, not the client's

@@ -7,9 +7,9 @@ closes the upstream connection (the engine aborts the request and frees its KV b
 that fails before the first byte becomes a 502, after it a final SSE error event (neither names
 an internal address: the details go to the log).
 
-A streaming client that takes nothing for ``write_timeout_s`` is cut off, and no request runs
-past ``max_duration_s``: either way the upstream request is closed and the caller releases the
-reservation.
+A streaming client that takes nothing for its :class:`StallBudget` (seconds while others wait
+for KV, the write timeout otherwise) is cut off, and no request runs past ``max_duration_s``:
+either way the upstream request is closed and the caller releases the reservation.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -33,7 +34,7 @@ from router.http.edge import json_response
 from router.parse import ParsedRequest
 from streams.openai import error_body
 
-__all__ = ["forward"]
+__all__ = ["StallBudget", "forward"]
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +43,30 @@ class ClientStalled(Exception):
     """The client stopped taking the stream."""
 
 
+@dataclass(frozen=True, slots=True)
+class StallBudget:
+    """How long a stream's client may take nothing: ``budget_s`` while ``contended()`` says
+    others wait for the KV it holds, ``timeout_s`` in any case."""
+
+    timeout_s: float = 30.0
+    budget_s: float = 0.0  # 0: only the timeout
+    contended: Callable[[], bool] | None = None
+
+
+_CHECK_S = 0.5  # past the budget, how often a waiting write asks whether the pool is contended
+
+
 async def _write(
     resp: web.StreamResponse,
     data: bytes,
-    timeout_s: float,
+    stall: StallBudget,
     transport: Any = None,
     high_water: int = 0,
 ) -> None:
-    """Write ``data`` to the client, giving up after ``timeout_s`` of a client that takes
-    nothing. A write can only wait when the connection's ``transport`` is paused (its buffer
-    above ``high_water``); with nothing buffered and less than that to write it cannot be, and
-    the write goes without a timer (the common case: the kernel takes every SSE chunk)."""
+    """Write ``data`` to the client, giving up on a client that takes nothing (``stall``). A
+    write can only wait when the connection's ``transport`` is paused (its buffer above
+    ``high_water``); with nothing buffered and less than that to write it cannot be, and the
+    write goes without a timer (the common case: the kernel takes every SSE chunk)."""
     if (
         transport is not None
         and len(data) < high_water
@@ -61,11 +75,34 @@ async def _write(
     ):
         await resp.write(data)
         return
+    if not stall.budget_s or stall.contended is None or stall.budget_s >= stall.timeout_s:
+        try:
+            async with asyncio.timeout(stall.timeout_s):
+                await resp.write(data)
+        except TimeoutError:
+            raise ClientStalled(f"client took nothing for {stall.timeout_s:g} s") from None
+        return
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    write = asyncio.ensure_future(resp.write(data))
     try:
-        async with asyncio.timeout(timeout_s):
-            await resp.write(data)
-    except TimeoutError:
-        raise ClientStalled(f"client took nothing for {timeout_s:g} s") from None
+        wait = stall.budget_s
+        while True:
+            done, _ = await asyncio.wait({write}, timeout=wait)
+            if done:
+                write.result()
+                return
+            waited = loop.time() - start
+            if waited >= stall.timeout_s:
+                raise ClientStalled(f"client took nothing for {stall.timeout_s:g} s")
+            if stall.contended():
+                raise ClientStalled(
+                    f"client took nothing for {waited:.1f} s while others wait for KV"
+                )
+            wait = min(_CHECK_S, stall.timeout_s - waited)
+    finally:
+        if not write.done():
+            write.cancel()
 
 
 def _bound_send_buffer(request: web.Request, size: int) -> None:
@@ -195,7 +232,7 @@ async def _failed(
     node: NodeView,
     resp: web.StreamResponse | None,
     request_id: str,
-    write_timeout_s: float,
+    stall: StallBudget,
 ) -> web.StreamResponse:
     """The engine failed (or, ``overdue`` set to ``max_duration_s``, the request ran past it):
     a 502/504 before the first byte, else a final SSE error event on the open stream. The
@@ -216,7 +253,7 @@ async def _failed(
         return json_response(error_body(public, kind, code), code)
     err = orjson.dumps(error_body(public, "BadGateway", 502))
     try:
-        await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", write_timeout_s)
+        await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", stall)
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError, ClientStalled):
         pass
@@ -232,7 +269,7 @@ async def forward(
     started: float,
     on_first_token: Callable[[], None] | None = None,
     *,
-    write_timeout_s: float = 30.0,
+    stall: StallBudget = StallBudget(),
     max_duration_s: float = 3600.0,
     send_buffer_bytes: int = 64 << 10,
     upstream_headers: Mapping[str, str] | None = None,
@@ -285,10 +322,10 @@ async def forward(
             async for data in up.content.iter_any():  # as the engine wrote it
                 out = lines.feed(data)
                 if out:
-                    await _write(resp, out, write_timeout_s, client, high)
+                    await _write(resp, out, stall, client, high)
             out = lines.feed(b"", final=True)
             if out:
-                await _write(resp, out, write_timeout_s, client, high)
+                await _write(resp, out, stall, client, high)
             await resp.write_eof()
             relay.status = "ok"
             return resp, relay
@@ -303,7 +340,7 @@ async def forward(
         return (resp if resp is not None else web.Response(status=499)), relay
     except (aiohttp.ClientError, TimeoutError) as exc:
         overdue = max_duration_s if deadline.expired() else None
-        failed = await _failed(exc, overdue, relay, node, resp, request_id, write_timeout_s)
+        failed = await _failed(exc, overdue, relay, node, resp, request_id, stall)
         return failed, relay
     finally:
         if relay.usage is not None:

@@ -10,8 +10,9 @@ import socket
 import orjson
 import pytest
 
+from admission.settings import Tenant
 from tests.conftest import wait_until
-from tests.edgekit import bearer, completion, edge, raw_http
+from tests.edgekit import TENANTS, bearer, completion, edge, raw_http
 
 
 def _port(url: str) -> int:
@@ -232,3 +233,54 @@ def test_the_connection_limits_hold_on_uvloop() -> None:
         await test_one_client_cannot_hold_the_listener()
 
     uvloop.run(both())
+
+
+async def test_stalled_streams_are_cut_within_the_stall_budget_while_others_wait() -> None:
+    """Two streams whose clients stop reading hold most of the KV budget. Nobody else waiting,
+    they keep it (only the write timeout cuts them); once a low-priority tenant is refused for
+    KV, they are cut within the stall budget, their reservations released, and the tenant gets
+    in."""
+    tenants = {**TENANTS, "sk-low": Tenant(name="low", priority="low")}
+    async with edge(
+        engines=1,
+        blocks=2000,
+        router={"stall_budget_s": 1.0, "stream_write_timeout_s": 60.0},
+        admission={"tenants": tenants},
+        profile={"step_base_s": 0.004},  # fast decoding: the buffers fill in a few seconds
+    ) as e:
+        port = _port(e.url)
+        # each ~825 of the 2,000 blocks (prompt and output): both past the yellow watermark
+        body = orjson.dumps(completion("story " * 7466, max_tokens=2000, stream=True))
+        socks = []
+        for _ in range(2):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            head = _head(len(body), "sk-alpha").replace(b"Connection: close", b"Connection: x")
+            await asyncio.get_running_loop().sock_sendall(sock, head + body)
+            socks.append(sock)
+
+        async def both_reserved() -> bool:
+            return await e.reservations() == 2
+
+        await wait_until(both_reserved, 5, "both streams admitted")
+        await asyncio.sleep(6)  # stalled well past the budget: nobody waits, they stay
+        assert await e.reservations() == 2
+        low = completion("a short question", max_tokens=8)
+        status, out, _ = await e.call("POST", "/v1/completions", low, bearer("sk-low"))
+        assert status == 429 and out["error"]["type"] == "yellow_low_priority", out
+
+        async def released() -> bool:
+            return await e.reservations() == 0
+
+        # each cut once it has stalled for the budget (1 s), long before the 60 s timeout
+        await wait_until(released, 20, "the stalled streams cut", 0.1)
+        # a new request (the refused one is held to its Retry-After)
+        again = completion("another short question", max_tokens=8)
+        status, out, _ = await e.call("POST", "/v1/completions", again, bearer("sk-low"))
+        assert status == 200, out
+        metrics = (await e.call("GET", "/metrics"))[1]
+        assert "kvgate_router_stalled_clients_total 2.0" in metrics
+        for sock in socks:
+            sock.close()

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.flow.served import Served
-from router.http.proxy import ClientStalled, _SseLines, _write
+from router.http.proxy import ClientStalled, StallBudget, _SseLines, _write
 
 
 def _event(obj: dict[str, object]) -> bytes:
@@ -126,22 +126,53 @@ class _Response:
         self.written.append(data)
 
 
+_STALL = StallBudget(0.05)
+
+
 async def test_a_write_that_could_wait_is_timed_and_one_that_cannot_goes_untimed() -> None:
     """With the client's buffer empty and less than its high-water mark to write, the write
     cannot be paused: it goes without a timer. Otherwise a client that takes nothing for the
     write timeout is cut off."""
     resp = _Response()
     with pytest.raises(ClientStalled):  # data buffered already: the write may wait
-        await _write(resp, b"x", 0.05, _Transport(buffered=10), 1 << 16)  # type: ignore[arg-type]
+        await _write(resp, b"x", _STALL, _Transport(buffered=10), 1 << 16)  # type: ignore[arg-type]
     with pytest.raises(ClientStalled):  # more than the high-water mark: it may too
-        await _write(resp, b"x" * 100, 0.05, _Transport(buffered=0), 64)  # type: ignore[arg-type]
+        await _write(resp, b"x" * 100, _STALL, _Transport(buffered=0), 64)  # type: ignore[arg-type]
     with pytest.raises(ClientStalled):  # no transport known: always timed
-        await _write(resp, b"x", 0.05)  # type: ignore[arg-type]
+        await _write(resp, b"x", _STALL)  # type: ignore[arg-type]
     untimed = asyncio.create_task(
-        _write(resp, b"y", 0.05, _Transport(buffered=0), 1 << 16)  # type: ignore[arg-type]
+        _write(resp, b"y", _STALL, _Transport(buffered=0), 1 << 16)  # type: ignore[arg-type]
     )
     await asyncio.sleep(0.1)  # past the timeout: no timer runs
     assert not untimed.done()
     resp.release.set()
     await untimed
+    assert resp.written == [b"y"]
+
+
+async def test_a_stalled_write_is_cut_within_its_budget_only_while_the_pool_is_contended() -> None:
+    """Past the stall budget a waiting write asks whether others wait for KV: cut off then
+    (within the budget and one check), never before the budget, and only at the timeout
+    while nobody waits."""
+    contended = False
+    stall = StallBudget(timeout_s=2.0, budget_s=0.2, contended=lambda: contended)
+    loop = asyncio.get_running_loop()
+    resp = _Response()
+    t0 = loop.time()
+    with pytest.raises(ClientStalled, match="took nothing for 2 s"):
+        await _write(resp, b"x", stall)  # type: ignore[arg-type]
+    assert loop.time() - t0 >= 2.0
+    contended = True
+    t0 = loop.time()
+    with pytest.raises(ClientStalled, match="while others wait for KV"):
+        await _write(resp, b"x", stall)  # type: ignore[arg-type]
+    assert 0.2 <= loop.time() - t0 < 1.0
+    contended = False
+    late = asyncio.create_task(_write(resp, b"z", stall))  # type: ignore[arg-type]
+    await asyncio.sleep(0.5)
+    contended = True  # others start waiting while it stalls: cut at the next check
+    with pytest.raises(ClientStalled, match="while others wait"):
+        await late
+    resp.release.set()
+    await _write(resp, b"y", stall)  # type: ignore[arg-type]
     assert resp.written == [b"y"]
