@@ -35,6 +35,7 @@ _GATEWAY_PATHS = ("/v1/kvgate/route", "/v1/kvgate/release", "/v1/kvgate/renew")
 def credentials(path: str, headers: dict[str, str] | None = None) -> dict[str, str]:
     """``headers`` plus the admin or gateway key the path needs (unless already given)."""
     out = dict(headers or {})
+    path = path.split("?", 1)[0]
     if path in _ADMIN_PATHS:
         out.setdefault("Authorization", f"Bearer {ADMIN_KEY}")
     elif path in _GATEWAY_PATHS:
