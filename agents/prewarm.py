@@ -14,6 +14,7 @@ import aiohttp
 
 from agents.settings import AgentSettings
 from streams.codec import decode
+from streams.controlauth import ControlAuth
 from streams.exceptions import SchemaError
 from streams.kafka import KafkaBus, make_consumer
 from streams.schemas import ControlMessage
@@ -30,6 +31,8 @@ class Prewarmer:
         self.bus = bus
         self.headers = dict(headers)  # the engine's auth and data-parallel rank
         self.prewarmed = 0
+        self.refused = 0  # advice not signed with a control key (where keys are set)
+        self.auth = ControlAuth(bus.settings.control_keys, bus.settings.control_key_id)
 
     async def run(self, http: aiohttp.ClientSession) -> None:
         """Follow kvgate.control from its end until cancelled."""
@@ -51,10 +54,16 @@ class Prewarmer:
                         msg = decode(ControlMessage, record.value or b"")
                     except SchemaError:
                         continue  # the routers dead-letter malformed control messages
-                    if msg.kind == "prewarm" and self.settings.node_id in msg.payload.get(
+                    if msg.kind != "prewarm" or self.settings.node_id not in msg.payload.get(
                         "nodes", ()
                     ):
-                        await self.warm(http, msg)
+                        continue
+                    why = self.auth.check(msg)
+                    if why is not None:  # someone other than a router asks the engine to work
+                        self.refused += 1
+                        log.warning("refused pre-warm advice %s: %s", msg.subject, why)
+                        continue
+                    await self.warm(http, msg)
             except Exception as exc:  # keep heartbeats going whatever happens here
                 log.warning("pre-warm follower restarting after %s", exc)
                 await asyncio.sleep(1.0)

@@ -17,7 +17,6 @@ from deploy.settings import Settings, load_settings, public_dump
 if TYPE_CHECKING:
     from analytics.recorded import Recorded
     from analytics.sim.traces import Trace
-    from streams.schemas import ControlMessage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 ConfigOpt = Annotated[
@@ -859,123 +858,6 @@ def tune_cmd(
             typer.echo(f"{what}: {path}")
 
 
-@app.command()
-def weights(
-    version: Annotated[int, typer.Option(help="new weights version (must be newer)")],
-    policy: Annotated[str | None, typer.Option(help="policy (default: the config's)")] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="NAME=VALUE over the config's weights")
-    ] = None,
-    canary: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="only this share of requests (by session) gets the weights, the rest keep "
-            "theirs; 0 ends the canary",
-        ),
-    ] = None,
-    config: ConfigOpt = None,
-) -> None:
-    """Publish new policy weights on kvgate.control: every router applies them at runtime and
-    records the version with each decision. With --canary, they decide only that share of the
-    requests (compare the two versions in Grafana), until a plain `kvgate weights` replaces the
-    current ones or --canary 0 ends it."""
-    from router.control import weights_message
-    from router.decision.policies.canary import weights_canary_message
-
-    s = _settings(config)
-    name = policy or s.router.policy
-    model = {"kvgate": s.router.cost, "seed_score": s.router.weights}.get(name)
-    if model is None:
-        raise typer.BadParameter(f"policy {name!r} has no runtime weights (kvgate, seed_score)")
-    values: dict[str, object] = model.model_dump()
-    for item in set_ or []:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in values:
-            raise typer.BadParameter(
-                f"--set {item!r}: expected NAME=VALUE, NAME one of {sorted(values)}"
-            )
-        values[key] = raw
-    values["version"] = version
-    try:
-        checked = type(model).model_validate(values).model_dump()
-    except Exception as exc:
-        raise typer.BadParameter(str(exc)) from exc
-
-    if canary is not None:
-        _send_control(s, weights_canary_message(name, checked, canary))
-        typer.echo(json.dumps({"policy": name, "weights": checked, "canary_share": canary}))
-        return
-    _send_control(s, weights_message(name, checked))
-    typer.echo(json.dumps({"policy": name, "weights": checked}))
-
-
-def _send_control(s: Settings, msg: ControlMessage) -> None:
-    """Publish ``msg`` on kvgate.control, acknowledged by the broker."""
-    from streams.kafka import KafkaBus, ensure_topics
-    from streams.topics import CONTROL
-
-    async def publish() -> None:
-        await ensure_topics(s.kafka)
-        bus = KafkaBus(s.kafka, "kvgate-cli")
-        await bus.start()
-        try:
-            await bus.send(CONTROL, msg.subject, msg)
-        finally:
-            await bus.stop()
-
-    asyncio.run(publish())
-
-
-def _publish_drain(config: Path | None, node: str, drain: bool) -> None:
-    from router.control import drain_message
-
-    _send_control(_settings(config), drain_message(node, drain))
-    typer.echo(json.dumps({"node": node, "draining": drain}))
-
-
-@app.command()
-def drain(
-    node: Annotated[str, typer.Argument(help="the node id (as its agent names it)")],
-    config: ConfigOpt = None,
-) -> None:
-    """Drain a node on every router (kvgate.control): no new requests, in-flight ones finish."""
-    _publish_drain(config, node, True)
-
-
-@app.command()
-def undrain(
-    node: Annotated[str, typer.Argument(help="the node id")],
-    config: ConfigOpt = None,
-) -> None:
-    """Take a node back into routing on every router."""
-    _publish_drain(config, node, False)
-
-
-@app.command()
-def canary(
-    group: Annotated[str, typer.Argument(help="the canary group's name, e.g. vllm-0.34")],
-    nodes: Annotated[
-        str, typer.Option(help="comma-separated node ids of the group (empty: end it)")
-    ] = "",
-    share: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="of requests sent to the group, and only it")
-    ] = 0.05,
-    off: Annotated[bool, typer.Option("--off", help="end the canary")] = False,
-    config: ConfigOpt = None,
-) -> None:
-    """Send a share of requests to a group of nodes (e.g. 5 % to a new engine version) on every
-    router (kvgate.control); the other requests avoid the group."""
-    from router.control import canary_message
-
-    members = [] if off else [n.strip() for n in nodes.split(",") if n.strip()]
-    if not off and not members:
-        raise typer.BadParameter("--nodes names the group's nodes (or --off ends the canary)")
-    _send_control(_settings(config), canary_message(group, members, 0.0 if off else share))
-    typer.echo(json.dumps({"group": group, "nodes": members, "share": 0.0 if off else share}))
-
-
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write docs/benchmarks/.")
 app.add_typer(bench_app, name="bench")
 
@@ -1179,6 +1061,10 @@ EXTRAS = {
     "optuna": "analytics",
     "statsmodels": "analytics",
 }
+
+
+# the control commands (weights, drain, undrain, canary) live in their own module
+from deploy import controlcli  # noqa: E402,F401
 
 
 def main() -> None:

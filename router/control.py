@@ -5,7 +5,9 @@ consumer group, so that all replicas converge on the same weights and a restarte
 the latest ones before it serves. ``weights`` messages (subject ``weights/<policy>``) carry the
 full weight set of one policy with a ``version``; a router applies them when the policy is the one
 it runs and the version is newer than its own. Invalid weights are refused (logged and counted),
-never half-applied; malformed messages go to the dead-letter topic.
+never half-applied; malformed messages go to the dead-letter topic. With ``kafka.control_keys``
+set only signed messages apply, and per subject only one newer than the last applied
+(streams/controlauth.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,7 @@ from router.decision.fleet import Fleet
 from router.decision.policies.canary import WeightsCanary, apply_weights_canary
 from router.decision.types import Policy
 from streams.background import Background
+from streams.controlauth import ControlAuth
 from streams.kafka import KafkaBus, decode_or_dead_letter, make_consumer
 from streams.schemas import ControlMessage
 from streams.settings import KafkaSettings
@@ -130,9 +134,24 @@ class ControlFollower(Background):
         self.topic = CONTROL.name(kafka.namespace)
         self.applied = 0
         self.refused = 0
+        # only signed messages where keys are set, each newer than its subject's last
+        self.auth = ControlAuth(kafka.control_keys, kafka.control_key_id)
+        self.refusals: Counter[str] = Counter()  # unsigned, bad_signature, unknown_key, stale
+        if not self.auth.enabled:
+            log.warning(
+                "kafka.control_keys not set: control messages are not authenticated (anyone "
+                "who can write to %s can drain nodes and set weights)",
+                self.topic,
+            )
         self.caught_up = asyncio.Event()
 
     def handle(self, msg: ControlMessage) -> str:
+        why = self.auth.check(msg)
+        if why is not None:
+            self.refused += 1
+            self.refusals[why] += 1
+            log.warning("refused control message %s (%s): %s", msg.subject, msg.kind, why)
+            return f"refused: {why}"
         outcome = "ignored"
         if msg.kind in ("drain", "undrain"):
             node = msg.payload.get("node")

@@ -26,8 +26,9 @@ from aiokafka.errors import (
 from pydantic import BaseModel
 
 from streams.codec import decode, encode, encode_key
+from streams.controlauth import ControlAuth
 from streams.exceptions import SchemaError, StreamError
-from streams.schemas import DeadLetter
+from streams.schemas import ControlMessage, DeadLetter
 from streams.settings import KafkaSettings
 from streams.topics import ALL_TOPICS, DLQ, TopicSpec
 
@@ -188,6 +189,8 @@ class KafkaBus:
     def __init__(self, settings: KafkaSettings, client_id: str, *, linger_ms: int = 5) -> None:
         self.settings = settings
         self.client_id = client_id
+        # every control message this process publishes is signed (streams/controlauth.py)
+        self.signer = ControlAuth(settings.control_keys, settings.control_key_id)
         # the outbox is handed over every linger_ms, all at once: every partition's batch is
         # then ready at the same moment and goes in one produce request per broker (the
         # producer's own linger runs per partition, so its requests would not coalesce)
@@ -262,6 +265,8 @@ class KafkaBus:
 
     async def send(self, spec: TopicSpec, key: str | None, value: BaseModel) -> None:
         """Send and wait for the broker's acknowledgement."""
+        if isinstance(value, ControlMessage):
+            value = self.signer.sign(value)
         try:
             await self._producer.send_and_wait(self.topic(spec), encode(value), encode_key(key))
         except KafkaError as exc:
@@ -273,6 +278,8 @@ class KafkaBus:
 
     def post(self, spec: TopicSpec, key: str | None, value: BaseModel | None) -> bool:
         """:meth:`publish` for code that is not a coroutine (None: a tombstone)."""
+        if isinstance(value, ControlMessage):
+            value = self.signer.sign(value)
         return self.enqueue(
             self.topic(spec), encode_key(key), encode(value) if value is not None else None
         )

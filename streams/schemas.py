@@ -320,6 +320,9 @@ class ControlMessage(Message):
     kind: Literal["prewarm", "weights", "drain", "undrain", "canary", "scale"]
     ts: float = Field(gt=0)
     payload: dict[str, Any] = Field(default_factory=dict)
+    # HMAC-SHA256 of the message with key ``key_id`` (streams/controlauth.py); None: unsigned
+    key_id: str | None = Field(default=None, max_length=200)
+    signature: str | None = Field(default=None, max_length=128)
 
 
 class DeadLetter(Message):

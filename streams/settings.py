@@ -27,6 +27,15 @@ class KafkaSettings(BaseModel):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
+    control_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="key id -> secret: control messages (weights, drain, canary, pre-warm, "
+        "scale) are signed with control_key_id and applied only when signed with one of these "
+        "(streams/controlauth.py); empty: unsigned and unchecked. Set it before exposing Kafka",
+    )
+    control_key_id: str | None = Field(
+        default=None, description="the key this process signs with (default: the first id)"
+    )
     outbox_max_messages: int = Field(
         default=200_000,
         ge=1,

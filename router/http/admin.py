@@ -194,6 +194,13 @@ class AdminApi:
                 "weights_version": self.policy.weights_version,
                 "weights_canary": self.policy.state(),
                 "weights_refused": control.refused if control else 0,
+                # control messages refused for their signature or age (streams/controlauth.py)
+                "control": {
+                    "authenticated": control.auth.enabled,
+                    "refused": dict(control.refusals),
+                }
+                if control
+                else None,
                 **d.fleet.state(now),
                 "token_calibration": d.calibration.report(),
                 "tokenization_checks": self.tokencheck.report(),
