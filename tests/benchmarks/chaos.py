@@ -43,6 +43,7 @@ from redis.asyncio import Redis
 from deploy.procs import DEPLOY, LocalInfra, Supervisor, free_port
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
+from tests.benchmarks.chaos_clients import CLIENT_SCENARIOS, LOW, STALL
 from tests.chfront import ChdbFront
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
@@ -176,6 +177,8 @@ class Chaos:
             GOOD[0]: {"name": "good-a", "priority": "normal"},
             GOOD[1]: {"name": "good-b", "priority": "normal"},
             FLOOD: {"name": "flood", "priority": "normal", "max_concurrency": 4},
+            LOW: {"name": "low", "priority": "low"},
+            STALL: {"name": "stall", "priority": "normal"},
         }
         return {
             "KVGATE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{KAFKA_PORT}",
@@ -189,7 +192,8 @@ class Chaos:
             "KVGATE_ADMISSION__TENANTS": json.dumps(tenants),
             "KVGATE_ROUTER__ADMIN_KEYS": json.dumps({ADMIN: "chaos"}),
             "KVGATE_ROUTER__GATEWAY_KEYS": json.dumps({GATEWAY: "chaos"}),
-            "KVGATE_ROUTER__STREAM_WRITE_TIMEOUT_S": "3",
+            "KVGATE_ROUTER__STREAM_WRITE_TIMEOUT_S": "30",
+            "KVGATE_ROUTER__STALL_BUDGET_S": "2",
             "KVGATE_ROUTER__IDLE_TIMEOUT_S": "5",
             "KVGATE_WORKER__WEB_PORT": str(free_port()),
             "KVGATE_WORKER__DATA_DIR": str(self.tmp / "worker"),
@@ -409,6 +413,7 @@ SCENARIOS = [
     "slow_headers",
     "huge_bodies",
     "tenant_flood",
+    *CLIENT_SCENARIOS,
 ]
 
 
@@ -427,7 +432,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for name in args.scenarios:
                 load.scenario = name
                 started = time.monotonic()
-                extra = await getattr(chaos, name)(load)
+                scenario = CLIENT_SCENARIOS.get(name)
+                extra = await (scenario(chaos, load) if scenario else getattr(chaos, name)(load))
                 elapsed = time.monotonic() - started
                 if elapsed < args.scenario_s:
                     await asyncio.sleep(args.scenario_s - elapsed)
