@@ -142,6 +142,10 @@ class _Exchange:
             self.request_body_mode = req.protocol_config.request_body_mode or BUFFERED
             self.response_body_mode = req.protocol_config.response_body_mode
         kind = req.WhichOneof("request")
+        if kind in ("request_headers", "request_body") and self.request_id is not None:
+            # one request per stream: routing a second would hold a second reservation, and
+            # the first would be held until its lease ran out
+            return [immediate(400, _error("this stream's request is routed already"), {})]
         if kind == "request_headers":
             self.headers = _headers(req.request_headers)
             try:  # the tenant's key, before a byte of its body is read
@@ -340,10 +344,16 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
     ) -> AsyncIterator[ep.ProcessingResponse]:
         why = self._unauthorized(context)
+        if why is None and self.streams >= self.parts.settings.epp_max_streams:
+            code, why = grpc.StatusCode.RESOURCE_EXHAUSTED, "too many ext_proc streams"
+        elif why is not None:
+            code = grpc.StatusCode.UNAUTHENTICATED
         if why is not None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-        if self.streams >= self.parts.settings.epp_max_streams:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many ext_proc streams")
+            # the stream ends with this status, nothing read (an abort raised inside the
+            # generator could end it as INTERNAL while the client was still writing)
+            context.set_code(code)
+            context.set_details(why)
+            return
         self.streams += 1
         ex = _Exchange(self.parts)
         try:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -39,6 +40,7 @@ from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import DECISIONS
 
 MODEL = "llama-3.1-8b"
+T = TypeVar("T")
 ADMIN = "admin-key-0123"
 GATEWAY = "gateway-key-0123"
 OTHER_GATEWAY = "gateway-key-4567"
@@ -46,6 +48,23 @@ TENANTS = {
     "sk-alpha": Tenant(name="alpha", priority="normal"),
     "sk-beta": Tenant(name="beta", priority="normal"),
 }
+
+
+class LoopThread:
+    """An event loop in a thread: hypothesis drives synchronous examples against it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
 
 
 @dataclass

@@ -7,6 +7,7 @@ back through the processor."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from router.flow.salt import tenant_salt
 from streams.codec import decode
 from streams.schemas import Outcome
 from streams.topics import OUTCOMES
+from tests.conftest import wait_until
 from tests.edgekit import GATEWAY, MODEL, Edge, completion, edge
 
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
@@ -363,3 +365,33 @@ async def test_the_picker_wants_the_gateways_key_before_reading_anything(
     resp = await envoy.read()
     assert resp.HasField("immediate_response") and resp.immediate_response.status.code == 401
     assert await e.reservations() == 0
+
+
+async def test_a_stream_routes_one_request_only(picker: tuple[Edge, Any, EppServer]) -> None:
+    """A second request on a routed stream (not what Envoy sends; what a hostile or broken
+    peer may) is refused: it would hold a second reservation, and the first would stay held
+    until its lease ran out."""
+    e, channel, _ = picker
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), BUFFERED, BUFFERED)
+    body = orjson.dumps(completion())
+    await envoy.send(request_headers=request_headers())
+    assert (await envoy.read()).HasField("request_headers")
+    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    assert (await envoy.read()).HasField("request_body")  # routed
+    for again in (
+        ep.ProcessingRequest(request_headers=request_headers()),
+        ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)),
+    ):
+        await envoy.call.write(again)
+        answer = await envoy.read()
+        assert answer.immediate_response.status.code == 400
+    assert await e.reservations() == 1
+    await envoy.call.done_writing()
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        while await envoy.call.read() is not grpc.aio.EOF:
+            pass
+
+    async def released() -> bool:
+        return await e.reservations() == 0
+
+    await wait_until(released, 5, "the stream's one reservation released")

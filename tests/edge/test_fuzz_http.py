@@ -8,19 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 from collections import Counter
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.edgekit import ADMIN, GATEWAY, MODEL, OTHER_GATEWAY, Edge, edge
-
-T = TypeVar("T")
+from tests.edgekit import ADMIN, GATEWAY, MODEL, OTHER_GATEWAY, Edge, LoopThread, edge
 
 PATHS = [
     ("POST", "/v1/completions"),
@@ -36,6 +33,18 @@ PATHS = [
     ("GET", "/metrics"),
     ("DELETE", "/v1/completions"),
     ("POST", "/v1/../../etc/passwd"),
+    # the pass-through: allow-listed, engine admin, not admitted, not in normal form
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/score"),
+    ("POST", "/v1/rerank"),
+    ("POST", "/v1/classify"),
+    ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/responses"),
+    ("POST", "/v1/%2e%2e/reset_prefix_cache"),
+    ("POST", "/v1//embeddings"),
+    ("POST", "/v1/embeddings/../../sleep"),
+    ("POST", "/v1\\..\\reset_prefix_cache"),
+    ("GET", "/v1/embeddings"),
 ]
 REJECT_TYPES = {
     "no_capacity",
@@ -43,23 +52,6 @@ REJECT_TYPES = {
     "store_unavailable",
     "ServiceUnavailableError",
 }
-
-
-class LoopThread:
-    """An event loop in a thread: hypothesis drives synchronous examples against it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")
