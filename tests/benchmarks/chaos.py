@@ -55,6 +55,9 @@ FLOOD = "sk-flood"
 LEASE_S = 10.0
 REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 TYPED_503 = {"store_unavailable", "nodes_unhealthy", "no_capacity"}
+# misbehaving clients come from addresses of their own (the well-behaved load: 127.0.0.1), as
+# they would: the router's per-client connection share tells them apart
+SLOW_ADDR, STALL_ADDR = "127.0.0.5", "127.0.0.6"
 
 
 @dataclass
@@ -306,6 +309,7 @@ class Chaos:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.setblocking(False)
             with contextlib.suppress(OSError):
+                s.bind((STALL_ADDR, 0))  # the stalled clients' own address
                 await asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", port))
                 s.send(head + body)
                 socks.append(s)
@@ -317,9 +321,9 @@ class Chaos:
     async def slow_headers(self, load: Load) -> dict[str, Any]:
         port = int(self.router.rsplit(":", 1)[1])
         conns = []
-        for _ in range(self.args.slow):
+        for _ in range(self.args.slow):  # from an address of their own (the attacker's)
             with contextlib.suppress(OSError):
-                r, w = await asyncio.open_connection("127.0.0.1", port)
+                r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=(SLOW_ADDR, 0))
                 w.write(b"POST /v1/completions HTTP/1.1\r\nHost: c\r\n")
                 conns.append((r, w))
         for _ in range(int(self.args.scenario_s)):

@@ -185,6 +185,7 @@ async def stalled_low_priority(chaos: Chaos, load: Load) -> dict[str, Any]:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.setblocking(False)
         with contextlib.suppress(OSError):
+            s.bind(("127.0.0.7", 0))  # the stalled clients' own address
             await loop.sock_connect(s, ("127.0.0.1", port))
             await loop.sock_sendall(s, head + body)
             socks.append(s)
