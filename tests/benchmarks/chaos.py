@@ -43,7 +43,7 @@ from redis.asyncio import Redis
 from deploy.procs import DEPLOY, LocalInfra, Supervisor, free_port
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
-from tests.benchmarks.chaos_clients import CLIENT_SCENARIOS, LOW, STALL
+from tests.benchmarks.chaos_clients import CLIENT_SCENARIOS, LOW, STALL, post_status
 from tests.chfront import ChdbFront
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
@@ -378,14 +378,9 @@ class Chaos:
 
         async def flood_one(i: int) -> None:
             body = {"model": MODEL, "prompt": f"flood {i} " * 30, "max_tokens": 64, "stream": True}
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with load.http.post(
-                    self.router + "/v1/completions",
-                    json=body,
-                    headers={"Authorization": f"Bearer {FLOOD}"},
-                ) as r:
-                    await r.read()
-                    counts[r.status] += 1
+            status = await post_status(load.http, self.router, FLOOD, json=body)
+            if status is not None:
+                counts[status] += 1
 
         end = time.monotonic() + self.args.scenario_s
         i = 0

@@ -23,6 +23,19 @@ LOW = "sk-low"  # a low-priority tenant (its requests are refused first past yel
 STALL = "sk-stall"  # a tenant whose clients stop reading their streams
 
 
+async def post_status(
+    http: aiohttp.ClientSession, router: str, key: str, **kwargs: Any
+) -> int | None:
+    """A completion sent as ``key``'s tenant (``json=`` or ``data=``): its answer's status, None
+    when none came."""
+    headers = {"Authorization": f"Bearer {key}", **kwargs.pop("headers", {})}
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with http.post(router + "/v1/completions", headers=headers, **kwargs) as r:
+            await r.read()
+            return r.status
+    return None
+
+
 def _port(chaos: Chaos) -> int:
     return int(chaos.router.rsplit(":", 1)[1])
 
@@ -96,14 +109,15 @@ async def poison_records(chaos: Chaos, load: Load) -> dict[str, Any]:
         i += 1
         body = {"model": MODEL, "prompt": f"poison {i}", "max_tokens": 4, "user": big}
         body["session_id"] = big + str(i)
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with load.http.post(
-                chaos.router + "/v1/completions",
-                data=orjson.dumps(body),
-                headers={"Authorization": "Bearer sk-good-b", "Content-Type": "application/json"},
-            ) as r:
-                await r.read()
-                answers[r.status] += 1
+        status = await post_status(
+            load.http,
+            chaos.router,
+            "sk-good-b",
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
+        if status is not None:
+            answers[status] += 1
         await asyncio.sleep(0.5)
     async with load.http.get(chaos.router + "/ready") as r:
         ready = await r.json(content_type=None)
@@ -124,14 +138,15 @@ async def large_bodies(chaos: Chaos, load: Load) -> dict[str, Any]:
 
     async def sender() -> None:
         while time.monotonic() < end:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with load.http.post(
-                    chaos.router + "/v1/completions",
-                    data=raw,
-                    headers={"Authorization": "Bearer sk-good-a", "Content-Type": "text/json"},
-                ) as r:
-                    await r.read()
-                    answers[r.status] += 1
+            status = await post_status(
+                load.http,
+                chaos.router,
+                "sk-good-a",
+                data=raw,
+                headers={"Content-Type": "application/json"},
+            )
+            if status is not None:
+                answers[status] += 1
 
     probe = asyncio.create_task(_probe_health(chaos, "127.0.0.4", end))
     await asyncio.gather(*(sender() for _ in range(8)))
@@ -197,16 +212,11 @@ async def stalled_low_priority(chaos: Chaos, load: Load) -> dict[str, Any]:
     while time.monotonic() - t0 < chaos.args.scenario_s:
         i += 1
         low = {"model": MODEL, "prompt": f"a low-priority question {i}", "max_tokens": 8}
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with load.http.post(
-                chaos.router + "/v1/completions",
-                json=low,
-                headers={"Authorization": f"Bearer {LOW}"},
-            ) as r:
-                await r.read()
-                answers[r.status] += 1
-                if r.status == 200 and first_ok is None:
-                    first_ok = time.monotonic() - t0
+        status = await post_status(load.http, chaos.router, LOW, json=low)
+        if status is not None:
+            answers[status] += 1
+            if status == 200 and first_ok is None:
+                first_ok = time.monotonic() - t0
         await asyncio.sleep(0.5)
     cut = await _stalled_total(chaos, load) - cut_before  # before the clients go away
     for s in socks:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,6 +150,17 @@ async def get(url: str, path: str) -> Any:
         http.get(url + path, headers=credentials(path)) as r,
     ):
         return await r.json(content_type=None)
+
+
+def kvgate_cli(supervisor: Supervisor, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``kvgate ARGV`` with the cluster's environment (its Kafka, its keys)."""
+    return subprocess.run(
+        [sys.executable, "-m", "deploy", *argv],
+        env={**os.environ, **supervisor.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def long_prompt(tag: str, words: int = 200) -> str:

@@ -3,10 +3,6 @@ are recorded with decisions; hot prefixes get pre-warmed on another node by its 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from deploy.procs import Supervisor
@@ -17,7 +13,15 @@ from streams.schemas import ControlMessage, Decision
 from streams.settings import KafkaSettings
 from streams.topics import CONTROL, DECISIONS
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post, read_topic
+from tests.integration.cluster import (
+    MODEL,
+    Cluster,
+    get,
+    kvgate_cli,
+    long_prompt,
+    post,
+    read_topic,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -27,22 +31,7 @@ async def test_weights_change_at_runtime_on_every_router(
 ) -> None:
     cluster, url = await Cluster.two_nodes(supervisor)
     assert (await get(url, "/v1/kvgate/state"))["weights_version"] == 1
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "deploy",
-            "weights",
-            "--version",
-            "2",
-            "--set",
-            "prefill_weight=1.5",
-        ],
-        env={**os.environ, **supervisor.env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = kvgate_cli(supervisor, "weights", "--version", "2", "--set", "prefill_weight=1.5")
     assert cli.returncode == 0, cli.stderr
 
     await wait_until(lambda: _on_version(url, 2), 20, "router on weights v2", 0.2)
@@ -73,13 +62,7 @@ async def test_weights_change_at_runtime_on_every_router(
 
     # a canary: candidate weights v3 decide about half the requests, v2 the rest
     def weights_cli(*args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "deploy", "weights", *args],
-            env={**os.environ, **supervisor.env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = kvgate_cli(supervisor, "weights", *args)
         assert done.returncode == 0, done.stderr
 
     weights_cli("--version", "3", "--set", "prefill_weight=0.5", "--canary", "0.5")

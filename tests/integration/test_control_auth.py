@@ -8,9 +8,7 @@ changes nothing."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -21,19 +19,9 @@ from streams.kafka import KafkaBus
 from streams.settings import KafkaSettings
 from streams.topics import CONTROL
 from tests.conftest import wait_until
-from tests.integration.cluster import Cluster, get
+from tests.integration.cluster import Cluster, get, kvgate_cli
 
 pytestmark = pytest.mark.integration
-
-
-def kvgate(supervisor: Supervisor, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deploy", *argv],
-        env={**os.environ, **supervisor.env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def said(done: subprocess.CompletedProcess[str]) -> str:
@@ -52,14 +40,14 @@ async def test_only_signed_control_messages_apply(
         return got
 
     assert (await state())["control"] == {"authenticated": True, "refused": {}}
-    done = kvgate(supervisor, "weights", "--version", "2", "--set", "prefill_weight=1.5")
+    done = kvgate_cli(supervisor, "weights", "--version", "2", "--set", "prefill_weight=1.5")
     assert done.returncode == 0, done.stderr
 
     async def on_v2() -> bool:
         return bool((await state())["weights_version"] == 2)
 
     await wait_until(on_v2, 20, "the router on weights v2", 0.2)
-    again = kvgate(supervisor, "weights", "--version", "2", "--set", "prefill_weight=9")
+    again = kvgate_cli(supervisor, "weights", "--version", "2", "--set", "prefill_weight=9")
     assert again.returncode != 0 and "not newer than 2" in said(again), again.stderr
 
     # someone with write access to the topic but no key: refused, nothing drained
@@ -77,13 +65,13 @@ async def test_only_signed_control_messages_apply(
     await wait_until(refused, 20, "the unsigned drain refused", 0.2)
     assert (await state())["drained"] == []
 
-    typo = kvgate(supervisor, "drain", "n9")
+    typo = kvgate_cli(supervisor, "drain", "n9")
     assert typo.returncode != 0 and "--force drains it anyway" in said(typo), typo.stderr
-    assert kvgate(supervisor, "drain", "n1").returncode == 0
+    assert kvgate_cli(supervisor, "drain", "n1").returncode == 0
 
     async def drained() -> bool:
         return bool((await state())["drained"] == ["n1"])
 
     await wait_until(drained, 20, "the signed drain applied", 0.2)
-    forced = kvgate(supervisor, "drain", "n9", "--force")
+    forced = kvgate_cli(supervisor, "drain", "n9", "--force")
     assert forced.returncode == 0, forced.stderr

@@ -4,9 +4,6 @@ new requests, the requests it is serving finish, and undraining takes it back.""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -16,19 +13,21 @@ from streams.schemas import Decision
 from streams.settings import KafkaSettings
 from streams.topics import DECISIONS
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post, read_topic
+from tests.integration.cluster import (
+    MODEL,
+    Cluster,
+    get,
+    kvgate_cli,
+    long_prompt,
+    post,
+    read_topic,
+)
 
 pytestmark = pytest.mark.integration
 
 
 def kvgate(supervisor: Supervisor, *argv: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "deploy", *argv],
-        env={**os.environ, **supervisor.env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = kvgate_cli(supervisor, *argv)
     assert done.returncode == 0, done.stderr
 
 
