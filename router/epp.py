@@ -238,8 +238,10 @@ class _Exchange:
             set_headers=[_set(DESTINATION, dest), _set("x-kvgate-node", node.node_id)]
             + [_set(k.lower(), v) for k, v in node.engine_headers.items()]
             + [_set(k.lower(), v) for k, v in upstream.items()],
-            # the tenant's key is kvgate's business, never the engine's
-            remove_headers=[] if upstream else ["authorization"],
+            # the tenant's key is kvgate's business, never the engine's; so is the rank of a
+            # data-parallel engine (a client's own would pick the rank routing did not)
+            remove_headers=([] if upstream else ["authorization"])
+            + ([] if node.dp_rank is not None else [DP_RANK_HEADER]),
         )
         body = orjson.dumps(p.body)  # what the engine is asked (default max_tokens added)
         metadata = struct_pb2.Struct()
@@ -316,6 +318,7 @@ def _refused(r: Refusal) -> ep.ProcessingResponse:
 
 
 GATEWAY_KEY_METADATA = GATEWAY_KEY_HEADER.lower()  # on the stream (Envoy: initial_metadata)
+DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's: which rank of a data-parallel engine serves
 
 
 class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]

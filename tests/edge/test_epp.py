@@ -140,6 +140,8 @@ async def test_a_buffered_request_is_picked_served_and_released(
     removed = picked.request_body.response.header_mutation.remove_headers
     assert "content-length" in removed
     assert "authorization" in removed  # the tenant's key does not travel to the engine
+    # nor a rank of the client's choosing (these engines are not data-parallel)
+    assert "x-data-parallel-rank" in removed
     status, chunks = await upstream(dest, "/v1/completions", sent)
     assert status == 200
     await envoy.send(
