@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -301,7 +303,7 @@ def demo(
     config: ConfigOpt = None,
     duration: Annotated[float, typer.Option(help="workload seconds")] = 30.0,
     rps: Annotated[float, typer.Option(help="requests per second")] = 4.0,
-    engines: Annotated[int, typer.Option(help="simulated engines")] = 4,
+    engines: Annotated[int, typer.Option(min=1, max=64, help="simulated engines")] = 4,
     num_gpu_blocks: Annotated[int | None, typer.Option(help="KV blocks per engine")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
     no_infra: Annotated[bool, typer.Option(help="use already running Kafka and Redis")] = False,
@@ -1067,7 +1069,21 @@ EXTRAS = {
 from deploy import controlcli  # noqa: E402,F401
 
 
+def _stop_as_ctrl_c(signum: int, _frame: FrameType | None) -> None:
+    """SIGTERM or SIGHUP (what ``timeout``, CI runners, Docker and systemd send): stop as Ctrl-C
+    does, so that a command tears down what it started (children, Kafka, Redis). (Even where
+    SIGINT is ignored, as in a shell's background job: then as a KeyboardInterrupt.)"""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):  # Python's default (KeyboardInterrupt) or asyncio's (cancel the run)
+        handler(signal.SIGINT, _frame)
+        return
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # commands that handle SIGTERM themselves (the router, the agents) install their own
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_as_ctrl_c)
     try:
         app()
     except ModuleNotFoundError as exc:

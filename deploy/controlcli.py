@@ -236,6 +236,9 @@ def canary(
         float, typer.Option(min=0.0, max=1.0, help="of requests sent to the group, and only it")
     ] = 0.05,
     off: Annotated[bool, typer.Option("--off", help="end the canary")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="name nodes that sent no recent heartbeat")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Send a share of requests to a group of nodes (e.g. 5 % to a new engine version) on every
@@ -245,5 +248,55 @@ def canary(
     members = [] if off else [n.strip() for n in nodes.split(",") if n.strip()]
     if not off and not members:
         raise typer.BadParameter("--nodes names the group's nodes (or --off ends the canary)")
-    _send_control(_settings(config), canary_message(group, members, 0.0 if off else share))
+    s = _settings(config)
+
+    async def known(_: dict[str, ControlMessage]) -> None:
+        unknown = sorted(set(members) - await _known_nodes(s)) if members and not force else []
+        if unknown:
+            raise typer.BadParameter(
+                f"no heartbeat from {', '.join(unknown)} in the last {KNOWN_WITHIN_S:g} s (a "
+                "typo?); --force names them anyway",
+                param_hint="--nodes",
+            )
+
+    _send_control(s, canary_message(group, members, 0.0 if off else share), known)
     typer.echo(json.dumps({"group": group, "nodes": members, "share": 0.0 if off else share}))
+
+
+@app.command("control")
+def control_state(
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """What kvgate.control holds now, as every router (also one started later) applies it:
+    drains, canaries and weights with their age. Undo a drain with `kvgate undrain NODE`, a
+    canary with `kvgate canary GROUP --off`. (Pre-warm advice is counted, not listed.)"""
+    s = _settings(config)
+    latest = asyncio.run(_latest(s))
+    now = time.time()
+    prewarm = 0
+    rows: list[dict[str, Any]] = []
+    for subject, msg in sorted(latest.items()):
+        if msg.kind == "prewarm":
+            prewarm += 1
+            continue
+        if msg.kind == "undrain" or (msg.kind == "canary" and not msg.payload.get("nodes")):
+            continue  # undone: nothing in effect
+        rows.append(
+            {
+                "subject": subject,
+                "kind": msg.kind,
+                "age_s": round(now - msg.ts, 1),
+                "signed": msg.signature is not None,
+                "payload": msg.payload,
+            }
+        )
+    if json_output:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    for row in rows:
+        age = row["age_s"]
+        when = f"{age / 3600:.1f} h" if age >= 3600 else f"{age:.0f} s"
+        typer.echo(f"{row['subject']:<40} {row['kind']:<8} {when:>8} ago  {row['payload']}")
+    typer.echo(f"({len(rows)} in effect; {prewarm} pre-warm advice)")

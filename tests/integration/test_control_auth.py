@@ -75,3 +75,16 @@ async def test_only_signed_control_messages_apply(
     await wait_until(drained, 20, "the signed drain applied", 0.2)
     forced = kvgate_cli(supervisor, "drain", "n9", "--force")
     assert forced.returncode == 0, forced.stderr
+    wrong = kvgate_cli(supervisor, "canary", "v2", "--nodes", "n2,n8")
+    assert wrong.returncode != 0 and "n8" in said(wrong), wrong.stderr
+    assert kvgate_cli(supervisor, "canary", "v2", "--nodes", "n2").returncode == 0
+    # what is in effect, with its age: the drains and the canary, not the refused or undone
+    listed = kvgate_cli(supervisor, "control", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["subject"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert set(rows) == {"drain/n1", "drain/n9", "canary/v2", "weights/kvgate"}, rows
+    assert all(r["signed"] and r["age_s"] >= 0 for r in rows.values())
+    assert rows["canary/v2"]["payload"]["nodes"] == ["n2"]
+    assert kvgate_cli(supervisor, "undrain", "n9").returncode == 0
+    listed = kvgate_cli(supervisor, "control", "--json")
+    assert "drain/n9" not in listed.stdout

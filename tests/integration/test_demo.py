@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+
+from deploy.procs import LocalInfra, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +157,60 @@ def test_demo_runs_end_to_end_and_summarizes_from_clickhouse(kafka_up: str, tmp_
     assert tuned["sides"]["recorded"]["metrics"]["offered"] == summary["requests"]
     assert "current_vs_recorded" in tuned  # the simulator's error on this traffic
     assert "prefill_weight" in (tmp_path / "tuned.yaml").read_text()
+
+
+def _processes_with(marker: bytes) -> list[int]:
+    """Processes whose environment holds ``marker`` (a demo's own Kafka address)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sigterm_stops_everything_the_demo_started(tmp_path: Path) -> None:
+    """SIGTERM (what timeout, CI runners, Docker and systemd send) tears the demo down as Ctrl-C
+    does: its engines, agents, worker, router, and the Kafka and Redis it started itself."""
+    kafka, redis = free_port(), free_port()
+    marker = f"127.0.0.1:{kafka}"
+    env = {
+        **os.environ,
+        "KVGATE_KAFKA__BOOTSTRAP_SERVERS": marker,
+        "KVGATE_REDIS__URL": f"redis://127.0.0.1:{redis}/0",
+        "KVGATE_CLICKHOUSE__PATH": str(tmp_path / "ch"),
+    }
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "deploy", "demo", "--duration", "300", "--engines", "2"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # until the router answers requests
+            logs = list((tmp_path / ".local" / "demo").glob("*/router.log"))
+            if logs and "listening" in logs[0].read_text(errors="replace"):
+                break
+            assert demo.poll() is None, demo.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the demo's router never started")
+        assert len(_processes_with(marker.encode())) >= 6  # 2 engines, 2 agents, worker, router
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(120) is not None
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    deadline = time.monotonic() + 30
+    while _processes_with(marker.encode()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _processes_with(marker.encode())
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+    infra = LocalInfra(kafka_port=kafka, redis_port=redis)
+    assert infra.run("kafka", "status").returncode != 0  # stopped: it had started them
+    assert infra.run("redis", "status").returncode != 0
