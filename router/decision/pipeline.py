@@ -77,7 +77,7 @@ class Ask:
     slo: Slo | None = None  # its SLO class: the deadline, and the class's hold when admitted
     hold_slo: bool = False  # held for its class (admitted by admission control)
     mode: Mode = "proxy"
-    prewarm: bool = True  # its prefix may be advised to other engines (not salted or adapter)
+    prewarm: bool = True  # its prefix may be advised to other engines (not an adapter's)
     exact: bool = True  # its block hashes are of the engine's tokens (the index can match them)
 
 

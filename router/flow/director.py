@@ -14,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
 from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.gate import AdmissionGate
 from admission.plan import AdmissionAsk
-from admission.settings import Tenant
-from admission.slo import Slo
 from router.decision.calibrate import TokenCalibration
 from router.decision.candidates import budget, candidates
 from router.decision.inflight import InflightLedger
@@ -41,6 +39,7 @@ from router.decision.pipeline import (
 )
 from router.decision.placement import FREE, Placement
 from router.decision.types import NodeView, RouteDecision, RouteRequest, eligible
+from router.flow.asks import Gated, queue_weight, route_request
 from router.flow.headers import mint_id
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.offload import OFFLOAD_TOKENS, offloaded
@@ -56,27 +55,9 @@ from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from streams.blocks import chain_hashes, chain_root
 
-__all__ = ["Director", "Gated"]
+__all__ = ["Director"]
 
 log = logging.getLogger(__name__)
-
-
-def _queue_weight(slo: Slo | None) -> float:
-    return slo[1].queue_weight if slo is not None else 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Gated:
-    """A request past tenant, model, node-health and admission checks: what routing needs."""
-
-    tenant: Tenant
-    nodes: list[NodeView]
-    block_size: int
-    verdict: Verdict | None  # None: admission is off
-    now: float
-    client_request_id: str | None = None  # the client's X-Request-Id: a label, never a key
-    slo: Slo | None = None  # its SLO class (admission/slo.py)
-    budget: tuple[str, list[int]] = ("", [])  # its admission budget: name, nodes' KV blocks
 
 
 class Director:
@@ -198,45 +179,26 @@ class Director:
         answers from this model have been (admission/estimate.py, learned from outcomes)."""
         return self.gate.estimator.expected(tenant, p.model, p.max_tokens, p.max_tokens)
 
-    def hashes(self, p: ParsedRequest, block_size: int) -> Callable[[], list[int]]:
-        """The computation of ``p``'s chained block hashes (salted by its ``cache_salt`` and
-        LoRA adapter), ready to run here or off the loop."""
+    async def prompt_hashes(self, p: ParsedRequest, block_size: int) -> list[int]:
+        """``p``'s chained block hashes (salted by its ``cache_salt`` and LoRA adapter); a long
+        prompt's off the loop (router/flow/offload.py)."""
         adapter = p.model if p.model in self.views.adapter_base else None
         root = chain_root(p.cache_salt, adapter)
-        return lambda: chain_hashes(p.hashable, block_size, root)
-
-    def route_request(
-        self,
-        request_id: str,
-        p: ParsedRequest,
-        block_size: int,
-        queue_weight: float = 1.0,
-        hashes: list[int] | None = None,
-    ) -> RouteRequest:
-        """What routing knows of ``p``: its prompt's chained block hashes (``hashes``, when
-        computed already), its sizes and its session."""
-        if hashes is None:
-            hashes = self.hashes(p, block_size)()
-        return RouteRequest(
-            request_id,
-            p.model,
-            hashes,
-            p.prompt_tokens_total,
-            p.max_tokens,
-            p.session_id,
-            queue_weight,
-        )
+        if len(p.hashable) > OFFLOAD_TOKENS:
+            return await offloaded(chain_hashes, p.hashable, block_size, root)
+        return chain_hashes(p.hashable, block_size, root)
 
     def ask(
         self,
         request_id: str,
         p: ParsedRequest,
+        hashes: list[int],
         g: Gated,
         started: float,
         mode: Mode,
-        hashes: list[int] | None = None,
     ) -> Ask:
-        rreq = self.route_request(request_id, p, g.block_size, _queue_weight(g.slo), hashes)
+        """What routing knows of ``p`` (its prompt's ``hashes``, sizes, session) and asks."""
+        rreq = route_request(request_id, p, hashes, queue_weight(g.slo))
         adapter = p.model in self.views.adapter_base
         return Ask(
             rreq,
@@ -294,10 +256,7 @@ class Director:
         record the decision, and either refuse (a response) or name the node; the request
         then counts in this router's in-flight ledger until ``ledger.finish``."""
         tenant, block_size, verdict = g.tenant, g.block_size, g.verdict
-        # a long prompt's hashes off the loop (router/flow/offload.py)
-        long = len(p.hashable) > OFFLOAD_TOKENS
-        hashes = await offloaded(self.hashes(p, block_size)) if long else None
-        ask = self.ask(request_id, p, g, started, mode, hashes)
+        ask = self.ask(request_id, p, await self.prompt_hashes(p, block_size), g, started, mode)
         waited = verdict.queue_wait_s if verdict is not None and verdict.queue_wait_s else 0.0
         got: Routed | Refused | None = None
         if verdict is not None and not verdict.admitted:
@@ -457,7 +416,7 @@ class Director:
                 h.ejections,
             )
 
-    def dry_run(
+    async def dry_run(
         self, p: ParsedRequest, now: float
     ) -> tuple[RouteRequest, RouteDecision, list[NodeView], int]:
         """What the router would do with ``p`` now (mode ``query``: no hold, nothing learned,
@@ -468,7 +427,7 @@ class Director:
             raise Refusal(404, f"The model `{p.model[:200]}` does not exist.", "NotFoundError")
         nodes = eligible(all_nodes, p.model, now)
         block_size = nodes[0].block_size if nodes else self.settings.block_size
-        rreq = self.route_request(mint_id(), p, block_size)
+        rreq = route_request(mint_id(), p, await self.prompt_hashes(p, block_size))
         expected = self.expected_output(p, "")
         ask = Ask(rreq, expected, now, mode="query", prewarm=False, exact=p.exact_tokens)
         got = decide(ask, self.snapshot(ask, nodes, block_size, now), self.rules)

@@ -8,7 +8,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from router.flow.director import Director, Gated
+from router.flow.asks import Gated
+from router.flow.director import Director
 from router.flow.intake import IntakeReader
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal

@@ -95,7 +95,7 @@ class AdminApi:
         if self.reader.isolating:  # as the named tenant's request (default: an anonymous one)
             p = isolated(p, self._tenant(request.query.get("tenant")))
         t0 = time.perf_counter()
-        rreq, d, nodes, block_size = self.director.dry_run(p, time.time())
+        rreq, d, nodes, block_size = await self.director.dry_run(p, time.time())
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
         return json_response(

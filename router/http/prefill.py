@@ -21,7 +21,8 @@ from router.decision.disagg import decode_body, prefill_body, valid_transfer_par
 from router.decision.inflight import InflightLedger
 from router.decision.outlier import Failure
 from router.decision.types import RouteRequest
-from router.flow.director import Director, Gated
+from router.flow.asks import Gated
+from router.flow.director import Director
 from router.flow.views import ClusterView
 from router.http.upstream import Upstream
 from router.metrics import RouterMetrics
