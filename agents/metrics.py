@@ -83,6 +83,11 @@ class AgentCollector:
             ((n, x.prewarmed) for n, x in a),
         )
         yield counter(
+            "kvgate_agent_prewarm_refused",
+            "Pre-warm advice not applied: not signed with a control key (kafka.control_keys)",
+            ((n, x.prewarmer.refused) for n, x in a),
+        )
+        yield counter(
             "kvgate_agent_prefill_probe_failures",
             "Prefill probes of the engine that gave no rate (busy, refused, timed out)",
             ((n, x.probe.failures) for n, x in a),

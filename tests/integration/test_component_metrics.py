@@ -69,6 +69,7 @@ async def test_agent_worker_and_sink_metrics(
     # the agent measured its engine (how exactly: tests/edge/test_prefill_probe.py)
     assert m[("kvgate_agent_engine_prefill_tokens_per_s", node)] > 0
     assert m[("kvgate_agent_prefill_probe_failures_total", node)] == 0
+    assert m[("kvgate_agent_prewarm_refused_total", node)] == 0  # (no control keys here)
 
     async def sink_counted() -> dict[Any, float] | None:
         s = await scrape(sink_port)
