@@ -52,6 +52,7 @@ class Param:
 SPACE: dict[str, Param] = {
     "prefill_weight": Param(0.1, 20.0, log=True),
     "interference": Param(0.0, 5.0),
+    "congestion": Param(0.0, 5.0),
     "decode_horizon_tokens": Param(0, 512, integer=True),
     "kv_soft_limit": Param(0.5, 0.99),
     "kv_pressure_s": Param(0.1, 100.0, log=True),

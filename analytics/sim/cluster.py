@@ -124,7 +124,7 @@ class SimCluster:
         rules of router/decision/pipeline.py, and admission control."""
         cfg, policy, profile = self.cfg, self.policy, self.profile
         policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
-        self.hot = HotPrefixes() if cfg.prewarm else None
+        self.hot = HotPrefixes()
         ttl = cfg.recent_prefill_ttl_s
         self.recent = RecentPrefills(ttl) if ttl > 0 else None
         self.index = PrefixIndex()
@@ -151,6 +151,7 @@ class SimCluster:
             cfg.admission or AdmissionSettings(),
             self.lanes,
             self.hot,
+            prewarm=cfg.prewarm,
             disaggregation=cfg.disaggregation,
             kv_bytes_per_token=profile.kv_bytes_per_token,
             kv_link_gbps=cfg.kv_link_gbps,

@@ -62,14 +62,26 @@ class HotPrefixes:
             return 0.0
         return self._decay(t.count, t.at, now) / total
 
+    def prefix_share(
+        self, block_hashes: Sequence[int], matches: Mapping[str, int], now: float
+    ) -> float:
+        """The share of the traffic asking for the longest prefix some node holds of
+        ``block_hashes`` (0 when no node holds any)."""
+        depth = max(matches.values(), default=0)
+        if depth <= 0 or depth > len(block_hashes):
+            return 0.0
+        return self.share(block_hashes[depth - 1], now)
+
     def observe(
         self,
         now: float,
         block_hashes: Sequence[int],
         matches: Mapping[str, int],
         nodes: Sequence[NodeView],
+        advise: bool = True,
     ) -> PrewarmAdvice | None:
-        """Count one routed request; returns advice when its prefix is hot and under-held."""
+        """Count one routed request; returns advice when its prefix is hot and under-held
+        (and ``advise``: counted only, otherwise)."""
         self._total = self._decay(self._total, self._total_at, now) + 1.0
         self._total_at = now
         depth = max(matches.values(), default=0)
@@ -83,7 +95,7 @@ class HotPrefixes:
             t = self._tracked[key] = _Tracked(0.0, now, depth)
         t.count = self._decay(t.count, t.at, now) + 1.0
         t.at = now
-        if self._total < self.min_requests or not nodes:
+        if not advise or self._total < self.min_requests or not nodes:
             return None
         share = t.count / self._total
         if share * len(nodes) <= self.hot_factor or now - t.advised_at < self.cooldown_s:

@@ -102,7 +102,9 @@ class Rules:
     fleet: Fleet
     admission: AdmissionSettings  # deadline refusals, lease (hold limits), retry-after
     lanes: Lanes | None = None
-    hot: HotPrefixes | None = None  # used by commit() only
+    # prefixes' traffic shares (the cost of copying one) and pre-warm advice (``prewarm``)
+    hot: HotPrefixes | None = None
+    prewarm: bool = True
     fallback: Policy | None = None  # for a degraded feed (least requests)
     disaggregation: bool = True
     kv_bytes_per_token: int = 131_072
@@ -232,7 +234,8 @@ def _choose(
 ) -> RouteDecision:
     """The policy's decision among the selected nodes, marked ``ejected/`` when an ejection
     moved it."""
-    req, now = ask.request, snap.now
+    now = snap.now
+    req = _with_share(ask.request, rules, matches, now)
     if snap.load_only and rules.fallback is not None:
         d = rules.fallback.decide(req, sel.nodes, {}, now)
     elif snap.roles:
@@ -252,6 +255,16 @@ def _choose(
         return d
     reason = rules.fleet.reason(d.reason, d.chosen, sel, matches)
     return d if reason == d.reason else replace(d, reason=reason)
+
+
+def _with_share(
+    req: RouteRequest, rules: Rules, matches: Mapping[str, int], now: float
+) -> RouteRequest:
+    """``req`` with the traffic share of its longest held prefix (what a copy of it is worth)."""
+    if rules.hot is None or not matches:
+        return req
+    share = rules.hot.prefix_share(req.block_hashes, matches, now)
+    return replace(req, prefix_share=share) if share else req
 
 
 def _go(
@@ -307,6 +320,7 @@ def commit(
         routed.facts.blocks,
         req.block_hashes,
     )
-    if rules.hot is None or not ask.prewarm or snap.load_only:
+    if rules.hot is None or snap.load_only:
         return None
-    return rules.hot.observe(now, req.block_hashes, snap.matches, snap.nodes)
+    advise = rules.prewarm and ask.prewarm
+    return rules.hot.observe(now, req.block_hashes, snap.matches, snap.nodes, advise)

@@ -141,6 +141,9 @@ class RouteRequest:
     max_tokens: int
     session_id: str | None = None
     queue_weight: float = 1.0  # × the node's queue in the cost (tight SLO classes: > 1)
+    # of this router's recent requests, those asking for its longest held prefix
+    # (router/decision/hotprefix.py; set by the pipeline's decide())
+    prefix_share: float = 0.0
 
 
 @dataclass(slots=True)  # treated as immutable

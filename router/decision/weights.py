@@ -94,6 +94,13 @@ class CostWeights(BaseModel):
     interference: float = Field(
         default=0.0, ge=0, le=100, description="weight of the stall on others"
     )
+    congestion: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description="weight of the delay a prefill imposes on the requests queued behind it "
+        "(× the node's waiting requests)",
+    )
     decode_horizon_tokens: int = Field(default=32, ge=0, le=100_000)
     kv_soft_limit: float = Field(default=0.85, ge=0, le=1)
     kv_pressure_s: float = Field(

@@ -19,9 +19,11 @@ from deploy.cli import app
 from router.settings import RouterSettings
 
 NODES = {f"node-{i:02d}": 0 for i in range(8)}
-# deliberately mistuned: misses barely cost, no session affinity, KV pressure everywhere
+# deliberately mistuned: misses barely cost, even to the requests queued behind them, no
+# session affinity, KV pressure everywhere
 MISTUNED = {
     "prefill_weight": 0.1,
+    "congestion": 0.0,
     "session_affinity_s": 0.0,
     "kv_soft_limit": 0.5,
     "kv_pressure_s": 100.0,

@@ -114,8 +114,36 @@ class CompletionCostPolicy(PolicyBase):
             s.kv_used += a * (n.kv_blocks_used - s.kv_used)
         return s
 
-    def cost(self, request: RouteRequest, n: NodeView, hit: int) -> dict[str, float]:
-        """The components of the expected completion cost of ``request`` on ``n`` (seconds)."""
+    def saturation(self, nodes: Sequence[NodeView]) -> float:
+        """Requests queued on the least queued of ``nodes`` (waiting there, smoothed, and this
+        router's own dispatches awaiting their first token): 0 while any node is free."""
+        floor = math.inf
+        for n in nodes:
+            s = self._smoothed(n)
+            floor = min(floor, s.waiting + n.pending)
+        return 0.0 if floor == math.inf else floor
+
+    def _congestion(
+        self, request: RouteRequest, nodes: Sequence[NodeView], matches: Mapping[str, int]
+    ) -> float:
+        """How many queued requests a prefill delays, as :meth:`cost` counts them: the
+        cluster's :meth:`saturation`, less the share of it a copy of the request's prefix
+        relieves. A prefix asked for by more than its holders' share of the traffic
+        (``prefix_share`` × nodes > holders) is worth copying: its holders queue its followers,
+        and each copy takes a part of them. Any other copy only adds a prefill to a cluster
+        that has no node free: every request behind it waits for it."""
+        floor = self.saturation(nodes)
+        if not floor or not request.prefix_share:
+            return floor
+        depth = max(matches.values(), default=0)
+        holders = sum(1 for n in nodes if matches.get(n.node_id, 0) >= depth)
+        return floor * max(0.0, 1.0 - request.prefix_share * len(nodes) / max(1, holders))
+
+    def cost(
+        self, request: RouteRequest, n: NodeView, hit: int, floor: float = 0.0
+    ) -> dict[str, float]:
+        """The components of the expected completion cost of ``request`` on ``n`` (seconds);
+        ``floor``: :meth:`saturation` of the candidates."""
         w = self.w
         s = self._smoothed(n)
         bs = n.block_size
@@ -136,14 +164,19 @@ class CompletionCostPolicy(PolicyBase):
             "prefill_s": prefill_s * w.prefill_weight,
             "decode_s": min(request.max_tokens, w.decode_horizon_tokens) * tpot_s,
             "stall_s": prefill_s * s.running * w.interference,
+            "congestion_s": prefill_s * floor * w.congestion,
             "kv_s": w.kv_pressure_s * max(0.0, after - w.kv_soft_limit),
             "confidence": conf,
         }
 
-    def _total(self, request: RouteRequest, n: NodeView, hit: int, home: str | None) -> float:
-        return self._scorer(request, home)(n, hit)
+    def _total(
+        self, request: RouteRequest, n: NodeView, hit: int, home: str | None, floor: float = 0.0
+    ) -> float:
+        return self._scorer(request, home, floor)(n, hit)
 
-    def _scorer(self, request: RouteRequest, home: str | None) -> Callable[[NodeView, int], float]:
+    def _scorer(
+        self, request: RouteRequest, home: str | None, floor: float
+    ) -> Callable[[NodeView, int], float]:
         """The sum of :meth:`cost`'s components for one request, without building them: the
         per-node hot loop, with everything that does not depend on the node hoisted."""
         w = self.w
@@ -153,6 +186,7 @@ class CompletionCostPolicy(PolicyBase):
         default_inv_rate = 1.0 / w.prefill_tokens_per_s
         queue_weight = request.queue_weight
         prefill_weight, interference = w.prefill_weight, w.interference
+        congestion = floor * w.congestion
         grace, tau = w.stale_grace_s, w.stale_tau_s
         horizon = min(request.max_tokens, w.decode_horizon_tokens)
         step_base, per_seq, per_ctx = w.step_base_s, w.step_per_seq_s, w.step_per_context_token_s
@@ -179,7 +213,7 @@ class CompletionCostPolicy(PolicyBase):
             waiting_tokens = (s.waiting + n.pending) * avg_uncached
             out = (
                 (backlog if backlog > waiting_tokens else waiting_tokens) * inv_rate * queue_weight
-                + prefill_s * (prefill_weight + running * interference)
+                + prefill_s * (prefill_weight + running * interference + congestion)
                 + horizon
                 * (
                     step_base
@@ -219,9 +253,15 @@ class CompletionCostPolicy(PolicyBase):
         return n.kv_blocks_used + new > self.max_kv_used_ratio * total
 
     def _candidate(
-        self, request: RouteRequest, n: NodeView, hit: int, home: str | None, total: int
+        self,
+        request: RouteRequest,
+        n: NodeView,
+        hit: int,
+        home: str | None,
+        total: int,
+        floor: float,
     ) -> Candidate:
-        parts = self.cost(request, n, hit)
+        parts = self.cost(request, n, hit, floor)
         parts["affinity_s"] = -self.w.session_affinity_s if n.node_id == home else 0.0
         score = -sum(v for k, v in parts.items() if k != "confidence")
         return Candidate(
@@ -249,7 +289,8 @@ class CompletionCostPolicy(PolicyBase):
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
         count = len(nodes)
-        score = self._scorer(request, home)
+        floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
+        score = self._scorer(request, home, floor)
         mget = matches.get
         scored = [(score(n, mget(n.node_id, 0)), (i + rot) % count, i) for i, n in enumerate(nodes)]
         scored.sort()
@@ -279,7 +320,9 @@ class CompletionCostPolicy(PolicyBase):
         if best_i not in keep:
             keep.append(best_i)
         cands = tuple(
-            self._candidate(request, nodes[i], matches.get(nodes[i].node_id, 0), home, total_blocks)
+            self._candidate(
+                request, nodes[i], matches.get(nodes[i].node_id, 0), home, total_blocks, floor
+            )
             for i in keep
         )
         return RouteDecision(best.node_id, reason, cands)
