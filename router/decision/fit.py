@@ -10,7 +10,12 @@ does not say). For a request:
   watermark), or reaches every node's context limit (``max_model_len``): 413, a client error;
 * **does not fit now** — some node could hold it, none can now: 503 with Retry-After;
 * otherwise only the nodes where its new blocks (the prompt's, less the prefix the node holds)
-  fit now are candidates.
+  fit now are candidates — and the nodes holding a prefix of it, full or not, when its new
+  blocks are few (at most :data:`QUEUE_SHARE` of the node's capacity): the engine queues such a
+  request until its running requests free that much, which they do within a decode, where
+  another node would compute the whole prompt again and fill with a copy of it (on a loaded
+  cluster whose engines keep their KV full, sending a prefix's followers away from its full
+  holders copied the prompts over every node, evicted the others' and halved the hit rate).
 
 The live router and the simulator filter through the same pipeline step
 (``router/decision/pipeline.py``).
@@ -27,16 +32,25 @@ from streams.fit import admissible_blocks
 
 __all__ = [
     "FIT_WATERMARK",
+    "QUEUE_SHARE",
     "UNFIT",
     "Fit",
     "fit",
     "fit_floor_tokens",
     "node_admissible_blocks",
     "node_capacity_blocks",
+    "queues_on_holder",
 ]
 
 FIT_WATERMARK = 0.01  # vLLM's block-manager watermark, for nodes whose heartbeat has no figure
 UNFIT = frozenset({"too_large", "no_fit_now"})  # the route decisions' reasons when nothing fits
+QUEUE_SHARE = 0.1  # of a node's KV blocks: what a request hitting there may wait on it for
+
+
+def queues_on_holder(new_blocks: int, cached_blocks: int, total_blocks: int) -> bool:
+    """Whether a request that holds ``cached_blocks`` of its prompt on a node and needs
+    ``new_blocks`` more goes there even when the node has no room now (see the module)."""
+    return cached_blocks > 0 and new_blocks <= QUEUE_SHARE * total_blocks
 
 
 def node_admissible_blocks(n: NodeView) -> int:
@@ -92,7 +106,8 @@ def fit(nodes: Sequence[NodeView], prompt_tokens: int, matches: Mapping[str, int
         if ok:
             ever = True
             cached = hit(n.node_id, 0)
-            ok = need - (cached if cached < need else need) <= room
+            new = need - (cached if cached < need else need)
+            ok = new <= room or queues_on_holder(new, cached, total)
         if not ok and kept is None:
             kept = list(nodes[:i])
         elif ok and kept is not None:

@@ -232,6 +232,38 @@ async def drive(url: str, engines: list[str], w: Workload, seed: int) -> dict[st
     }
 
 
+async def save_decisions(namespace: str, since: float, path: Path) -> int:
+    """The decision records kvgate's routers wrote to Kafka since ``since`` (one JSON object a
+    line, oldest first): what each request's candidates cost, to see why a run went as it did."""
+    from deploy.settings import load_settings
+    from streams.kafka import make_consumer
+    from streams.topics import DECISIONS
+
+    kafka = load_settings().kafka.model_copy(update={"namespace": namespace})
+    consumer = make_consumer(
+        kafka, DECISIONS.name(namespace), group_id=None, client_id="livepeer-decisions"
+    )
+    await consumer.start()
+    rows: list[dict[str, Any]] = []
+    try:
+        quiet = 0
+        while quiet < 5:
+            got = await consumer.getmany(timeout_ms=400)
+            quiet = 0 if got else quiet + 1
+            for records in got.values():
+                for r in records:
+                    if r.value is not None:
+                        row = json.loads(r.value)
+                        if row.get("ts", 0) >= since:
+                            rows.append(row)
+    finally:
+        await consumer.stop()
+    rows.sort(key=lambda r: r["ts"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
 async def main(args: argparse.Namespace, w: Workload, seed: int, rep: int) -> dict[str, Any]:
     """One repetition on fresh engines. The routers run one after the other, in an order
     rotated by ``rep`` (a router that always ran first, or always after the same one, would
@@ -294,8 +326,13 @@ async def main(args: argparse.Namespace, w: Workload, seed: int, rep: int) -> di
         wanted = [r for r in args.routers.split(",") if r in routers]
         order = wanted[rep % len(wanted) :] + wanted[: rep % len(wanted)] if wanted else []
         for name in order:
+            since = time.time()
             runs[name] = await drive(routers[name], engines, w, seed)
             print(name, json.dumps(runs[name]), flush=True)
+            if args.decisions is not None and name.startswith("kvgate"):
+                label = next(k for k, v in WORKLOADS.items() if v is w)
+                path = args.decisions / f"{label}-rep{rep}-{name}.jsonl"
+                print(f"  {await save_decisions(namespace, since, path)} decisions: {path}")
         if w.engine_tokenizer:
             runs[EVENTS_OFF] = await events_off(sup, engines, w, seed)
             print(EVENTS_OFF, json.dumps(runs[EVENTS_OFF]), flush=True)
@@ -509,6 +546,12 @@ def cli() -> None:
     ap.add_argument("--repetitions", type=int, default=3, help="fresh engines each, seed + i")
     ap.add_argument(
         "--routers", default="sglang_router_cache_aware,kvgate,kvgate_told_prefill_rate"
+    )
+    ap.add_argument(
+        "--decisions",
+        type=Path,
+        default=None,
+        help="save each kvgate run's decision records here (JSON lines, one file a run)",
     )
     args = ap.parse_args()
     try:

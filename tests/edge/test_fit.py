@@ -29,6 +29,22 @@ def test_fit_reads_the_heartbeat_figure_or_derives_it() -> None:
     assert not short.ever  # at its context limit: no room for one output token
 
 
+def test_a_full_holder_keeps_the_requests_that_need_few_new_blocks_there() -> None:
+    """A node whose running requests fill its KV (no room now) stays a candidate for a request
+    that holds a prefix there and needs at most QUEUE_SHARE of its blocks more: the engine
+    queues it until they free (within a decode), where any other node would compute the whole
+    prompt again. A request needing more, or holding nothing there, still goes only where it
+    fits now."""
+    full = _view("full", 1000, 1000, kv_blocks_admissible=0)
+    free = _view("free", 1000, 0)
+    prompt = 200 * 16
+    assert [n.node_id for n in fit([full, free], prompt, {"full": 190}).nodes] == ["full", "free"]
+    assert [n.node_id for n in fit([full, free], prompt, {"full": 90}).nodes] == ["free"]
+    assert [n.node_id for n in fit([full, free], prompt, {}).nodes] == ["free"]
+    alone = fit([full], prompt, {"full": 195})
+    assert [n.node_id for n in alone.nodes] == ["full"] and alone.largest_now_blocks == 0
+
+
 async def test_routing_admission_and_metrics_follow_the_fit() -> None:
     prompt = list(range(1, 1501))  # 1,500 tokens: 94 blocks
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}

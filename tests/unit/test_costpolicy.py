@@ -1,6 +1,7 @@
 """Hand-checked scenarios for kvgate's completion-cost policy."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -38,22 +39,31 @@ def test_a_cached_prefix_is_a_discount_on_prefill() -> None:
         assert parts["a"][key] == parts["b"][key]
 
 
-def test_the_holder_over_its_kv_limit_is_not_chosen() -> None:
-    d = policy().decide(LONG, [big("a"), big("b", used=950)], {"b": 100}, NOW)
+def test_the_holder_over_its_kv_limit_is_not_chosen_unless_the_request_waits_there() -> None:
+    """Over its KV limit, a holder is passed over for a request that needs many new blocks
+    there; one that needs few (at most router/decision/fit.py QUEUE_SHARE of its blocks) waits
+    there for them and is priced, not refused (the cost's KV pressure)."""
+    longer = RouteRequest("r2", "m", list(range(200)), prompt_tokens=3_200, max_tokens=16)
+    d = policy().decide(longer, [big("a"), big("b", used=950)], {"b": 50}, NOW)  # 150 new
     assert d.chosen == "a" and d.reason == "overload_fallback"
+    d = policy().decide(longer, [big("a"), big("b", used=950)], {"b": 150}, NOW)  # 50 new
+    assert d.reason == "spread"  # not over its limits: its KV pressure outweighed the hit
 
 
-def test_a_full_node_still_takes_a_request_whose_new_blocks_fit() -> None:
+def test_a_full_node_still_takes_a_request_that_hits_there_and_needs_few_blocks() -> None:
     """The KV limit applies to the request's new blocks: a holder whose running requests fill
-    its KV (997 of 1,000 blocks) takes a request that hits there (1 new block), where a ratio
-    test would have sent it to a node that must prefill the whole prompt; a request that would
-    need more than the 3 free blocks does not go there. (The rule alone: the KV-pressure cost
-    term is off here.)"""
+    its KV (997 of 1,000 blocks) takes a request that hits there and needs few new blocks (1,
+    or 5: more than the 3 free, the engine queues it until its running requests free them),
+    where a ratio test would have sent it to a node that must prefill the whole prompt; a
+    request that would need many new blocks (more than QUEUE_SHARE of the node's) does not go
+    there. (The rule alone: the KV-pressure cost term is off here.)"""
     p = CompletionCostPolicy(W.model_copy(update={"kv_pressure_s": 0.0}), 1.0, max_queue=8)
     full = big("b", used=997)
-    d = p.decide(LONG, [big("a", used=400), full], {"b": 100}, NOW)
-    assert d.chosen == "b" and d.reason == "prefix_hit"
-    d = p.decide(LONG, [big("a", used=400), full], {"b": 95}, NOW)  # 5 new blocks
+    for hit in (100, 95):
+        d = p.decide(LONG, [big("a", used=400), full], {"b": hit}, NOW)
+        assert d.chosen == "b" and d.reason == "prefix_hit"
+    longer = RouteRequest("r2", "m", list(range(200)), prompt_tokens=3_200, max_tokens=16)
+    d = p.decide(longer, [big("a", used=400), full], {"b": 50}, NOW)  # 150 new blocks
     assert d.chosen == "a" and d.reason == "overload_fallback"
 
 
@@ -61,6 +71,31 @@ def test_a_hot_prefix_spreads_when_its_holder_is_backed_up() -> None:
     busy_holder = big("b", prefill_backlog_tokens=200_000)
     d = policy().decide(LONG, [big("a"), busy_holder], {"b": 60}, NOW)
     assert d.chosen == "a" and d.reason == "spread"
+
+
+def test_on_a_saturated_cluster_a_copy_pays_for_the_requests_queued_behind_it() -> None:
+    """Every node has 4 requests waiting: a miss's prefill delays the requests behind it, so a
+    holder backed up by a little more than the others keeps the followers of its prefix (the
+    selfish cost, ``congestion`` 0, would copy the prefix: a second prefill on a cluster with no
+    node free — the cascade of copies that halves a loaded cluster's capacity). A prefix asked
+    for by more than its holder's share of the traffic is still copied: the copy relieves its
+    holder. With a node free, no copy delays anyone."""
+
+    def cluster(waiting_a: int = 4) -> list[NodeView]:
+        return [big("a", waiting=waiting_a), big("b", waiting=4, prefill_backlog_tokens=12_000)]
+
+    assert policy(congestion=0.0).decide(LONG, cluster(), {"b": 60}, NOW).reason == "spread"
+    d = policy().decide(LONG, cluster(), {"b": 60}, NOW)
+    assert d.chosen == "b" and d.reason == "prefix_hit"
+    parts = {c.node_id: c.components for c in d.candidates}
+    for nid, uncached in (("a", 1_600), ("b", 1_600 - 960)):
+        assert parts[nid]["congestion_s"] == pytest.approx(4 * uncached / W.prefill_tokens_per_s)
+    hot = replace(LONG, prefix_share=0.5)  # × 2 nodes: one holder carries all it should
+    d = policy().decide(hot, cluster(), {"b": 60}, NOW)
+    assert d.chosen == "a" and d.reason == "spread"
+    assert all(c.components["congestion_s"] == 0.0 for c in d.candidates)
+    d = policy().decide(LONG, cluster(waiting_a=0), {"b": 60}, NOW)
+    assert all(c.components["congestion_s"] == 0.0 for c in d.candidates)
 
 
 def test_a_lagging_index_cannot_attract_traffic() -> None:
@@ -168,15 +203,23 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
     p = policy(interference=0.2)
     nodes = [
         node("a", used=50, running=3, waiting=1, pending=2, prefill_backlog_tokens=900),
-        node("b", used=95, running=9, kv_index_gap=2, kv_index_age_s=3.0),
-        node("c", kv_blocks_total=0),
+        node("b", used=95, running=9, waiting=3, kv_index_gap=2, kv_index_age_s=3.0),
+        node("c", kv_blocks_total=0, waiting=2),
     ]
     req = RouteRequest(
-        "r", "m", list(range(40)), prompt_tokens=700, max_tokens=300, session_id="s1"
+        "r",
+        "m",
+        list(range(40)),
+        prompt_tokens=700,
+        max_tokens=300,
+        session_id="s1",
+        prefix_share=0.2,
     )
     matches = {"a": 10, "b": 40}
     take(p, req, nodes, matches)  # smoothing state settles on these heartbeats
     home = p._homes[hash("s1")]  # the node of the session's last turn
-    expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home) for n in nodes}
+    floor = p._congestion(req, nodes, matches)
+    assert 0 < floor < 2  # the least queued node's 2, less the share a copy would relieve
+    expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home, floor) for n in nodes}
     d = p.decide(req, nodes, matches, NOW)
     assert {c.node_id: c.score for c in d.candidates} == pytest.approx(expected)

@@ -13,6 +13,7 @@ import pytest
 from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
 from admission.slo import Slo
 from router.decision.fleet import Fleet
+from router.decision.hotprefix import HotPrefixes
 from router.decision.inflight import InflightLedger
 from router.decision.lanes import Lanes
 from router.decision.pipeline import (
@@ -224,3 +225,26 @@ def test_an_index_lag_does_not_discount_the_hits_of_approximate_tokens() -> None
     assert isinstance(exact, Routed) and exact.decision.chosen == "a"
     assert isinstance(approximate, Routed) and approximate.decision.chosen == "b"
     assert approximate.decision.reason == "prefix_hit"
+
+
+def test_every_routed_prefix_is_counted_and_a_hot_one_is_worth_copying() -> None:
+    """The hot-prefix counter sees every committed request (with pre-warm advice off too), and
+    decide() hands the policy its longest held prefix's traffic share: on a cluster with no node
+    free, the followers of a prefix that carries all the traffic spread to a second node (a copy
+    relieves its holder), where those of a prefix seen for the first time stay behind it."""
+    hot = HotPrefixes(min_requests=1)
+    r = rules(hot=hot, prewarm=False)
+    saturated = [
+        node_view("a", kv_blocks_total=1000, waiting=4),
+        node_view("b", kv_blocks_total=1000, waiting=4, prefill_backlog_tokens=12_000),
+    ]
+    req = request(prompt_tokens=1600, blocks=100)
+    snap = Snapshot(saturated, {"b": 60}, NOW, 16)
+    first = decide(Ask(req, 16, NOW), snap, r)
+    assert isinstance(first, Routed) and first.decision.reason == "prefix_hit"
+    for _ in range(30):
+        assert commit(Ask(req, 16, NOW), snap, first, r, InflightLedger()) is None  # no advice
+    assert hot.prefix_share(req.block_hashes, {"b": 60}, NOW) == pytest.approx(1.0)
+    again = decide(Ask(req, 16, NOW), snap, r)
+    assert isinstance(again, Routed) and again.decision.chosen == "a"
+    assert again.decision.reason == "spread"

@@ -14,6 +14,15 @@ once it has seen a few prefills there, else ``prefill_tokens_per_s``):
   held), over a bounded horizon (the batch changes; far-future TPOT is not predictable);
 * ``stall_s`` — the stall its prefill imposes on the decodes already running there (chunked
   prefill shares the step with them), weighted by ``interference``;
+* ``congestion_s`` — the delay its prefill imposes on the requests that will queue behind it,
+  weighted by ``congestion``: the prefill × the queue of the cluster's least queued node (0
+  while any node is free). A hit adds little work where it queues; a copy of a prefix some node
+  already holds adds a whole prefill to a cluster with no node free, and every request behind
+  it waits for it: near saturation copies cost capacity, misses queue more requests and make
+  the next copies look cheaper — the cascade that kept a loaded cluster at half its hit rate.
+  A copy of a prefix asked for by more than its holders' share of the traffic (its share of
+  this router's recent requests × the nodes > its holders, router/decision/hotprefix.py) is
+  discounted by that much: it relieves the holders;
 * ``kv_s`` — KV pressure: the request's blocks beyond the node's soft limit (an engine out of
   blocks queues or preempts), counting the growth still ahead of the requests running there
   (this router's remaining decode, router/decision/inflight.py: a node whose running requests will
@@ -45,6 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.decision.affinity import HashRing, point
+from router.decision.fit import queues_on_holder
 from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.decision.weights import CostWeights
 
@@ -250,6 +260,8 @@ class CompletionCostPolicy(PolicyBase):
             return n.kv_used_ratio >= self.max_kv_used_ratio
         bs = n.block_size
         new = -(-max(1, prompt_tokens - hit * bs) // bs)
+        if queues_on_holder(new, hit, total):  # it waits there for its few blocks
+            return False
         return n.kv_blocks_used + new > self.max_kv_used_ratio * total
 
     def _candidate(
