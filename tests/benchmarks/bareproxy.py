@@ -55,10 +55,44 @@ def build(engines: list[str]) -> web.Application:
     return app
 
 
+async def wire(port: int, engines: list[str]) -> None:
+    """The same pass-through on kvgate's wire layer (router/wire: asyncio protocols over
+    httptools) instead of aiohttp."""
+    from urllib.parse import urlsplit
+
+    from router.wire.client import Pool
+    from router.wire.server import Reply, Request, serve
+
+    pools = []
+    for url in engines:
+        u = urlsplit(url)
+        pools.append(Pool(u.hostname or "127.0.0.1", u.port or 80))
+    turn = itertools.cycle(pools)
+
+    async def relay(request: Request, reply: Reply) -> None:
+        if request.method == "GET" and request.path == "/health":
+            reply.send(200, b"ok", "text/plain")
+            return
+        ctype = request.headers.get("content-type", "application/json")
+        up = await next(turn).request(
+            "POST", request.path, request.body, (("Content-Type", ctype),)
+        )
+        reply.start(up.status, up.content_type)
+        async for data in up.chunks():
+            if not reply.write_nowait(data):
+                await reply.drain()
+        reply.end()
+
+    server = await serve(relay, "127.0.0.1", port, backlog=512)
+    async with server:
+        await server.serve_forever()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    ap.add_argument("--wire", action="store_true", help="kvgate's wire layer, not aiohttp")
     ap.add_argument("engines", nargs="+")
     args = ap.parse_args()
     loop = None
@@ -67,6 +101,9 @@ def main() -> None:
 
         loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
+    if args.wire:
+        (loop or asyncio.new_event_loop()).run_until_complete(wire(args.port, args.engines))
+        return
     web.run_app(build(args.engines), host="127.0.0.1", port=args.port, access_log=None, loop=loop)
 
 

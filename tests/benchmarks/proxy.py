@@ -236,6 +236,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         bare_argv = [sys.executable, "-m", "tests.benchmarks.bareproxy", "--uvloop"]
         bare = sup.spawn_argv("bare", [*bare_argv, "--port", str(port), *engines])
         targets.append(Target("bare", [f"http://127.0.0.1:{port}"], bare))
+        port = free_port()
+        wire = sup.spawn_argv("bare-wire", [*bare_argv, "--wire", "--port", str(port), *engines])
+        targets.append(Target("bare-wire", [f"http://127.0.0.1:{port}"], wire))
         for n in args.workers:
             port = free_port()
             proc = sup.spawn(
@@ -254,9 +257,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         sgl = sup.spawn_argv("sglang-router", launch)
         targets.append(Target("sglang", [f"http://127.0.0.1:{port}"], sgl))
         for t in targets[1:]:
-            probe = {"sglang": "/v1/models", "bare": "/health"}.get(t.name, "/ready")
+            probe = {"sglang": "/v1/models", "bare": "/health", "bare-wire": "/health"}.get(
+                t.name, "/ready"
+            )
             await wait_http(t.urls[0] + probe)
         await asyncio.sleep(2.0)
+        if args.targets:
+            targets = [t for t in targets if t.name in args.targets or t.name == "direct"]
         for t in targets:  # connections, topic metadata, caches
             await run_rate(t.urls, 20.0, 2.0, args.seed + 1)
         direct = targets[0]
@@ -409,12 +416,21 @@ def cli() -> None:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per ramp point")
     ap.add_argument("--latency-duration", type=float, default=12.0)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--targets",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=[],
+        help="only these (and direct); the report is printed, not written",
+    )
     args = ap.parse_args()
     from router.serve import event_loop_factory
 
     # the client on uvloop too: it shares the cores with what it measures
     with asyncio.Runner(loop_factory=event_loop_factory("auto")) as runner:
         result = runner.run(main(args))
+    if args.targets:
+        print(json.dumps(result, indent=2))
+        return
     write(args, result)
 
 
