@@ -10,6 +10,8 @@
 4. ``router`` never imports ``deploy`` (the launchers and the CLI sit above it).
 5. The surfaces (``router.http``, ``router.epp``) never compose a decision: they go through the
    flow layer's director, not ``router.decision.pipeline``.
+6. ``router.wire`` is transport only: HTTP/1.1 on asyncio protocols, no framework (no aiohttp)
+   and nothing of kvgate but the OpenAI error shape (``streams.openai``).
 
 ``ALLOWED`` lists the imports that break a contract today, each to be removed by the move that
 fixes it; an entry that no longer occurs fails the test too, so the list only shrinks.
@@ -106,6 +108,13 @@ def _violations() -> set[tuple[str, str]]:
             (module, name)
             for name in _imports(module, path)
             if _within(name, ("router.decision.pipeline",))
+        )
+    for module, path in _modules("router.wire").items():
+        bad.update(
+            (module, name)
+            for name in _imports(module, path)
+            if _within(name, ("aiohttp",))
+            or (_within(name, OWN) and not _within(name, ("router.wire", "streams.openai")))
         )
     return bad
 

@@ -31,11 +31,12 @@ once it has seen a few prefills there, else ``prefill_tokens_per_s``):
   the node this router sent the session's previous turn to, while it is a candidate (the node
   that holds the conversation; a home kept through a short overload, where the load bound of a
   hash ring would move it and pull the next turn away from its context); for a session this
-  router has not seen, the node of consistent hashing with bounded loads
-  (:mod:`router.decision.affinity`,
-  the same on every router replica). A soft preference that load outweighs. After the first
-  turn the prefix hit on the node holding the conversation is the stronger pull, and it works
-  across router replicas because it comes from the shared index.
+  router has not seen, when no node holds any of its prompt, the node of consistent hashing
+  with bounded loads (:mod:`router.decision.affinity`, the same on every router replica; where
+  some node holds a prefix, that node's hit decides, not a node the session's hash names). A
+  soft preference that load outweighs. After the first turn the prefix hit on the node holding
+  the conversation is the stronger pull, and it works across router replicas because it comes
+  from the shared index.
 
 Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
 noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
@@ -293,10 +294,14 @@ class CompletionCostPolicy(PolicyBase):
         if session is not None and self.w.session_affinity_s > 0:
             home = self._homes.get(hash(session))
             if home is None or not any(n.node_id == home for n in nodes):
-                home = self._ring.home(
-                    point(session),
-                    {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
-                )
+                # the ring's node only where nothing holds any of the prompt: a node holding
+                # its prefix is worth more than a node its hash names
+                home = None
+                if not any(matches.values()):
+                    home = self._ring.home(
+                        point(session),
+                        {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
+                    )
         # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
