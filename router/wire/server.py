@@ -214,6 +214,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._refused: tuple[int, bytes] | None = None  # the answer to a request cut short
         self._upgraded = False
+        self._eof = False  # the client sent everything it will (a half-close)
         # the message being parsed
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -279,7 +280,8 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self._task is None and not self._queue:
             return None  # closes
-        return True  # keep writing the answer; it closes after
+        self._eof = True
+        return True  # keep writing the answers; it closes after them
 
     # the parser's callbacks
     def on_message_begin(self) -> None:
@@ -375,7 +377,8 @@ class Connection(asyncio.Protocol):
                     reply.json(500, error_body("no answer", "internal_error", 500))
                 elif not reply.done:
                     reply.end()
-                if not request.keep_alive or (self._upgraded and not self._queue):
+                last = not self._queue and (self._upgraded or self._eof)
+                if not request.keep_alive or last:
                     self.close()
                     return
         finally:

@@ -108,6 +108,18 @@ async def test_an_upgrade_is_ignored_the_request_answered_and_the_connection_clo
     assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
 
 
+async def test_a_half_closed_client_gets_its_answer_and_the_connection_closes() -> None:
+    server, url = await _server()
+    host, port = url.removeprefix("http://").split(":")
+    async with server:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /stream HTTP/1.1\r\n\r\n")
+        writer.write_eof()
+        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"0\r\n\r\n")
+
+
 async def test_pipelined_requests_are_answered_in_order() -> None:
     server, url = await _server()
     two = (
