@@ -110,10 +110,11 @@ def test_a_lagging_index_cannot_attract_traffic() -> None:
     assert d.chosen == "a"
 
 
-def test_a_new_sessions_ring_node_does_not_outweigh_a_prefix_held_elsewhere() -> None:
-    """A session this router has not seen gets its hash-ring node's bonus only where nothing
-    holds any of its prompt: a node holding the prompt's prefix (a shared system prompt) is
-    worth more than the node the session's hash names, however small the prefill it saves."""
+def test_a_sessions_home_does_not_outweigh_a_prefix_held_elsewhere() -> None:
+    """A session's home gets its bonus only where no other node holds more of the prompt: a
+    node holding the prompt's prefix (another bot's system prompt) is worth more than the node
+    the session's hash names, or the node its last turn went to, however small the prefill it
+    saves."""
     nodes = [node(f"n{i}") for i in range(8)]
     short = RouteRequest("r", "m", list(range(10)), prompt_tokens=160, max_tokens=8)
     ring = policy().decide(replace(short, session_id="chat-42"), nodes, {}, NOW).chosen
@@ -122,6 +123,14 @@ def test_a_new_sessions_ring_node_does_not_outweigh_a_prefix_held_elsewhere() ->
     d = policy().decide(replace(short, session_id="chat-42"), nodes, {other: 8}, NOW)
     assert d.chosen == other and d.reason == "prefix_hit"
     assert all(c.components["affinity_s"] == 0.0 for c in d.candidates)
+    p = policy()
+    take(p, replace(short, session_id="chat-7"), nodes, {})  # its first turn: a home
+    home = p._homes[hash("chat-7")]
+    other = next(n.node_id for n in nodes if n.node_id != home)
+    d = p.decide(replace(short, session_id="chat-7"), nodes, {other: 8}, NOW)
+    assert d.chosen == other and d.reason == "prefix_hit"
+    d = p.decide(replace(short, session_id="chat-7"), nodes, {other: 8, home: 8}, NOW)
+    assert d.chosen == home  # as much there: the conversation's node
 
 
 def test_session_affinity_is_shared_by_replicas_and_yields_to_load() -> None:
@@ -231,7 +240,9 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
     )
     matches = {"a": 10, "b": 40}
     take(p, req, nodes, matches)  # smoothing state settles on these heartbeats
-    home = p._homes[hash("s1")]  # the node of the session's last turn
+    home: str | None = p._homes[hash("s1")]  # the node of the session's last turn
+    if matches.get(home or "", 0) < max(matches.values()):
+        home = None  # another node holds more of the prompt: no bonus
     floor = p._congestion(req, nodes, matches)
     assert 0 < floor < 2  # the least queued node's 2, less the share a copy would relieve
     expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home, floor) for n in nodes}

@@ -28,9 +28,11 @@ once it has seen a few prefills there, else ``prefill_tokens_per_s``):
   (this router's remaining decode, router/decision/inflight.py: a node whose running requests will
   soon finish has more room than one whose long generations have far to go);
 * ``affinity_s`` — a request with a session key gets a small bonus on the session's home node:
-  the node this router sent the session's previous turn to, while it is a candidate (the node
-  that holds the conversation; a home kept through a short overload, where the load bound of a
-  hash ring would move it and pull the next turn away from its context); for a session this
+  the node this router sent the session's previous turn to, while it is a candidate and no
+  other node holds more of this prompt (the node that holds the conversation; a home kept
+  through a short overload, where the load bound of a hash ring would move it and pull the next
+  turn away from its context — but a turn that shares more with another node, another bot's
+  system prompt, goes by its hits); for a session this
   router has not seen, when no node holds any of its prompt, the node of consistent hashing
   with bounded loads (:mod:`router.decision.affinity`, the same on every router replica; where
   some node holds a prefix, that node's hit decides, not a node the session's hash names). A
@@ -293,15 +295,18 @@ class CompletionCostPolicy(PolicyBase):
         home = None
         if session is not None and self.w.session_affinity_s > 0:
             home = self._homes.get(hash(session))
+            longest = max(matches.values(), default=0)
             if home is None or not any(n.node_id == home for n in nodes):
                 # the ring's node only where nothing holds any of the prompt: a node holding
                 # its prefix is worth more than a node its hash names
                 home = None
-                if not any(matches.values()):
+                if not longest:
                     home = self._ring.home(
                         point(session),
                         {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
                     )
+            elif matches.get(home, 0) < longest:
+                home = None  # the last turn's node holds less of this prompt than another
         # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
