@@ -16,7 +16,9 @@ prefix is cached. Two workloads (:data:`WORKLOADS`), each on its own fresh set o
 
 Measured at the client: TTFT p50/p99, end-to-end p99, throughput, errors; measured at the
 engines (vLLM's prefix-cache counters): the hit rate. Needs the Kafka that ``kvgate infra
-start`` runs. Writes ``docs/benchmarks/livepeer.json`` and ``livepeer.md``.
+start`` runs. Writes ``docs/benchmarks/livepeer.json`` and ``livepeer.md``; with ``--decisions
+DIR`` also each kvgate run's decision records (JSON lines from Kafka: every candidate's cost
+components), to see why a run went as it did.
 """
 
 from __future__ import annotations
