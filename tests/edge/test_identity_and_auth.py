@@ -137,7 +137,10 @@ async def test_decide_is_a_dry_run() -> None:
         calls: list[Any] = []
         assert e.router.director.rules.hot is not None
 
-        def always_hot(now: float, hashes: Any, matches: Any, nodes: Any) -> PrewarmAdvice:
+        def always_hot(
+            now: float, hashes: Any, matches: Any, nodes: Any, advise: bool = True
+        ) -> PrewarmAdvice:
+            assert advise  # router.prewarm is on
             calls.append(now)
             return PrewarmAdvice(hashes[-1], len(hashes), 0.9, ("n1",), ("n2",))
 
