@@ -226,7 +226,8 @@ class Pool:
         body: bytes = b"",
         headers: Iterable[tuple[str, str]] = (),
     ) -> Answer:
-        """Send one request; the answer once its status and headers are in."""
+        """Send one request; the answer once its status and headers are in. No timeout of its
+        own: the caller bounds the wait (``asyncio.timeout``), as the router bounds a stream."""
         head = [
             b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n"
             % (method.encode("ascii"), path.encode("latin-1"), self._host_header, len(body))

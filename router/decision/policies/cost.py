@@ -132,8 +132,10 @@ class CompletionCostPolicy(PolicyBase):
         router's own dispatches awaiting their first token): 0 while any node is free."""
         floor = math.inf
         for n in nodes:
-            s = self._smoothed(n)
-            floor = min(floor, s.waiting + n.pending)
+            queued = self._smoothed(n).waiting + n.pending
+            if queued <= 0:
+                return 0.0  # a free node: the common case ends the pass at once
+            floor = min(floor, queued)
         return 0.0 if floor == math.inf else floor
 
     def _congestion(
@@ -156,7 +158,7 @@ class CompletionCostPolicy(PolicyBase):
         self, request: RouteRequest, n: NodeView, hit: int, floor: float = 0.0
     ) -> dict[str, float]:
         """The components of the expected completion cost of ``request`` on ``n`` (seconds);
-        ``floor``: :meth:`saturation` of the candidates."""
+        ``floor``: the queued requests its prefill delays (:meth:`_congestion`)."""
         w = self.w
         s = self._smoothed(n)
         bs = n.block_size
