@@ -18,8 +18,6 @@ import signal
 import time
 from typing import Any
 
-from aiohttp import web
-
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.storm import StormStore
@@ -94,7 +92,9 @@ def router_process(s: Settings) -> Router:
         await replica.caught_up.wait()
         gc.freeze()
 
-    async def start(app: web.Application) -> None:
+    freeze: list[asyncio.Task[None]] = []
+
+    async def start() -> None:
         await ensure_topics(s.kafka)
         await bus.start()
         await replica.start()
@@ -102,9 +102,11 @@ def router_process(s: Settings) -> Router:
         if s.admission.enabled:
             await ledger.start()
             await reconciler.start()
-        app["freeze"] = asyncio.create_task(freeze_when_caught_up())
+        freeze.append(asyncio.create_task(freeze_when_caught_up()))
 
-    async def stop(_: web.Application) -> None:
+    async def stop() -> None:
+        for task in freeze:
+            task.cancel()
         await reconciler.stop()
         await ledger.stop()
         await control.stop()

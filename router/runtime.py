@@ -10,8 +10,6 @@ import os
 import socket
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from admission.gate import AdmissionGate
 from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings
@@ -38,7 +36,7 @@ from router.flow.tokenizers import TokenizerDiscovery
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
 from router.http.admin import AdminApi
-from router.http.app import admin_app, main_app
+from router.http.app import Routes, admin_routes, main_routes
 from router.http.gateway import GatewayApi
 from router.http.openai import OpenAiApi
 from router.http.prefill import PrefillLeg
@@ -59,7 +57,7 @@ __all__ = ["Router", "build_router"]
 @dataclass(slots=True)
 class Router:
     """A router's parts, built and wired (no behaviour of its own). ``app`` and ``admin`` are
-    its two listeners' applications; ``app`` starts and stops the parts that run."""
+    its two listeners' routes; ``app``'s hooks start and stop the parts that run."""
 
     settings: RouterSettings
     router_id: str
@@ -76,8 +74,8 @@ class Router:
     external: ExternalRequests
     upstream: Upstream
     loops: Loops
-    app: web.Application
-    admin: web.Application
+    app: Routes
+    admin: Routes
 
 
 def _rules(settings: RouterSettings, policy: Policy, fleet: Fleet, gate: AdmissionGate) -> Rules:
@@ -157,13 +155,13 @@ def build_router(
     openai = OpenAiApi(s, entry, director, proxied, upstream, prefill, tokens, tracing, feed)
     gateway = GatewayApi(s, metrics, entry, external, gate, flights)
     admin = AdminApi(s, router_id, canary, director, reader, flights, tokencheck, loops, bus)
-    app = main_app(s, metrics, openai, gateway, admin)
+    app = main_routes(s, metrics, openai, gateway, admin)
 
-    async def start(_: web.Application) -> None:
+    async def start() -> None:
         upstream.start()
         loops.start()
 
-    async def stop(_: web.Application) -> None:
+    async def stop() -> None:
         loops.stop()
         tokens.cancel()
         await queue.stop()
@@ -190,5 +188,5 @@ def build_router(
         upstream,
         loops,
         app,
-        admin_app(admin),
+        admin_routes(admin),
     )

@@ -15,7 +15,8 @@
 With ``router.workers`` > 1 the main listener binds with ``SO_REUSEPORT`` (the processes of
 deploy/routerproc.py share its port).
 
-Body size and read time are bounded per request (:mod:`router.http.edge`).
+The listeners serve on router/wire: body size (``max_body_bytes``) and read time
+(``body_timeout_s``) are bounded per request there, before any handler runs.
 """
 
 from __future__ import annotations
@@ -23,19 +24,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from ipaddress import ip_address
 from typing import TYPE_CHECKING, cast
 
 import orjson
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_server import Server
 
+from router.wire.server import Connection, Limits
 from streams.openai import error_body
 
 if TYPE_CHECKING:
+    from router.http.app import Routes
     from router.settings import RouterSettings
 
 __all__ = ["Listeners", "event_loop_factory", "start_listeners"]
@@ -93,60 +93,20 @@ class _Busy(asyncio.Protocol):
             self.listeners.lingering -= 1
 
 
-class _Admit(asyncio.Protocol):
-    """A new connection: handed to the HTTP server's own protocol (which then receives
-    everything directly) when its listener and its client address have room, else a 503."""
-
-    def __init__(self, gate: _ConnectionGate) -> None:
-        self.gate = gate
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        host = peer[0] if isinstance(peer, tuple) and peer else ""
-        protocol: asyncio.BaseProtocol
-        if self.gate.admits(host):
-            protocol = self.gate.handler()
-        else:
-            self.gate.listeners.refused_connections += 1
-            protocol = _Busy(self.gate.listeners)
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-
-
-class _ConnectionGate:
+class _Gate:
     """Who may open one more connection on a listener: the listener's cap, each client
     address's share of it, the headroom for clients holding none."""
 
-    def __init__(self, listeners: Listeners, handler: Server, r: RouterSettings) -> None:
-        self.listeners, self.handler = listeners, handler
+    def __init__(self, listeners: Listeners, r: RouterSettings) -> None:
+        self.listeners = listeners
         self.limit, self.per_client = r.max_connections, r.max_connections_per_client
         self.headroom, self.exempt = r.connection_headroom, list(r.connection_share_exempt)
         self.by_client: Counter[str] = Counter()
-        self.client_of: dict[RequestHandler, str] = {}
-        made, lost = handler.connection_made, handler.connection_lost
-
-        def connection_made(h: RequestHandler, transport: asyncio.Transport) -> None:
-            peer = transport.get_extra_info("peername")
-            host = peer[0] if isinstance(peer, tuple) and peer else ""
-            self.client_of[h] = host
-            self.by_client[host] += 1
-            made(h, transport)
-
-        def connection_lost(h: RequestHandler, exc: BaseException | None = None) -> None:
-            host = self.client_of.pop(h, None)
-            if host is not None:
-                self.by_client[host] -= 1
-                if self.by_client[host] <= 0:
-                    del self.by_client[host]
-            lost(h, exc)
-
-        # the server's own bookkeeping of its connections, counted per client on the way
-        handler.connection_made = connection_made  # type: ignore[method-assign,assignment]
-        handler.connection_lost = connection_lost  # type: ignore[method-assign,assignment]
+        self.open: set[Connection] = set()
 
     def admits(self, host: str) -> bool:
         held = self.by_client.get(host, 0)
-        total = len(self.handler.connections)
+        total = len(self.open)
         if total >= self.limit and (held or total >= self.limit + self.headroom):
             return False
         return held < self.per_client or self._exempt(host)
@@ -161,10 +121,47 @@ class _ConnectionGate:
         return any(address in network for network in self.exempt)
 
 
+class _Gated(Connection):
+    """A connection its listener's gate admitted (counted per client until it closes), or
+    answered with a 503 (:class:`_Busy`)."""
+
+    def __init__(self, gate: _Gate, routes: Routes, limits: Limits) -> None:
+        super().__init__(routes, limits, routes.screen)
+        self.gate = gate
+        self.counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        gate = self.gate
+        if not gate.admits(host):
+            gate.listeners.refused_connections += 1
+            self.closed = True
+            busy = _Busy(gate.listeners)
+            transport.set_protocol(busy)
+            busy.connection_made(transport)
+            return
+        self.counted = True
+        gate.by_client[host] += 1
+        gate.open.add(self)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted:
+            self.counted = False
+            gate = self.gate
+            gate.open.discard(self)
+            gate.by_client[self.peer] -= 1
+            if gate.by_client[self.peer] <= 0:
+                del gate.by_client[self.peer]
+        super().connection_lost(exc)
+
+
 @dataclass
 class Listeners:
-    runners: list[web.AppRunner] = field(default_factory=list)
     servers: list[asyncio.Server] = field(default_factory=list)
+    gates: list[_Gate] = field(default_factory=list)
+    cleanup: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     refused_connections: int = 0
     lingering: int = 0  # refused connections being closed gracefully
 
@@ -173,37 +170,42 @@ class Listeners:
         return [s.sockets[0].getsockname()[1] for s in self.servers if s.sockets]
 
     async def stop(self) -> None:
+        """Stop listening, close every connection, then stop the router's parts."""
         for server in self.servers:
             server.close()
-        for runner in reversed(self.runners):  # the main app last: its cleanup stops the bus
-            await runner.cleanup()
+        for gate in self.gates:
+            for conn in list(gate.open):
+                conn.close()
+        await asyncio.sleep(0)  # (the connections' tasks see their transports closed)
+        for hook in self.cleanup:
+            await hook()
+        self.cleanup.clear()
+
+
+def _limits(r: RouterSettings, max_body: int) -> Limits:
+    return Limits(
+        max_line=r.max_header_bytes,
+        max_headers=r.max_headers,
+        max_body=max_body,
+        body_timeout_s=r.body_timeout_s,
+        idle_timeout_s=r.idle_timeout_s,
+    )
 
 
 async def _listen(
     listeners: Listeners,
-    app: web.Application,
+    routes: Routes,
     host: str,
     port: int,
     r: RouterSettings,
     reuse_port: bool = False,
 ) -> None:
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        handle_signals=False,
-        keepalive_timeout=r.idle_timeout_s,
-        max_line_size=r.max_header_bytes,
-        max_field_size=r.max_header_bytes,
-        max_headers=r.max_headers,
-    )
-    await runner.setup()
-    listeners.runners.append(runner)
-    handler = runner.server
-    assert handler is not None
-    gate = _ConnectionGate(listeners, handler, r)
+    gate = _Gate(listeners, r)
+    listeners.gates.append(gate)
+    limits = _limits(r, routes.max_body)
 
     def factory() -> asyncio.BaseProtocol:
-        return _Admit(gate)
+        return _Gated(gate, routes, limits)
 
     server = await asyncio.get_running_loop().create_server(
         factory, host, port, reuse_address=True, reuse_port=reuse_port or None, backlog=512
@@ -211,16 +213,22 @@ async def _listen(
     listeners.servers.append(server)
 
 
-async def start_listeners(
-    main: web.Application, admin: web.Application | None, r: RouterSettings
-) -> Listeners:
-    """The main listener on ``r.host:r.port`` and, when ``admin`` is given and
-    ``r.admin_port`` is set, the admin listener on ``r.admin_host:r.admin_port`` (port 0:
-    any free port, see :attr:`Listeners.ports`)."""
+async def start_listeners(main: Routes, admin: Routes | None, r: RouterSettings) -> Listeners:
+    """Start the main routes' parts (``on_startup``), then the main listener on
+    ``r.host:r.port`` and, when ``admin`` is given and ``r.admin_port`` is set, the admin
+    listener on ``r.admin_host:r.admin_port`` (port 0: any free port, see
+    :attr:`Listeners.ports`). :meth:`Listeners.stop` undoes it all."""
     listeners = Listeners()
-    await _listen(listeners, main, r.host, r.port, r, reuse_port=r.workers > 1)
-    if admin is not None and r.admin_port is not None:
-        await _listen(listeners, admin, r.admin_host, r.admin_port, r)
+    for hook in main.on_startup:
+        await hook()
+    listeners.cleanup = list(main.on_cleanup)
+    try:
+        await _listen(listeners, main, r.host, r.port, r, reuse_port=r.workers > 1)
+        if admin is not None and r.admin_port is not None:
+            await _listen(listeners, admin, r.admin_host, r.admin_port, r)
+    except BaseException:
+        await listeners.stop()
+        raise
     return listeners
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from router.flow.asks import Gated
 from router.flow.director import Director
-from router.flow.intake import IntakeReader
+from router.flow.intake import Head, IntakeReader
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
 from router.parse import ParsedRequest
@@ -48,12 +48,14 @@ class Entry:
         read: Callable[[], Awaitable[bytes]],
         chat: bool | None,
         peer: str | None = None,
+        head: Head | None = None,
     ) -> Taken:
         """Check the headers, authenticate, then read, parse (``chat`` None: chat when the
         body has ``messages``) and admit a request known by its headers and a reader of its
-        body; ``peer``: the client's address, when known."""
-        started = time.time()
-        i = await self.reader.read(headers, read, chat, peer, started)
+        body; ``peer``: the client's address, when known; ``head``: its headers checked
+        already (:meth:`IntakeReader.head`, before the body arrived)."""
+        started = time.time() if head is None else head.started
+        i = await self.reader.read(headers, read, chat, peer, started, head)
         t0 = time.perf_counter()
         try:
             g = await self.director.admit(i)

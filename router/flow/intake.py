@@ -34,7 +34,7 @@ from router.settings import RouterSettings
 from router.tokencheck import TokenCheck
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 
-__all__ = ["Intake", "IntakeReader", "attempt_fingerprint", "client_identity"]
+__all__ = ["Head", "Intake", "IntakeReader", "attempt_fingerprint", "client_identity"]
 
 
 def attempt_fingerprint(client: str, p: ParsedRequest) -> str:
@@ -65,6 +65,19 @@ class Intake:
     placement: Placement
     slo: Slo | None
     parsed: ParsedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What a request's headers say, checked (before a byte of its body is read)."""
+
+    request_id: str  # minted here
+    started: float
+    tenant: Tenant  # at the priority the request asks to run at
+    client_request_id: str | None
+    idempotency_key: str | None
+    placement: Placement
+    slo: Slo | None
 
 
 @dataclass(slots=True)
@@ -136,6 +149,18 @@ class IntakeReader:
         except ValueError as exc:
             raise self.refuse("bad_request", 400, str(exc)) from None
 
+    def head(self, headers: Mapping[str, str], started: float) -> Head:
+        """Check what ``headers`` say, before any body is read (a refusal is recorded)."""
+        request_id = mint_id()
+        known = _Known()
+        try:
+            return self._head(headers, started, request_id, known)
+        except Refusal as exc:
+            self.recorder.refusal(
+                request_id, started, exc.reason, known.tenant, None, known.client_request_id
+            )
+            raise
+
     async def read(
         self,
         headers: Mapping[str, str],
@@ -143,29 +168,30 @@ class IntakeReader:
         chat: bool | None,
         peer: str | None,
         started: float,
+        head: Head | None = None,
     ) -> Intake:
         """The request of ``headers`` and ``body`` (``chat`` None: chat when the body has
-        ``messages``; ``peer``: the client's address, when known)."""
-        request_id = mint_id()
-        known = _Known()
+        ``messages``; ``peer``: the client's address, when known; ``head``: what
+        :meth:`head` found in the headers already)."""
+        if head is None:
+            head = self.head(headers, started)
+        known = _Known(head.tenant.name, head.client_request_id)
         try:
-            return await self._read(headers, body, chat, peer, started, request_id, known)
+            return await self._read(body, chat, peer, head, known)
         except Refusal as exc:
             self.recorder.refusal(
-                request_id, started, exc.reason, known.tenant, known.parsed, known.client_request_id
+                head.request_id,
+                head.started,
+                exc.reason,
+                known.tenant,
+                known.parsed,
+                known.client_request_id,
             )
             raise
 
-    async def _read(
-        self,
-        headers: Mapping[str, str],
-        body: Callable[[], Awaitable[bytes]],
-        chat: bool | None,
-        peer: str | None,
-        started: float,
-        request_id: str,
-        known: _Known,
-    ) -> Intake:
+    def _head(
+        self, headers: Mapping[str, str], started: float, request_id: str, known: _Known
+    ) -> Head:
         n = self.settings.client_id_max_len
         client_id = client_label(headers, "X-Request-Id", n)
         known.client_request_id = client_id
@@ -191,6 +217,17 @@ class IntakeReader:
             slo, tenant = slo_of(headers, tenant, self.gate.settings)
         except ValueError as exc:
             raise self.refuse("bad_slo_class", 400, str(exc)) from None
+        return Head(request_id, started, tenant, client_id, idempotency_key, placement, slo)
+
+    async def _read(
+        self,
+        body: Callable[[], Awaitable[bytes]],
+        chat: bool | None,
+        peer: str | None,
+        head: Head,
+        known: _Known,
+    ) -> Intake:
+        tenant = head.tenant
         raw = await body()
         if chat is None:
             try:
@@ -211,6 +248,15 @@ class IntakeReader:
             p = isolated(p, tenant)
         known.parsed = p
         client = client_identity(tenant, self.gate.settings.anonymous, peer)
+        h = head
         return Intake(
-            request_id, started, tenant, client, idempotency_key, client_id, placement, slo, p
+            h.request_id,
+            h.started,
+            tenant,
+            client,
+            h.idempotency_key,
+            h.client_request_id,
+            h.placement,
+            h.slo,
+            p,
         )

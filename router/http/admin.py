@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from collections import Counter
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
-from aiohttp import web
 from pydantic import ValidationError
 
 from admission.exceptions import AdmissionError
@@ -25,10 +25,11 @@ from router.flow.intake import IntakeReader
 from router.flow.refusals import Refusal
 from router.flow.salt import isolated
 from router.gauges import collect
-from router.http.edge import json_response, read_body
+from router.http.edge import json_answer
 from router.loops import Loops
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck
+from router.wire.server import Reply, Request
 from streams.kafka import KafkaBus
 from streams.schemas import Heartbeat
 
@@ -81,24 +82,25 @@ class AdminApi:
             raise Refusal(400, f"no tenant is called {name!r}")
         return found
 
-    async def decide(self, request: web.Request) -> web.Response:
+    async def decide(self, request: Request, reply: Reply) -> None:
         """Dry run: what would the router do with this body (completion or chat)? No events,
         no pre-warm advice, no reservation. An admin endpoint: it shows what the index holds.
         ``?tenant=NAME`` decides as that tenant's request (its cache group's salt), where tenants'
         caches are kept apart."""
-        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
+        raw = request.body
         try:
             body = orjson.loads(raw)
             p = self.reader.parse(raw, chat=isinstance(body, dict) and "messages" in body)
         except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
             raise Refusal(400, str(exc).splitlines()[0]) from None
         if self.reader.isolating:  # as the named tenant's request (default: an anonymous one)
-            p = isolated(p, self._tenant(request.query.get("tenant")))
+            p = isolated(p, self._tenant(parse_qs(request.query).get("tenant", [None])[0]))
         t0 = time.perf_counter()
         rreq, d, nodes, block_size = await self.director.dry_run(p, time.time())
         decision_us = (time.perf_counter() - t0) * 1e6
         endpoint = next((n.endpoint for n in nodes if n.node_id == d.chosen), None)
-        return json_response(
+        json_answer(
+            reply,
             {
                 "chosen_node": d.chosen,
                 "endpoint": endpoint,
@@ -119,7 +121,7 @@ class AdminApi:
                     }
                     for c in d.candidates
                 ],
-            }
+            },
         )
 
     async def _budgets(self, views: list[NodeView], now: float) -> dict[str, Any]:
@@ -181,13 +183,14 @@ class AdminApi:
             **_agent_counters(hb),
         }
 
-    async def state(self, _: web.Request) -> web.Response:
+    async def state(self, _: Request, reply: Reply) -> None:
         """The replica as this router sees it: nodes, their load and indexed blocks."""
         now = time.time()
         views = self.views.nodes(now)
         d, control, rec = self.director, self.loops.control, self.loops.reconciler
         lanes = d.rules.lanes
-        return json_response(
+        json_answer(
+            reply,
             {
                 "router_id": self.router_id,
                 "policy": self.policy.name,
@@ -221,13 +224,13 @@ class AdminApi:
                     rec.report(self.replica.load.values(), now) if rec is not None else None
                 ),
                 "nodes": {n.node_id: self._node(n, now) for n in views},
-            }
+            },
         )
 
-    async def health(self, _: web.Request) -> web.Response:
-        return json_response({"status": "ok", "router_id": self.router_id})
+    async def health(self, _: Request, reply: Reply) -> None:
+        json_answer(reply, {"status": "ok", "router_id": self.router_id})
 
-    async def ready(self, _: web.Request) -> web.Response:
+    async def ready(self, _: Request, reply: Reply) -> None:
         now = time.time()
         healthy = [n.node_id for n in self.views.nodes(now) if n.healthy and n.alive(now)]
         store_ready = True
@@ -239,7 +242,8 @@ class AdminApi:
         failing = self.loops.failing()
         caught_up = self.replica.caught_up.is_set()
         ready = caught_up and bool(healthy) and store_ready and not failing
-        return json_response(
+        json_answer(
+            reply,
             {
                 "ready": ready,
                 "failing": failing,
@@ -255,7 +259,7 @@ class AdminApi:
             200 if ready else 503,
         )
 
-    async def metrics(self, _: web.Request) -> web.Response:
+    async def metrics(self, _: Request, reply: Reply) -> None:
         now = time.time()
         m = self.director.metrics
         await collect(
@@ -269,4 +273,4 @@ class AdminApi:
             self.flights.by_priority(),
             now,
         )
-        return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
+        reply.send(200, m.render(), "text/plain; charset=utf-8")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Literal, TypeVar
 
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from admission.exceptions import AdmissionError
@@ -21,10 +20,12 @@ from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import Flight, Flights
 from router.flow.headers import GATEWAY_KEY_HEADER, bearer_key, match_key
+from router.flow.intake import Head
 from router.flow.refusals import Refusal
-from router.http.edge import json_response, read_body
+from router.http.edge import json_answer
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
+from router.wire.server import Headers, Reply, Request
 
 __all__ = ["GatewayApi", "GatewayRelease", "GatewayRenew"]
 
@@ -55,10 +56,14 @@ class GatewayRenew(BaseModel):
 _B = TypeVar("_B", bound=BaseModel)
 
 
-async def _read_model(request: web.Request, model: type[_B]) -> _B:
-    """A small JSON body (≤ 64 KiB, 10 s) as ``model``; a 400 names the first invalid
-    field."""
-    raw = await read_body(request, 64 << 10, 10.0)
+_SMALL = 64 << 10  # the largest release or renewal body
+
+
+def _read_model(request: Request, model: type[_B]) -> _B:
+    """A small JSON body (≤ 64 KiB) as ``model``; a 400 names the first invalid field."""
+    raw = request.body
+    if len(raw) > _SMALL:
+        raise Refusal(413, f"request body is over the limit of {_SMALL} bytes")
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
@@ -84,38 +89,36 @@ class GatewayApi:
         self.gate = gate
         self.flights = flights
 
-    def caller(self, request: web.Request) -> str:
+    def screen(self, headers: Headers, _: str = "") -> str:
         """The gateway calling the gateway API, by its key (``X-Kvgate-Gateway-Key``)."""
         if not self.settings.gateway_keys:
             self.metrics.rejected("gateway_unauthorized")
             raise Refusal(
                 403, "the gateway API is closed: no router.gateway_keys", "permission_error"
             )
-        name = match_key(
-            self.settings.gateway_keys, bearer_key(request.headers, GATEWAY_KEY_HEADER)
-        )
+        name = match_key(self.settings.gateway_keys, bearer_key(headers, GATEWAY_KEY_HEADER))
         if name is None:
             self.metrics.rejected("gateway_unauthorized")
             raise Refusal(401, f"a gateway key is required ({GATEWAY_KEY_HEADER})", "unauthorized")
         return str(name)
 
-    async def route(self, request: web.Request) -> web.Response:
+    def screen_route(self, headers: Headers, _: str) -> tuple[str, Head]:
+        """The gateway, then the request's own headers (as a tenant's)."""
+        return self.screen(headers), self.entry.reader.head(headers, time.time())
+
+    async def route(self, request: Request, reply: Reply) -> None:
         """Admit and route like ``/v1/completions`` but do not forward: the gateway (e.g. Envoy)
         sends the request to the returned endpoint itself and calls ``/v1/kvgate/release``
         with the reservation id when it is done (else the reservation expires with its lease).
         The body is an OpenAI completion or chat request; the same refusals apply. Only callers
         with a gateway key may use it; the reservation is theirs alone to renew and release."""
-        gateway = self.caller(request)
-        taken = await self.entry.take(
-            request.headers,
-            lambda: read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
-            None,
-            request.remote,
-        )
+        gateway, head = request.screened[1]
+        taken = await self.entry.take(request.headers, request.read, None, request.peer, head)
         routed = await self.external.route(gateway, taken)
         request_id, rreq, decision, node, p = routed
         held = self.gate.held.get(request_id)
-        return json_response(
+        json_answer(
+            reply,
             {
                 "request_id": request_id,
                 "reservation_id": request_id if held is not None else None,
@@ -131,14 +134,14 @@ class GatewayApi:
                 "reason": decision.reason,
                 "prompt_blocks": len(rreq.block_hashes),
                 "kv_blocks_reserved": held.kv_blocks if held is not None else 0,
-            }
+            },
         )
 
-    async def release(self, request: web.Request) -> web.Response:
+    async def release(self, request: Request, reply: Reply) -> None:
         """The gateway finished a routed request: release its reservation and record the
         outcome it reports (``status``, ``output_tokens``, ``ttft_s``, ``cached_tokens``)."""
-        gateway = self.caller(request)
-        body = await _read_model(request, GatewayRelease)
+        gateway = request.screened[1]
+        body = _read_model(request, GatewayRelease)
         self._owned(gateway, body.reservation_id)  # a 404 unless this gateway routed it
         await self.external.finish(
             body.reservation_id,
@@ -148,13 +151,13 @@ class GatewayApi:
             body.cached_tokens,
             body.prompt_tokens,
         )
-        return json_response({"released": body.reservation_id}, 200)
+        json_answer(reply, {"released": body.reservation_id})
 
-    async def renew(self, request: web.Request) -> web.Response:
+    async def renew(self, request: Request, reply: Reply) -> None:
         """A gateway's routed request runs longer than its lease: renew it (call again before
         ``lease_expires_at``)."""
-        gateway = self.caller(request)
-        body = await _read_model(request, GatewayRenew)
+        gateway = request.screened[1]
+        body = _read_model(request, GatewayRenew)
         rid = body.reservation_id
         owned = self._owned(gateway, rid)
         now = time.time()
@@ -166,7 +169,7 @@ class GatewayApi:
         held = self.gate.held.get(rid)
         until = held.expires_at if held is not None else now + self.gate.settings.lease_s
         owned.until = until
-        return json_response({"reservation_id": rid, "lease_expires_at": until}, 200)
+        json_answer(reply, {"reservation_id": rid, "lease_expires_at": until})
 
     def _owned(self, gateway: str, rid: str) -> Flight:
         """The routed request ``rid`` if ``gateway`` routed it; a 404 otherwise (the same

@@ -8,39 +8,38 @@ from __future__ import annotations
 import logging
 import time
 
-from aiohttp import web
-
 from router.decision.types import NodeView, eligible
 from router.feed import FeedWatch
 from router.flow.director import Director
 from router.flow.entry import Entry, Taken
 from router.flow.flight import Flight
 from router.flow.headers import mint_id, trace_headers
-from router.flow.intake import IntakeReader
+from router.flow.intake import Head, IntakeReader
 from router.flow.proxied import ProxiedRequests
 from router.flow.refusals import Refusal
 from router.flow.served import Served
 from router.flow.views import ClusterView
-from router.http.edge import json_response, read_body
+from router.http.edge import json_answer
 from router.http.passthrough import NOT_ADMITTED, pick_node, relay, request_model
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
-from router.http.proxy import StallBudget, forward
+from router.http.proxy import StallBudget, Whole, forward
 from router.http.upstream import Upstream
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from router.tracing import Tracing
+from router.wire.server import Headers, Reply, Request
 
 __all__ = ["OpenAiApi", "reroutable"]
 
 log = logging.getLogger(__name__)
 
 
-def reroutable(resp: web.StreamResponse, served: Served) -> bool:
+def reroutable(reply: Reply, served: Served) -> bool:
     """A failure the client has not seen yet, of a kind another node may not have: the engine
     had no room for the request's KV (vLLM-style 400 naming the KV cache), was overloaded (503)
     or unreachable (502)."""
-    if served.status == "ok" or resp.prepared:
+    if served.status == "ok" or reply.started:
         return False
     if served.http_status in (502, 503):
         return True
@@ -72,33 +71,35 @@ class OpenAiApi:
         self.reader: IntakeReader = entry.reader
         self.views: ClusterView = director.views
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, chat=False)
+    def screen(self, headers: Headers, _: str) -> Head:
+        """A completion's headers, checked before its body is read."""
+        return self.reader.head(headers, time.time())
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, chat=True)
+    def screen_tenant(self, headers: Headers, _: str) -> None:
+        """What a cluster serves is for its tenants."""
+        self.reader.tenant(headers)
 
-    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def completions(self, request: Request, reply: Reply) -> None:
+        await self._handle(request, reply, chat=False)
+
+    async def chat(self, request: Request, reply: Reply) -> None:
+        await self._handle(request, reply, chat=True)
+
+    async def _handle(self, request: Request, reply: Reply, chat: bool) -> None:
+        head: Head = request.screened[1]
         with self.tracing.span("kvgate.request", {"http.route": request.path}, request.headers):
             with self.tracing.span("kvgate.admission") as span:
-                t = await self.entry.take(
-                    request.headers,
-                    lambda: read_body(
-                        request, self.settings.max_body_bytes, self.settings.body_timeout_s
-                    ),
-                    chat,
-                    request.remote,
-                )
+                t = await self.entry.take(request.headers, request.read, chat, request.peer, head)
                 if span is not None:
                     span.set_attribute("kvgate.admitted", t.admitted)
                     span.set_attribute("kvgate.tenant", t.gated.tenant.name)
             f = self.proxied.begin(t)
             try:
-                return await self._serve(request, t, f)
+                await self._serve(request, reply, t, f)
             finally:
                 await self.proxied.close(f)
 
-    async def _serve(self, request: web.Request, t: Taken, f: Flight) -> web.StreamResponse:
+    async def _serve(self, request: Request, reply: Reply, t: Taken, f: Flight) -> None:
         """Route, run the prefill leg of a split request, forward; once more elsewhere when the
         node failed it before the client saw anything."""
         p, g = t.parsed, t.gated
@@ -117,15 +118,19 @@ class OpenAiApi:
         reroutes = 0
         try:
             while True:
-                resp, served = await self._forward(request, t, f, node, sent)
-                if reroutes or not reroutable(resp, served):
-                    return resp
+                served, whole = await self._forward(request, reply, t, f, node, sent)
+                if reroutes or not reroutable(reply, served):
+                    if whole is not None:
+                        whole.send(reply)
+                    return
                 # the node could not take it (no room for its KV, or gone) before anything
                 # reached the client: once, to the best other node; the reservation is for the
                 # cluster's budget, so it stays with the request
                 again = self.director.reroute(ask, g, node.node_id, p)
                 if again is None:
-                    return resp
+                    if whole is not None:
+                        whole.send(reply)
+                    return
                 log.warning(
                     "%s: %s failed before any byte (%s); re-routing to %s",
                     t.request_id,
@@ -140,15 +145,18 @@ class OpenAiApi:
             await self.proxied.served(f, served, reroutes)
 
     async def _forward(
-        self, request: web.Request, t: Taken, f: Flight, node: NodeView, p: ParsedRequest
-    ) -> tuple[web.StreamResponse, Served]:
+        self, request: Request, reply: Reply, t: Taken, f: Flight, node: NodeView, p: ParsedRequest
+    ) -> tuple[Served, Whole | None]:
+        """Forward to ``node``; a whole answer (not streamed, or a failure before any byte)
+        comes back unsent: the caller sends it, or tries another node instead."""
         s = self.settings
         with self.tracing.span(
             "kvgate.proxy", {"kvgate.node": node.node_id, "kvgate.model": p.model}
         ) as span:
-            resp, served = await forward(
-                self.upstream.session,
-                request,
+            served, whole = await forward(
+                self.upstream.pools,
+                request.headers,
+                reply,
                 t.request_id,
                 node,
                 p,
@@ -168,30 +176,29 @@ class OpenAiApi:
                 span.set_attribute("http.response.status_code", served.http_status)
                 span.set_attribute("kvgate.output_tokens", served.output_tokens)
         self.director.observe(node.node_id, served.failure, served.status == "cancelled")
-        if self.feed.state != "live" and served.http_status == 502 and not resp.prepared:
+        if self.feed.state != "live" and served.http_status == 502 and not reply.started:
             self.feed.down.add(node.node_id)  # until it answers a probe again
-        return resp, served
+        return served, whole
 
-    async def models(self, request: web.Request) -> web.Response:
-        self.reader.tenant(request.headers)  # what a cluster serves is for its tenants
+    async def models(self, _: Request, reply: Reply) -> None:
         now = time.time()
         live = [n for n in self.views.nodes(now) if n.alive(now)]
         bases = {n.model for n in live}
         adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
         entry = {"object": "model", "owned_by": "kvgate"}
-        return json_response(
+        json_answer(
+            reply,
             {
                 "object": "list",
                 "data": [{**entry, "id": m, "root": m, "parent": None} for m in sorted(bases)]
                 + [{**entry, "id": a, "root": a, "parent": adapters[a]} for a in sorted(adapters)],
-            }
+            },
         )
 
-    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+    async def passthrough(self, request: Request, reply: Reply) -> None:
         """``POST`` of an allow-listed non-generating endpoint, to a node serving its model."""
-        self.reader.tenant(request.headers)
         s = self.settings
-        raw = await read_body(request, s.max_body_bytes, s.body_timeout_s)
+        raw = request.body
         model = request_model(raw)
         now = time.time()
         all_nodes = self.views.nodes(now)
@@ -208,9 +215,9 @@ class OpenAiApi:
             **node.engine_headers,
             **self.upstream.auth,
         }
-        return await relay(http, request, node, raw, headers)
+        await relay(http, request, reply, node, raw, headers)
 
-    async def not_served(self, request: web.Request) -> web.StreamResponse:
+    async def not_served(self, request: Request, _: Reply) -> None:
         """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints
         (``/v1/load_lora_adapter``…), generating endpoints it does not admit, unknown paths."""
         path = request.path[:200]

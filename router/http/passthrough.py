@@ -20,10 +20,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from router.decision.types import NodeView
 from router.flow.refusals import Refusal
+from router.wire.server import Reply, Request
 
 __all__ = ["NOT_ADMITTED", "PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
 
@@ -54,17 +54,18 @@ def pick_node(nodes: Sequence[NodeView]) -> NodeView:
 
 async def relay(
     http: aiohttp.ClientSession,
-    request: web.Request,
+    request: Request,
+    reply: Reply,
     node: NodeView,
     raw: bytes,
     headers: Mapping[str, str],
-) -> web.StreamResponse:
+) -> None:
     """POST ``raw`` to ``node`` at the request's route (one of :data:`PASSTHROUGH_PATHS`,
-    the registered constant, not the client's spelling of it) and stream its answer back."""
-    path = request.match_info.route.resource.canonical if request.match_info.route.resource else ""
-    if path not in PASSTHROUGH_PATHS:  # registered only for those; a guard, not a filter
+    the constant kvgate knows, not the client's spelling of it) and stream its answer back."""
+    path = next((p for p in PASSTHROUGH_PATHS if p == request.path), None)
+    if path is None:  # routed only for those; a guard, not a filter
         raise Refusal(404, f"no such endpoint: {request.path[:200]}", "NotFoundError")
-    query = f"?{request.query_string}" if request.query_string else ""
+    query = f"?{request.query}" if request.query else ""
     url = node.endpoint.rstrip("/") + path + query
     try:
         async with http.post(
@@ -73,17 +74,16 @@ async def relay(
             if up.status in (401, 403):  # the engine refused the router, not the client
                 msg = f"node {node.node_id} refused the router's credentials"
                 raise Refusal(502, msg, "upstream_auth")
-            resp = web.StreamResponse(
-                status=up.status,
-                headers={
-                    "Content-Type": up.headers.get("Content-Type", "application/json"),
-                    "X-Kvgate-Node": node.node_id,
-                },
+            reply.start(
+                up.status,
+                up.headers.get("Content-Type", "application/json"),
+                (("X-Kvgate-Node", node.node_id),),
             )
-            await resp.prepare(request)
             async for chunk in up.content.iter_chunked(64 << 10):
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
+                await reply.write(chunk)
+            reply.end()
     except (aiohttp.ClientError, TimeoutError) as exc:
+        if reply.started:
+            reply.abort()  # the answer is cut: the client must not take it for whole
+            return
         raise Refusal(502, f"node {node.node_id} did not answer: {type(exc).__name__}") from None

@@ -15,26 +15,23 @@ either way the upstream request is closed and the caller releases the reservatio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 
 from router.decision.types import NodeView
 from router.flow.headers import trace_headers
 from router.flow.served import Served
-from router.http.edge import json_response
 from router.parse import ParsedRequest
+from router.wire.client import Answer, Pools, UpstreamError
+from router.wire.server import ClientGone, Reply
 from streams.openai import error_body
 
-__all__ = ["StallBudget", "forward"]
+__all__ = ["StallBudget", "Whole", "forward"]
 
 log = logging.getLogger(__name__)
 
@@ -56,41 +53,28 @@ class StallBudget:
 _CHECK_S = 0.5  # past the budget, how often a waiting write asks whether the pool is contended
 
 
-async def _write(
-    resp: web.StreamResponse,
-    data: bytes,
-    stall: StallBudget,
-    transport: Any = None,
-    high_water: int = 0,
-) -> None:
+async def _write(reply: Reply, data: bytes, stall: StallBudget) -> None:
     """Write ``data`` to the client, giving up on a client that takes nothing (``stall``). A
-    write can only wait when the connection's ``transport`` is paused (its buffer above
-    ``high_water``); with nothing buffered and less than that to write it cannot be, and the
-    write goes without a timer (the common case: the kernel takes every SSE chunk)."""
-    if (
-        transport is not None
-        and len(data) < high_water
-        and not transport.is_closing()
-        and transport.get_write_buffer_size() == 0
-    ):
-        await resp.write(data)
+    write only waits while the client's buffers are full; the common case (the kernel takes
+    every SSE chunk) goes without a timer."""
+    if reply.write_nowait(data):
         return
     if not stall.budget_s or stall.contended is None or stall.budget_s >= stall.timeout_s:
         try:
             async with asyncio.timeout(stall.timeout_s):
-                await resp.write(data)
+                await reply.drain()
         except TimeoutError:
             raise ClientStalled(f"client took nothing for {stall.timeout_s:g} s") from None
         return
     loop = asyncio.get_running_loop()
     start = loop.time()
-    write = asyncio.ensure_future(resp.write(data))
+    drained = asyncio.ensure_future(reply.drain())
     try:
         wait = stall.budget_s
         while True:
-            done, _ = await asyncio.wait({write}, timeout=wait)
+            done, _ = await asyncio.wait({drained}, timeout=wait)
             if done:
-                write.result()
+                drained.result()
                 return
             waited = loop.time() - start
             if waited >= stall.timeout_s:
@@ -101,23 +85,8 @@ async def _write(
                 )
             wait = min(_CHECK_S, stall.timeout_s - waited)
     finally:
-        if not write.done():
-            write.cancel()
-
-
-def _bound_send_buffer(request: web.Request, size: int) -> None:
-    """A stream's client connection buffers at most about ``size`` bytes in the kernel and as
-    much in the transport: a client that stops reading shows as a blocked write soon."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-    limits = getattr(transport, "set_write_buffer_limits", None)  # (uvloop's transports
-    if limits is not None:  # are not asyncio.WriteTransport instances)
-        limits(high=size)
+        if not drained.done():
+            drained.cancel()
 
 
 def _has_text(choice: dict[str, Any]) -> bool:
@@ -194,35 +163,47 @@ class _SseLines:
         return True
 
 
-async def _whole(
-    up: aiohttp.ClientResponse,
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """An answer sent whole (not streamed, or a failure before any byte), not sent yet."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def send(self, reply: Reply) -> None:
+        reply.send(self.status, self.body, self.content_type, self.headers)
+
+
+def _error(status: int, message: str, kind: str) -> Whole:
+    return Whole(status, orjson.dumps(error_body(message, kind, status)))
+
+
+def _whole(
+    status: int,
+    data: bytes,
+    content_type: str,
     relay: Served,
     node: NodeView,
-    headers: dict[str, str],
+    headers: tuple[tuple[str, str], ...],
     started: float,
     on_first_token: Callable[[], None] | None,
-) -> web.Response:
-    """An answer that is not streamed (or an error): read whole and passed on, less an
-    engine's refusal of the router's own credentials (a 502: the client did nothing wrong)."""
-    data = await up.read()
+) -> Whole:
+    """An answer that is not streamed (or an error), passed on, less an engine's refusal of the
+    router's own credentials (a 502: the client did nothing wrong)."""
     relay.ttft_s = time.time() - started
-    if up.status == 200:
+    if status == 200:
         relay.usage = orjson.loads(data).get("usage")
         relay.status = "ok"
         if on_first_token is not None:  # the prompt was prefilled
             on_first_token()
     else:
         relay.error = data[:500].decode("utf-8", "replace")
-    if up.status in (401, 403):  # the engine refused the router, not the client
+    if status in (401, 403):  # the engine refused the router, not the client
         relay.http_status, relay.failure = 502, "5xx"
-        msg = f"node {node.node_id} refused the router's credentials"
-        return json_response(error_body(msg, "upstream_auth", 502), 502)
-    return web.Response(
-        body=data,
-        status=up.status,
-        headers=headers,
-        content_type=up.content_type or "application/json",
-    )
+        return _error(502, f"node {node.node_id} refused the router's credentials", "upstream_auth")
+    return Whole(status, data, content_type or "application/json", headers)
 
 
 async def _failed(
@@ -230,10 +211,10 @@ async def _failed(
     overdue: float | None,
     relay: Served,
     node: NodeView,
-    resp: web.StreamResponse | None,
+    reply: Reply,
     request_id: str,
     stall: StallBudget,
-) -> web.StreamResponse:
+) -> Whole | None:
     """The engine failed (or, ``overdue`` set to ``max_duration_s``, the request ran past it):
     a 502/504 before the first byte, else a final SSE error event on the open stream. The
     client never sees an internal address (the log does)."""
@@ -247,22 +228,61 @@ async def _failed(
         relay.http_status = 504
         relay.cut_off = True
     log.warning("%s: %s", request_id, relay.error)
-    if resp is None:
-        code = 504 if overdue is not None else 502
-        kind = "GatewayTimeout" if overdue is not None else "BadGateway"
-        return json_response(error_body(public, kind, code), code)
+    if not reply.started:
+        if overdue is not None:
+            return _error(504, public, "GatewayTimeout")
+        return _error(502, public, "BadGateway")
     err = orjson.dumps(error_body(public, "BadGateway", 502))
     try:
-        await _write(resp, b"data: " + err + b"\n\ndata: [DONE]\n\n", stall)
-        await resp.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError, ClientStalled):
+        await _write(reply, b"data: " + err + b"\n\ndata: [DONE]\n\n", stall)
+        reply.end()
+    except (ClientGone, ClientStalled):
         pass
-    return resp
+    return None
+
+
+def _upstream_body(p: ParsedRequest) -> bytes:
+    """The body for the engine: a stream asks for the usage chunk (the relay drops it again
+    when the client did not ask for it)."""
+    body = p.body
+    if p.stream and not p.include_usage:
+        body = {
+            **body,
+            "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
+        }
+    return orjson.dumps(body)
+
+
+async def _stream(
+    up: Answer,
+    reply: Reply,
+    relay: Served,
+    headers: tuple[tuple[str, str], ...],
+    p: ParsedRequest,
+    started: float,
+    on_first_token: Callable[[], None] | None,
+    stall: StallBudget,
+    send_buffer_bytes: int,
+) -> None:
+    """The engine's stream to the client as it comes (see :class:`_SseLines`)."""
+    reply.bound(send_buffer_bytes)
+    reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
+    lines = _SseLines(relay, p.include_usage, on_first_token, started)
+    async for data in up.chunks():  # as the engine wrote it
+        out = lines.feed(data)
+        if out:
+            await _write(reply, out, stall)
+    out = lines.feed(b"", final=True)
+    if out:
+        await _write(reply, out, stall)
+    reply.end()
+    relay.status = "ok"
 
 
 async def forward(
-    http: aiohttp.ClientSession,
-    request: web.Request,
+    pools: Pools,
+    client_headers: Mapping[str, str],
+    reply: Reply,
     request_id: str,
     node: NodeView,
     p: ParsedRequest,
@@ -273,75 +293,57 @@ async def forward(
     max_duration_s: float = 3600.0,
     send_buffer_bytes: int = 64 << 10,
     upstream_headers: Mapping[str, str] | None = None,
-) -> tuple[web.StreamResponse, Served]:
+) -> tuple[Served, Whole | None]:
+    """Send ``p`` to ``node`` and relay the answer: a stream to ``reply`` as it comes; a whole
+    answer (or a failure before any byte) comes back as a :class:`Whole`, unsent."""
     relay = Served()
+    headers = (("X-Kvgate-Node", node.node_id), ("X-Request-Id", request_id))
+    sent = {
+        "Content-Type": "application/json",
+        "X-Request-Id": request_id,
+        **trace_headers(client_headers),
+        **node.engine_headers,
+        **(upstream_headers or {}),
+    }.items()
     deadline = asyncio.timeout(max_duration_s)
-    body = p.body
-    if p.stream and not p.include_usage:
-        body = {
-            **body,
-            "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
-        }
-    headers = {"X-Kvgate-Node": node.node_id, "X-Request-Id": request_id}
-    resp: web.StreamResponse | None = None
     try:
-        async with (
-            deadline,
-            http.post(
-                node.endpoint.rstrip("/") + p.path,
-                data=orjson.dumps(body),
-                headers={
-                    "Content-Type": "application/json",
-                    "X-Request-Id": request_id,
-                    **trace_headers(request.headers),
-                    **node.engine_headers,
-                    **(upstream_headers or {}),
-                },
-            ) as up,
-        ):
-            relay.http_status = up.status
-            if up.status >= 500:
-                relay.failure = "5xx"
-            if not p.stream or up.status != 200:
-                whole = await _whole(up, relay, node, headers, started, on_first_token)
-                return whole, relay
-            resp = web.StreamResponse(
-                status=200,
-                headers={
-                    **headers,
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                },
-            )
-            _bound_send_buffer(request, send_buffer_bytes)
-            await resp.prepare(request)
-            lines = _SseLines(relay, p.include_usage, on_first_token, started)
-            client = request.transport
-            limits = getattr(client, "get_write_buffer_limits", None)
-            high = limits()[1] if limits is not None else 0
-            async for data in up.content.iter_any():  # as the engine wrote it
-                out = lines.feed(data)
-                if out:
-                    await _write(resp, out, stall, client, high)
-            out = lines.feed(b"", final=True)
-            if out:
-                await _write(resp, out, stall, client, high)
-            await resp.write_eof()
-            relay.status = "ok"
-            return resp, relay
+        async with deadline:
+            pool, prefix = pools.of(node.endpoint)
+            up = await pool.request("POST", prefix + p.path, _upstream_body(p), sent)
+            try:
+                relay.http_status = up.status
+                if up.status >= 500:
+                    relay.failure = "5xx"
+                if not p.stream or up.status != 200:
+                    data = await up.read()
+                    whole = _whole(
+                        up.status,
+                        data,
+                        up.content_type,
+                        relay,
+                        node,
+                        headers,
+                        started,
+                        on_first_token,
+                    )
+                    return relay, whole
+                await _stream(
+                    up, reply, relay, headers, p, started, on_first_token, stall, send_buffer_bytes
+                )
+                return relay, None
+            finally:
+                up.release()  # (closes the engine's connection unless the answer was whole)
     except ClientStalled as exc:
         relay.status, relay.error, relay.cut_off = "cancelled", str(exc), True
         log.warning("%s: %s; cut off", request_id, exc)
-        if request.transport is not None:
-            request.transport.abort()
-        return (resp if resp is not None else web.Response(status=499)), relay
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+        reply.abort()
+        return relay, None
+    except ClientGone as exc:
         relay.status, relay.error = "cancelled", f"client disconnected: {exc}"
-        return (resp if resp is not None else web.Response(status=499)), relay
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        return relay, None
+    except (UpstreamError, TimeoutError) as exc:
         overdue = max_duration_s if deadline.expired() else None
-        failed = await _failed(exc, overdue, relay, node, resp, request_id, stall)
-        return failed, relay
+        return relay, await _failed(exc, overdue, relay, node, reply, request_id, stall)
     finally:
         if relay.usage is not None:
             relay.output_tokens = int(relay.usage.get("completion_tokens", relay.output_tokens))

@@ -12,12 +12,15 @@ answer that allows keeping it; anything else (an error, an answer not read to it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["HIGH_WATER", "Answer", "Pool", "UpstreamError"]
+__all__ = ["HIGH_WATER", "Answer", "Pool", "Pools", "UpstreamError"]
 
 HIGH_WATER = 256 * 1024  # body bytes buffered before reading from the engine pauses
 
@@ -41,6 +44,7 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool._lost(self)
+        self.pool.busy.discard(self)
         if self.answer is not None:
             self.answer._fail(UpstreamError(f"the engine closed the connection ({exc})"))
 
@@ -63,6 +67,7 @@ class _Conn(asyncio.Protocol):
     def send(self, data: bytes, answer: Answer) -> None:
         self._parser = httptools.HttpResponseParser(self)
         self.answer = answer
+        self.pool.busy.add(self)
         assert self.transport is not None
         self.transport.write(data)
 
@@ -103,6 +108,7 @@ class Answer:
         "_waiter",
         "headers",
         "keep_alive",
+        "last",
         "status",
     )
 
@@ -117,6 +123,7 @@ class Answer:
         self.status = 0
         self.keep_alive = False
         self.headers: dict[str, str] = {}
+        self.last = conn._loop.time()  # when the engine last sent anything (or it was sent)
 
     @property
     def content_type(self) -> str:
@@ -124,6 +131,7 @@ class Answer:
 
     # from the connection
     def _chunk(self, data: bytes) -> None:
+        self.last = self._conn._loop.time()
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER and self._conn.transport is not None:
@@ -135,8 +143,8 @@ class Answer:
         self._wake()
 
     def _fail(self, exc: Exception) -> None:
-        if self._done:
-            return
+        if self._done or self._error is not None:
+            return  # (the first failure is the one that counts)
         self._error = exc
         if not self._ready.done():
             self._ready.set_exception(exc)
@@ -182,6 +190,7 @@ class Answer:
         if conn.answer is not self:
             return
         conn.answer = None
+        conn.pool.busy.discard(conn)
         if self._done and self.keep_alive and not conn.closed:
             conn.pool._idle(conn)
         else:
@@ -192,19 +201,28 @@ class Pool:
     """Kept-alive connections to one engine (``host:port``)."""
 
     def __init__(
-        self, host: str, port: int, max_idle: int = 256, connect_timeout_s: float = 5.0
+        self,
+        host: str,
+        port: int,
+        max_idle: int = 256,
+        connect_timeout_s: float = 5.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.max_idle = max_idle
         self.connect_timeout_s = connect_timeout_s
+        self.tls = tls
         self._free: list[_Conn] = []
+        self.busy: set[_Conn] = set()  # connections with an answer under way
         self._host_header = f"{host}:{port}".encode("latin-1")
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(self), self.host, self.port, ssl=self.tls
+                )
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn
@@ -265,6 +283,68 @@ class Pool:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        for conn in self._free:
+        for conn in [*self._free, *self.busy]:
             conn.close()
         self._free.clear()
+
+    def expire(self, before: float) -> None:
+        """Fail the answers the engine has sent nothing for since ``before`` (loop time)."""
+        for conn in list(self.busy):
+            a = conn.answer
+            if a is not None and a.last < before:
+                a._fail(TimeoutError("the engine sent nothing in time"))
+                conn.close()
+
+
+class Pools:
+    """A :class:`Pool` per engine endpoint (``http[s]://host:port[/prefix]``), and the one
+    limit on how long an engine may send nothing while an answer is under way
+    (``idle_timeout_s``: the answer fails with a :class:`TimeoutError`), kept by one sweep
+    (not a timer per chunk)."""
+
+    def __init__(self, connect_timeout_s: float = 5.0, idle_timeout_s: float = 300.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._pools: dict[str, tuple[Pool, str]] = {}
+        self._sweep: asyncio.Task[None] | None = None
+        self._tls: ssl.SSLContext | None = None
+
+    def of(self, endpoint: str) -> tuple[Pool, str]:
+        """The pool of ``endpoint`` and the path prefix its requests' paths go after."""
+        found = self._pools.get(endpoint)
+        if found is not None:
+            return found
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UpstreamError(f"not an http(s) endpoint: {endpoint[:200]!r}")
+        tls = None
+        if parts.scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        port = parts.port or (443 if tls is not None else 80)
+        pool = Pool(parts.hostname, port, connect_timeout_s=self.connect_timeout_s, tls=tls)
+        found = (pool, parts.path.rstrip("/"))
+        self._pools[endpoint] = found
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().create_task(self._sweeping())
+        return found
+
+    async def _sweeping(self) -> None:
+        loop = asyncio.get_running_loop()
+        every = max(0.05, min(1.0, self.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(every)
+            before = loop.time() - self.idle_timeout_s
+            for pool, _ in list(self._pools.values()):
+                pool.expire(before)
+
+    async def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweep
+            self._sweep = None
+        for pool, _ in self._pools.values():
+            pool.close()
+        self._pools.clear()

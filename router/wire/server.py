@@ -11,14 +11,18 @@ client's socket buffer is full) and the client's disconnect seen at once
 
 Bounded everywhere: the request line and each header (``max_line``), the number of headers
 (``max_headers``), the body (``max_body``: a 413 before it is read), the time to send the
-headers and the body (``read_timeout_s``: a 408), an idle kept-alive connection
-(``idle_timeout_s``). A request the parser refuses is a 400 and the connection closes.
+headers (``idle_timeout_s`` since the connection opened or its last answer: then it closes,
+idle or trickling) and the body (``body_timeout_s``: a 408). A request the parser refuses is a
+400, one the screen refuses (:class:`Refused`) is answered as it says, and either way the
+connection closes after the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -29,7 +33,16 @@ import orjson
 
 from streams.openai import error_body
 
-__all__ = ["MAX_PIPELINED", "ClientGone", "Connection", "Limits", "Reply", "Request"]
+__all__ = [
+    "MAX_PIPELINED",
+    "ClientGone",
+    "Connection",
+    "Headers",
+    "Limits",
+    "Refused",
+    "Reply",
+    "Request",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +74,40 @@ class ClientGone(ConnectionError):
     """The client closed its connection (or it broke) before the answer was written."""
 
 
+class Refused(Exception):
+    """Raised by a :data:`Screen`: the request is answered so, its body is not read, and the
+    connection closes."""
+
+    def __init__(self, status: int, body: bytes, headers: Iterable[tuple[str, str]] = ()) -> None:
+        super().__init__(status)
+        self.status, self.body, self.headers = status, body, tuple(headers)
+
+
+class Headers(dict[str, str]):
+    """A request's headers: names stored lower-case, looked up in any case (a repeated
+    header's values joined by ``", "``)."""
+
+    __slots__ = ()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return dict.__getitem__(self, key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and dict.__contains__(self, key.lower())
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_line: int = 8190  # the request line and each header line, bytes
     max_headers: int = 100
     max_body: int = 4 << 20
-    read_timeout_s: float = 30.0  # headers and body of one request
-    idle_timeout_s: float = 75.0  # a kept-alive connection with no request
+    body_timeout_s: float = 30.0  # the body of one request, from its headers' end (a 408)
+    # a connection that has not sent a request's whole headers for this long since it opened
+    # or its last answer is closed, idle or trickling them (slowloris)
+    idle_timeout_s: float = 75.0
 
 
 @dataclass(slots=True)
@@ -75,22 +115,28 @@ class Request:
     method: str
     path: str  # without the query
     query: str
-    headers: dict[str, str]  # names lower-case; a repeated header's values joined by ", "
+    headers: Headers
     body: bytes
     peer: str  # the client's address
     keep_alive: bool
+    screened: Any = None  # what the screen returned for it
+
+    async def read(self) -> bytes:
+        """The body (read whole, within the listener's limits, before the handler ran)."""
+        return self.body
 
 
 Handler = Callable[[Request, "Reply"], Awaitable[None]]
-# (method, path, headers, peer) once a request's headers are in, before its body is read: None
-# lets it through; (status, JSON body) answers it so and closes the connection (authentication
-# before any work)
-Screen = Callable[[str, str, dict[str, str], str], "tuple[int, bytes] | None"]
+# (method, path, headers, peer) once a request's headers are in, before its body is read (and
+# before its announced length is checked): it raises :class:`Refused` to answer the request so
+# and close the connection (authentication before any work); what it returns goes with the
+# request (``Request.screened``)
+Screen = Callable[[str, str, Headers, str], Any]
 
 
-def _error(status: int, message: str) -> tuple[int, bytes]:
+def _error(status: int, message: str) -> Refused:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return status, orjson.dumps(error_body(message, kind, status))
+    return Refused(status, orjson.dumps(error_body(message, kind, status)))
 
 
 def _reason(status: int) -> bytes:
@@ -111,11 +157,11 @@ class Reply:
     """The answer to one request: :meth:`send` (whole), or :meth:`start`, :meth:`write`…,
     :meth:`end` (chunked, as it comes)."""
 
-    __slots__ = ("_conn", "_keep", "done", "started", "status")
+    __slots__ = ("_conn", "done", "keep_alive", "started", "status")
 
     def __init__(self, conn: Connection, keep_alive: bool) -> None:
         self._conn = conn
-        self._keep = keep_alive
+        self.keep_alive = keep_alive  # False: the connection closes after this answer
         self.started = False  # the status line is written: the status cannot change
         self.status = 0
         self.done = False
@@ -131,12 +177,16 @@ class Reply:
         body: bytes = b"",
         content_type: str = "application/json",
         headers: Iterable[tuple[str, str]] = (),
+        close: bool = False,
     ) -> None:
-        """The whole answer at once (with its length)."""
+        """The whole answer at once (with its length); ``close``: and then the connection
+        (the rest of a request's body is not worth reading)."""
         if self.started:
             raise RuntimeError("the answer is already started")
         self.started, self.status, self.done = True, status, True
-        conn = b"" if self._keep else b"Connection: close\r\n"
+        if close:
+            self.keep_alive = False
+        conn = b"" if self.keep_alive else b"Connection: close\r\n"
         extra = b"Content-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
             content_type.encode("latin-1"),
             len(body),
@@ -154,7 +204,7 @@ class Reply:
         if self.started:
             raise RuntimeError("the answer is already started")
         self.started, self.status = True, status
-        conn = b"" if self._keep else b"Connection: close\r\n"
+        conn = b"" if self.keep_alive else b"Connection: close\r\n"
         extra = b"Content-Type: %s\r\nTransfer-Encoding: chunked\r\n%s\r\n" % (
             content_type.encode("latin-1"),
             conn,
@@ -185,6 +235,24 @@ class Reply:
     async def drain(self) -> None:
         await self._conn.drain()
 
+    def bound(self, size: int) -> None:
+        """Buffer at most about ``size`` bytes for the client in the kernel and as much in the
+        transport: a client that stops reading shows as a write that waits, soon."""
+        t = self._conn.transport
+        if t is None:
+            return
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        t.set_write_buffer_limits(high=size)
+
+    def abort(self) -> None:
+        """Drop the connection at once (a client that takes nothing: nothing more is sent)."""
+        t = self._conn.transport
+        if t is not None:
+            t.abort()
+
     def end(self) -> None:
         """The end of a streamed answer."""
         if self.done:
@@ -212,12 +280,14 @@ class Connection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
         self._timer: asyncio.TimerHandle | None = None
-        self._refused: tuple[int, bytes] | None = None  # the answer to a request cut short
+        self._refused: Refused | None = None  # the answer to a request cut short
+        self._screened: Any = None
+        self._awaiting_body = False  # a request's headers are in, its body is not
         self._upgraded = False
         self._eof = False  # the client sent everything it will (a half-close)
         # the message being parsed
         self._url = b""
-        self._headers: dict[str, str] = {}
+        self._headers = Headers()
         self._count = 0
         self._body: list[bytes] = []
         self._size = 0
@@ -273,9 +343,9 @@ class Connection(asyncio.Protocol):
             # lets a server ignore Upgrade), and the connection closes after it
             self._upgraded = True
             if self._task is None and not self._queue:
-                self._fail(*_error(400, "upgrades are not served here"))
+                self._fail(_error(400, "upgrades are not served here"))
         except httptools.HttpParserError as exc:
-            self._fail(*(self._refused or _error(400, f"malformed request: {exc}")))
+            self._fail(self._refused or _error(400, f"malformed request: {exc}"))
 
     def eof_received(self) -> bool | None:
         if self._task is None and not self._queue:
@@ -285,10 +355,11 @@ class Connection(asyncio.Protocol):
 
     # the parser's callbacks
     def on_message_begin(self) -> None:
-        self._url, self._headers, self._count = b"", {}, 0
+        # (the idle timer armed at the connection's start or its last answer runs on: the
+        # headers must be in within it)
+        self._url, self._headers, self._count = b"", Headers(), 0
         self._body, self._size = [], 0
-        self._refused = None
-        self._arm(self.limits.read_timeout_s)
+        self._refused = self._screened = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -307,29 +378,37 @@ class Connection(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
-        length = self._headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.limits.max_body:
-            self._refused = _error(413, f"the body is larger than {self.limits.max_body} bytes")
-            raise httptools.HttpParserCallbackError("body")
         if self.screen is not None:
             url = self._url
             q = url.find(b"?")
             path = (url if q < 0 else url[:q]).decode("latin-1")
             method = self._parser.get_method().decode("ascii", "replace")
-            refused = self.screen(method, path, self._headers, self.peer)
-            if refused is not None:
-                self._refused = refused
-                raise httptools.HttpParserCallbackError("refused")
+            try:
+                self._screened = self.screen(method, path, self._headers, self.peer)
+            except Refused as exc:
+                self._refused = exc
+                raise httptools.HttpParserCallbackError("refused") from None
+        length = self._headers.get("content-length")
+        limit = self.limits.max_body
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._refused = _error(
+                413, f"request body of {int(length)} bytes is over the limit of {limit}"
+            )
+            raise httptools.HttpParserCallbackError("body")
+        self._awaiting_body = True
+        self._arm(self.limits.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
         if self._size > self.limits.max_body:
-            self._refused = _error(413, f"the body is larger than {self.limits.max_body} bytes")
+            limit = self.limits.max_body
+            self._refused = _error(413, f"request body is over the limit of {limit} bytes")
             raise httptools.HttpParserCallbackError("body")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._awaiting_body = False
         url = self._url
         q = url.find(b"?")
         path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
@@ -342,8 +421,10 @@ class Connection(asyncio.Protocol):
             b"".join(self._body) if len(self._body) != 1 else self._body[0],
             self.peer,
             parser.should_keep_alive(),
+            self._screened,
         )
         self._body = []
+        self._screened = None
         self._queue.append(request)
         if len(self._queue) > MAX_PIPELINED and not self._reading_paused and self.transport:
             self._reading_paused = True
@@ -378,7 +459,7 @@ class Connection(asyncio.Protocol):
                 elif not reply.done:
                     reply.end()
                 last = not self._queue and (self._upgraded or self._eof)
-                if not request.keep_alive or last:
+                if not reply.keep_alive or last:
                     self.close()
                     return
         finally:
@@ -387,12 +468,15 @@ class Connection(asyncio.Protocol):
             if not self.closed and not closing:
                 self._arm(self.limits.idle_timeout_s)
 
-    def _fail(self, status: int, body: bytes) -> None:
+    def _fail(self, refused: Refused) -> None:
         """A request the connection cannot go on from: answered (when no answer is being
-        written) and closed."""
+        written) and closed once the client has it (the rest of what it sends is not read)."""
         if self._task is None and not self.closed:
+            body = refused.body
             extra = b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
-            self.write(_head(status, (), extra + b"Connection: close\r\n\r\n") + body)
+            head = _head(refused.status, refused.headers, extra + b"Connection: close\r\n\r\n")
+            self.write(head + body)
+        self._upgraded = True  # nothing more is parsed
         self.close()
 
     def _arm(self, seconds: float) -> None:
@@ -408,8 +492,9 @@ class Connection(asyncio.Protocol):
         self._timer = None
         if self._task is not None:
             return  # an answer is being written: its own limits apply
-        if self._url or self._headers or self._body:
-            self._fail(*_error(408, "the request took too long to arrive"))
+        if self._awaiting_body:
+            timeout = self.limits.body_timeout_s
+            self._fail(_error(408, f"request body not received within {timeout:g} s"))
         else:
             self.close()
 

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from router.wire.client import Pool, UpstreamError
-from router.wire.server import Limits, Reply, Request, serve
+from router.wire.server import Headers, Limits, Refused, Reply, Request, serve
 
 
 async def _handler(request: Request, reply: Reply) -> None:
@@ -23,6 +23,7 @@ async def _handler(request: Request, reply: Reply) -> None:
                 "body": request.body.decode(),
                 "query": request.query,
                 "x": request.headers.get("x-thing"),
+                "screened": request.screened,
             },
         )
     elif request.path == "/stream":
@@ -57,6 +58,7 @@ async def test_the_server_answers_aiohttps_client_kept_alive_and_streamed() -> N
                     "body": "hello",
                     "query": "a=1",
                     "x": "y",
+                    "screened": None,
                 }
         async with http.get(url + "/stream") as r:
             assert r.headers["Transfer-Encoding"] == "chunked"
@@ -133,7 +135,7 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
 
 
 async def test_a_request_that_does_not_arrive_in_time_is_a_408() -> None:
-    server, url = await _server(Limits(read_timeout_s=0.2))
+    server, url = await _server(Limits(body_timeout_s=0.2, idle_timeout_s=0.2))
     async with server:
         answer = await _raw(url, b"POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
     assert answer.startswith(b"HTTP/1.1 408")
@@ -220,13 +222,11 @@ async def test_an_engine_that_is_not_there_is_an_upstream_error() -> None:
 async def test_a_screen_refuses_on_the_headers_before_the_body_is_read() -> None:
     seen: list[str] = []
 
-    def screen(
-        method: str, path: str, headers: dict[str, str], peer: str
-    ) -> tuple[int, bytes] | None:
+    def screen(method: str, path: str, headers: Headers, peer: str) -> str:
         seen.append(f"{method} {path} {peer}")
-        if headers.get("authorization") != "Bearer good":
-            return 401, b'{"error": "who?"}'
-        return None
+        if headers.get("Authorization") != "Bearer good":  # (any case)
+            raise Refused(401, b'{"error": "who?"}')
+        return "good"
 
     server = await serve(_handler, "127.0.0.1", 0, screen=screen)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
