@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from streams.schemas import Outcome
@@ -246,6 +248,7 @@ class RouterMetrics:
         """Requests by model, queues, in-flight requests and budgets."""
         # request latencies and tokens, per model (at most MAX_MODELS label values)
         self._models = BoundedLabels(MAX_MODELS)
+        self._per_model: dict[tuple[str, str], tuple[Any, ...]] = {}
         self.ttft = Histogram(
             "kvgate_router_ttft_seconds",
             "Time to first token, from the router's receipt of the request",
@@ -307,16 +310,28 @@ class RouterMetrics:
     def finished(self, o: Outcome, model: str) -> None:
         """A finished request's latencies and tokens."""
         m = self.model(model)
-        self.outcome(o.status)
+        c = self._per_model.get((m, o.status))
+        if c is None:  # the label children, looked up once per model and status
+            c = self._per_model[(m, o.status)] = (
+                self.ttft.labels(m),
+                self.tpot.labels(m),
+                self.e2e.labels(m, o.status),
+                self.tokens.labels(m, "prompt"),
+                self.tokens.labels(m, "generated"),
+                self.tokens.labels(m, "cached"),
+                self._outcomes.labels(o.status),
+            )
+        ttft, tpot, e2e, prompt, generated, cached, outcome = c
+        outcome.inc()
         if o.ttft_s is not None:
-            self.ttft.labels(m).observe(o.ttft_s)
+            ttft.observe(o.ttft_s)
         if o.tpot_s is not None:
-            self.tpot.labels(m).observe(o.tpot_s)
-        self.e2e.labels(m, o.status).observe(o.e2e_s)
-        self.tokens.labels(m, "prompt").inc(o.prompt_tokens)
-        self.tokens.labels(m, "generated").inc(o.output_tokens)
+            tpot.observe(o.tpot_s)
+        e2e.observe(o.e2e_s)
+        prompt.inc(o.prompt_tokens)
+        generated.inc(o.output_tokens)
         if o.cached_tokens:
-            self.tokens.labels(m, "cached").inc(o.cached_tokens)
+            cached.inc(o.cached_tokens)
 
     def decided(self, reason: str, decision_us: float) -> None:
         self._decisions.labels(reason).inc()

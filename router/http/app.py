@@ -69,7 +69,8 @@ class Routes:
         """The listener's screen: the route and what its own screen found; a refusal as the
         listener's answer."""
         try:
-            path_guard(path)
+            if path not in self.paths:  # (a path served is in normal form)
+                path_guard(path)
             route = self._route(method, path)
             return route, (route.screen(headers, peer) if route.screen is not None else None)
         except Refusal as exc:

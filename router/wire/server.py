@@ -47,6 +47,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 8  # complete requests waiting behind the one being answered: then reading pauses
+_CORK_BYTES = 16 << 10  # written within one turn of the event loop: sent at once past this
 
 _REASONS = {
     200: b"OK",
@@ -238,9 +239,11 @@ class Reply:
     def bound(self, size: int) -> None:
         """Buffer at most about ``size`` bytes for the client in the kernel and as much in the
         transport: a client that stops reading shows as a write that waits, soon."""
-        t = self._conn.transport
-        if t is None:
+        conn = self._conn
+        t = conn.transport
+        if t is None or conn.bounded == size:
             return
+        conn.bounded = size  # (for the connection's later answers too)
         sock = t.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -273,6 +276,9 @@ class Connection(asyncio.Protocol):
         self.peer = ""
         self.closed = False
         self.paused = False  # the transport's write buffer is full
+        self.bounded = 0  # the send buffer's bound set by a reply (0: the defaults)
+        self._out: list[bytes] = []  # written in this turn of the event loop, not sent yet
+        self._queued = 0  # their bytes
         self._drain: asyncio.Future[None] | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._loop = asyncio.get_running_loop()
@@ -301,6 +307,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._out, self._queued = [], 0
         self._disarm()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ClientGone("the client is gone"))
@@ -326,11 +333,29 @@ class Connection(asyncio.Protocol):
         await self._drain
 
     def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(data)
+        """Queue ``data``: what is written within one turn of the event loop goes out in one
+        send (a stream's head and first chunk, its last chunk and its end)."""
+        if self.closed or self.transport is None:
+            return
+        if self._out:
+            self._out.append(data)
+            self._queued += len(data)
+            if self._queued >= _CORK_BYTES:  # (and the transport's flow control sees it)
+                self._flush()
+            return
+        self._out, self._queued = [data], len(data)
+        self._loop.call_soon(self._flush)
+        if self._queued >= _CORK_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        out, self._out, self._queued = self._out, [], 0
+        if out and not self.closed and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
+            self._flush()
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -349,6 +374,7 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if self._task is None and not self._queue:
+            self._flush()  # (the last answer may wait for this turn's end)
             return None  # closes
         self._eof = True
         return True  # keep writing the answers; it closes after them

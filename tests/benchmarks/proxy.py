@@ -298,19 +298,30 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     kv = t[best_kv] if best_kv else {"max_rps": 0.0}
     half = kv.get("at_half_rate") or {}
     sglang, bare = t.get("sglang", {}).get("max_rps", 0.0), t.get("bare", {}).get("max_rps", 0.0)
+    sgl_half = t.get("sglang", {}).get("at_half_rate") or {}
     added_p50 = half.get("added_ttft_p50_ms")
+    sgl_p50 = sgl_half.get("added_ttft_p50_ms")
+    cpu, sgl_cpu = half.get("cpu_ms_per_request"), sgl_half.get("cpu_ms_per_request")
     return {
         "kvgate_max_rps": kv["max_rps"],
         "sglang_max_rps": sglang,
         "bare_max_rps": bare,
         "direct_max_rps": t.get("direct", {}).get("max_rps", 0.0),
         "workers": int(best_kv.removeprefix("kvgate-w")) if best_kv else None,
+        "kvgate_cpu_ms_per_request": cpu,
+        "sglang_cpu_ms_per_request": sgl_cpu,
         "added_ttft_p50_ms": added_p50,
         "added_ttft_p99_ms": half.get("added_ttft_p99_ms"),
+        "sglang_added_ttft_p50_ms": sgl_p50,
         "targets_met": {
+            "kvgate_cpu_le_1.5ms_and_1.6x_sglang": cpu is not None
+            and sgl_cpu is not None
+            and cpu <= 1.5
+            and cpu <= 1.6 * sgl_cpu,
             "kvgate_vs_sglang": sglang > 0 and kv["max_rps"] >= sglang,
-            "kvgate_vs_bare_0.8": bare > 0 and kv["max_rps"] >= 0.8 * bare,
-            "added_p50_le_1ms": added_p50 is not None and added_p50 <= 1.0,
+            "added_p50_le_sglang": added_p50 is not None
+            and sgl_p50 is not None
+            and added_p50 <= sgl_p50,
         },
         **result,
     }
@@ -330,6 +341,10 @@ def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:+.2f}"
+
+
+def _cpu(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
 
 
 def render(report: dict[str, Any]) -> str:
@@ -368,9 +383,13 @@ proxies and the client): compare within this run.
   best: {report["workers"]}): **{report["kvgate_max_rps"]:.0f} req/s**; sglang-router
   **{report["sglang_max_rps"]:.0f}**; bare proxy **{report["bare_max_rps"]:.0f}**; engines direct
   **{report["direct_max_rps"]:.0f}**.
-* kvgate ≥ sglang-router: **{yes[met["kvgate_vs_sglang"]]}**; kvgate ≥ 0.8 × bare:
-  **{yes[met["kvgate_vs_bare_0.8"]]}**; added p50 ≤ 1 ms: **{yes[met["added_p50_le_1ms"]]}**
-  ({_ms(report["added_ttft_p50_ms"])} ms p50, {_ms(report["added_ttft_p99_ms"])} ms p99).
+* CPU per request at half the max rate: kvgate **{_cpu(report["kvgate_cpu_ms_per_request"])} ms**,
+  sglang-router **{_cpu(report["sglang_cpu_ms_per_request"])} ms** (≤ 1.5 ms and ≤ 1.6 ×
+  sglang-router's: **{yes[met["kvgate_cpu_le_1.5ms_and_1.6x_sglang"]]}**).
+* kvgate's max rate ≥ sglang-router's: **{yes[met["kvgate_vs_sglang"]]}**; added TTFT p50 ≤
+  sglang-router's: **{yes[met["added_p50_le_sglang"]]}** (kvgate {_ms(report["added_ttft_p50_ms"])}
+  ms p50, {_ms(report["added_ttft_p99_ms"])} ms p99; sglang-router
+  {_ms(report["sglang_added_ttft_p50_ms"])} ms p50).
 
 | target | max req/s | half rate | added TTFT p50 ms | added p99 ms | CPU ms / request | RSS MiB |
 |---|---:|---:|---:|---:|---:|---:|
