@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from deploy.failures import explain
 from deploy.logs import configure
 from deploy.settings import Settings, load_settings, public_dump
 
@@ -1096,3 +1097,9 @@ def main() -> None:
             err=True,
         )
         raise SystemExit(2) from None
+    except Exception as exc:  # infrastructure failures: a sentence, not a traceback
+        sentence = explain(exc)
+        if sentence is None or _LOG.get("level") == "DEBUG":
+            raise
+        typer.echo(f"kvgate: {sentence} (traceback: kvgate --log-level DEBUG …)", err=True)
+        raise SystemExit(1) from None

@@ -14,7 +14,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def encode(value: BaseModel) -> bytes:
-    return value.model_dump_json().encode()
+    """``value.model_dump_json()`` as bytes, without the detour through ``str``."""
+    return type(value).__pydantic_serializer__.to_json(value)
 
 
 def encode_key(key: str | None) -> bytes | None:

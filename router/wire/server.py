@@ -120,7 +120,8 @@ class Request:
     body: bytes
     peer: str  # the client's address
     keep_alive: bool
-    screened: Any = None  # what the screen returned for it
+    screened: Any = None
+    version: str = "1.1"  # what the screen returned for it
 
     async def read(self) -> bytes:
         """The body (read whole, within the listener's limits, before the handler ran)."""
@@ -158,11 +159,15 @@ class Reply:
     """The answer to one request: :meth:`send` (whole), or :meth:`start`, :meth:`write`…,
     :meth:`end` (chunked, as it comes)."""
 
-    __slots__ = ("_conn", "done", "keep_alive", "started", "status")
+    __slots__ = ("_chunked", "_conn", "done", "keep_alive", "started", "status")
 
-    def __init__(self, conn: Connection, keep_alive: bool) -> None:
+    def __init__(self, conn: Connection, keep_alive: bool, chunked: bool = True) -> None:
         self._conn = conn
         self.keep_alive = keep_alive  # False: the connection closes after this answer
+        # an HTTP/1.0 client knows no chunks: its stream is the bytes, ended by the close
+        self._chunked = chunked
+        if not chunked:
+            self.keep_alive = False
         self.started = False  # the status line is written: the status cannot change
         self.status = 0
         self.done = False
@@ -206,8 +211,10 @@ class Reply:
             raise RuntimeError("the answer is already started")
         self.started, self.status = True, status
         conn = b"" if self.keep_alive else b"Connection: close\r\n"
-        extra = b"Content-Type: %s\r\nTransfer-Encoding: chunked\r\n%s\r\n" % (
+        framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
+        extra = b"Content-Type: %s\r\n%s%s\r\n" % (
             content_type.encode("latin-1"),
+            framing,
             conn,
         )
         self._conn.write(_head(status, headers, extra))
@@ -219,7 +226,7 @@ class Reply:
         conn = self._conn
         if conn.closed:
             raise ClientGone("the client is gone")
-        conn.write(b"%x\r\n%s\r\n" % (len(data), data))
+        conn.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         if conn.paused:
             await conn.drain()
 
@@ -230,7 +237,7 @@ class Reply:
         if conn.closed:
             raise ClientGone("the client is gone")
         if data:
-            conn.write(b"%x\r\n%s\r\n" % (len(data), data))
+            conn.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         return not conn.paused
 
     async def drain(self) -> None:
@@ -261,7 +268,7 @@ class Reply:
         if self.done:
             return
         self.done = True
-        if not self._conn.closed:
+        if self._chunked and not self._conn.closed:
             self._conn.write(b"0\r\n\r\n")
 
 
@@ -423,6 +430,11 @@ class Connection(asyncio.Protocol):
             raise httptools.HttpParserCallbackError("body")
         self._awaiting_body = True
         self._arm(self.limits.body_timeout_s)
+        expect = self._headers.get("expect")
+        if expect is not None and expect.lower() == "100-continue" and self._task is None:
+            # the client waits for a word before it sends the body (curl does, past 1 MiB);
+            # (behind an answer under way it is not said: the client sends after its wait)
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -448,6 +460,7 @@ class Connection(asyncio.Protocol):
             self.peer,
             parser.should_keep_alive(),
             self._screened,
+            parser.get_http_version(),
         )
         self._body = []
         self._screened = None
@@ -467,7 +480,7 @@ class Connection(asyncio.Protocol):
                     self._reading_paused = False
                     if self.transport is not None:
                         self.transport.resume_reading()
-                reply = Reply(self, request.keep_alive)
+                reply = Reply(self, request.keep_alive, request.version != "1.0")
                 try:
                     await self.handler(request, reply)
                 except (ClientGone, ConnectionError):

@@ -9,7 +9,8 @@ One run, the same simulated engines for every target:
 * ``direct``: the client spreads requests over the engines itself (no proxy: the ceiling of this
   machine's engines and client, and the baseline for added latency);
 * ``bare``: an aiohttp pass-through proxy that only copies bytes (:mod:`tests.benchmarks.bareproxy`,
-  on uvloop): the floor of a proxy written in Python;
+  on uvloop): the floor of a proxy written in Python; ``bare-wire``: the same on kvgate's own
+  HTTP layer (router/wire), which kvgate's listeners and engine requests run on;
 * ``kvgate`` (``kvgate-w<N>`` for each ``--workers`` count): the full path — authentication,
   admission against the cluster budget in Redis, routing on the tables, the relay, and the decision
   and outcome records to Kafka;
@@ -394,6 +395,9 @@ proxies and the client): compare within this run.
 | target | max req/s | half rate | added TTFT p50 ms | added p99 ms | CPU ms / request | RSS MiB |
 |---|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
+
+A max rate at the last point below the ramp's ceiling (`--ceiling`, 3000 req/s) is a lower bound:
+the target was not driven harder.
 
 CPU ms / request: user + system time of the target's processes (kvgate: the supervisor and its
 workers) over the half-rate run, per request — what the proxy itself costs, independent of the

@@ -240,3 +240,35 @@ async def test_a_screen_refuses_on_the_headers_before_the_body_is_read() -> None
             ) as r:
                 assert r.status == 200
     assert seen == ["POST /echo 127.0.0.1", "POST /echo 127.0.0.1"]
+
+
+async def test_an_http10_client_gets_its_stream_unchunked_and_the_connection_closes() -> None:
+    server, url = await _server()
+    host, port = url.removeprefix("http://").split(":")
+    async with server:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closes
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head
+    assert b"Connection: close" in head
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+async def test_a_client_that_expects_100_continue_is_told_to_go_on() -> None:
+    server, url = await _server()
+    host, port = url.removeprefix("http://").split(":")
+    async with server:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2) == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
+        writer.write(b"ok")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and b'"body":"ok"' in answer
