@@ -15,7 +15,7 @@ __all__ = ["explain"]
 
 _KAFKA = (
     "start it (bash deploy/kafka/kafka.sh start; kvgate demo starts its own) or point "
-    "KVGATE_KAFKA__BOOTSTRAP at a running broker"
+    "KVGATE_KAFKA__BOOTSTRAP_SERVERS at a running broker"
 )
 _REDIS = (
     "start it (bash deploy/local/redis.sh start) or point KVGATE_REDIS__URL at a running "

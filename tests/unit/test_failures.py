@@ -16,7 +16,7 @@ from streams.exceptions import StreamError
 def _raised(exc: BaseException, cause: BaseException) -> BaseException:
     try:
         raise exc from cause
-    except BaseException as e:  # noqa: BLE001 - the chained exception itself is the subject
+    except BaseException as e:
         return e
 
 
