@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from streams.home import home
+
 __all__ = ["ClickHouseSettings", "SinkSettings"]
 
 
@@ -15,7 +17,7 @@ class ClickHouseSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: Literal["chdb", "server"] = "chdb"
-    path: str = ".local/clickhouse"
+    path: str = Field(default_factory=lambda: str(home() / "clickhouse"))
     host: str = "127.0.0.1"
     port: int = Field(default=8123, ge=1, le=65535)
     username: str = "default"

@@ -30,6 +30,7 @@ from analytics.summary import run_summary
 from analytics.workloads import shared_prompt_chat
 from deploy.procs import LocalInfra, Supervisor, free_port
 from deploy.settings import Settings
+from streams.home import home
 from streams.kafka import KafkaBus, ensure_topics
 
 __all__ = ["DemoOptions", "run_demo"]
@@ -232,7 +233,7 @@ def render(summary: dict[str, Any], console: Console) -> None:
 def run_demo(settings: Settings, opts: DemoOptions) -> dict[str, Any]:
     console = Console(stderr=opts.json_output)
     infra = LocalInfra.from_settings(settings.kafka.bootstrap_servers, settings.redis.url)
-    log_dir = Path(".local/demo") / time.strftime("%Y%m%d-%H%M%S")
+    log_dir = home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
     try:
         if opts.start_infra:
             if not opts.json_output:

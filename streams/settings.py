@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from streams.home import home
+
 __all__ = ["KafkaSettings", "WorkerSettings"]
 
 
@@ -101,7 +103,7 @@ class WorkerSettings(BaseModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=1, le=65535)
-    data_dir: str = ".local/worker"
+    data_dir: str = Field(default_factory=lambda: str(home() / "worker"))
     node_ttl_s: float = Field(default=300.0, gt=0, description="silent nodes are retired after")
     reap_interval_s: float = Field(default=10.0, gt=0)
     gc_young_threshold: int = Field(

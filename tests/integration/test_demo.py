@@ -182,6 +182,7 @@ def test_sigterm_stops_everything_the_demo_started(tmp_path: Path) -> None:
         "KVGATE_KAFKA__BOOTSTRAP_SERVERS": marker,
         "KVGATE_REDIS__URL": f"redis://127.0.0.1:{redis}/0",
         "KVGATE_CLICKHOUSE__PATH": str(tmp_path / "ch"),
+        "KVGATE_HOME": str(tmp_path / ".local"),  # its logs: where this test looks
     }
     demo = subprocess.Popen(
         [sys.executable, "-m", "deploy", "demo", "--duration", "300", "--engines", "2"],

@@ -110,15 +110,24 @@ async def test_an_upgrade_is_ignored_the_request_answered_and_the_connection_clo
     assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
 
 
+async def _to_the_end(url: str, data: bytes, half_close: bool = False) -> bytes:
+    """Send ``data`` (then, ``half_close``, the end of the client's side) and read what comes
+    back until the server closes."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    if half_close:
+        writer.write_eof()
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
 async def test_a_half_closed_client_gets_its_answer_and_the_connection_closes() -> None:
     server, url = await _server()
-    host, port = url.removeprefix("http://").split(":")
     async with server:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(b"GET /stream HTTP/1.1\r\n\r\n")
-        writer.write_eof()
-        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed
-        writer.close()
+        answer = await _to_the_end(url, b"GET /stream HTTP/1.1\r\n\r\n", half_close=True)
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"0\r\n\r\n")
 
 
@@ -244,12 +253,8 @@ async def test_a_screen_refuses_on_the_headers_before_the_body_is_read() -> None
 
 async def test_an_http10_client_gets_its_stream_unchunked_and_the_connection_closes() -> None:
     server, url = await _server()
-    host, port = url.removeprefix("http://").split(":")
     async with server:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closes
-        writer.close()
+        answer = await _to_the_end(url, b"GET /stream HTTP/1.0\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head
     assert b"Connection: close" in head
