@@ -16,6 +16,7 @@ import typer
 from deploy.failures import explain
 from deploy.logs import configure
 from deploy.settings import Settings, load_settings, public_dump
+from streams.home import home
 
 if TYPE_CHECKING:
     from analytics.recorded import Recorded
@@ -861,7 +862,18 @@ def tune_cmd(
             typer.echo(f"{what}: {path}")
 
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that write docs/benchmarks/.")
+bench_app = typer.Typer(
+    no_args_is_help=True,
+    help="Benchmarks (reports to <state>/benchmarks, or where --out says).",
+)
+
+
+def _bench_out(out: Path | None) -> Path:
+    """Where a benchmark writes: ``out``, else the state directory's ``benchmarks`` (the
+    repository's docs/benchmarks only when asked for)."""
+    return out if out is not None else home() / "benchmarks"
+
+
 app.add_typer(bench_app, name="bench")
 
 
@@ -882,7 +894,13 @@ def bench_routing(
     ),
     policies: Annotated[str, typer.Option(help="comma-separated policies (default: all)")] = "",
     jobs: Annotated[int, typer.Option(help="parallel simulations")] = 2,
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="output folder (default: <state>/benchmarks; --out docs/benchmarks "
+            "to update the repository's reports)"
+        ),
+    ] = None,
     reuse: Annotated[
         bool,
         typer.Option(
@@ -894,6 +912,8 @@ def bench_routing(
 ) -> None:
     """Every routing policy on public traces and generated workloads at several loads."""
     import sys
+
+    out = _bench_out(out)
 
     from analytics.sim.bench import bench_routing as run
     from analytics.sim.bench import reuse as rebuild
@@ -941,10 +961,18 @@ def bench_fleet(
     nodes: Annotated[int, typer.Option(help="simulated engines")] = 8,
     requests: Annotated[int, typer.Option(help="requests of the multi_turn workload")] = 20_000,
     load: Annotated[float, typer.Option(help="offered load, share of capacity")] = 0.8,
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("docs/benchmarks"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="output folder (default: <state>/benchmarks; --out docs/benchmarks "
+            "to update the repository's reports)"
+        ),
+    ] = None,
 ) -> None:
     """Outlier ejection, slow start and drains in simulation, each against the run without."""
     import sys
+
+    out = _bench_out(out)
 
     from analytics.sim.fleetbench import bench_fleet as run
 
