@@ -862,6 +862,7 @@ def tune_cmd(
             typer.echo(f"{what}: {path}")
 
 
+TRACES = Path(__file__).resolve().parents[1] / "traces"  # shipped with the checkout
 bench_app = typer.Typer(
     no_args_is_help=True,
     help="Benchmarks (reports to <state>/benchmarks, or where --out says).",
@@ -879,9 +880,9 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("routing")
 def bench_routing(
-    traces_dir: Annotated[Path, typer.Option(help="folder with the public traces")] = Path(
-        "../shared/traces"
-    ),
+    traces_dir: Annotated[
+        Path, typer.Option(help="folder with the public traces (default: the checkout's traces/)")
+    ] = TRACES,
     nodes: Annotated[int, typer.Option(help="simulated engines")] = 16,
     loads: Annotated[str, typer.Option(help="comma-separated loads")] = "0.5,0.8,1.0,1.2",
     requests: Annotated[int, typer.Option(help="requests per workload (trace head)")] = 6000,

@@ -32,7 +32,7 @@ from streams.schemas import LedgerEvent
 from tests.factories import admit
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "traces"
 NODES = [26_972] * 16
 
 
