@@ -69,7 +69,8 @@ class Candidate:
 class ReplaySide:
     name: str
     metrics: dict[str, Any]
-    decisions: dict[str, tuple[str, str]]  # request id -> (node or "(refused)", reason)
+    # request id -> (node or "(refused)", reason, prompt blocks the engine reused; None: unknown)
+    decisions: dict[str, tuple[str, str, int | None]]
     settings_summary: dict[str, Any] = field(default_factory=dict)
     finish: list[tuple[float, float]] = field(default_factory=list)  # (arrival, TTFT)
 
@@ -129,14 +130,18 @@ def replay_side(
     m["rejections"] = dict(Counter(str(r.reason) for r in final))
     m["slo_attainment"] = m.get("slo_attainment", 0.0) * len(done) / offered if offered else 0.0
     m["per_node"] = dict(Counter(d.node for d in done))
-    decisions: dict[str, tuple[str, str]] = {}
+    decisions: dict[str, tuple[str, str, int | None]] = {}
     for d in done:
         if d.request.request_id:
-            decisions[d.request.request_id] = (d.node, d.reason)
+            decisions[d.request.request_id] = (
+                d.node,
+                d.reason,
+                d.cached_tokens // trace.block_size,
+            )
     for r in final:
         rid = trace.requests[r.index].request_id
         if rid:
-            decisions[rid] = (REFUSED, str(r.reason))
+            decisions[rid] = (REFUSED, str(r.reason), None)
     finish = [(d.request.arrival_s, d.first_token_s - d.request.arrival_s) for d in done]
     return ReplaySide(name, m, decisions, _summary(settings), sorted(finish))
 
@@ -144,22 +149,33 @@ def replay_side(
 def _recorded_side(rec: Recorded, ttft_slo_s: float, tpot_slo_s: float) -> ReplaySide:
     m = recorded_metrics(rec, ttft_slo_s, tpot_slo_s)
     m["refused"] = sum(m["rejections"].values())
-    decisions: dict[str, tuple[str, str]] = {}
+    decisions: dict[str, tuple[str, str, int | None]] = {}
     for r in rec.requests:
         if r.admission == "rejected":
-            decisions[r.request_id] = (REFUSED, r.admission_reason)
+            decisions[r.request_id] = (REFUSED, r.admission_reason, None)
         elif r.chosen_node:
-            decisions[r.request_id] = (r.chosen_node, r.reason)
+            reused = None if r.cached_tokens is None else r.cached_tokens // r.block_size
+            decisions[r.request_id] = (r.chosen_node, r.reason, reused)
     finish = sorted(
         (r.arrival_s, r.ttft_s) for r in rec.requests if r.status == "ok" and r.ttft_s is not None
     )
     return ReplaySide("recorded", m, decisions, {}, finish)
 
 
+def _tie(x: tuple[str, str, int | None], y: tuple[str, str, int | None]) -> bool:
+    """The same reason and as many prompt blocks reused, on two different nodes."""
+    return REFUSED not in (x[0], y[0]) and x[1] == y[1] and x[2] is not None and x[2] == y[2]
+
+
 def _changes(a: ReplaySide, b: ReplaySide, sample: int = 15) -> dict[str, Any]:
-    """Where ``b`` decided differently from ``a``, request by request."""
+    """Where ``b`` decided differently from ``a``, request by request. Another node for the same
+    reason with as many prompt blocks reused is a tie (two holders of the prefix, either as good):
+    counted apart (``ties``), not as a change."""
     common = sorted(set(a.decisions) & set(b.decisions))
-    changed = [rid for rid in common if a.decisions[rid][0] != b.decisions[rid][0]]
+    moved = [rid for rid in common if a.decisions[rid][0] != b.decisions[rid][0]]
+    ties = [rid for rid in moved if _tie(a.decisions[rid], b.decisions[rid])]
+    tied = set(ties)
+    changed = [rid for rid in moved if rid not in tied]
     why = Counter(f"{a.decisions[rid][1]} → {b.decisions[rid][1]}" for rid in changed)
     admitted_now = sum(
         1 for rid in changed if a.decisions[rid][0] == REFUSED and b.decisions[rid][0] != REFUSED
@@ -171,6 +187,7 @@ def _changes(a: ReplaySide, b: ReplaySide, sample: int = 15) -> dict[str, Any]:
         "compared": len(common),
         "changed": len(changed),
         "changed_share": len(changed) / len(common) if common else 0.0,
+        "ties": len(ties),
         "now_admitted": admitted_now,
         "now_refused": refused_now,
         "by_reason": dict(why.most_common()),
@@ -305,7 +322,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"{title}: {c['changed']} of {c['compared']} ({c['changed_share']:.1%}); "
-            f"now admitted {c['now_admitted']}, now refused {c['now_refused']}",
+            f"now admitted {c['now_admitted']}, now refused {c['now_refused']}; "
+            f"{c['ties']} ties (another node, as much reused) not counted",
         ]
         lines += [f"  {n:>6}  {why}" for why, n in list(c["by_reason"].items())[:8]]
     if "current_vs_recorded" in report:
@@ -313,7 +331,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"simulator vs live (replay: current vs recorded): {fid['changed_share']:.1%} of "
-            f"decisions differ",
+            f"decisions differ ({fid['ties']} ties besides)",
         ]
     return "\n".join(lines)
 
@@ -393,9 +411,11 @@ def render_html(
         changes += (
             f"<h2>{e(head)}</h2><p>{c['changed']} of {c['compared']} decisions "
             f"({c['changed_share']:.1%}); now admitted {c['now_admitted']}, now refused "
-            f"{c['now_refused']}.</p><table><tr><th>reason before → after</th><th>requests"
-            f"</th></tr>{reasons}</table><table><tr><th>request</th><th>node before</th>"
-            f"<th>reason before</th><th>node after</th><th>reason after</th></tr>{sample}</table>"
+            f"{c['now_refused']}; {c['ties']} ties (another node for the same reason, as many "
+            f"prompt blocks reused) are not counted.</p><table><tr><th>reason before → after"
+            f"</th><th>requests</th></tr>{reasons}</table><table><tr><th>request</th>"
+            f"<th>node before</th><th>reason before</th><th>node after</th>"
+            f"<th>reason after</th></tr>{sample}</table>"
         )
     w = report["window"]
     span = (
@@ -407,7 +427,8 @@ def render_html(
         share = report["current_vs_recorded"]["changed_share"]
         fidelity = (
             f"The simulator's replay of the current settings differs from the recording in "
-            f"{share:.1%} of decisions: compare the candidate with <em>replay: current</em>."
+            f"{share:.1%} of decisions ({report['current_vs_recorded']['ties']} ties besides): "
+            f"compare the candidate with <em>replay: current</em>."
         )
     body = (
         f"<p>{w['requests']} requests ({e(str(w['source']))}), {span}; "

@@ -7,7 +7,16 @@ import pytest
 from admission.settings import AdmissionSettings
 from agents.profile import EngineProfile
 from analytics.recorded import Recorded, RecordedRequest, recorded_metrics, to_trace
-from analytics.tuning import Candidate, compare, parse_when, render_html, render_text
+from analytics.tuning import (
+    REFUSED,
+    Candidate,
+    ReplaySide,
+    _changes,
+    compare,
+    parse_when,
+    render_html,
+    render_text,
+)
 from router.settings import RouterSettings
 
 
@@ -100,3 +109,29 @@ def test_compare_shows_what_a_candidate_changes() -> None:
     assert "prefix hit rate" in text and "→ round_robin" in text
     page = render_html(report)
     assert page.startswith("<!doctype html>") and page.count("<img") == 3
+
+
+def test_another_holder_of_the_same_prefix_is_a_tie_not_a_change() -> None:
+    a = ReplaySide(
+        "a",
+        {},
+        {
+            "r1": ("n1", "prefix_hit", 7),
+            "r2": ("n1", "prefix_hit", 7),
+            "r3": ("n1", "least_cost", 0),
+            "r4": (REFUSED, "red_watermark", None),
+        },
+    )
+    b = ReplaySide(
+        "b",
+        {},
+        {
+            "r1": ("n2", "prefix_hit", 7),  # the other holder, as much reused: a tie
+            "r2": ("n2", "prefix_hit", 3),  # less reused there: a change
+            "r3": ("n1", "least_cost", 0),  # the same node: no change
+            "r4": ("n2", "least_cost", 0),  # admitted now: a change
+        },
+    )
+    c = _changes(a, b)
+    assert (c["compared"], c["changed"], c["ties"], c["now_admitted"]) == (4, 2, 1, 1)
+    assert [s["request_id"] for s in c["sample"]] == ["r2", "r4"]
