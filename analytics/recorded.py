@@ -63,6 +63,39 @@ def _lit(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+RUN_GAP_S = 300.0  # minutes without a decision longer than this separate two runs
+
+
+def last_run(
+    ch: ClickHouse,
+    db: str,
+    since: float,
+    until: float,
+    router_id: str | None = None,
+    gap_s: float = RUN_GAP_S,
+) -> float | None:
+    """When the last run in [since, until] began: the first minute with decisions after the
+    last stretch of more than ``gap_s`` without any (None: no decision in the window). Counted
+    per minute, so a day of traffic is at most 1,440 rows."""
+    where = f"ts >= toDateTime64({since:.6f}, 6) AND ts <= toDateTime64({until:.6f}, 6)"
+    if router_id:
+        where += f" AND router_id = {_lit(router_id)}"
+    minutes = [
+        float(r["m"])
+        for r in ch.query(f"""
+            SELECT toUInt32(toStartOfMinute(ts)) AS m FROM {db}.decisions
+            WHERE {where} GROUP BY m ORDER BY m""")
+    ]
+    if not minutes:
+        return None
+    start = minutes[-1]
+    for earlier in reversed(minutes[:-1]):
+        if start - earlier - 60.0 > gap_s:  # (the gap: between the end of one, start of next)
+            break
+        start = earlier
+    return max(start, since)
+
+
 def load_recorded(
     ch: ClickHouse, db: str, since: float, until: float, router_id: str | None = None
 ) -> Recorded:

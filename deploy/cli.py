@@ -455,8 +455,12 @@ def replay(
         bool, typer.Option("--from-clickhouse", help="replay recorded traffic from ClickHouse")
     ] = False,
     since: Annotated[
-        str, typer.Option(help="recorded window start: -2h, epoch, or ISO 8601 (UTC)")
-    ] = "-1d",
+        str,
+        typer.Option(
+            help="recorded window start: last (the last run of the past day: after the last "
+            "5 minutes without traffic), -2h, epoch, or ISO 8601 (UTC)"
+        ),
+    ] = "last",
     until: Annotated[str, typer.Option(help="recorded window end")] = "now",
     router_id: Annotated[
         str | None, typer.Option(help="only this router's recorded traffic")
@@ -542,7 +546,12 @@ def report(
     trace: Annotated[
         str | None, typer.Option(help="a trace file or workload instead of ClickHouse")
     ] = None,
-    since: Annotated[str, typer.Option(help="recorded window start")] = "-1d",
+    since: Annotated[
+        str,
+        typer.Option(
+            help="recorded window start: last (the last run of the past day), -2h, epoch, ISO"
+        ),
+    ] = "last",
     until: Annotated[str, typer.Option(help="recorded window end")] = "now",
     router_id: Annotated[str | None, typer.Option(help="only this router's traffic")] = None,
     baseline_config: Annotated[
@@ -582,25 +591,34 @@ def _recorded_trace(
 
     from analytics.clickhouse import open_clickhouse
     from analytics.exceptions import ClickHouseError
-    from analytics.recorded import load_recorded, to_trace
+    from analytics.recorded import last_run, load_recorded, to_trace
     from analytics.tuning import parse_when
 
     now = time.time()
+    last = since.strip() == "last"
     try:
-        t0, t1 = parse_when(since, now), parse_when(until, now)
+        t0, t1 = parse_when("-1d" if last else since, now), parse_when(until, now)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
         ch = open_clickhouse(s.clickhouse)
     except ClickHouseError as exc:
         raise typer.BadParameter(f"cannot open ClickHouse: {exc}") from exc
+    db = s.clickhouse.database
     try:
-        rec = load_recorded(ch, s.clickhouse.database, t0, t1, router_id)
+        if last:  # the last run, not every run of the day merged
+            t0 = last_run(ch, db, t0, t1, router_id) or t0
+        rec = load_recorded(ch, db, t0, t1, router_id)
     finally:
         ch.close()
     if not rec.requests:
         raise typer.BadParameter("no recorded decisions in that window (see --since/--until)")
-    tr = to_trace(rec, f"ClickHouse {s.clickhouse.database}")
+    span = f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t0))} – " + (
+        time.strftime("%H:%M:%S", time.gmtime(t1)) + " UTC"
+    )
+    which = "the last run" if last else "the window"
+    typer.echo(f"replaying {which}: {span}, {len(rec.requests)} requests", err=True)
+    tr = to_trace(rec, f"ClickHouse {db}, {which} {span}")
     return rec, tr.head(limit) if limit is not None else tr
 
 
