@@ -7,11 +7,24 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
+# each step says what it does, then how long it took (the whole run takes minutes)
+t_start=$SECONDS
+t_step=$SECONDS
+step() {
+  if [ -n "${step_name:-}" ]; then
+    echo "setup: ${step_name} done ($((SECONDS - t_step)) s)"
+  fi
+  step_name="$1"
+  t_step=$SECONDS
+  [ -z "$1" ] || echo "setup: $1 ..."
+}
+
 need_apt=()
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
+  step "system packages (${need_apt[*]})"
   if [ "$(id -u)" != 0 ]; then
     echo "missing system packages: ${need_apt[*]} (install them, or run as root)" >&2; exit 1
   fi
@@ -29,6 +42,7 @@ if [ -z "$py" ]; then
 fi
 [ -n "$py" ] || { echo "kvgate needs Python 3.11 (set KVGATE_PYTHON)" >&2; exit 1; }
 
+step "the Python environment (.venv: kvgate and its dev tools)"
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
@@ -37,6 +51,7 @@ fi
 bash deploy/otel-protos.sh .venv/bin/python
 
 # Go builds the compose validator (compose-go, the loader docker compose uses) the tests run
+step "Go and the deployment validators' modules"
 if ! command -v go >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null
@@ -52,9 +67,12 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 helm_version=v3.22.0
 bin="${KVGATE_LOCAL:-$repo/.local}/bin"
 if ! "$bin/helm" version --short 2>/dev/null | grep -q "^${helm_version%.*}"; then
+  step "Helm $helm_version (built from its Go module)"
   mkdir -p "$bin"
   GOBIN="$bin" go install "helm.sh/helm/v3/cmd/helm@$helm_version"
 fi
 
+step "the Kafka broker's jars (Maven Central)"
 bash deploy/kafka/kafka.sh install
-echo "kvgate installed: .venv/bin/kvgate"
+step ""
+echo "kvgate installed: .venv/bin/kvgate ($((SECONDS - t_start)) s in all)"
