@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,16 @@ from deploy.procs import Proc, Supervisor, child_pids, free_port
 from deploy.settings import load_settings
 from streams.exceptions import StreamError
 from streams.kafka import delete_namespace_topics
+from tests.benchmarks.eppclient import EppClient
 from tests.benchmarks.livepeer import MODEL, pct, report_header, wait_http
 
 OUT = Path("docs/benchmarks")
+EPP_KEY = "bench-epp-key"  # the gateway key the picker's router takes
 ACHIEVED = 0.95  # of the offered rate, for a rate to count as sustained
 CLIENT_LAG_MS = 50.0  # the client sent later than this (p99): the point measured the client
+
+
+Send = Callable[[aiohttp.ClientSession, str, int], Coroutine[Any, Any, "float | None"]]
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Target:
     name: str
     urls: list[str]
     proc: Proc | None = None  # its process (for memory)
+    send: Send | None = None  # one request to it (default: a streamed completion over HTTP)
 
 
 async def one(http: aiohttp.ClientSession, url: str, i: int) -> float | None:
@@ -93,8 +100,12 @@ async def one(http: aiohttp.ClientSession, url: str, i: int) -> float | None:
     return ttft if done else None
 
 
-async def run_rate(urls: list[str], rate: float, duration: float, seed: int) -> dict[str, Any]:
-    """Poisson arrivals at ``rate`` for ``duration`` s, spread round-robin over ``urls``."""
+async def run_rate(
+    urls: list[str], rate: float, duration: float, seed: int, send: Send | None = None
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate`` for ``duration`` s, spread round-robin over ``urls``, each
+    sent with ``send`` (default: :func:`one`)."""
+    send = send or one
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     while True:
@@ -115,7 +126,7 @@ async def run_rate(urls: list[str], rate: float, duration: float, seed: int) -> 
             if delay > 0:
                 await asyncio.sleep(delay)
             lag.append(max(0.0, -delay))
-            tasks.append(asyncio.create_task(one(http, next(targets), i)))
+            tasks.append(asyncio.create_task(send(http, next(targets), i)))
         results = await asyncio.gather(*tasks)
         span = max(duration, time.perf_counter() - start)
     ok = [r for r in results if r is not None]
@@ -142,7 +153,7 @@ async def max_rate(t: Target, args: argparse.Namespace) -> tuple[float, list[dic
     points: list[dict[str, Any]] = []
     best, rate, retried = 0.0, args.start, False
     while rate <= args.ceiling:
-        point = await run_rate(t.urls, rate, args.duration, args.seed + len(points))
+        point = await run_rate(t.urls, rate, args.duration, args.seed + len(points), t.send)
         point["sustained"] = sustained(point)
         points.append(point)
         print(t.name, json.dumps(point), flush=True)
@@ -164,7 +175,7 @@ async def added_latency(
     d = await run_rate(direct.urls, rate, args.latency_duration, args.seed)
     await asyncio.sleep(1.0)
     before = cpu_s(t.proc.pid) if t.proc is not None else 0.0
-    x = await run_rate(t.urls, rate, args.latency_duration, args.seed)
+    x = await run_rate(t.urls, rate, args.latency_duration, args.seed, t.send)
     spent = cpu_s(t.proc.pid) - before if t.proc is not None else 0.0
     await asyncio.sleep(1.0)
     return {
@@ -227,6 +238,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         },
     )
     result: dict[str, Any] = {"targets": {}}
+    epp = EppClient(EPP_KEY, MODEL)
+    port_of: dict[str, int] = {}  # the picker's router: its HTTP port (for /ready)
     try:
         engines = [sup.spawn_node(f"node-{i}") for i in range(args.engines)]
         for url in engines:
@@ -252,12 +265,30 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 env={"KVGATE_ADMISSION__BACKEND": "redis"},  # what several routers share
             )
             targets.append(Target(f"kvgate-w{n}", [f"http://127.0.0.1:{port}"], proc))
+        # the endpoint picker: kvgate's share when Envoy proxies (the ext_proc exchange)
+        port, epp_port = free_port(), free_port()
+        epp_proc = sup.spawn(
+            "kvgate-epp",
+            "router",
+            "--port",
+            str(port),
+            env={
+                "KVGATE_ADMISSION__BACKEND": "redis",
+                "KVGATE_ROUTER__EPP_PORT": str(epp_port),
+                "KVGATE_ROUTER__EPP_KEYS": json.dumps({EPP_KEY: "bench-gateway"}),
+            },
+        )
+        port_of["kvgate-epp"] = port
+        targets.append(Target("kvgate-epp", [f"127.0.0.1:{epp_port}"], epp_proc, epp.send))
         port = free_port()
         launch = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
         launch += ["--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines]
         sgl = sup.spawn_argv("sglang-router", launch)
         targets.append(Target("sglang", [f"http://127.0.0.1:{port}"], sgl))
         for t in targets[1:]:
+            if t.send is not None:  # the picker: its router's HTTP listener says when
+                await wait_http(f"http://127.0.0.1:{port_of[t.name]}/ready")
+                continue
             probe = {"sglang": "/v1/models", "bare": "/health", "bare-wire": "/health"}.get(
                 t.name, "/ready"
             )
@@ -281,6 +312,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 result["targets"][t.name]["at_half_rate"] = half
                 print(t.name, "half", json.dumps(half), flush=True)
     finally:
+        await epp.close()
         sup.stop_all()
         # a broker keeping every run's topics slows the next; never hide why the run ended
         kafka = load_settings().kafka.model_copy(update={"namespace": namespace})
@@ -303,6 +335,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     added_p50 = half.get("added_ttft_p50_ms")
     sgl_p50 = sgl_half.get("added_ttft_p50_ms")
     cpu, sgl_cpu = half.get("cpu_ms_per_request"), sgl_half.get("cpu_ms_per_request")
+    epp_half = t.get("kvgate-epp", {}).get("at_half_rate") or {}
+    epp_cpu = epp_half.get("cpu_ms_per_request")
     return {
         "kvgate_max_rps": kv["max_rps"],
         "sglang_max_rps": sglang,
@@ -314,12 +348,15 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "added_ttft_p50_ms": added_p50,
         "added_ttft_p99_ms": half.get("added_ttft_p99_ms"),
         "sglang_added_ttft_p50_ms": sgl_p50,
+        "epp_cpu_ms_per_request": epp_cpu,
+        "epp_max_rps": t.get("kvgate-epp", {}).get("max_rps"),
         "targets_met": {
             "kvgate_cpu_le_1.5ms_and_1.6x_sglang": cpu is not None
             and sgl_cpu is not None
             and cpu <= 1.5
             and cpu <= 1.6 * sgl_cpu,
             "kvgate_vs_sglang": sglang > 0 and kv["max_rps"] >= sglang,
+            "epp_cpu_le_1ms": epp_cpu is not None and epp_cpu <= 1.0,
             "added_p50_le_sglang": added_p50 is not None
             and sgl_p50 is not None
             and added_p50 <= sgl_p50,
@@ -391,6 +428,12 @@ proxies and the client): compare within this run.
   sglang-router's: **{yes[met["added_p50_le_sglang"]]}** (kvgate {_ms(report["added_ttft_p50_ms"])}
   ms p50, {_ms(report["added_ttft_p99_ms"])} ms p99; sglang-router
   {_ms(report["sglang_added_ttft_p50_ms"])} ms p50).
+* Through the endpoint picker (`kvgate-epp`: Envoy's ext_proc exchange driven by a client built
+  from Envoy's protos, the request then sent to the picked engine directly, its answer streamed
+  back through the exchange): kvgate's CPU per request
+  **{_cpu(report.get("epp_cpu_ms_per_request"))} ms** (≤ 1.0 ms:
+  **{yes[met.get("epp_cpu_le_1ms", False)]}**); its max rate measures the Python client, which
+  does Envoy's share too.
 
 | target | max req/s | half rate | added TTFT p50 ms | added p99 ms | CPU ms / request | RSS MiB |
 |---|---:|---:|---:|---:|---:|---:|
