@@ -1,1 +1,1 @@
-"""The router's HTTP surfaces (aiohttp): thin adapters over the flow layer."""
+"""The router's HTTP surfaces, on router/wire: thin adapters over the flow layer."""
