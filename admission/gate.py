@@ -328,7 +328,7 @@ class AdmissionGate:
                                 f"waited {now - gone.enqueued_at:.1f} s "
                                 f"in the {gone.priority} queue",
                             ),
-                            queue_wait_s=now - gone.enqueued_at,
+                            queue_wait_s=max(0.0, now - gone.enqueued_at),
                         )
                     )
             for pool in self.queues.pools():
@@ -371,7 +371,9 @@ class AdmissionGate:
                                 True,
                                 head.kv_blocks,
                                 b.usage_after(0),
-                                queue_wait_s=now - head.enqueued_at,
+                                # (callers pass their own clock reading, which may be older
+                                # than a newer waiter's arrival: a wait is never negative)
+                                queue_wait_s=max(0.0, now - head.enqueued_at),
                             )
                         )
                     elif fut is None or fut.cancelled():  # nobody waits for it any more

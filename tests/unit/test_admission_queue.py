@@ -130,3 +130,24 @@ async def test_stores_refuse_past_the_slot_limit_atomically() -> None:
     assert await reserve(r, "b", "p", 1, 100, 0.0, 10.0, limit_slots=2)
     assert await reserve(r, "c", "p", 1, 100, 0.0, 10.0, limit_slots=2) is None
     assert await reserve(r, "c", "p", 1, 100, 0.0, 10.0) is not None  # no slot limit given
+
+
+async def test_a_release_with_an_older_clock_reading_admits_with_no_negative_wait() -> None:
+    """Callers pass their own reading of the clock: a release stamped before a newer waiter
+    arrived admits it with a wait of 0, never a negative one (its decision record would be
+    refused)."""
+    s = AdmissionSettings(learn_output=False, queue_poll_s=10.0)
+    gate = AdmissionGate(s, "rt", lambda ev: asyncio.sleep(0))
+    normal = Tenant(name="chat", priority="normal")
+    nodes = [100]
+    for i in range(15):
+        assert (
+            await gate_admit(gate, f"r{i}", normal, 64, 16, 16, "default", nodes, now=1.0)
+        ).admitted
+    waiting = asyncio.create_task(
+        gate_admit(gate, "late", normal, 64, 16, 16, "default", nodes, now=5.0)
+    )
+    await asyncio.sleep(0.01)
+    await gate.release("r0", now=4.9)  # read before the waiter arrived
+    v = await asyncio.wait_for(waiting, 1.0)
+    assert v.admitted and v.queue_wait_s == 0.0
