@@ -393,7 +393,8 @@ def render(report: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | {t['max_rps']:.0f} | {half.get('rate_rps', 0):.0f} | "
             f"{_ms(half.get('added_ttft_p50_ms'))} | {_ms(half.get('added_ttft_p99_ms'))} | "
-            f"{'—' if cpu is None else f'{cpu:.2f}'} | {t.get('rss_mb', 0):.0f} |"
+            f"{'—' if cpu is None else f'{cpu:.2f}'} | {t.get('rss_mb', 0):.0f} | "
+            f"{(half.get('target') or {}).get('errors', '—')} |"
         )
         for p in t["points"]:
             ramps.append(
@@ -435,8 +436,7 @@ proxies and the client): compare within this run.
   **{yes[met.get("epp_cpu_le_1ms", False)]}**); its max rate measures the Python client, which
   does Envoy's share too.
 
-| target | max req/s | half rate | added TTFT p50 ms | added p99 ms | CPU ms / request | RSS MiB |
-|---|---:|---:|---:|---:|---:|---:|
+{TABLE_HEADER}
 {chr(10).join(rows)}
 
 A max rate at the last point below the ramp's ceiling (`--ceiling`, 3000 req/s) is a lower bound:
@@ -456,6 +456,10 @@ at that point (it shares the cores too).
 """
 
 
+TABLE_HEADER = (
+    "| target | max req/s | half rate | added TTFT p50 ms | added p99 ms | CPU ms / request "
+    "| RSS MiB | errors at half |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+)
 RAMP_HEADER = (
     "| target | offered req/s | achieved req/s | errors | TTFT p50 / p99 ms "
     "| client lag p99 ms | sustained |\n|---|---:|---:|---:|---:|---:|---|"
