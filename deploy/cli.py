@@ -887,6 +887,15 @@ bench_app = typer.Typer(
 )
 
 
+BenchOut = Annotated[
+    Path | None,
+    typer.Option(
+        help="output folder (default: <state>/benchmarks; --out docs/benchmarks to update the "
+        "repository's reports)"
+    ),
+]
+
+
 def _bench_out(out: Path | None) -> Path:
     """Where a benchmark writes: ``out``, else the state directory's ``benchmarks`` (the
     repository's docs/benchmarks only when asked for)."""
@@ -913,13 +922,7 @@ def bench_routing(
     ),
     policies: Annotated[str, typer.Option(help="comma-separated policies (default: all)")] = "",
     jobs: Annotated[int, typer.Option(help="parallel simulations")] = 2,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="output folder (default: <state>/benchmarks; --out docs/benchmarks "
-            "to update the repository's reports)"
-        ),
-    ] = None,
+    out: BenchOut = None,
     reuse: Annotated[
         bool,
         typer.Option(
@@ -980,13 +983,7 @@ def bench_fleet(
     nodes: Annotated[int, typer.Option(help="simulated engines")] = 8,
     requests: Annotated[int, typer.Option(help="requests of the multi_turn workload")] = 20_000,
     load: Annotated[float, typer.Option(help="offered load, share of capacity")] = 0.8,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="output folder (default: <state>/benchmarks; --out docs/benchmarks "
-            "to update the repository's reports)"
-        ),
-    ] = None,
+    out: BenchOut = None,
 ) -> None:
     """Outlier ejection, slow start and drains in simulation, each against the run without."""
     import sys
