@@ -177,13 +177,17 @@ async def _run(
         )
         return summary
     finally:
-        stop_sink.set()
-        if sink_task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(sink_task, 10)
-        sup.stop_all()
-        await bus.stop()
-        ch.close()
+        try:
+            stop_sink.set()
+            if sink_task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sink_task, 10)
+        finally:  # the children stop even when the wait is cancelled (a second signal)
+            sup.stop_all()
+            try:
+                await bus.stop()
+            finally:
+                ch.close()
 
 
 def render(summary: dict[str, Any], console: Console) -> None:
