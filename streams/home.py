@@ -9,6 +9,7 @@ too); else ``$XDG_STATE_HOME/kvgate`` (``~/.local/state/kvgate``). A setting giv
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -17,17 +18,23 @@ __all__ = ["home"]
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
+def _in_checkout() -> bool:
+    """kvgate runs from a source checkout (read once: it does not change while it runs)."""
+    project = _CHECKOUT / "pyproject.toml"
+    try:
+        return project.is_file() and 'name = "kvgate"' in project.read_text()
+    except OSError:
+        return False
+
+
 def home() -> Path:
     """kvgate's state directory (not created here)."""
     for name in ("KVGATE_HOME", "KVGATE_LOCAL"):
         value = os.environ.get(name)
         if value:
             return Path(value).expanduser().resolve()
-    project = _CHECKOUT / "pyproject.toml"
-    try:
-        if project.is_file() and 'name = "kvgate"' in project.read_text():
-            return _CHECKOUT / ".local"
-    except OSError:
-        pass
+    if _in_checkout():
+        return _CHECKOUT / ".local"
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "kvgate"

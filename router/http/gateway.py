@@ -89,7 +89,7 @@ class GatewayApi:
         self.gate = gate
         self.flights = flights
 
-    def screen(self, headers: Headers, _: str = "") -> str:
+    def screen(self, headers: Headers, _: str) -> str:
         """The gateway calling the gateway API, by its key (``X-Kvgate-Gateway-Key``)."""
         if not self.settings.gateway_keys:
             self.metrics.rejected("gateway_unauthorized")
@@ -104,7 +104,7 @@ class GatewayApi:
 
     def screen_route(self, headers: Headers, _: str) -> tuple[str, Head]:
         """The gateway, then the request's own headers (as a tenant's)."""
-        return self.screen(headers), self.entry.reader.head(headers, time.time())
+        return self.screen(headers, _), self.entry.reader.head(headers, time.time())
 
     async def route(self, request: Request, reply: Reply) -> None:
         """Admit and route like ``/v1/completions`` but do not forward: the gateway (e.g. Envoy)

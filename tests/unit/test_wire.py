@@ -276,4 +276,10 @@ async def test_a_client_that_expects_100_continue_is_told_to_go_on() -> None:
         writer.write(b"ok")
         answer = await asyncio.wait_for(reader.read(), 5)
         writer.close()
+        # aiohttp's client: it sends the body only once it was told to go on
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url + "/echo", data=b"later", expect100=True) as r,
+        ):
+            assert r.status == 200 and (await r.json())["body"] == "later"
     assert answer.startswith(b"HTTP/1.1 200") and b'"body":"ok"' in answer
