@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
@@ -200,14 +201,22 @@ class AdmissionGate:
         """:meth:`early_retry` (a ``retry_storm`` refusal), then :meth:`admit`. The common case
         — nothing guarded, nobody queued, the pool below yellow with this request in — takes
         one round trip to the store (:meth:`_admit_below_yellow`); anything else the two steps
-        in turn, as they answer alone."""
-        verdict = await self._admit_below_yellow(ask, now)
-        if verdict is not None:
-            return verdict
-        early = await self.early_retry(ask.tenant, ask.attempt, now, ask.client)
-        if early is not None:
-            return Verdict(False, 0, 0.0, early)
-        return await self.admit(ask, now)
+        in turn, as they answer alone.
+
+        Cancelled on the way (the caller went away: an ext_proc stream Envoy reset), whatever
+        the store made for the request — a reservation whose answer never came back — is
+        released then and there, never left to its lease."""
+        try:
+            verdict = await self._admit_below_yellow(ask, now)
+            if verdict is not None:
+                return verdict
+            early = await self.early_retry(ask.tenant, ask.attempt, now, ask.client)
+            if early is not None:
+                return Verdict(False, 0, 0.0, early)
+            return await self.admit(ask, now)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.release(ask.request_id, time.time()))
+            raise
 
     async def _guard_keys(self, ask: AdmissionAsk, now: float) -> list[str] | None:
         """The retry guard's keys for the store to check in the reservation's round trip
@@ -310,7 +319,12 @@ class AdmissionGate:
             self._waiters.pop(w, None)
 
     async def pump(self, now: float) -> int:
-        """Admit what the queues may let in now; refuse what waited past its deadline."""
+        """Admit what the queues may let in now; refuse what waited past its deadline. It runs
+        to its end even when its caller is cancelled (a pump that stopped between a waiter's
+        reservation and its answer would leave that reservation to its lease)."""
+        return await asyncio.shield(self._pump(now))
+
+    async def _pump(self, now: float) -> int:
         admitted = 0
         async with self._pump_lock:
             for gone in self.queues.expired(now):
