@@ -79,7 +79,7 @@ WORKLOADS = {
         1200,
         None,
         "engines tokenize with a BPE vocabulary kvgate is not given (approximate tokens), with "
-        "the agents' KV events flowing and then switched off",
+        "the agents' KV events flowing and switched off, in turn",
         engine_tokenizer=True,
     ),
 }
@@ -269,8 +269,8 @@ async def save_decisions(namespace: str, since: float, path: Path) -> int:
 async def main(args: argparse.Namespace, w: Workload, seed: int, rep: int) -> dict[str, Any]:
     """One repetition on fresh engines. The routers run one after the other, in an order
     rotated by ``rep`` (a router that always ran first, or always after the same one, would
-    carry that into its figures); the approx workload's kvgate without events runs last, after
-    the agents were started again without them."""
+    carry that into its figures); the approx workload's two kvgate runs each start with the
+    agents started again (with KV events, or without) and a fresh router (:func:`fresh_kvgate`)."""
     namespace = f"peer{uuid.uuid4().hex[:8]}"
     sup = Supervisor(
         Path(tempfile.mkdtemp(prefix="kvgate-peer-")),
@@ -326,43 +326,57 @@ async def main(args: argparse.Namespace, w: Workload, seed: int, rep: int) -> di
         await asyncio.sleep(2.0)  # every agent has sent a few heartbeats
         runs: dict[str, Any] = {}
         wanted = [r for r in args.routers.split(",") if r in routers]
+        if w.engine_tokenizer:  # with the agents' KV events and without, in turn
+            wanted.append(EVENTS_OFF)
         order = wanted[rep % len(wanted) :] + wanted[: rep % len(wanted)] if wanted else []
+        agents = {
+            f"agent-node-{i}": list(sup.procs[f"agent-node-{i}"].popen.args)
+            for i in range(len(engines))
+        }
         for name in order:
+            url = routers.get(name, "")
+            if w.engine_tokenizer and name in ("kvgate", EVENTS_OFF):
+                url = await fresh_kvgate(sup, agents, events=name == "kvgate", tag=name)
             since = time.time()
-            runs[name] = await drive(routers[name], engines, w, seed)
+            runs[name] = await drive(url, engines, w, seed)
             print(name, json.dumps(runs[name]), flush=True)
             if args.decisions is not None and name.startswith("kvgate"):
                 label = next(k for k, v in WORKLOADS.items() if v is w)
                 path = args.decisions / f"{label}-rep{rep}-{name}.jsonl"
                 print(f"  {await save_decisions(namespace, since, path)} decisions: {path}")
-        if w.engine_tokenizer:
-            runs[EVENTS_OFF] = await events_off(sup, engines, w, seed)
-            print(EVENTS_OFF, json.dumps(runs[EVENTS_OFF]), flush=True)
-        return {"order": [*order, *([EVENTS_OFF] if w.engine_tokenizer else [])], "runs": runs}
+        return {"order": order, "runs": runs}
     finally:
         sup.stop_all()
 
 
-async def events_off(sup: Supervisor, engines: list[str], w: Workload, seed: int) -> dict[str, Any]:
-    """The same engines with agents that read no KV events (``kv_index: approximate``) and a
-    fresh kvgate router: what the router does on its own memory of where it sent each prompt."""
-    for i, url in enumerate(engines):
-        sup.kill(f"agent-node-{i}")
-        sup.spawn(
-            f"agent-node-{i}",
-            "agent",
-            "--node-id",
-            f"node-{i}",
-            "--engine-url",
-            url,
-            "--no-kv-events",
-        )
+async def fresh_kvgate(
+    sup: Supervisor, agents: dict[str, list[str]], events: bool, tag: str
+) -> str:
+    """The agents started again, reading the engines' KV events or not (``kv_index:
+    approximate``), and a fresh kvgate router; its URL. Both kvgate runs of the approx workload
+    start so, in turn, so that neither carries the other's start or place in the order."""
+    for name, argv in agents.items():
+        sup.kill(name)
+        sup.spawn_argv(name, argv if events else [*_without_events(argv), "--no-kv-events"])
     port = free_port()
-    sup.spawn("router-off", "router", "--port", str(port))
+    sup.spawn(f"router-{tag}", "router", "--port", str(port))
     url = f"http://127.0.0.1:{port}"
     await wait_http(url + "/ready")
-    await asyncio.sleep(3.0)  # the new agents' heartbeats (approximate) and empty snapshots
-    return await drive(url, engines, w, seed)
+    await asyncio.sleep(3.0)  # the new agents' heartbeats and KV snapshots
+    return url
+
+
+def _without_events(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--kv-events", "--kv-events-replay"):
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 def report_header(module: str) -> dict[str, Any]:
@@ -463,25 +477,41 @@ def _table(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def write(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
-    report = {
-        **report_header("tests.benchmarks.livepeer"),
-        "engines": args.engines,
-        "workloads": {
-            name: {
-                **asdict(WORKLOADS[name]),
-                "repetitions": reps,
-                "medians": medians(reps),
-                "checks": [{"check": c, "met": met} for c, met in checks(name, reps)],
-            }
-            for name, reps in results.items()
-        },
+    """``livepeer.json`` and ``livepeer.md``: the workloads of this run, and those of the file
+    already there that this run did not repeat (each keeps its own command and date)."""
+    header = report_header("tests.benchmarks.livepeer")
+    path = OUT / "livepeer.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    kept = {
+        name: {"command": earlier.get("command"), "date": earlier.get("date"), **wl}
+        for name, wl in earlier.get("workloads", {}).items()
+        if name in WORKLOADS and name not in results
     }
+    ran = {
+        name: {
+            "command": header["command"],
+            "date": header["date"],
+            **asdict(WORKLOADS[name]),
+            "repetitions": reps,
+            "medians": medians(reps),
+            "checks": [{"check": c, "met": met} for c, met in checks(name, reps)],
+        }
+        for name, reps in results.items()
+    }
+    workloads = {
+        name: (ran.get(name) or kept[name]) for name in WORKLOADS if name in ran or name in kept
+    }
+    report = {**header, "engines": args.engines, "workloads": workloads}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "livepeer.json").write_text(json.dumps(report, indent=2) + "\n")
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    (OUT / "livepeer.md").write_text(_markdown(report))
+
+
+def _markdown(report: dict[str, Any]) -> str:
     head = f"| router | {' | '.join(KEYS)} |\n|---|{'---:|' * len(KEYS)}"
     parts = []
-    for name, reps in results.items():
-        w = WORKLOADS[name]
+    for name, wl in report["workloads"].items():
+        w, reps = WORKLOADS[name], wl["repetitions"]
         speed = (
             f"prefill {w.prefill_tokens_per_s:,.0f} tokens/s"
             if w.prefill_tokens_per_s
@@ -495,6 +525,8 @@ def write(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) ->
         met = "\n".join(f"* {'met' if ok else '**not met**'}: {c}" for c, ok in checks(name, reps))
         parts.append(
             f"""## {name}: {w.about}
+
+Command: `{wl["command"]}` ({wl["date"]})
 
 {w.rps} req/s for {w.duration_s} s of support-bot chat ({w.bots} system prompts of
 ~{w.system_words} words, streamed answers); engines with {w.num_gpu_blocks} KV blocks of 16
@@ -510,13 +542,10 @@ Median over {len(reps)} repetitions:
 {tables}
 """
         )
-    (OUT / "livepeer.md").write_text(
-        f"""# Live: kvgate's router next to SGLang's model gateway
+    return f"""# Live: kvgate's router next to SGLang's model gateway
 
-Command: `{report["command"]}`
-
-Machine: {report["machine"]}; date {report["date"]}; sglang-router
-{report["sglang_router_version"]} (`--policy cache_aware`, its defaults). {args.engines}
+Machine: {report["machine"]}; sglang-router
+{report["sglang_router_version"]} (`--policy cache_aware`, its defaults). {report["engines"]}
 simulated engines per workload and repetition, fresh for each repetition (the process starts
 over: engines, agents, worker, routers), the same engines for every router of a repetition
 (prefix caches reset in between). Everything — engines, agents, Kafka, the Faust worker, the
@@ -528,12 +557,10 @@ engines' rate in its configuration, as an operator who measured them would. The 
 repetition run in an order rotated from one repetition to the next. `approx`: the engines
 tokenize with a BPE tokenizer the router is not given (nor finds), so its tokens are
 approximate and the index (the engines' exact tokens) cannot match them; `kvgate` runs with
-the agents' KV events flowing, `kvgate_events_off` after the agents were started again
-without them (`--no-kv-events`), on a fresh router.
+the agents' KV events flowing, `kvgate_events_off` without them (`--no-kv-events`); each of
+the two starts with the agents started again and a fresh router, in the rotated order.
 
-"""
-        + "\n".join(parts)
-    )
+""" + "\n".join(parts)
 
 
 def _fmt(v: Any) -> str:
