@@ -9,22 +9,24 @@ that profile: the smallest replica count whose SLO attainment (share of requests
 TTFT and the TPOT target) reaches the target at the given rate. The count one fewer is shown beside
 it, and round-robin's count for the same SLO: what cache-aware routing saves in GPUs.
 
-The search doubles the count until the SLO is met, then bisects; every count it tried is kept,
-so the answer ``n`` always comes with a simulated ``n − 1`` that missed (unless ``n`` is 1).
+The search (analytics/fleetsize.py) starts from an analytic estimate, brackets the answer and
+bisects; every count it tried is kept, so the answer ``n`` always comes with a simulated ``n − 1``
+that missed (unless ``n`` is 1), and the report says what that one misses.
 """
 
 from __future__ import annotations
 
 import functools
-import html
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from agents.catalog import GPUS, MODELS, GpuSpec, ModelSpec, derive_profile, replica_gpus
 from agents.profile import EngineProfile, attention_pairs
+from analytics.fleetsize import alone, estimate_replicas, size_fleet
 from analytics.sim.replay import replay_trace
 from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace
@@ -40,15 +42,17 @@ __all__ = [
     "plan",
     "profile_rows",
     "profile_table",
-    "render_html",
-    "render_text",
     "replica_figures",
     "router_for",
-    "size_fleet",
 ]
 
 BASELINE = "round_robin"
-PLATEAU = 0.003  # doubling the fleet gains less attainment than this: the SLO is out of reach
+# the warm-up keeps the whole traffic of its last FULL_LOAD × the measured requests (at least
+# FULL_LOAD_MIN), and only the measured sessions' turns before that
+FULL_LOAD, FULL_LOAD_MIN = 8, 4000
+# the share of requests that meet the SLO alone on an idle replica is this far below the
+# target: no fleet meets it, and none is simulated (closer, the simulation decides)
+ALONE_MARGIN = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +130,35 @@ def at_rate(source: str | Trace, rate: float, requests: int, seed: int = 0) -> t
     trace, measured = window(rate)
     if measured > 0 and abs(measured - rate) > 0.02 * rate:
         trace, _ = window(rate * rate / measured)
-    return trace, warmup
+    return _lean_warmup(trace, warmup, requests), warmup
+
+
+def _lean_warmup(trace: Trace, warmup: float, requests: int) -> Trace:
+    """The warm-up a fleet's state depends on: the earlier turns of every session measured
+    (their prefixes are what the measured turns find cached) and the whole traffic of the last
+    :data:`FULL_LOAD` × ``requests`` arrivals before the measurement (queues in their steady
+    state, caches under the traffic's pressure). The other warm-up requests — sessions that
+    ended before the measurement started — change neither, and at hundreds of requests per
+    second they were nine tenths of the simulation. The first request keeps its time, so the
+    measurement starts ``warmup`` after it as before."""
+    if not trace.requests or warmup <= 0:
+        return trace
+    t0 = trace.requests[0].arrival_s
+    start = t0 + warmup
+    before = [r for r in trace.requests if r.arrival_s < start]
+    full = max(FULL_LOAD_MIN, FULL_LOAD * requests)
+    if len(before) <= full:
+        return trace
+    loaded_from = before[-full].arrival_s
+    measured = {r.session_id for r in trace.requests if r.arrival_s >= start}
+    kept = tuple(
+        r
+        for i, r in enumerate(trace.requests)
+        if i == 0
+        or r.arrival_s >= loaded_from
+        or (r.session_id is not None and r.session_id in measured)
+    )
+    return Trace(trace.name, trace.block_size, kept)
 
 
 def replica_figures(profile: EngineProfile, tp: int, trace: Trace) -> dict[str, Any]:
@@ -187,40 +219,18 @@ def _evaluate(
         tpot_slo_s=slo.tpot_s,
         measure_from_s=warmup,
     )
-    keep = ("slo_attainment", "hit_rate", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+    keep = (
+        "slo_attainment",
+        "ttft_attainment",
+        "tpot_attainment",
+        "refused",
+        "hit_rate",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+    )
     return {"replicas": nodes, "measured": out.get("requests"), **{k: out.get(k) for k in keep}}
-
-
-def size_fleet(
-    evaluate: Callable[[int], dict[str, Any]], target: float, max_replicas: int
-) -> tuple[int | None, dict[int, dict[str, Any]]]:
-    """The smallest count whose ``slo_attainment`` ≥ ``target`` (doubling, then bisection),
-    and every count evaluated. ``None`` when no count up to ``max_replicas`` meets it, or when
-    doubling the fleet stops helping (the requests' own service time misses the SLO: more
-    replicas cannot fix it)."""
-    tried: dict[int, dict[str, Any]] = {}
-
-    def attained(n: int) -> float:
-        if n not in tried:
-            tried[n] = evaluate(n)
-        return float(tried[n]["slo_attainment"] or 0.0)
-
-    hi = 1
-    while attained(hi) < target:
-        if hi >= max_replicas:
-            return None, tried
-        nxt = min(max_replicas, hi * 2)
-        if hi >= 4 and attained(nxt) < attained(hi) + PLATEAU:
-            return None, tried
-        hi = nxt
-    lo = hi // 2  # missed (or 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if attained(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi, tried
 
 
 def plan(
@@ -235,28 +245,52 @@ def plan(
     baseline: str = BASELINE,
     requests: int = 2000,
     max_replicas: int = 256,
+    max_gpus: int | None = None,
     seed: int = 0,
+    progress: Callable[[str, int, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """The whole plan: per-replica figures, the fleet size for ``policy`` and for ``baseline``."""
+    """The whole plan: per-replica figures, the fleet size for ``policy`` and for ``baseline``
+    (``progress`` is told each fleet simulated: the routing, the replicas, the result)."""
+    started = time.perf_counter()
     tp = tp or replica_gpus(model, gpu)
     profile = derive_profile(model, gpu, tp)
+    if max_gpus is not None:
+        if max_gpus < tp:
+            raise ValueError(f"--max-gpus {max_gpus} is less than one replica's {tp} GPUs")
+        max_replicas = min(max_replicas, max_gpus // tp)
     trace, warmup = at_rate(source, rate, requests, seed)
+    measured = trace.since(warmup)
+    estimate = start = min(
+        max_replicas, estimate_replicas(profile, trace, rate, slo.tpot_s, warmup)
+    )
+    floor = alone(profile, trace, slo.ttft_s, slo.tpot_s, idle_ttft_s, warmup)
     sides: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys((policy, baseline)):
-        size, tried = size_fleet(
+        if floor["both"] < slo.attainment - ALONE_MARGIN:  # out of reach of any fleet
+            sides[name] = {"replicas": None, "why": "alone", "best_attainment": None}
+            sides[name].update(gpus=None, at_size=None, one_fewer=None, tried=[])
+            continue
+        told = None if progress is None else functools.partial(progress, name)
+        sized = size_fleet(
             functools.partial(_evaluate, trace, warmup, profile, name, slo, seed=seed),
             slo.attainment,
             max_replicas,
+            start=start,
+            progress=told,
         )
+        size, tried = sized.replicas, sized.tried
         best = max(tried.values(), key=lambda t: t["slo_attainment"] or 0.0)
         sides[name] = {
             "replicas": size,
+            "why": sized.why,
             "best_attainment": best["slo_attainment"],
             "gpus": size * tp if size is not None else None,
             "at_size": tried.get(size) if size is not None else None,
             "one_fewer": tried.get(size - 1) if size is not None and size > 1 else None,
             "tried": [tried[n] for n in sorted(tried)],
         }
+        if size is not None:  # the baseline's search starts where this one ended
+            start = size
     ours, theirs = sides[policy]["replicas"], sides[baseline]["replicas"]
     saved = theirs - ours if ours is not None and theirs is not None else None
     return {
@@ -264,123 +298,26 @@ def plan(
         "gpu": gpu.name,
         "tp": tp,
         "traffic": trace.name,
-        "requests": len(trace.requests),
+        "requests": len(measured.requests),
+        "simulated_requests": len(trace.requests),
         "warmup_s": round(warmup, 1),
         "rate_rps": rate,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment": slo.attainment},
-        "replica": replica_figures(profile, tp, trace),
+        "replica": replica_figures(profile, tp, measured),
+        "alone": floor,
         "profile": profile.model_dump(),
         "policy": policy,
         "baseline": baseline,
         "fleet": sides,
         "replicas_saved": saved,
         "gpus_saved": saved * tp if saved is not None else None,
+        "search": {
+            "start": estimate,
+            "max_replicas": max_replicas,
+            "simulations": sum(len(side["tried"]) for side in sides.values()),
+            "seconds": round(time.perf_counter() - started, 1),
+        },
     }
-
-
-def _pct(v: Any) -> str:
-    return f"{v:.1%}" if isinstance(v, float) else "–"
-
-
-def _secs(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else "–"
-
-
-def _fleet_rows(report: dict[str, Any]) -> list[list[str]]:
-    rows = [["routing", "replicas", "GPUs", "SLO attainment", "hit rate", "TTFT p99 (s)"]]
-    for name, side in report["fleet"].items():
-        for label, key in (("", "at_size"), (" (one fewer)", "one_fewer")):
-            r = side[key]
-            if r is None:
-                continue
-            rows.append(
-                [
-                    name + label,
-                    str(r["replicas"]),
-                    str(r["replicas"] * report["tp"]),
-                    _pct(r["slo_attainment"]),
-                    _pct(r["hit_rate"]),
-                    _secs(r["ttft_p99_s"]),
-                ]
-            )
-        if side["replicas"] is None:
-            rows.append([name, "> max", "–", "–", "–", "–"])
-    return rows
-
-
-def _replica_rows(report: dict[str, Any]) -> list[list[str]]:
-    r = report["replica"]
-    return [
-        ["per replica", "value"],
-        ["GPUs (tensor parallel)", str(r["gpus"])],
-        ["weights", f"{r['weights_gib']} GiB ({r['weights_gib_per_gpu']} GiB per GPU)"],
-        ["KV bytes per token", f"{r['kv_bytes_per_token']:,} B"],
-        ["KV memory per GPU", f"{r['kv_memory_gib_per_gpu']} GiB"],
-        ["KV blocks", f"{r['kv_blocks']:,} × {r['block_size']} tokens = {r['kv_tokens']:,}"],
-        [
-            "sequence length (prompt + output)",
-            f"mean {r['mean_sequence_tokens']:,.0f}, p95 {r['p95_sequence_tokens']:,}",
-        ],
-        [
-            "concurrent sequences that fit",
-            f"{r['max_concurrent_at_mean']} at the mean, {r['max_concurrent_at_p95']} at p95 "
-            f"(max_num_seqs {r['max_num_seqs']})",
-        ],
-    ]
-
-
-def _headline(report: dict[str, Any]) -> str:
-    s = report["slo"]
-    ours = report["fleet"][report["policy"]]["replicas"]
-    theirs = report["fleet"][report["baseline"]]["replicas"]
-    head = (
-        f"{report['model']} on {report['tp']} × {report['gpu']} per replica; "
-        f"{report['traffic']} at {report['rate_rps']:g} req/s ({report['requests']} requests); "
-        f"SLO TTFT ≤ {s['ttft_s']:g} s and TPOT ≤ {s['tpot_s']:g} s for "
-        f"{s['attainment']:.1%} of requests."
-    )
-    if ours is None:
-        best = report["fleet"][report["policy"]]["best_attainment"] or 0.0
-        return head + (
-            f" No fleet meets it: the best simulated attainment is {best:.1%} (more replicas "
-            "stopped helping, or the search limit was reached)."
-        )
-    tail = f" {report['policy']}: {ours} replicas ({ours * report['tp']} GPUs)"
-    if theirs is not None:
-        tail += f"; {report['baseline']}: {theirs} replicas ({theirs * report['tp']} GPUs)"
-    return head + tail + "."
-
-
-def render_text(report: dict[str, Any]) -> str:
-    lines = [_headline(report), ""]
-    for rows in (_replica_rows(report), _fleet_rows(report)):
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def render_html(report: dict[str, Any]) -> str:
-    from analytics.htmlpage import page, png_b64, pyplot, table
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for name, side in report["fleet"].items():
-        pts = sorted((t["replicas"], t["slo_attainment"] or 0.0) for t in side["tried"])
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
-    ax.axhline(report["slo"]["attainment"], color="#888", ls="--", lw=1, label="target")
-    ax.set_xlabel("replicas")
-    ax.set_ylabel("SLO attainment")
-    ax.set_ylim(0, 1.02)
-    ax.legend()
-    body = (
-        f"<p>{html.escape(_headline(report))}</p>"
-        + table(_replica_rows(report))
-        + table(_fleet_rows(report))
-    )
-    plots = [("SLO attainment against fleet size (every count simulated)", png_b64(fig))]
-    return page("kvgate capacity plan", body, plots)
 
 
 def idle_ttft_s(profile: EngineProfile, prompt_tokens: int) -> float:

@@ -18,10 +18,11 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analytics.sim.traces import Trace
+from analytics.tuneguard import guarded, split, tradeoffs, worse
 from analytics.tuning import Candidate, replay_side
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "render_text",
     "summary",
     "tune",
+    "verdict",
     "with_weights",
 ]
 
@@ -60,6 +62,7 @@ SPACE: dict[str, Param] = {
     "affinity_load_bound": Param(1.0, 4.0),
 }
 
+TAIL_WEIGHT = 0.01  # of the full score, per TTFT p99 as large as the TTFT target
 # name -> (metric, +1 to maximize / -1 to minimize); goodput: requests within the SLO per
 # second of the traffic's arrival window (the offered rate × the SLO attainment of offered:
 # unlike completions over the run's span, it does not reward a quicker drain of the tail)
@@ -70,15 +73,30 @@ OBJECTIVES: dict[str, tuple[str, int]] = {
 }
 
 
-def objective_value(metrics: dict[str, Any], objective: str, offered_rps: float = 1.0) -> float:
+def objective_value(
+    metrics: dict[str, Any],
+    objective: str,
+    offered_rps: float = 1.0,
+    ttft_slo_s: float | None = None,
+) -> float:
     """The number to maximize: the metric, negated for a latency, × ``offered_rps`` for
-    goodput; a run that served nothing is the worst possible."""
+    goodput; a run that served nothing is the worst possible. The tail counts in goodput and
+    SLO attainment (given the TTFT target ``ttft_slo_s``): past the target, they are scaled by
+    target / TTFT p99 — a p99 seven times the target keeps a seventh of the score — and every
+    trial pays :data:`TAIL_WEIGHT` × p99 / target (of the full score), so that of two trials
+    meeting the SLO alike the one with the shorter tail scores higher."""
     key, sign = OBJECTIVES[objective]
     value = metrics.get(key)
     if value is None or not math.isfinite(float(value)):
         return -math.inf
     scale = offered_rps if objective == "goodput" else 1.0
-    return sign * float(value) * scale
+    if sign < 0 or ttft_slo_s is None:
+        return sign * float(value) * scale
+    p99 = metrics.get("ttft_p99_s")
+    if p99 is None or not math.isfinite(float(p99)):
+        return -math.inf
+    tail = float(p99) / ttft_slo_s
+    return float(value) * scale * min(1.0, 1.0 / tail if tail else 1.0) - TAIL_WEIGHT * scale * tail
 
 
 def offered_rps(trace: Trace) -> float:
@@ -94,13 +112,25 @@ def with_weights(c: Candidate, weights: dict[str, float]) -> Candidate:
 
 @dataclass(slots=True)
 class TuneResult:
-    best: dict[str, float]  # the best weights
+    best: dict[str, float]  # the best weights not worse than the current ones (tuneguard)
     best_value: float
     current_value: float
     trials: list[dict[str, Any]]
     importance: dict[str, float]
     sensitivity: dict[str, dict[str, float]]
     pruned: int
+    current: dict[str, float]  # the current weights
+    figures: dict[str, Any] = field(default_factory=dict)  # guarded figures: current, best
+    tradeoffs: list[dict[str, Any]] = field(default_factory=list)
+    # the best against the current settings on traffic the search never saw (None: too little)
+    validation: dict[str, Any] | None = None
+
+    @property
+    def recommended(self) -> bool:
+        """Other weights than the current ones, not worse on the held-out traffic."""
+        if self.best == self.current:
+            return False
+        return self.validation is None or not self.validation["worse"]
 
 
 def _suggest(trial: Any, space: dict[str, Param]) -> dict[str, float]:
@@ -134,19 +164,24 @@ def tune(
     if budget < 1:
         raise ValueError("the budget is at least one trial")
     space = space or SPACE
-    half = trace.head(max(1, len(trace.requests) // 2))
+    fit, held = split(trace)
+    half = fit.head(max(1, len(fit.requests) // 2))
 
-    def run(tr: Trace, weights: dict[str, float]) -> float:
+    def run(tr: Trace, weights: dict[str, float]) -> tuple[float, dict[str, Any]]:
         c = with_weights(current, weights)
         side = replay_side("trial", tr, c, nodes, ttft_slo_s, tpot_slo_s)
-        return objective_value(side.metrics, objective, offered_rps(tr))
+        rate = offered_rps(tr)
+        return objective_value(side.metrics, objective, rate, ttft_slo_s), guarded(
+            side.metrics, rate
+        )
 
     def trial_fn(trial: Any) -> float:
         weights = _suggest(trial, space)
-        trial.report(run(half, weights), 0)
+        trial.report(run(half, weights)[0], 0)
         if trial.should_prune():
             raise optuna.TrialPruned
-        value = run(trace, weights)
+        value, figures = run(fit, weights)
+        trial.set_user_attr("figures", figures)
         if progress is not None:
             progress(trial.number, value)
         return value
@@ -161,9 +196,26 @@ def tune(
     start = {k: now[k] for k in space}
     study.enqueue_trial(start)  # today's settings: trial 0, never pruned (nothing to compare)
     study.optimize(trial_fn, n_trials=budget)
-    best = dict(study.best_trial.params)
-    best_value = float(study.best_value)
-    current_value = float(study.trials[0].value) if study.trials[0].value is not None else -math.inf
+    trials: list[dict[str, Any]] = [
+        {
+            "number": t.number,
+            "value": t.value,
+            "params": t.params,
+            "state": t.state.name,
+            "figures": t.user_attrs.get("figures"),
+        }
+        for t in study.trials
+    ]
+    base = trials[0]
+    current_value = float(base["value"]) if base["value"] is not None else -math.inf
+    ours: dict[str, Any] = base["figures"] or {}
+    # the best-scoring trial that is worse than the current settings on nothing guarded
+    passed = [t for t in tradeoffs(trials, ours, top=len(trials)) if not t["worse"]]
+    chosen: dict[str, Any] = (
+        passed[0] if passed else {"number": 0, "value": current_value, "figures": ours}
+    )
+    best = dict(study.trials[int(chosen["number"])].params)
+    best_value, best_figures = float(chosen["value"]), dict(chosen["figures"])
     try:
         with warnings.catch_warnings():
             # too few or too alike trials: PED-ANOVA warns that every weight would tie
@@ -174,7 +226,7 @@ def tune(
     except (RuntimeError, ValueError, UserWarning):  # nothing to tell the weights apart
         importance = {}
     sensitivity: dict[str, dict[str, float]] = {}
-    probe_best: tuple[float, dict[str, float]] | None = None
+    probe_best: tuple[float, dict[str, float], dict[str, Any]] | None = None
     for name, p in space.items():
         row: dict[str, float] = {}
         for label, factor in (("half", 0.5), ("double", 2.0)):
@@ -184,17 +236,23 @@ def tune(
             if value == best[name]:
                 continue
             probe = {**best, name: value}
-            got = run(trace, probe)
+            got, figures = run(fit, probe)
             row[label] = round(got - best_value, 6)
-            if got > best_value and (probe_best is None or got > probe_best[0]):
-                probe_best = (got, probe)
+            better = got > best_value and not worse(figures, ours)
+            if better and (probe_best is None or got > probe_best[0]):
+                probe_best = (got, probe, figures)
         sensitivity[name] = row
     if probe_best is not None:  # a one-weight step from the best was better still: take it
-        best_value, best = probe_best
-    trials = [
-        {"number": t.number, "value": t.value, "params": t.params, "state": t.state.name}
-        for t in study.trials
-    ]
+        best_value, best, best_figures = probe_best
+    validation = None
+    if held is not None:  # the winner against today's settings on traffic it was not tuned on
+        theirs, mine = run(held, start)[1], run(held, best)[1]
+        validation = {
+            "requests": len(held.requests),
+            "current": theirs,
+            "best": mine,
+            "worse": worse(mine, theirs),
+        }
     return TuneResult(
         best=best,
         best_value=best_value,
@@ -203,6 +261,10 @@ def tune(
         importance=importance,
         sensitivity=sensitivity,
         pruned=sum(1 for t in study.trials if t.state == optuna.trial.TrialState.PRUNED),
+        current=start,
+        figures={"current": ours, "best": best_figures},
+        tradeoffs=tradeoffs(trials, ours),
+        validation=validation,
     )
 
 
@@ -224,6 +286,10 @@ def summary(result: TuneResult, objective: str, budget: int) -> dict[str, Any]:
         "history": [
             {"number": t["number"], "value": t["value"], "state": t["state"]} for t in result.trials
         ],
+        "figures": result.figures,
+        "tradeoffs": result.tradeoffs,
+        "validation": result.validation,
+        "recommended": result.recommended,
     }
 
 
@@ -251,11 +317,56 @@ def _headline(t: dict[str, Any]) -> str:
     )
 
 
-def render_text(t: dict[str, Any]) -> str:
-    rows = _rows(t)
+def verdict(t: dict[str, Any]) -> str:
+    """What the search recommends, in one sentence, and why."""
+    v = t.get("validation")
+    if not t.get("recommended"):
+        if v is not None and v["worse"]:
+            return (
+                f"Not recommended: on the {v['requests']} held-out requests the best weights "
+                f"are worse than the current ones ({'; '.join(v['worse'])}); keep the current "
+                "settings."
+            )
+        return "The current settings are the best found: nothing to roll out."
+    held = (
+        f"on the {v['requests']} held-out requests it is not worse on SLO attainment, goodput, "
+        "TTFT p99, TPOT p99 or load spread"
+        if v is not None
+        else "(too little traffic to hold any back: not validated)"
+    )
+    return f"Recommended: the best weights; {held}."
+
+
+def _tradeoff_rows(t: dict[str, Any]) -> list[list[str]]:
+    rows = [["trial", "score", "attainment", "goodput", "TTFT p99", "TPOT p99", "worse than now"]]
+    cur = t.get("figures", {}).get("current") or {}
+    now = {"number": "now", "value": t["current_value"], "figures": cur, "worse": []}
+    for x in [now, *(t.get("tradeoffs") or [])]:
+        f = x["figures"]
+        rows.append(
+            [
+                str(x["number"]),
+                f"{x['value']:.4g}",
+                f"{f['slo_attainment']:.1%}" if f.get("slo_attainment") is not None else "–",
+                f"{f['goodput_rps']:.2f}" if f.get("goodput_rps") is not None else "–",
+                f"{f['ttft_p99_s']:.3f} s" if f.get("ttft_p99_s") is not None else "–",
+                f"{f['tpot_p99_s']:.3f} s" if f.get("tpot_p99_s") is not None else "–",
+                "; ".join(x["worse"]) or "–",
+            ]
+        )
+    return rows
+
+
+def _text_table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [_headline(t), ""]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def render_text(t: dict[str, Any]) -> str:
+    lines = [_headline(t), verdict(t), ""]
+    lines += _text_table(_rows(t))
+    lines += ["", "The best-scoring trials, and where each is worse than the current settings:"]
+    lines += _text_table(_tradeoff_rows(t))
     return "\n".join(lines)
 
 
@@ -266,7 +377,10 @@ def render_html(t: dict[str, Any]) -> str:
     from analytics.htmlpage import table
 
     return (
-        f"<h2>Search</h2><p>{html.escape(_headline(t))}. Importance: PED-ANOVA over the "
-        "trials; the last two columns: the objective with that weight alone halved or doubled "
-        f"around the best point, minus the best.</p>{table(_rows(t))}"
+        f"<h2>Search</h2><p>{html.escape(_headline(t))}. {html.escape(verdict(t))} "
+        "Importance: PED-ANOVA over the trials; the last two columns: the objective with that "
+        f"weight alone halved or doubled around the best point, minus the best.</p>"
+        f"{table(_rows(t))}<p>The best-scoring trials, and where each is worse than the "
+        f"current settings (a trial worse on any of them is never the best):</p>"
+        f"{table(_tradeoff_rows(t))}"
     )

@@ -711,7 +711,10 @@ def plan(
     policy: Annotated[str, typer.Option(help="routing policy to plan with")] = "kvgate",
     baseline: Annotated[str, typer.Option(help="routing to compare with")] = "round_robin",
     requests: Annotated[int, typer.Option(min=100, help="requests measured")] = 2000,
-    max_replicas: Annotated[int, typer.Option(min=1, help="search limit")] = 256,
+    max_replicas: Annotated[int, typer.Option(min=1, help="search limit, in replicas")] = 256,
+    max_gpus: Annotated[
+        int | None, typer.Option(min=1, help="search limit, in GPUs (replicas × tp)")
+    ] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     profiles: Annotated[
         bool, typer.Option("--profiles", help="list the model/GPU profiles and exit")
@@ -723,8 +726,9 @@ def plan(
     """Capacity plan: per-replica KV figures of MODEL on GPU, and the fewest replicas that meet
     the SLO at RATE in the simulator, beside the count one fewer and the baseline's count."""
     from agents.catalog import find_gpu, find_model
-    from analytics.plan import parse_slo, profile_table, render_html, render_text
+    from analytics.plan import parse_slo, profile_table
     from analytics.plan import plan as run_plan
+    from analytics.planreport import render_html, render_text
     from router.decision.policies import POLICIES
 
     if profiles:
@@ -757,23 +761,37 @@ def plan(
             raise typer.BadParameter("--rate is needed with --workload")
         span = max(1e-9, source.span_s)
         rate = (len(source.requests) - 1) / span
-    from analytics.progress import status
+    began = time.monotonic()
 
+    def told(routing: str, replicas: int, r: dict[str, Any]) -> None:
+        """Each fleet as it is simulated, on stderr (the answer alone goes to stdout)."""
+        a, p99 = r.get("slo_attainment"), r.get("ttft_p99_s")
+        typer.echo(
+            f"  {routing}: {replicas} replicas: SLO attainment "
+            + (f"{a:.1%}" if a is not None else "–")
+            + ", TTFT p99 "
+            + (f"{p99:.3f} s" if p99 is not None else "–")
+            + f" ({time.monotonic() - began:.0f} s)",
+            err=True,
+        )
+
+    typer.echo(f"sizing a fleet of {m.alias} on {g.alias} in the simulator", err=True)
     try:
-        with status(f"sizing a fleet of {m.alias} on {g.alias} in the simulator"):
-            report = run_plan(
-                m,
-                g,
-                source,
-                rate=rate,
-                slo=target,
-                tp=tp,
-                policy=policy,
-                baseline=baseline,
-                requests=requests,
-                max_replicas=max_replicas,
-                seed=seed,
-            )
+        report = run_plan(
+            m,
+            g,
+            source,
+            rate=rate,
+            slo=target,
+            tp=tp,
+            policy=policy,
+            baseline=baseline,
+            requests=requests,
+            max_replicas=max_replicas,
+            max_gpus=max_gpus,
+            seed=seed,
+            progress=told,
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     if html is not None:
@@ -808,7 +826,11 @@ def tune_cmd(
     tpot_slo: Annotated[float, typer.Option(help="TPOT target (s)")] = 0.1,
     seed: Annotated[int, typer.Option(help="the search's seed (same seed, same trials)")] = 0,
     out: Annotated[
-        Path | None, typer.Option(help="write the best settings here (YAML, for kvgate weights)")
+        Path | None,
+        typer.Option(
+            help="write the best settings here (YAML, for kvgate weights), when they held on "
+            "the held-out traffic"
+        ),
     ] = None,
     html: Annotated[Path | None, typer.Option(help="also write the HTML report here")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
@@ -816,13 +838,16 @@ def tune_cmd(
 ) -> None:
     """Search the kvgate policy's weights on the simulator (Optuna TPE, pruning, seeded) for
     recorded traffic or a trace; report the best next to the current settings' replay (and the
-    recording), each weight's importance and sensitivity; --out writes the candidate for
-    `kvgate weights --config candidate.yaml --version N`."""
+    recording), each weight's importance and sensitivity, and the best-scoring trials with
+    where each is worse than the current settings (none of those is ever the best). --out
+    writes the candidate for `kvgate weights --config candidate.yaml --version N` only when it
+    differs from the current settings and is not worse on the last third of the traffic, which
+    the search never saw; weights that fail that check exit with status 3, nothing written."""
     import yaml
 
     from analytics.sim.replay import capacity_rps, open_trace
     from analytics.sim.simconfig import SimConfig
-    from analytics.tune import OBJECTIVES, offered_rps, summary, tune, with_weights
+    from analytics.tune import OBJECTIVES, offered_rps, summary, tune, verdict, with_weights
     from analytics.tune import render_html as tune_html
     from analytics.tune import render_text as tune_text
     from analytics.tuning import Candidate, compare, render_html, render_text
@@ -866,18 +891,24 @@ def tune_cmd(
         report = compare(rec, tr, current, candidate, on, ttft_slo, tpot_slo)
     search = summary(result, objective, budget)
     report["tuning"] = search
-    if out is not None:
+    written = out is not None and result.recommended
+    if written:  # only weights that held on traffic the search never saw
+        assert out is not None
         doc = {"router": {"policy": "kvgate", "cost": candidate.router.cost.model_dump()}}
         out.write_text(yaml.safe_dump(doc, sort_keys=False))
     if html is not None:
         html.write_text(render_html(report, "kvgate tune report", tune_html(search)))
     if json_output:
         typer.echo(json.dumps({k: v for k, v in report.items() if not k.startswith("_")}))
-        return
-    typer.echo(tune_text(search) + "\n\n" + render_text(report))
-    for path, what in ((out, "candidate"), (html, "report")):
-        if path is not None:
-            typer.echo(f"{what}: {path}")
+    else:
+        typer.echo(tune_text(search) + "\n\n" + render_text(report))
+        for path, what in ((out if written else None, "candidate"), (html, "report")):
+            if path is not None:
+                typer.echo(f"{what}: {path}")
+    if out is not None and not written:
+        typer.echo(f"{out} not written: {verdict(search)}", err=True)
+        if result.best != result.current:  # weights that failed their validation
+            raise typer.Exit(3)
 
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"  # shipped with the checkout

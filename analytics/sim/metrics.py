@@ -68,15 +68,13 @@ def run_metrics(
     e2e = [d.finish_s - d.request.arrival_s for d in done]
     prompt = sum(d.request.prompt_tokens for d in done)
     cached = sum(d.cached_tokens for d in done)
-    ok = [
-        d
+    ttft_ok = [d.first_token_s - d.request.arrival_s <= ttft_slo_s for d in done]
+    tpot_ok = [
+        d.request.output_tokens <= 1
+        or (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1) <= tpot_slo_s
         for d in done
-        if d.first_token_s - d.request.arrival_s <= ttft_slo_s
-        and (
-            d.request.output_tokens <= 1
-            or (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1) <= tpot_slo_s
-        )
     ]
+    ok = [d for d, a, b in zip(done, ttft_ok, tpot_ok, strict=True) if a and b]
     arrivals = sorted((d.request for d in done), key=lambda r: r.arrival_s)
     per_node = Counter(d.node for d in done)
     names = list(node_ids) or [f"node-{i:02d}" for i in range(nodes)]
@@ -100,6 +98,8 @@ def run_metrics(
             else None
         ),
         "slo_attainment": len(ok) / len(done),
+        "ttft_attainment": sum(ttft_ok) / len(done),
+        "tpot_attainment": sum(tpot_ok) / len(done),
         "ttft_slo_s": ttft_slo_s,
         "tpot_slo_s": tpot_slo_s,
         "throughput_rps": len(done) / span,

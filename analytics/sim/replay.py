@@ -136,11 +136,14 @@ def replay_trace(
             # no fit, a missed deadline), by reason: latency counts only beside these
             "refused": len(final),
             # of the requests offered: a refused request missed its SLO too
-            "slo_attainment": (
-                out["slo_attainment"] * len(done) / (len(done) + len(final))
-                if done and "slo_attainment" in out
-                else out.get("slo_attainment")
-            ),
+            **{
+                key: (
+                    out[key] * len(done) / (len(done) + len(final))
+                    if done and key in out
+                    else out.get(key)
+                )
+                for key in ("slo_attainment", "ttft_attainment", "tpot_attainment")
+            },
             "refused_by_reason": dict(sorted(Counter(str(r.reason) for r in final).items())),
             "sim_wall_s": round(wall, 2),
             "sim_requests_per_min": round(len(done) / wall * 60) if wall else None,

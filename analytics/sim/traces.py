@@ -73,6 +73,15 @@ class Trace:
     def head(self, n: int) -> Trace:
         return Trace(self.name, self.block_size, self.requests[:n])
 
+    def since(self, offset_s: float) -> Trace:
+        """The requests arriving ``offset_s`` or later after the first."""
+        if not self.requests:
+            return self
+        at = self.requests[0].arrival_s + offset_s
+        return Trace(
+            self.name, self.block_size, tuple(r for r in self.requests if r.arrival_s >= at)
+        )
+
 
 def _mooncake(lines: Iterable[str], name: str) -> Trace:
     out = []

@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.catalog import derive_profile, find_gpu, find_model
-from analytics.plan import (
-    at_rate,
-    idle_ttft_s,
-    parse_slo,
-    plan,
-    render_html,
-    render_text,
-    size_fleet,
-)
+from analytics.plan import at_rate, idle_ttft_s, parse_slo, plan
+from analytics.planreport import render_html, render_text
 from analytics.sim.replay import replay_trace
 from analytics.sim.simconfig import SimConfig
 from router.settings import RouterSettings
@@ -26,21 +19,6 @@ def test_parse_slo() -> None:
     for bad in ("ttft", "ttft=-1", "p99=2", "tpot=x", "attainment=200"):
         with pytest.raises(ValueError):
             parse_slo(bad)
-
-
-def test_size_fleet_bisects_and_stops_on_a_plateau() -> None:
-    need = 13
-    calls: list[int] = []
-
-    def evaluate(n: int) -> dict[str, float]:
-        calls.append(n)
-        return {"slo_attainment": 1.0 if n >= need else n / need * 0.9}
-
-    size, tried = size_fleet(evaluate, 0.99, 256)
-    assert size == need and need - 1 in tried and len(calls) == len(set(calls))
-    flat, tried = size_fleet(lambda n: {"slo_attainment": min(0.9, n / 4)}, 0.99, 256)
-    assert flat is None and max(tried) <= 16  # doubling 4 → 8 gained nothing: out of reach
-    assert size_fleet(lambda n: {"slo_attainment": 0.0}, 0.99, 3)[0] is None
 
 
 def test_a_workload_is_generated_at_the_rate_with_a_warmup() -> None:
@@ -86,6 +64,7 @@ def test_the_planned_fleet_meets_the_slo_and_one_fewer_does_not() -> None:
     assert 0 < r["max_concurrent_at_p95"] <= r["max_concurrent_at_mean"] <= 256
     text = render_text(report)
     assert f"kvgate: {n} replicas" in text and "KV bytes per token" in text
+    assert "TPOT p99 (s)" in text and f"{n - 1} miss it: " in text
     page = render_html(report)
     assert page.startswith("<!doctype html>") and "data:image/png;base64," in page
 
