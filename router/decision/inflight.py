@@ -37,12 +37,17 @@ import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from router.decision.recent import PendingPrefixes
+
+if TYPE_CHECKING:
+    from router.decision.types import NodeView
 
 __all__ = ["InflightLedger"]
 
 
+DECODE_GRAIN = 16  # tokens: the decode backlog a view carries, in whole KV blocks
 TPOT_PRIOR_S = 0.03  # a node's time per output token until one of its requests finished
 TPOT_EWMA = 0.1
 PREFILL_MIN_WORK = 512  # prompt tokens (own + queued ahead) for a prefill-rate sample
@@ -73,6 +78,7 @@ class _Pool:
     rates: float = 0.0
     reporting: int = 0
     reported: float = 0.0
+    version: int = 0  # moves whenever the pool's rate may have (InflightLedger.view)
 
     def rate(self) -> float:
         """Learned, else reported, else 0 (unknown)."""
@@ -103,6 +109,7 @@ class _Node:
     prefill_samples: int = 0
     reported_rate: float = 0.0  # what its agent measured (0: nothing reported)
     blocks: Counter[int] | None = None  # block -> holders (with track_blocks)
+    version: int = 0  # moves whenever what router_state reads of it may have
 
 
 @dataclass(slots=True)
@@ -113,6 +120,10 @@ class InflightLedger:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _pools: dict[str, _Pool] = field(default_factory=dict)  # group -> its learned rates
+    # node -> (the view it was given, what its state was read at, the view returned): view()
+    _views: dict[str, tuple[NodeView, tuple[int, int, float, int], NodeView]] = field(
+        default_factory=dict
+    )
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -136,10 +147,13 @@ class InflightLedger:
         if n.prefill_samples >= PREFILL_MIN_SAMPLES:
             n.pool.known -= 1
             n.pool.rates -= n.prefill_rate
+        n.pool.version += 1
         n.group, n.pool = group, self._pool(group)
         if n.prefill_samples >= PREFILL_MIN_SAMPLES:
             n.pool.known += 1
             n.pool.rates += n.prefill_rate
+        n.pool.version += 1
+        n.version += 1
         self._report(n, reported)
 
     @staticmethod
@@ -153,6 +167,8 @@ class InflightLedger:
             pool.reporting += 1
             pool.reported += rate
         n.reported_rate = rate
+        pool.version += 1
+        n.version += 1
 
     def dispatch(
         self,
@@ -191,6 +207,7 @@ class InflightLedger:
         n.backlog += prefill_tokens
         n.long_blocks += long_blocks
         n.expected += expected_output
+        n.version += 1
 
     def first_token(self, request_id: str, now: float | None = None, learn: bool = True) -> None:
         """The request's first token came back at ``now``. ``learn``: it came as soon as the
@@ -201,6 +218,7 @@ class InflightLedger:
         e.prefilling = False
         n = e.node
         n.backlog -= e.prefill_tokens
+        n.version += 1
         if e.pending and self.pending is not None:
             self.pending.remove(n.name, e.pending)
             e.pending = ()
@@ -216,6 +234,7 @@ class InflightLedger:
             old = n.prefill_rate if n.prefill_samples else seen
             n.prefill_rate = new = old + PREFILL_EWMA * (seen - old)
             n.prefill_samples += 1
+            n.pool.version += 1
             if n.prefill_samples == PREFILL_MIN_SAMPLES:
                 n.pool.known += 1
                 n.pool.rates += new
@@ -238,6 +257,7 @@ class InflightLedger:
         n = e.node
         n.count -= 1
         n.long_blocks -= e.long_blocks
+        n.version += 1
         if e.hashes and n.blocks is not None:
             held = n.blocks
             held.subtract(e.hashes)
@@ -353,6 +373,41 @@ class InflightLedger:
             self._report(n, reported)
         return self._state(n, heartbeat_ts, now)
 
+    def view(
+        self,
+        v: NodeView,
+        heartbeat_ts: float,
+        now: float,
+        group: str = "",
+        reported: float = 0.0,
+    ) -> NodeView:
+        """``v`` with this router's in-flight work on its node (:meth:`router_state`, the
+        decode backlog in whole KV blocks of :data:`DECODE_GRAIN` tokens, the grain the cost
+        model counts it in). The decision's per-node loop: while nothing it reads has moved —
+        the node's requests, its group's prefill rate, the heartbeat, that backlog — the view
+        returned last time comes back as it is, not built again."""
+        node = v.node_id
+        n = self._nodes.get(node)
+        if n is None or n.group != group or reported != n.reported_rate:
+            self.router_state(node, heartbeat_ts, now, group, reported)  # (creates, regroups)
+            n = self._nodes[node]
+        remaining = n.expected
+        k = n.decoding
+        if remaining and k:
+            tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
+            remaining = int(remaining - (k + (k * now - n.first_sum) / tpot))
+            if remaining < 0:
+                remaining = 0
+        remaining -= remaining % DECODE_GRAIN
+        key = (n.version, n.pool.version, heartbeat_ts, remaining)
+        cached = self._views.get(node)
+        if cached is not None and cached[0] is v and cached[1] == key:
+            return cached[2]
+        pending, backlog, _, long_blocks, rate = self._state(n, heartbeat_ts, now)
+        out = v.with_router_state(pending, backlog, remaining, long_blocks, rate)
+        self._views[node] = (v, key, out)
+        return out
+
     def prefill_backlog(self, node: str) -> int:
         """Uncached prompt tokens of this router's requests on ``node`` still awaiting prefill."""
         n = self._nodes.get(node)
@@ -367,4 +422,5 @@ class InflightLedger:
             q = n.recent
             while q and now - q[0][0] > self.horizon_s:
                 q.popleft()
+                n.version += 1
         return len(old)

@@ -240,7 +240,15 @@ class PolicyBase:
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:
     """Nodes that serve ``model`` (or have it as an adapter), are healthy, not draining and
     whose lease has not expired."""
-    return [n for n in nodes if n.serves(model) and n.healthy and not n.draining and n.alive(now)]
+    # (NodeView.serves and .alive, inline: a pass over every node of every decision)
+    return [
+        n
+        for n in nodes
+        if (n.model == model or model in n.adapters)
+        and n.healthy
+        and not n.draining
+        and now - n.heartbeat_ts <= n.lease_s
+    ]
 
 
 def simple_candidates(

@@ -125,11 +125,7 @@ class ClusterView:
                 if feed == "load_only":
                     view = replace(view, running=0, waiting=0)
             out.append(
-                view.with_router_state(
-                    *self.ledger.router_state(
-                        hb.node_id, hb.ts, now, view.model, hb.prefill_tokens_per_s or 0.0
-                    )
-                )
+                self.ledger.view(view, hb.ts, now, view.model, hb.prefill_tokens_per_s or 0.0)
             )
         if adapters or self.adapter_base:  # a base model's name is never an adapter's
             bases = {hb.model for hb in self.replica.load.values()}

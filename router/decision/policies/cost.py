@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from router.decision.affinity import HashRing, point
@@ -102,6 +102,7 @@ class CompletionCostPolicy(PolicyBase):
         self.max_queue = max_queue
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
         self._smooth: dict[str, _Smoothed] = {}
+        self._terms_of: dict[str, tuple[NodeView, tuple[float, ...]]] = {}  # _terms, per view
         self._ring = HashRing(c=w.affinity_load_bound)
         # session (by its hash: a client's key can be megabytes long) -> node of its last turn
         self._homes: OrderedDict[int, str] = OrderedDict()
@@ -112,6 +113,7 @@ class CompletionCostPolicy(PolicyBase):
         w = CostWeights.model_validate(raw)
         self.w = w
         self.weights_version = w.version
+        self._terms_of.clear()  # the confidence terms depend on the weights
         self._ring = HashRing(c=w.affinity_load_bound)
 
     def _smoothed(self, n: NodeView) -> _Smoothed:
@@ -131,11 +133,14 @@ class CompletionCostPolicy(PolicyBase):
         """Requests queued on the least queued of ``nodes`` (waiting there, smoothed, and this
         router's own dispatches awaiting their first token): 0 while any node is free."""
         floor = math.inf
+        known = self._terms_of
         for n in nodes:
-            queued = self._smoothed(n).waiting + n.pending
+            got = known.get(n.node_id)
+            queued = (got[1] if got is not None and got[0] is n else self._terms(n))[5]
             if queued <= 0:
                 return 0.0  # a free node: the common case ends the pass at once
-            floor = min(floor, queued)
+            if queued < floor:
+                floor = queued
         return 0.0 if floor == math.inf else floor
 
     def _congestion(
@@ -187,69 +192,98 @@ class CompletionCostPolicy(PolicyBase):
     def _total(
         self, request: RouteRequest, n: NodeView, hit: int, home: str | None, floor: float = 0.0
     ) -> float:
-        return self._scorer(request, home, floor)(n, hit)
+        return self._scores(request, home, floor, (n,), {n.node_id: hit})[0][0]
 
-    def _scorer(
-        self, request: RouteRequest, home: str | None, floor: float
-    ) -> Callable[[NodeView, int], float]:
-        """The sum of :meth:`cost`'s components for one request, without building them: the
-        per-node hot loop, with everything that does not depend on the node hoisted."""
+    def _terms(self, n: NodeView) -> tuple[float, ...]:
+        """What the per-node loop reads of ``n``, read once per view (the router hands the
+        same view object back while nothing of the node moved: InflightLedger.view), with its
+        smoothed load: (inverse prefill rate or 0: the configured one, block size, index
+        confidence, running, prefill backlog, queued requests, running + pending + 1, cached
+        context tokens, KV blocks, KV blocks held and growing)."""
+        got = self._terms_of.get(n.node_id)
+        if got is not None and got[0] is n:
+            return got[1]
+        s = self._smoothed(n)
         w = self.w
-        smooth = self._smooth
-        smoothed = self._smoothed
+        bs = n.block_size
+        learned = n.prefill_tokens_per_s
+        conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s) if n.kv_index_gap > 0 else 1.0
+        terms = (
+            1.0 / learned if learned else 0.0,
+            float(bs),
+            conf,
+            s.running,
+            float(n.prefill_backlog_tokens),
+            s.waiting + n.pending,
+            s.running + n.pending + 1,
+            s.kv_used * bs,
+            float(n.kv_blocks_total),
+            s.kv_used + n.decode_backlog_tokens / bs,
+        )
+        self._terms_of[n.node_id] = (n, terms)
+        return terms
+
+    def _scores(
+        self,
+        request: RouteRequest,
+        home: str | None,
+        floor: float,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        rot: int = 0,
+    ) -> list[tuple[float, int, int]]:
+        """Per node of ``nodes``, (the sum of :meth:`cost`'s components for ``request`` there,
+        its place in the tie order rotated by ``rot``, its index) — without building the
+        components: the decision's per-node loop, with everything that does not depend on the
+        node hoisted and what depends only on the node read once per view (:meth:`_terms`)."""
+        w = self.w
+        known = self._terms_of
+        read = self._terms
+        mget = matches.get
         prompt = request.prompt_tokens
+        last = max(0, prompt - 1)
         default_inv_rate = 1.0 / w.prefill_tokens_per_s
         queue_weight = request.queue_weight
         prefill_weight, interference = w.prefill_weight, w.interference
         congestion = floor * w.congestion
-        grace, tau = w.stale_grace_s, w.stale_tau_s
         horizon = min(request.max_tokens, w.decode_horizon_tokens)
-        step_base, per_seq, per_ctx = w.step_base_s, w.step_per_seq_s, w.step_per_context_token_s
+        decode_base = horizon * (w.step_base_s + w.step_per_context_token_s * prompt)
+        per_seq, per_ctx = horizon * w.step_per_seq_s, horizon * w.step_per_context_token_s
         kv_pressure, kv_soft = w.kv_pressure_s, w.kv_soft_limit
         demand = prompt + request.max_tokens
         avg_uncached = self._avg_uncached
         affinity = w.session_affinity_s
-
-        def total(n: NodeView, hit: int) -> float:
-            s = smooth.get(n.node_id)
-            if s is None or n.heartbeat_ts > s.heartbeat_ts:
-                s = smoothed(n)
-            bs = n.block_size
-            hit_tokens = 0.0
-            if hit:
-                hit_tokens = min(max(0, prompt - 1), hit * bs) * (
-                    index_confidence(n, grace, tau) if n.kv_index_gap > 0 else 1.0
-                )
-            learned = n.prefill_tokens_per_s
-            inv_rate = 1.0 / learned if learned else default_inv_rate
-            prefill_s = (prompt - hit_tokens) * inv_rate
-            running = s.running
-            backlog = n.prefill_backlog_tokens
-            waiting_tokens = (s.waiting + n.pending) * avg_uncached
-            out = (
-                (backlog if backlog > waiting_tokens else waiting_tokens) * inv_rate * queue_weight
-                + prefill_s * (prefill_weight + running * interference + congestion)
-                + horizon
-                * (
-                    step_base
-                    + per_seq * (running + n.pending + 1)
-                    + per_ctx * (s.kv_used * bs + prompt)
-                )
+        count = len(nodes)
+        out: list[tuple[float, int, int]] = []
+        for i, n in enumerate(nodes):
+            node = n.node_id
+            got = known.get(node)
+            terms = got[1] if got is not None and got[0] is n else read(n)
+            inv, bs, conf, running, backlog, queued, batch, ctx, blocks, held = terms
+            if not inv:
+                inv = default_inv_rate
+            hit = mget(node, 0)
+            hit_tokens = min(last, hit * bs) * conf if hit else 0.0
+            waiting_tokens = queued * avg_uncached
+            total = (
+                (backlog if backlog > waiting_tokens else waiting_tokens) * inv * queue_weight
+                + (prompt - hit_tokens)
+                * inv
+                * (prefill_weight + running * interference + congestion)
+                + decode_base
+                + per_seq * batch
+                + per_ctx * ctx
             )
-            total_blocks = n.kv_blocks_total
-            if total_blocks:
-                over = (
-                    s.kv_used + (n.decode_backlog_tokens - hit_tokens) / bs + (-(-demand // bs))
-                ) / total_blocks - kv_soft
+            if blocks:
+                over = (held - hit_tokens / bs + (-(-demand // bs))) / blocks - kv_soft
                 if over > 0:
-                    out += kv_pressure * over
+                    total += kv_pressure * over
             elif kv_soft < 1.0:
-                out += kv_pressure * (1.0 - kv_soft)
-            if n.node_id == home:
-                out -= affinity
-            return out
-
-        return total
+                total += kv_pressure * (1.0 - kv_soft)
+            if node == home:
+                total -= affinity
+            out.append((total, (i + rot) % count, i))
+        return out
 
     def _over(self, n: NodeView, prompt_tokens: int, hit: int) -> bool:
         """Over its limits for this request: more than ``max_queue`` waiting, or the request's
@@ -312,11 +346,9 @@ class CompletionCostPolicy(PolicyBase):
         # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
-        count = len(nodes)
         floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
-        score = self._scorer(request, home, floor)
         mget = matches.get
-        scored = [(score(n, mget(n.node_id, 0)), (i + rot) % count, i) for i, n in enumerate(nodes)]
+        scored = self._scores(request, home, floor, nodes, matches, rot)
         scored.sort()
         prompt = request.prompt_tokens
 
