@@ -39,6 +39,23 @@ def misses(r: dict[str, Any], slo: dict[str, Any]) -> str:
     return "; ".join(parts) + f" (needs {need:.1%})"
 
 
+_SHOWN = (("", "at_size"), (" (one fewer)", "one_fewer"))
+
+
+def _fleet_row(label: str, r: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    return [
+        label,
+        str(r["replicas"]),
+        str(r["replicas"] * report["tp"]),
+        _pct(r["slo_attainment"]),
+        _pct(r["hit_rate"]),
+        _secs(r.get("ttft_p50_s")),
+        _secs(r["ttft_p99_s"]),
+        _secs(r.get("tpot_p99_s")),
+        misses(r, report["slo"]) or "–",
+    ]
+
+
 def _fleet_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = [
         [
@@ -54,38 +71,11 @@ def _fleet_rows(report: dict[str, Any]) -> list[list[str]]:
         ]
     ]
     for name, side in report["fleet"].items():
-        for label, key in (("", "at_size"), (" (one fewer)", "one_fewer")):
-            r = side[key]
-            if r is None:
-                continue
-            rows.append(
-                [
-                    name + label,
-                    str(r["replicas"]),
-                    str(r["replicas"] * report["tp"]),
-                    _pct(r["slo_attainment"]),
-                    _pct(r["hit_rate"]),
-                    _secs(r.get("ttft_p50_s")),
-                    _secs(r["ttft_p99_s"]),
-                    _secs(r.get("tpot_p99_s")),
-                    misses(r, report["slo"]) or "–",
-                ]
-            )
+        shown = [(name + label, side[key]) for label, key in _SHOWN if side[key] is not None]
         if side["replicas"] is None and side["tried"]:
             best = max(side["tried"], key=lambda t: t["slo_attainment"] or 0.0)
-            rows.append(
-                [
-                    f"{name} (best tried)",
-                    str(best["replicas"]),
-                    str(best["replicas"] * report["tp"]),
-                    _pct(best["slo_attainment"]),
-                    _pct(best["hit_rate"]),
-                    _secs(best.get("ttft_p50_s")),
-                    _secs(best["ttft_p99_s"]),
-                    _secs(best.get("tpot_p99_s")),
-                    misses(best, report["slo"]) or "–",
-                ]
-            )
+            shown.append((f"{name} (best tried)", best))
+        rows += [_fleet_row(label, r, report) for label, r in shown]
     return rows
 
 

@@ -237,9 +237,7 @@ class SimCluster:
         rid = f"r{idx}"
         reported = self.profile.prefill_tokens_per_s if self.cfg.prefill_probe else 0.0
         views = [
-            n.view.with_router_state(
-                *self.ledger.router_state(n.node_id, n.view.heartbeat_ts, now, MODEL, reported)
-            )
+            self.ledger.view(n.view, n.view.heartbeat_ts, now, MODEL, reported)
             for n in self.nodes
             if n.view is not None
         ]

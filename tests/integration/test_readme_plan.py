@@ -3,35 +3,21 @@ README quotes for it are the ones the command prints (they are its output, not a
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.readme import bash_block, readme, run_script
 
 
 def test_the_readmes_plan_example_prints_the_figures_the_readme_quotes(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "kvgate plan" in b)
-    assert "../" not in block
-    bin_dir = str(Path(sys.executable).parent)
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", block],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=tmp_path,
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)},
-    )
+    done = run_script(bash_block("kvgate plan"), tmp_path, 400)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "replicas: SLO attainment" in done.stderr  # each fleet reported as it is simulated
     ours = re.search(r"kvgate: (\d+) replicas", done.stdout)
     theirs = re.search(r"round_robin: (\d+) replicas", done.stdout)
     assert ours and theirs, done.stdout
     assert (tmp_path / "plan.html").read_text().startswith("<!doctype html>")
-    prose = " ".join(readme.split())
+    prose = " ".join(readme().split())
     quoted = re.search(
         r"on `multi_turn` at 100 req/s, (\d+) replicas with kvgate against (\d+) with round robin",
         prose,

@@ -8,11 +8,29 @@ from typing import Any
 import pytest
 
 from agents.catalog import derive_profile, find_gpu, find_model
+from agents.profile import EngineProfile
 from analytics.fleetsize import alone, estimate_replicas, size_fleet
 from analytics.plan import at_rate, idle_ttft_s, parse_slo, plan
 from analytics.sim.replay import replay_trace
 from analytics.sim.simconfig import SimConfig
+from analytics.sim.traces import Trace
 from router.settings import RouterSettings
+
+
+def _simulated(
+    trace: Trace, warmup: float, profile: EngineProfile, nodes: int, ttft: float, tpot: float
+) -> dict[str, Any]:
+    """``trace`` on ``nodes`` engines of ``profile`` under kvgate, measured after ``warmup``."""
+    return replay_trace(
+        trace,
+        nodes=nodes,
+        policy=RouterSettings(policy="kvgate"),
+        load=None,
+        cfg=SimConfig(profile=profile),
+        ttft_slo_s=ttft,
+        tpot_slo_s=tpot,
+        measure_from_s=warmup,
+    )
 
 
 def fleet(need: int) -> Any:
@@ -81,16 +99,7 @@ def test_an_slo_no_replica_meets_alone_is_refused_without_simulating() -> None:
     trace, warmup = at_rate("multi_turn", 12.0, 200)
     profile = derive_profile(model, gpu)
     floor = alone(profile, trace, 0.3, 0.03, idle_ttft_s, warmup)
-    out = replay_trace(
-        trace,
-        nodes=16,
-        policy=RouterSettings(policy="kvgate"),
-        load=None,
-        cfg=SimConfig(profile=profile),
-        ttft_slo_s=0.3,
-        tpot_slo_s=0.03,
-        measure_from_s=warmup,
-    )
+    out = _simulated(trace, warmup, profile, 16, 0.3, 0.03)
     assert out["ttft_attainment"] <= floor["ttft"] + 1e-9
     assert out["tpot_attainment"] <= floor["tpot"] + 1e-9
     assert 0.0 < floor["both"] <= 1.0
@@ -117,19 +126,7 @@ def test_the_lean_warmup_keeps_what_the_measurement_depends_on(
     assert all(r in kept for r in measured)
     assert all(r in kept for r in full.requests if r.session_id in sessions)
     profile = derive_profile(find_model("llama-3.1-8b"), find_gpu("l40s"))
-    out = [
-        replay_trace(
-            t,
-            nodes=12,
-            policy=RouterSettings(policy="kvgate"),
-            load=None,
-            cfg=SimConfig(profile=profile),
-            ttft_slo_s=1.0,
-            tpot_slo_s=0.1,
-            measure_from_s=warmup,
-        )
-        for t in (lean, full)
-    ]
+    out = [_simulated(t, warmup, profile, 12, 1.0, 0.1) for t in (lean, full)]
     assert out[0]["requests"] == out[1]["requests"]
     assert out[0]["hit_rate"] == pytest.approx(out[1]["hit_rate"], abs=0.03)
     assert out[0]["slo_attainment"] == pytest.approx(out[1]["slo_attainment"], abs=0.03)
