@@ -122,7 +122,7 @@ def parse_request(
         tokens=tokens,
         max_tokens=req.output_limit(default_max_tokens),
         chat=chat,
-        session_id=bounded_id(body.get("user") or request_session(body)),
+        session_id=bounded_id(request_session(body)),
         exact_tokens=(tk.exact or (not chat and given_ids)) and hashable is None,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
@@ -167,8 +167,19 @@ def bounded_id(value: Any) -> str | None:
 
 
 def request_session(body: dict[str, Any]) -> str | None:
-    """A session key from the body (``session_id`` or ``metadata.session_id``), if any."""
-    sid = body.get("session_id")
-    if sid is None and isinstance(body.get("metadata"), dict):
-        sid = body["metadata"].get("session_id")
-    return str(sid) if sid is not None else None
+    """A session key from the body, the most specific first: ``session_id``,
+    ``metadata.session_id``, ``metadata.user_id`` (Anthropic's), ``user`` (OpenAI's: an end
+    user, who may run several sessions); None when there is none. A session header outranks
+    them all (router/flow/intake.py)."""
+    meta = body.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
+    for sid in (
+        body.get("session_id"),
+        meta.get("session_id"),
+        meta.get("user_id"),
+        body.get("user"),
+    ):
+        if sid is not None and sid != "" and not isinstance(sid, (dict, list)):
+            return str(sid)
+    return None

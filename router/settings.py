@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, SecretStr
 
@@ -144,6 +144,13 @@ class RouterSettings(BaseModel):
         default_factory=dict,
         description="InferenceObjective name -> priority, for requests that name one in "
         "x-gateway-inference-objective (they may lower their tenant's priority, never raise it)",
+    )
+    session_headers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")]] = Field(
+        default_factory=lambda: ["x-session-id", "session-id", "x-session-affinity"],
+        max_length=16,
+        description="headers an agent client names its session in, the first present wins over "
+        "the body's session_id / metadata.session_id / metadata.user_id / user (the session "
+        "home and hit accounting follow it); add a client's own header here",
     )
     zone: str | None = Field(
         default=None, description="this router's zone: nodes labelled with it are preferred"

@@ -10,7 +10,7 @@ import hmac
 import ipaddress
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from router.flow.refusals import Refusal
@@ -23,12 +23,14 @@ __all__ = [
     "match_key",
     "mint_id",
     "requested_priority",
+    "session_label",
     "trace_headers",
 ]
 
 GATEWAY_KEY_HEADER = "X-Kvgate-Gateway-Key"
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")
 _KEY_MAX = 512
+MAX_SESSION_CHARS = 256  # as the body's session ids (router.parse.MAX_ID_CHARS)
 
 
 def mint_id() -> str:
@@ -48,6 +50,16 @@ def client_label(headers: Mapping[str, str], name: str, max_len: int) -> str | N
             400, f"header {name} must be 1-{max_len} printable ASCII characters without spaces"
         )
     return value
+
+
+def session_label(headers: Mapping[str, str], names: Sequence[str]) -> str | None:
+    """The session an agent client names in the first of ``names`` it sends (``x-session-id``,
+    ``session-id``…), as kept and recorded: 1-256 printable ASCII characters without spaces.
+    Raises :class:`Refusal` (400) for anything else; None when none is sent."""
+    for name in names:
+        if name in headers:
+            return client_label(headers, name, MAX_SESSION_CHARS)
+    return None
 
 
 def bearer_key(headers: Mapping[str, str], name: str = "Authorization") -> str | None:

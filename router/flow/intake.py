@@ -22,7 +22,13 @@ from admission.gate import AdmissionGate
 from admission.settings import Tenant
 from admission.slo import Slo, slo_of
 from router.decision.placement import Placement, placement_of
-from router.flow.headers import bearer_key, client_label, mint_id, requested_priority
+from router.flow.headers import (
+    bearer_key,
+    client_label,
+    mint_id,
+    requested_priority,
+    session_label,
+)
 from router.flow.offload import OFFLOAD_BYTES, offloaded
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
@@ -78,6 +84,7 @@ class Head:
     idempotency_key: str | None
     placement: Placement
     slo: Slo | None
+    session_id: str | None = None  # the session an agent client names in a header
 
 
 @dataclass(slots=True)
@@ -217,7 +224,10 @@ class IntakeReader:
             slo, tenant = slo_of(headers, tenant, self.gate.settings)
         except ValueError as exc:
             raise self.refuse("bad_slo_class", 400, str(exc)) from None
-        return Head(request_id, started, tenant, client_id, idempotency_key, placement, slo)
+        session = session_label(headers, s.session_headers)
+        return Head(
+            request_id, started, tenant, client_id, idempotency_key, placement, slo, session
+        )
 
     async def _read(
         self,
@@ -244,6 +254,8 @@ class IntakeReader:
         if "priority" in p.body and not tenant.engine_priority:
             # the engine's own priority scheduling: a tenant jumping every queue on its engine
             p = replace(p, body={k: v for k, v in p.body.items() if k != "priority"})
+        if head.session_id is not None:  # the client's session header wins over the body's
+            p = replace(p, session_id=head.session_id)
         if self.isolating:
             p = isolated(p, tenant)
         known.parsed = p
