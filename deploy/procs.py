@@ -87,6 +87,23 @@ class Supervisor:
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
 
+    @classmethod
+    def isolated(cls, label: str, env: dict[str, str] | None = None) -> tuple[Supervisor, str]:
+        """A supervisor whose children use a Kafka namespace of their own (``<label><hex>``,
+        returned beside it), a fresh worker state directory and a free worker port, logging to a
+        fresh temporary directory: a benchmark's run that shares nothing with another's."""
+        import tempfile
+        import uuid
+
+        namespace = f"{label}{uuid.uuid4().hex[:8]}"
+        base = {
+            "KVGATE_KAFKA__NAMESPACE": namespace,
+            "KVGATE_WORKER__DATA_DIR": tempfile.mkdtemp(prefix=f"kvgate-{label}-worker-"),
+            "KVGATE_WORKER__WEB_PORT": str(free_port()),
+        }
+        log_dir = Path(tempfile.mkdtemp(prefix=f"kvgate-{label}-"))
+        return cls(log_dir, {**base, **(env or {})}), namespace
+
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
         """``kvgate <args>`` (``python -m deploy``) as a child named ``name``."""
         return self.spawn_argv(name, [sys.executable, "-m", "deploy", *args], env=env)

@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -271,16 +270,7 @@ async def main(args: argparse.Namespace, w: Workload, seed: int, rep: int) -> di
     rotated by ``rep`` (a router that always ran first, or always after the same one, would
     carry that into its figures); the approx workload's two kvgate runs each start with the
     agents started again (with KV events, or without) and a fresh router (:func:`fresh_kvgate`)."""
-    namespace = f"peer{uuid.uuid4().hex[:8]}"
-    sup = Supervisor(
-        Path(tempfile.mkdtemp(prefix="kvgate-peer-")),
-        {
-            "KVGATE_KAFKA__NAMESPACE": namespace,
-            "KVGATE_WORKER__DATA_DIR": tempfile.mkdtemp(prefix="kvgate-peer-worker-"),
-            "KVGATE_WORKER__WEB_PORT": str(free_port()),
-            "KVGATE_ADMISSION__ENABLED": "false",
-        },
-    )
+    sup, namespace = Supervisor.isolated("peer", {"KVGATE_ADMISSION__ENABLED": "false"})
     try:
         env: dict[str, str] = {}
         if w.prefill_tokens_per_s:

@@ -19,9 +19,7 @@ import argparse
 import asyncio
 import json
 import random
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +75,7 @@ async def one(http: aiohttp.ClientSession, url: str, body: bytes) -> dict[str, A
 
 
 async def run(exact: bool, requests: int) -> dict[str, Any]:
-    namespace = f"long{uuid.uuid4().hex[:8]}"
-    sup = Supervisor(
-        Path(tempfile.mkdtemp(prefix="kvgate-long-")),
-        {
-            "KVGATE_KAFKA__NAMESPACE": namespace,
-            "KVGATE_WORKER__DATA_DIR": tempfile.mkdtemp(prefix="kvgate-long-worker-"),
-            "KVGATE_WORKER__WEB_PORT": str(free_port()),
-        },
-    )
+    sup, _ = Supervisor.isolated("long")
     engine_env = {"KVGATE_ENGINE__PROFILE__PREFILL_TOKENS_PER_S": "5000000"}
     router_env: dict[str, str] = {}
     if exact:

@@ -40,9 +40,7 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,15 +226,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         import sglang_router  # noqa: F401
     except ImportError:
         sys.exit("sglang-router is not installed: pip install -e '.[peer]'")
-    namespace = f"proxy{uuid.uuid4().hex[:8]}"
-    sup = Supervisor(
-        Path(tempfile.mkdtemp(prefix="kvgate-proxy-")),
-        {
-            "KVGATE_KAFKA__NAMESPACE": namespace,
-            "KVGATE_WORKER__DATA_DIR": tempfile.mkdtemp(prefix="kvgate-proxy-worker-"),
-            "KVGATE_WORKER__WEB_PORT": str(free_port()),
-        },
-    )
+    sup, namespace = Supervisor.isolated("proxy")
     result: dict[str, Any] = {"targets": {}}
     epp = EppClient(EPP_KEY, MODEL)
     port_of: dict[str, int] = {}  # the picker's router: its HTTP port (for /ready)
