@@ -133,3 +133,34 @@ class EngineProfile(BaseModel):
                 self.moe_experts, self.moe_top_k, decode_seqs + prefill_tokens
             )
         return duration
+
+
+def idle_ttft_s(profile: EngineProfile, prompt_tokens: int) -> float:
+    """TTFT of one prompt alone on an idle replica: its chunked prefill, step by step."""
+    return batch_latency_s(profile, 1, prompt_tokens, 1) if prompt_tokens > 0 else 0.0
+
+
+def batch_latency_s(
+    profile: EngineProfile, batch: int, prompt_tokens: int, output_tokens: int
+) -> float:
+    """End-to-end time of ``batch`` equal requests started together on an idle replica (what
+    vLLM's ``benchmark_latency`` measures): the prompts prefilled within the step's token budget
+    (the step that completes them samples the first token), then one decode step per further
+    output token with every sequence's context growing by one."""
+    if batch < 1 or prompt_tokens < 1 or output_tokens < 1:
+        raise ValueError("batch, prompt_tokens and output_tokens must be positive")
+    total = 0.0
+    done = [0] * batch
+    while done[-1] < prompt_tokens:
+        budget, tokens, pairs = profile.max_num_batched_tokens, 0, 0
+        for i in range(batch):
+            n = min(budget - tokens, prompt_tokens - done[i])
+            if n <= 0:
+                continue
+            pairs += attention_pairs(done[i], n)
+            done[i] += n
+            tokens += n
+        total += profile.step_time_s(0, 0, tokens, pairs)
+    for step in range(1, output_tokens):
+        total += profile.step_time_s(batch, batch * (prompt_tokens + step), 0)
+    return total

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.catalog import derive_profile, find_gpu, find_model
-from analytics.plan import batch_latency_s, idle_ttft_s
+from agents.profile import batch_latency_s, idle_ttft_s
 
 __all__ = ["PUBLISHED", "Published", "calibration_rows"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agents.profile import EngineProfile
+from agents.profile import EngineProfile, idle_ttft_s
 from analytics.sim.traces import Trace, TraceRequest
 
 __all__ = ["PLATEAU", "Sizing", "alone", "estimate_replicas", "improved", "size_fleet"]
@@ -176,7 +176,6 @@ def alone(
     trace: Trace,
     ttft_s: float,
     tpot_s: float,
-    idle_ttft: Callable[[EngineProfile, int], float],
     measure_from_s: float = 0.0,
 ) -> dict[str, float]:
     """The share of ``trace``'s requests that would meet each target alone on an idle replica
@@ -193,7 +192,7 @@ def alone(
         uncached = max(1, r.prompt_tokens - hit * bs)
         fast = seen.get(uncached)
         if fast is None:
-            fast = seen[uncached] = idle_ttft(profile, uncached) <= ttft_s
+            fast = seen[uncached] = idle_ttft_s(profile, uncached) <= ttft_s
         context = r.prompt_tokens + r.output_tokens // 2
         steady = r.output_tokens <= 1 or profile.step_time_s(1, context, 0) <= tpot_s
         ttft_ok += fast

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.catalog import GPUS, MODELS, GpuSpec, ModelSpec, derive_profile, replica_gpus
-from agents.profile import EngineProfile, attention_pairs
+from agents.profile import EngineProfile, idle_ttft_s
 from analytics.fleetsize import alone, estimate_replicas, size_fleet
 from analytics.sim.replay import replay_trace
 from analytics.sim.simconfig import SimConfig
@@ -36,8 +36,6 @@ from router.settings import RouterSettings
 __all__ = [
     "Slo",
     "at_rate",
-    "batch_latency_s",
-    "idle_ttft_s",
     "parse_slo",
     "plan",
     "profile_rows",
@@ -263,7 +261,7 @@ def plan(
     estimate = start = min(
         max_replicas, estimate_replicas(profile, trace, rate, slo.tpot_s, warmup)
     )
-    floor = alone(profile, trace, slo.ttft_s, slo.tpot_s, idle_ttft_s, warmup)
+    floor = alone(profile, trace, slo.ttft_s, slo.tpot_s, warmup)
     sides: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys((policy, baseline)):
         if floor["both"] < slo.attainment - ALONE_MARGIN:  # out of reach of any fleet
@@ -318,37 +316,6 @@ def plan(
             "seconds": round(time.perf_counter() - started, 1),
         },
     }
-
-
-def idle_ttft_s(profile: EngineProfile, prompt_tokens: int) -> float:
-    """TTFT of one prompt alone on an idle replica: its chunked prefill, step by step."""
-    return batch_latency_s(profile, 1, prompt_tokens, 1) if prompt_tokens > 0 else 0.0
-
-
-def batch_latency_s(
-    profile: EngineProfile, batch: int, prompt_tokens: int, output_tokens: int
-) -> float:
-    """End-to-end time of ``batch`` equal requests started together on an idle replica (what
-    vLLM's ``benchmark_latency`` measures): the prompts prefilled within the step's token budget
-    (the step that completes them samples the first token), then one decode step per further
-    output token with every sequence's context growing by one."""
-    if batch < 1 or prompt_tokens < 1 or output_tokens < 1:
-        raise ValueError("batch, prompt_tokens and output_tokens must be positive")
-    total = 0.0
-    done = [0] * batch
-    while done[-1] < prompt_tokens:
-        budget, tokens, pairs = profile.max_num_batched_tokens, 0, 0
-        for i in range(batch):
-            n = min(budget - tokens, prompt_tokens - done[i])
-            if n <= 0:
-                continue
-            pairs += attention_pairs(done[i], n)
-            done[i] += n
-            tokens += n
-        total += profile.step_time_s(0, 0, tokens, pairs)
-    for step in range(1, output_tokens):
-        total += profile.step_time_s(batch, batch * (prompt_tokens + step), 0)
-    return total
 
 
 def profile_rows() -> list[dict[str, Any]]:

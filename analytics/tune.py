@@ -96,7 +96,8 @@ def objective_value(
     if p99 is None or not math.isfinite(float(p99)):
         return -math.inf
     tail = float(p99) / ttft_slo_s
-    return float(value) * scale * min(1.0, 1.0 / tail if tail else 1.0) - TAIL_WEIGHT * scale * tail
+    kept = 1.0 / tail if tail > 1.0 else 1.0  # past the target: target / p99 of the score
+    return float(value) * scale * kept - TAIL_WEIGHT * scale * tail
 
 
 def offered_rps(trace: Trace) -> float:
@@ -122,7 +123,8 @@ class TuneResult:
     current: dict[str, float]  # the current weights
     figures: dict[str, Any] = field(default_factory=dict)  # guarded figures: current, best
     tradeoffs: list[dict[str, Any]] = field(default_factory=list)
-    # the best against the current settings on traffic the search never saw (None: too little)
+    # the best against the current settings on traffic the search never saw (None: too little
+    # traffic to hold any back, or the best is the current settings: nothing to validate)
     validation: dict[str, Any] | None = None
 
     @property
@@ -245,8 +247,8 @@ def tune(
     if probe_best is not None:  # a one-weight step from the best was better still: take it
         best_value, best, best_figures = probe_best
     validation = None
-    if held is not None:  # the winner against today's settings on traffic it was not tuned on
-        theirs, mine = run(held, start)[1], run(held, best)[1]
+    if held is not None and best != start:  # the winner against today's settings, on traffic
+        theirs, mine = run(held, start)[1], run(held, best)[1]  # it was not tuned on
         validation = {
             "requests": len(held.requests),
             "current": theirs,

@@ -7,7 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,9 +94,6 @@ class Supervisor:
         """A supervisor whose children use a Kafka namespace of their own (``<label><hex>``,
         returned beside it), a fresh worker state directory and a free worker port, logging to a
         fresh temporary directory: a benchmark's run that shares nothing with another's."""
-        import tempfile
-        import uuid
-
         namespace = f"{label}{uuid.uuid4().hex[:8]}"
         base = {
             "KVGATE_KAFKA__NAMESPACE": namespace,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.catalog import derive_profile, find_gpu, find_model
-from agents.profile import attention_pairs
+from agents.profile import attention_pairs, batch_latency_s, idle_ttft_s
 from analytics.calibration import PUBLISHED, calibration_rows
-from analytics.plan import batch_latency_s, idle_ttft_s
 
 
 @pytest.mark.parametrize("row", calibration_rows(), ids=lambda r: r["what"][:40])

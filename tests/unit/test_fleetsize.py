@@ -10,7 +10,7 @@ import pytest
 from agents.catalog import derive_profile, find_gpu, find_model
 from agents.profile import EngineProfile
 from analytics.fleetsize import alone, estimate_replicas, size_fleet
-from analytics.plan import at_rate, idle_ttft_s, parse_slo, plan
+from analytics.plan import at_rate, parse_slo, plan
 from analytics.sim.replay import replay_trace
 from analytics.sim.simconfig import SimConfig
 from analytics.sim.traces import Trace
@@ -98,7 +98,7 @@ def test_an_slo_no_replica_meets_alone_is_refused_without_simulating() -> None:
     assert report["alone"]["tpot"] == 0.0 and report["search"]["simulations"] == 0
     trace, warmup = at_rate("multi_turn", 12.0, 200)
     profile = derive_profile(model, gpu)
-    floor = alone(profile, trace, 0.3, 0.03, idle_ttft_s, warmup)
+    floor = alone(profile, trace, 0.3, 0.03, warmup)
     out = _simulated(trace, warmup, profile, 16, 0.3, 0.03)
     assert out["ttft_attainment"] <= floor["ttft"] + 1e-9
     assert out["tpot_attainment"] <= floor["tpot"] + 1e-9

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.catalog import derive_profile, find_gpu, find_model
-from analytics.plan import at_rate, idle_ttft_s, parse_slo, plan
+from agents.profile import idle_ttft_s
+from analytics.plan import at_rate, parse_slo, plan
 from analytics.planreport import render_html, render_text
 from analytics.sim.replay import replay_trace
 from analytics.sim.simconfig import SimConfig
