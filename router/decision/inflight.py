@@ -34,11 +34,12 @@ Entries leave on ``finish`` (always called, whatever the outcome) or after ``hor
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from router.decision.ledgerrecords import LedgerEntry, NodeRecord, RatePool
 from router.decision.recent import PendingPrefixes
 
 if TYPE_CHECKING:
@@ -56,70 +57,13 @@ PREFILL_EWMA = 0.2
 
 
 @dataclass(slots=True)
-class _Entry:
-    node: _Node
-    dispatched_s: float
-    prefill_tokens: int
-    prefilling: bool = True
-    expected_output: int = 0
-    long_blocks: int = 0
-    first_token_s: float | None = None
-    hashes: tuple[int, ...] = ()  # its prompt blocks (with track_blocks)
-    pending: tuple[int, ...] = ()  # its prompt blocks among the pending prefixes
-    ahead: int = 0  # this router's prefill backlog on the node when it was dispatched
-
-
-@dataclass(slots=True)
-class _Pool:
-    """The nodes of one group (a model) with a learned prefill rate, and the sum of the rates;
-    the same for the rates their agents reported."""
-
-    known: int = 0
-    rates: float = 0.0
-    reporting: int = 0
-    reported: float = 0.0
-    version: int = 0  # moves whenever the pool's rate may have (InflightLedger.view)
-
-    def rate(self) -> float:
-        """Learned, else reported, else 0 (unknown)."""
-        if self.known:
-            return self.rates / self.known
-        return self.reported / self.reporting if self.reporting else 0.0
-
-
-@dataclass(slots=True)
-class _Node:
-    """Everything the ledger keeps for one node, in one place: the decision's per-node loop
-    (:meth:`InflightLedger.router_state`) makes one dictionary lookup per node."""
-
-    name: str
-    pool: _Pool
-    group: str = ""
-    recent: deque[tuple[float, str]] = field(default_factory=deque)  # (dispatched, request)
-    count: int = 0  # requests in flight
-    backlog: int = 0
-    long_blocks: int = 0
-    # expected output of every request in flight; decoding requests and the sum of their
-    # first-token times (the decode they did so far is (count · now − sum) / tpot)
-    expected: int = 0
-    decoding: int = 0
-    first_sum: float = 0.0
-    tpot: float | None = None  # observed s per output token
-    prefill_rate: float = 0.0  # observed prompt tokens/s, and how many samples taught it
-    prefill_samples: int = 0
-    reported_rate: float = 0.0  # what its agent measured (0: nothing reported)
-    blocks: Counter[int] | None = None  # block -> holders (with track_blocks)
-    version: int = 0  # moves whenever what router_state reads of it may have
-
-
-@dataclass(slots=True)
 class InflightLedger:
     horizon_s: float = 600.0
     track_blocks: bool = False
     pending: PendingPrefixes | None = None  # prompts being prefilled count as hits there
-    _entries: dict[str, _Entry] = field(default_factory=dict)
-    _nodes: dict[str, _Node] = field(default_factory=dict)
-    _pools: dict[str, _Pool] = field(default_factory=dict)  # group -> its learned rates
+    _entries: dict[str, LedgerEntry] = field(default_factory=dict)
+    _nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    _pools: dict[str, RatePool] = field(default_factory=dict)  # group -> its learned rates
     # node -> (the view it was given, what its state was read at, the view returned): view()
     _views: dict[str, tuple[NodeView, tuple[int, int, float, int], NodeView]] = field(
         default_factory=dict
@@ -128,19 +72,19 @@ class InflightLedger:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _node(self, node: str) -> _Node:
+    def _node(self, node: str) -> NodeRecord:
         n = self._nodes.get(node)
         if n is None:
-            n = self._nodes[node] = _Node(node, self._pool(""))
+            n = self._nodes[node] = NodeRecord(node, self._pool(""))
         return n
 
-    def _pool(self, group: str) -> _Pool:
+    def _pool(self, group: str) -> RatePool:
         pool = self._pools.get(group)
         if pool is None:
-            pool = self._pools[group] = _Pool()
+            pool = self._pools[group] = RatePool()
         return pool
 
-    def _regroup(self, n: _Node, group: str) -> None:
+    def _regroup(self, n: NodeRecord, group: str) -> None:
         """``n`` serves ``group`` (its model) now: its learned rate counts in that pool."""
         reported = n.reported_rate
         self._report(n, 0.0)
@@ -157,7 +101,7 @@ class InflightLedger:
         self._report(n, reported)
 
     @staticmethod
-    def _report(n: _Node, rate: float) -> None:
+    def _report(n: NodeRecord, rate: float) -> None:
         """``n``'s agent reports ``rate`` (0: none) now."""
         pool = n.pool
         if n.reported_rate:
@@ -187,7 +131,7 @@ class InflightLedger:
         self.finish(request_id)  # a re-dispatch replaces the entry
         n = self._node(node)
         kept = tuple(hashes) if self.track_blocks else ()
-        self._entries[request_id] = _Entry(
+        self._entries[request_id] = LedgerEntry(
             n,
             now,
             prefill_tokens,
@@ -317,7 +261,20 @@ class InflightLedger:
         n = self._nodes.get(node)
         return TPOT_PRIOR_S if n is None or n.tpot is None else n.tpot
 
-    def _state(self, n: _Node, heartbeat_ts: float, now: float) -> tuple[int, int, int, int, float]:
+    @staticmethod
+    def _remaining(n: NodeRecord, now: float) -> int:
+        """The output tokens ``n``'s requests are still expected to produce at ``now``."""
+        remaining, k = n.expected, n.decoding
+        if remaining and k:
+            tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
+            remaining = int(remaining - (k + (k * now - n.first_sum) / tpot))
+            if remaining < 0:
+                remaining = 0
+        return remaining
+
+    def _state(
+        self, n: NodeRecord, heartbeat_ts: float, now: float
+    ) -> tuple[int, int, int, int, float]:
         """:meth:`router_state` of a node's record (the one implementation)."""
         pending = 0
         q = n.recent
@@ -329,15 +286,8 @@ class InflightLedger:
                 for _, rid in q:
                     if rid in entries:
                         pending += 1
-        remaining = expected = n.expected
-        if expected:
-            k = n.decoding
-            if k:
-                tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
-                remaining = int(expected - (k + (k * now - n.first_sum) / tpot))
-                if remaining < 0:
-                    remaining = 0
-        pool = n.pool  # _Pool.rate(), inline: the decision's per-node loop
+        remaining = self._remaining(n, now)
+        pool = n.pool  # RatePool.rate(), inline: the decision's per-node loop
         if pool.known:
             rate = pool.rates / pool.known
         else:
@@ -364,14 +314,18 @@ class InflightLedger:
         :meth:`remaining_decode`, :meth:`long_blocks`, :meth:`prefill_rate` (``group``: the
         node's model, whose nodes share a prefill rate; ``reported``: the rate its agent
         measured, 0 when none)."""
+        return self._state(self._node_for(node, group, reported), heartbeat_ts, now)
+
+    def _node_for(self, node: str, group: str, reported: float) -> NodeRecord:
+        """``node``'s record, in ``group``'s pool, with ``reported`` as its agent's rate."""
         n = self._nodes.get(node)
         if n is None:
-            n = self._nodes[node] = _Node(node, self._pool(group), group)
+            n = self._nodes[node] = NodeRecord(node, self._pool(group), group)
         elif n.group != group:
             self._regroup(n, group)
         if reported != n.reported_rate:
             self._report(n, reported)
-        return self._state(n, heartbeat_ts, now)
+        return n
 
     def view(
         self,
@@ -389,15 +343,8 @@ class InflightLedger:
         node = v.node_id
         n = self._nodes.get(node)
         if n is None or n.group != group or reported != n.reported_rate:
-            self.router_state(node, heartbeat_ts, now, group, reported)  # (creates, regroups)
-            n = self._nodes[node]
-        remaining = n.expected
-        k = n.decoding
-        if remaining and k:
-            tpot = TPOT_PRIOR_S if n.tpot is None else n.tpot
-            remaining = int(remaining - (k + (k * now - n.first_sum) / tpot))
-            if remaining < 0:
-                remaining = 0
+            n = self._node_for(node, group, reported)
+        remaining = self._remaining(n, now)
         remaining -= remaining % DECODE_GRAIN
         key = (n.version, n.pool.version, heartbeat_ts, remaining)
         cached = self._views.get(node)
