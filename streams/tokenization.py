@@ -167,8 +167,14 @@ def load_tokenization(spec: TokenizerSpec | None) -> Tokenization:
         raise ValueError(f"cannot load tokenizer {spec.tokenizer!r}: {exc}") from exc
     template_text, bos, eos = _template(spec)
 
+    def ids(text: str, special: bool) -> list[int]:
+        # the batch call without offsets: the same ids as ``encode`` for ~2/3 of its CPU on a
+        # long prompt (offsets are what nothing here reads), and ``.ids`` is a fresh list
+        encoded: list[int] = tok.encode_batch_fast([text], add_special_tokens=special)[0].ids
+        return encoded
+
     def encode_prompt(text: str) -> list[int]:
-        return list(tok.encode(text, add_special_tokens=True).ids)
+        return ids(text, True)
 
     render: Callable[[ChatRequest], str] = (
         (lambda req: render_chat(req.messages))
@@ -177,7 +183,7 @@ def load_tokenization(spec: TokenizerSpec | None) -> Tokenization:
     )
 
     def encode_chat(req: ChatRequest) -> list[int]:
-        return list(tok.encode(render(req), add_special_tokens=False).ids)
+        return ids(render(req), False)
 
     vocab = tok.get_vocab_size()
 

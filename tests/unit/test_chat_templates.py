@@ -261,3 +261,23 @@ def test_a_large_vocabulary_tokenizer_loads_without_a_copy(
     body = {"model": "m", "messages": [{"role": "user", "content": "w7 w299999"}]}
     p = parse_request(orjson.dumps(body), True, 16, lambda _: tk)
     assert p.exact_tokens and 7 in p.tokens and 299_999 in p.tokens
+
+
+def test_a_long_prompt_encodes_as_transformers_does() -> None:
+    """The router's fast path (no offsets) gives transformers' ids on a long, mixed prompt:
+    code, CJK, emoji, runs of whitespace, special-token text and a template around it."""
+    import random
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(7)
+    pieces = ["def f(x):\n    return x", "数据 缓存", "🙂🚀", "   \t\n\n", "<EOT>", "naïve café"]
+    text = "".join(rng.choice(pieces) + " " * rng.randrange(3) for _ in range(8000))
+    raw = importlib.resources.files("anthropic").joinpath("tokenizer.json").read_text()
+    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(raw))  # type: ignore[no-untyped-call]
+    tk = load_tokenization(TokenizerSpec(tokenizer=TOKENIZER, chat_template=CONTINUE))
+    assert tk.encode_prompt(text) == list(hf.encode(text, add_special_tokens=True))
+    body = {"messages": [{"role": "user", "content": text}], "add_generation_prompt": True}
+    p = parse_request(orjson.dumps({"model": "m", **body}), True, 16, lambda _: tk)
+    assert len(p.tokens) > 20_000 and p.tokens == _reference(CONTINUE, body)
