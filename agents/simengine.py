@@ -1,6 +1,7 @@
 """The simulated inference engine: one vLLM-like replica without a GPU, in real time.
 
-HTTP (aiohttp): ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming and plain JSON),
+HTTP (aiohttp): ``/v1/completions``, ``/v1/chat/completions`` and the agent APIs ``/v1/messages``
+and ``/v1/responses`` (SSE streaming and plain JSON, in each API's shape: agents/simformats.py),
 ``/v1/models``, ``/health``, ``/metrics`` (vLLM's metric names), ``/reset_prefix_cache``.
 KV events go out on ZeroMQ in vLLM's format. Timing and cache behaviour come from the pure
 :class:`agents.scheduler.EngineCore`.
@@ -16,7 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import ClientConnectionResetError, web
@@ -26,7 +27,9 @@ from pydantic import ValidationError
 from agents.enginemetrics import render_metrics, render_sglang_metrics
 from agents.scheduler import EngineCore, Sequence
 from agents.settings import EngineSettings
+from agents.simformats import AnswerFormat
 from agents.vllm_events import KvEventPublisher, encode_batch, rank_endpoint
+from streams.agentapis import API_PATHS, Api, MessagesRequest, ResponsesRequest
 from streams.openai import ChatRequest, CompletionRequest, error_body
 from streams.tokenization import load_tokenization
 
@@ -34,6 +37,8 @@ __all__ = ["SimEngine"]
 
 log = logging.getLogger(__name__)
 _DONE = object()
+GENERATING = frozenset(API_PATHS.values())  # the paths a simulated fault applies to
+_Body = TypeVar("_Body", CompletionRequest, ChatRequest, MessagesRequest, ResponsesRequest)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -73,7 +78,7 @@ class SimEngine:
         """The configured fault, on generation requests only: metrics and health stay fine."""
         if (
             self.fault != "none"
-            and request.path in ("/v1/completions", "/v1/chat/completions")
+            and request.path in GENERATING
             and self._rng.random() < self.fault_share
         ):
             if self.fault == "hang":
@@ -100,6 +105,8 @@ class SimEngine:
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_post("/tokenize", self._tokenize)
@@ -200,18 +207,39 @@ class SimEngine:
         prompts = body.prompt_list(self.tokenization.encode_prompt)
         if len(prompts) > 1:
             return await self._serve_batch(request, body, prompts)
-        return await self._serve(request, body, prompts[0], chat=False)
+        return await self._serve(request, body, prompts[0], "completions")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._parse(request, ChatRequest)
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, ChatRequest)
-        return await self._serve(request, body, self.tokenization.encode_chat(body), True)
+        return await self._serve(request, body, self.tokenization.encode_chat(body), "chat")
 
-    async def _parse(
-        self, request: web.Request, model: type[CompletionRequest] | type[ChatRequest]
-    ) -> CompletionRequest | ChatRequest | web.Response:
+    async def _agent(self, request: web.Request, api: Api) -> web.StreamResponse:
+        """Anthropic's Messages or OpenAI's Responses API: made a chat, as vLLM makes them
+        (streams/agentapis.py), answered in the API's own shape (agents/simformats.py)."""
+        parsed: MessagesRequest | ResponsesRequest | web.Response = (
+            await self._parse(request, MessagesRequest)
+            if api == "messages"
+            else await self._parse(request, ResponsesRequest)
+        )
+        if isinstance(parsed, web.Response):
+            return parsed
+        try:
+            chat = parsed.to_chat()
+            tokens = self.tokenization.encode_chat(chat)
+        except ValueError as exc:
+            return _json(error_body(str(exc).splitlines()[0]), 400)
+        return await self._serve(request, chat, tokens, api, parsed.stream)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._agent(request, "messages")
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._agent(request, "responses")
+
+    async def _parse(self, request: web.Request, model: type[_Body]) -> _Body | web.Response:
         try:
             body = model.model_validate_json(await request.read())
         except ValidationError as exc:
@@ -338,8 +366,11 @@ class SimEngine:
         request: web.Request,
         body: CompletionRequest | ChatRequest,
         tokens: list[int],
-        chat: bool,
+        api: Api,
+        stream: bool | None = None,
     ) -> web.StreamResponse:
+        """Generate for ``tokens`` and answer in ``api``'s shape (``stream``: the agent APIs'
+        own flag; ``body`` is then the chat the engine made of the request)."""
         if not tokens:
             return _json(error_body("prompt is empty"), 400)
         rank = self._rank_for(request)
@@ -354,7 +385,7 @@ class SimEngine:
                 ),
                 400,
             )
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        rid = AnswerFormat.request_id(api, uuid.uuid4().hex)
         transfer = self._transfer(body)
         seq, queue = self._submit(rank, tokens, body, rid, add=False)
         if transfer is not None and transfer.get("do_remote_prefill"):
@@ -365,40 +396,20 @@ class SimEngine:
                 raise
         self.cores[rank].add(seq)
         self._wakes[rank].set()
+        usage_asked = bool(body.stream_options and body.stream_options.include_usage)
+        fmt = AnswerFormat(api, rid, int(seq.arrival_s), body.model, usage_asked)
         try:
-            if body.stream:
-                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            if body.stream if stream is None else stream:
                 try:
-                    return await self._stream(request, body.model, seq, queue, chat, include_usage)
+                    return await self._stream(request, seq, queue, fmt)
                 except (ConnectionResetError, ClientConnectionResetError):
                     log.info("client left %s after %d tokens", rid, len(seq.output))
                     return web.Response(status=499)
             out: list[int] = [t async for t in _drain(queue)]
-            text = self.tokenization.decode(out)
-            choice: dict[str, Any] = (
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "length",
-                }
-                if chat
-                else {"index": 0, "text": text, "finish_reason": "length"}
-            )
-            return _json(
-                {
-                    "id": rid,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": int(seq.arrival_s),
-                    "model": body.model,
-                    "choices": [choice],
-                    "usage": _usage(seq),
-                    **(
-                        {"kv_transfer_params": self._exported(seq, request, rank)}
-                        if transfer is not None and transfer.get("do_remote_decode")
-                        else {}
-                    ),
-                }
-            )
+            answer = fmt.whole(self.tokenization.decode(out), _usage(seq))
+            if transfer is not None and transfer.get("do_remote_decode"):
+                answer["kv_transfer_params"] = self._exported(seq, request, rank)
+            return _json(answer)
         finally:
             self._queues.pop(rid, None)
             core.abort(seq)  # no-op when finished; frees blocks when the client left
@@ -406,41 +417,23 @@ class SimEngine:
     async def _stream(
         self,
         request: web.Request,
-        model: str,
         seq: Sequence,
         queue: asyncio.Queue[object],
-        chat: bool,
-        include_usage: bool,
+        fmt: AnswerFormat,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        base = {"id": seq.request_id, "object": obj, "created": int(seq.arrival_s), "model": model}
         first = True
         async for tok in _drain(queue):
-            piece = self.tokenization.decode([tok])
-            if chat:
-                delta: dict[str, Any] = {"content": piece}
-                if first:
-                    delta["role"] = "assistant"
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-            else:
-                choice = {"index": 0, "text": piece, "finish_reason": None}
+            if first:
+                opening = fmt.start(len(seq.prompt), seq.cached_tokens)
+                if opening:
+                    await resp.write(opening)
+            await resp.write(fmt.piece(self.tokenization.decode([tok]), first))
             first = False
-            await resp.write(b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n")
-        end = (
-            {"index": 0, "delta": {}, "finish_reason": "length"}
-            if chat
-            else {"index": 0, "text": "", "finish_reason": "length"}
-        )
-        await resp.write(b"data: " + orjson.dumps({**base, "choices": [end]}) + b"\n\n")
-        if include_usage:
-            await resp.write(
-                b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(seq)}) + b"\n\n"
-            )
-        await resp.write(b"data: [DONE]\n\n")
+        await resp.write(fmt.end(_usage(seq)))
         await resp.write_eof()
         return resp
 

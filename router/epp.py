@@ -45,12 +45,13 @@ from multidict import CIMultiDict
 from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import EPP
-from router.flow.headers import GATEWAY_KEY_HEADER, forwarded_peer, match_key
+from router.flow.headers import API_KEY_HEADER, GATEWAY_KEY_HEADER, forwarded_peer, match_key
 from router.flow.refusals import Refusal
 from router.http.upstream import Upstream
 from router.loops import Loops
 from router.settings import RouterSettings
 from router.sse import ResponseWatch
+from streams.agentapis import agent_api
 
 if TYPE_CHECKING:
     from router.runtime import Router
@@ -223,8 +224,12 @@ class _Exchange:
             return raw
 
         try:
+            # the agent APIs by their path (Envoy's ``:path``): the chat the engine makes of
+            # them is what is routed; anything else is chat or completion by its body
+            api = agent_api(self.headers.get(":path", ""))
+            self.watch.api = api
             taken = await self.parts.entry.take(
-                self.headers, read, None, forwarded_peer(self.headers)
+                self.headers, read, True if api else None, forwarded_peer(self.headers), None, api
             )
             subset = self.subset
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
@@ -241,6 +246,7 @@ class _Exchange:
             # the tenant's key is kvgate's business, never the engine's; so is the rank of a
             # data-parallel engine (a client's own would pick the rank routing did not)
             remove_headers=([] if upstream else ["authorization"])
+            + [API_KEY_HEADER]
             + ([] if node.dp_rank is not None else [DP_RANK_HEADER]),
         )
         body = orjson.dumps(p.body)  # what the engine is asked (default max_tokens added)

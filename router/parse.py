@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from streams.agentapis import API_PATHS, LIMIT_FIELD, Api, MessagesRequest, ResponsesRequest
 from streams.openai import ChatRequest, CompletionRequest
 from streams.tokenization import APPROXIMATE, Tokenization
 
@@ -37,6 +38,12 @@ class ParsedRequest:
     hashable_tokens: int | None = None
     other_prompt_tokens: int = 0  # the other prompts of a batched completion (not routed by)
     tokens_digest: bytes = b""  # of ``tokens`` (made with them, off the loop for a long prompt)
+    api: Api | None = None  # None: chat or completions, as ``chat`` says
+
+    @property
+    def kind(self) -> Api:
+        """Which API the request came in by (and goes to the engine by)."""
+        return self.api or ("chat" if self.chat else "completions")
 
     @property
     def prompt_tokens_total(self) -> int:
@@ -49,7 +56,7 @@ class ParsedRequest:
 
     @property
     def path(self) -> str:
-        return "/v1/chat/completions" if self.chat else "/v1/completions"
+        return API_PATHS[self.kind]
 
 
 MAX_JSON_DEPTH = 64  # nesting of a request body; orjson's own limit (1,024) is far past safe
@@ -74,9 +81,12 @@ def parse_request(
     chat: bool,
     default_max_tokens: int,
     tokenization: Callable[[str], Tokenization] = lambda _: APPROXIMATE,
+    api: Api | None = None,
 ) -> ParsedRequest:
     """Raises ``orjson.JSONDecodeError``, ``pydantic.ValidationError`` or ``ValueError`` (→ 400).
-    ``tokenization`` gives the model's tokenization (by model name)."""
+    ``tokenization`` gives the model's tokenization (by model name); ``api``: ``messages`` or
+    ``responses`` for the agent APIs (``chat`` True), tokenized as the chat the engine makes of
+    them (streams/agentapis.py)."""
     body = orjson.loads(raw)
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - a 400
@@ -88,8 +98,14 @@ def parse_request(
         raise ValueError("kv_transfer_params is set by kvgate, not by clients")
     req: ChatRequest | CompletionRequest
     given_ids = False
+    kind: Api = api or ("chat" if chat else "completions")
+    agent: MessagesRequest | ResponsesRequest | None = None
+    if kind == "messages":
+        agent = MessagesRequest.model_validate(body)
+    elif kind == "responses":
+        agent = ResponsesRequest.model_validate(body)
     if chat:
-        req = ChatRequest.model_validate(body)
+        req = agent.to_chat() if agent is not None else ChatRequest.model_validate(body)
         other_prompts = 0
         tk = tokenization(req.model)
         if req.has_media:
@@ -113,12 +129,14 @@ def parse_request(
     if req.given_limit is None:
         # the engine generates no more than the reservation was sized for: the router's
         # default becomes the request's limit (docs/operations.md, "Reservation size")
-        body = {**body, "max_tokens": default_max_tokens}
+        body = {**body, LIMIT_FIELD[kind]: default_max_tokens}
     return ParsedRequest(
         body=body,
         model=req.model,
-        stream=req.stream,
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        stream=agent.stream if agent is not None else req.stream,
+        # the agent APIs report usage in every stream (nothing to ask for, nothing to drop)
+        include_usage=agent is not None
+        or bool(req.stream_options and req.stream_options.include_usage),
         tokens=tokens,
         max_tokens=req.output_limit(default_max_tokens),
         chat=chat,
@@ -131,6 +149,7 @@ def parse_request(
         cache_salt=req.cache_salt,
         hashable_tokens=hashable,
         tokens_digest=tokens_digest(tokens),
+        api=api,
     )
 
 
@@ -168,14 +187,16 @@ def bounded_id(value: Any) -> str | None:
 
 def request_session(body: dict[str, Any]) -> str | None:
     """A session key from the body, the most specific first: ``session_id``,
-    ``metadata.session_id``, ``metadata.user_id`` (Anthropic's), ``user`` (OpenAI's: an end
-    user, who may run several sessions); None when there is none. A session header outranks
+    ``prompt_cache_key`` (OpenAI's key for requests that share a prefix), ``metadata.session_id``,
+    ``metadata.user_id`` (Anthropic's), ``user`` (OpenAI's: an end user, who may run several
+    sessions); None when there is none. A session header outranks
     them all (router/flow/intake.py)."""
     meta = body.get("metadata")
     if not isinstance(meta, dict):
         meta = {}
     for sid in (
         body.get("session_id"),
+        body.get("prompt_cache_key"),
         meta.get("session_id"),
         meta.get("user_id"),
         body.get("user"),

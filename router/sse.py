@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from streams.agentapis import Api, event_token, event_usage, usage_as_chat
+
 __all__ = ["MAX_PENDING_RESPONSE", "ResponseWatch"]
 
 MAX_PENDING_RESPONSE = 1 << 20  # response bytes held while looking for a whole event
@@ -17,9 +19,11 @@ MAX_PENDING_RESPONSE = 1 << 20  # response bytes held while looking for a whole 
 class ResponseWatch:
     """What a response streamed past the endpoint picker says so far: its status, the first
     token (text, content, reasoning or a tool call), output tokens counted per event and the
-    usage of its last chunk. Bounded: a response with no event boundary within
-    ``MAX_PENDING_RESPONSE`` bytes is not read further."""
+    usage of its last chunk (``api``: a Messages or Responses answer, its events and usage read
+    in chat terms). Bounded: a response with no event boundary within ``MAX_PENDING_RESPONSE``
+    bytes is not read further."""
 
+    api: Api | None = None
     status: int = 0
     first_token_s: float | None = None
     output_tokens: int = 0
@@ -40,6 +44,8 @@ class ResponseWatch:
         self.buffer = rest if events else b""
         for raw in events.split(b"\n\n") if events else [rest]:
             line = raw.strip()
+            if line.startswith(b"event:"):  # a named event (the agent APIs): its data line
+                line = line.partition(b"\n")[2].strip()
             if line.startswith(b"data:"):
                 line = line[5:].strip()
             if not line or line == b"[DONE]":
@@ -49,6 +55,9 @@ class ResponseWatch:
             except orjson.JSONDecodeError:
                 continue
             if not isinstance(obj, dict):
+                continue
+            if self.api is not None:
+                self._agent(obj, now)
                 continue
             if isinstance(obj.get("usage"), dict):
                 self.usage = obj["usage"]
@@ -66,3 +75,15 @@ class ResponseWatch:
                     self.output_tokens += 1
                     if self.first_token_s is None:
                         self.first_token_s = now
+
+    def _agent(self, obj: dict[str, Any], now: float) -> None:
+        """One Messages or Responses event, or the whole answer."""
+        assert self.api is not None
+        whole = obj.get("type") == "message" or obj.get("object") == "response"
+        usage = usage_as_chat(self.api, obj.get("usage")) if whole else event_usage(self.api, obj)
+        if usage:
+            self.usage = {**(self.usage or {}), **usage}
+        if whole or event_token(self.api, obj):
+            self.output_tokens += 0 if whole else 1
+            if self.first_token_s is None:
+                self.first_token_s = now

@@ -249,7 +249,7 @@ class Decision(Message):
     model: str
     pool: str = "default"
     session_id: str | None = None
-    endpoint_kind: Literal["completions", "chat"] = "completions"
+    endpoint_kind: Literal["completions", "chat", "messages", "responses"] = "completions"
     prompt_tokens: int = Field(ge=0)
     max_tokens: int = Field(ge=0)
     block_size: int = Field(gt=0)

@@ -14,6 +14,7 @@ from router.flow.intake import Head, IntakeReader
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
 from router.parse import ParsedRequest
+from streams.agentapis import Api
 
 __all__ = ["Entry", "Taken"]
 
@@ -49,13 +50,15 @@ class Entry:
         chat: bool | None,
         peer: str | None = None,
         head: Head | None = None,
+        api: Api | None = None,
     ) -> Taken:
         """Check the headers, authenticate, then read, parse (``chat`` None: chat when the
         body has ``messages``) and admit a request known by its headers and a reader of its
         body; ``peer``: the client's address, when known; ``head``: its headers checked
-        already (:meth:`IntakeReader.head`, before the body arrived)."""
+        already (:meth:`IntakeReader.head`, before the body arrived); ``api``: a Messages or
+        Responses request."""
         started = time.time() if head is None else head.started
-        i = await self.reader.read(headers, read, chat, peer, started, head)
+        i = await self.reader.read(headers, read, chat, peer, started, head, api)
         t0 = time.perf_counter()
         try:
             g = await self.director.admit(i)

@@ -16,6 +16,7 @@ from typing import Any
 from router.flow.refusals import Refusal
 
 __all__ = [
+    "API_KEY_HEADER",
     "GATEWAY_KEY_HEADER",
     "bearer_key",
     "client_label",
@@ -24,6 +25,7 @@ __all__ = [
     "mint_id",
     "requested_priority",
     "session_label",
+    "tenant_key",
     "trace_headers",
 ]
 
@@ -76,6 +78,17 @@ def bearer_key(headers: Mapping[str, str], name: str = "Authorization") -> str |
     if not value or len(value) > _KEY_MAX or not _PRINTABLE.fullmatch(value):
         raise Refusal(401, f"malformed credential in {name}", "unauthorized")
     return value
+
+
+API_KEY_HEADER = "x-api-key"  # where Anthropic's clients send their key
+
+
+def tenant_key(headers: Mapping[str, str]) -> str | None:
+    """A tenant's key: ``Authorization: Bearer <key>`` (OpenAI's clients), else ``x-api-key``
+    (Anthropic's: Claude Code and the Anthropic SDKs)."""
+    if "Authorization" not in headers and API_KEY_HEADER in headers:
+        return bearer_key(headers, API_KEY_HEADER)
+    return bearer_key(headers)
 
 
 def match_key(keys: Mapping[str, Any], key: str | None) -> Any | None:

@@ -23,11 +23,11 @@ from admission.settings import Tenant
 from admission.slo import Slo, slo_of
 from router.decision.placement import Placement, placement_of
 from router.flow.headers import (
-    bearer_key,
     client_label,
     mint_id,
     requested_priority,
     session_label,
+    tenant_key,
 )
 from router.flow.offload import OFFLOAD_BYTES, offloaded
 from router.flow.recorder import Recorder
@@ -38,6 +38,7 @@ from router.metrics import RouterMetrics
 from router.parse import ParsedRequest, parse_request
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck
+from streams.agentapis import Api
 from streams.tokenization import APPROXIMATE, Tokenization, load_tokenization
 
 __all__ = ["Head", "Intake", "IntakeReader", "attempt_fingerprint", "client_identity"]
@@ -120,7 +121,7 @@ class IntakeReader:
 
     def tenant(self, headers: Mapping[str, str]) -> Tenant:
         """The tenant a request's headers authenticate (a 401 refusal when none)."""
-        tenant = self.gate.tenant(bearer_key(headers))
+        tenant = self.gate.tenant(tenant_key(headers))
         if isinstance(tenant, Rejection):
             self.metrics.rejected(tenant.reason)
             raise Refusal(401, tenant.message, "unauthorized")
@@ -142,11 +143,13 @@ class IntakeReader:
             return APPROXIMATE
         return self.tokenizations.get(model, APPROXIMATE)
 
-    def parse(self, raw: bytes, chat: bool) -> ParsedRequest:
-        """``raw`` as a completion (``chat`` False) or chat request; a 400 naming what is
-        wrong."""
+    def parse(self, raw: bytes, chat: bool, api: Api | None = None) -> ParsedRequest:
+        """``raw`` as a completion (``chat`` False) or chat request (``api``: a Messages or
+        Responses one); a 400 naming what is wrong."""
         try:
-            return parse_request(raw, chat, self.settings.default_max_tokens, self.tokenization)
+            return parse_request(
+                raw, chat, self.settings.default_max_tokens, self.tokenization, api
+            )
         except orjson.JSONDecodeError as exc:
             raise self.refuse("bad_json", 400, f"invalid JSON: {exc}") from None
         except ValidationError as exc:
@@ -176,15 +179,16 @@ class IntakeReader:
         peer: str | None,
         started: float,
         head: Head | None = None,
+        api: Api | None = None,
     ) -> Intake:
         """The request of ``headers`` and ``body`` (``chat`` None: chat when the body has
         ``messages``; ``peer``: the client's address, when known; ``head``: what
-        :meth:`head` found in the headers already)."""
+        :meth:`head` found in the headers already; ``api``: Messages or Responses)."""
         if head is None:
             head = self.head(headers, started)
         known = _Known(head.tenant.name, head.client_request_id)
         try:
-            return await self._read(body, chat, peer, head, known)
+            return await self._read(body, chat, peer, head, known, api)
         except Refusal as exc:
             self.recorder.refusal(
                 head.request_id,
@@ -236,6 +240,7 @@ class IntakeReader:
         peer: str | None,
         head: Head,
         known: _Known,
+        api: Api | None,
     ) -> Intake:
         tenant = head.tenant
         raw = await body()
@@ -247,9 +252,9 @@ class IntakeReader:
             except TypeError:  # a JSON value without keys
                 chat = False
         p = (
-            await offloaded(self.parse, raw, chat)
+            await offloaded(self.parse, raw, chat, api)
             if len(raw) > OFFLOAD_BYTES
-            else self.parse(raw, chat)
+            else self.parse(raw, chat, api)
         )
         if "priority" in p.body and not tenant.engine_priority:
             # the engine's own priority scheduling: a tenant jumping every queue on its engine
@@ -257,6 +262,17 @@ class IntakeReader:
         if head.session_id is not None:  # the client's session header wins over the body's
             p = replace(p, session_id=head.session_id)
         if self.isolating:
+            if p.kind == "messages":
+                known.parsed = p
+                # the engines' Messages API takes no cache_salt: its prefixes are shared by
+                # every tenant, which isolation exists to prevent
+                raise self.refuse(
+                    "isolation_unsupported",
+                    400,
+                    "/v1/messages cannot keep tenants' cached prefixes apart (the engine's "
+                    "Messages API takes no cache_salt): use /v1/chat/completions or "
+                    "/v1/responses, or run the router with router.cache_isolation=off",
+                )
             p = isolated(p, tenant)
         known.parsed = p
         client = client_identity(tenant, self.gate.settings.anonymous, peer)

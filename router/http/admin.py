@@ -30,6 +30,7 @@ from router.loops import Loops
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck
 from router.wire.server import Reply, Request
+from streams.agentapis import Api
 from streams.kafka import KafkaBus
 from streams.schemas import Heartbeat
 
@@ -86,15 +87,23 @@ class AdminApi:
         """Dry run: what would the router do with this body (completion or chat)? No events,
         no pre-warm advice, no reservation. An admin endpoint: it shows what the index holds.
         ``?tenant=NAME`` decides as that tenant's request (its cache group's salt), where tenants'
-        caches are kept apart."""
+        caches are kept apart; ``?api=messages`` or ``?api=responses``: the body is one of the
+        agent APIs' (streams/agentapis.py)."""
         raw = request.body
+        query = parse_qs(request.query)
+        named = query.get("api", [None])[0]
+        api: Api | None = "messages" if named == "messages" else None
+        api = "responses" if named == "responses" else api
+        if named is not None and api is None:
+            raise Refusal(400, "api is messages or responses (else: chat or completion by body)")
         try:
             body = orjson.loads(raw)
-            p = self.reader.parse(raw, chat=isinstance(body, dict) and "messages" in body)
+            chat = api is not None or (isinstance(body, dict) and "messages" in body)
+            p = self.reader.parse(raw, chat, api)
         except (orjson.JSONDecodeError, ValidationError, ValueError) as exc:
             raise Refusal(400, str(exc).splitlines()[0]) from None
         if self.reader.isolating:  # as the named tenant's request (default: an anonymous one)
-            p = isolated(p, self._tenant(parse_qs(request.query).get("tenant", [None])[0]))
+            p = isolated(p, self._tenant(query.get("tenant", [None])[0]))
         t0 = time.perf_counter()
         rreq, d, nodes, block_size = await self.director.dry_run(p, time.time())
         decision_us = (time.perf_counter() - t0) * 1e6

@@ -140,6 +140,8 @@ def main_routes(
     admins = admin_only(settings, metrics)
     routes.add("POST", "/v1/completions", openai.completions, openai.screen)
     routes.add("POST", "/v1/chat/completions", openai.chat, openai.screen)
+    routes.add("POST", "/v1/messages", openai.messages, openai.screen)
+    routes.add("POST", "/v1/responses", openai.responses, openai.screen)
     routes.add("POST", "/v1/kvgate/decide", admin.decide, admins)
     routes.add("POST", "/v1/kvgate/route", gateway.route, gateway.screen_route)
     routes.add("POST", "/v1/kvgate/release", gateway.release, gateway.screen)

@@ -1,5 +1,6 @@
-"""The OpenAI API for tenants: ``/v1/completions`` and ``/v1/chat/completions`` (proxied:
-in, routed in the pipeline's ``proxy`` mode, forwarded, streamed back), ``/v1/models``, the
+"""The OpenAI API for tenants: ``/v1/completions`` and ``/v1/chat/completions``, and the agent
+APIs ``/v1/messages`` (Anthropic's) and ``/v1/responses`` (proxied: in, routed in the
+pipeline's ``proxy`` mode, forwarded, streamed back), ``/v1/models``, the
 allow-listed non-generating endpoints passed through by model, and a clear 404 for every other
 ``/v1`` path. The handlers translate; the flow layer decides (router/flow/)."""
 
@@ -20,7 +21,7 @@ from router.flow.refusals import Refusal
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.http.edge import json_answer
-from router.http.passthrough import NOT_ADMITTED, pick_node, relay, request_model
+from router.http.passthrough import pick_node, relay, request_model
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
 from router.http.proxy import StallBudget, Whole, forward
@@ -29,6 +30,7 @@ from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from router.tracing import Tracing
 from router.wire.server import Headers, Reply, Request
+from streams.agentapis import Api
 
 __all__ = ["OpenAiApi", "reroutable"]
 
@@ -85,11 +87,23 @@ class OpenAiApi:
     async def chat(self, request: Request, reply: Reply) -> None:
         await self._handle(request, reply, chat=True)
 
-    async def _handle(self, request: Request, reply: Reply, chat: bool) -> None:
+    async def messages(self, request: Request, reply: Reply) -> None:
+        """Anthropic's Messages API, routed as the chat the engine makes of it."""
+        await self._handle(request, reply, chat=True, api="messages")
+
+    async def responses(self, request: Request, reply: Reply) -> None:
+        """OpenAI's Responses API, routed as the chat the engine makes of it."""
+        await self._handle(request, reply, chat=True, api="responses")
+
+    async def _handle(
+        self, request: Request, reply: Reply, chat: bool, api: Api | None = None
+    ) -> None:
         head: Head = request.screened[1]
         with self.tracing.span("kvgate.request", {"http.route": request.path}, request.headers):
             with self.tracing.span("kvgate.admission") as span:
-                t = await self.entry.take(request.headers, request.read, chat, request.peer, head)
+                t = await self.entry.take(
+                    request.headers, request.read, chat, request.peer, head, api
+                )
                 if span is not None:
                     span.set_attribute("kvgate.admitted", t.admitted)
                     span.set_attribute("kvgate.tenant", t.gated.tenant.name)
@@ -219,11 +233,6 @@ class OpenAiApi:
 
     async def not_served(self, request: Request, _: Reply) -> None:
         """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints
-        (``/v1/load_lora_adapter``…), generating endpoints it does not admit, unknown paths."""
+        (``/v1/load_lora_adapter``…), unknown paths."""
         path = request.path[:200]
-        if path in NOT_ADMITTED:
-            msg = (
-                f"{path} is not served through kvgate: use /v1/chat/completions or /v1/completions"
-            )
-            raise Refusal(404, msg, "NotFoundError", reason="not_served")
         raise Refusal(404, f"no such endpoint: {path}", "NotFoundError", reason="not_served")

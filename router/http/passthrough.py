@@ -9,8 +9,8 @@ it comes, and the client sees which node answered (``X-Kvgate-Node``).
 Only the paths of :data:`PASSTHROUGH_PATHS` pass, and each is sent upstream as the constant
 path kvgate knows, never as the client spelled it: a client's path cannot name another engine
 endpoint (``/v1/../reset_prefix_cache``), and engine admin endpoints under ``/v1``
-(``/v1/load_lora_adapter``…) are not reachable by tenants. Generating endpoints kvgate does not
-admit yet (``/v1/responses``, ``/v1/messages``) are refused rather than passed around admission.
+(``/v1/load_lora_adapter``…) are not reachable by tenants. Generating endpoints are never
+passed through: they are admitted and routed (router/http/openai.py).
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ from router.decision.types import NodeView
 from router.flow.refusals import Refusal
 from router.wire.server import Reply, Request
 
-__all__ = ["NOT_ADMITTED", "PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
+__all__ = ["PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
 
 # the non-generating OpenAI-style endpoints vLLM and SGLang serve under /v1 (JSON bodies with
 # a ``model``): they pass through; nothing else under /v1 does
 PASSTHROUGH_PATHS = ("/v1/embeddings", "/v1/score", "/v1/rerank", "/v1/classify")
-# generating endpoints of the engines that kvgate does not admit or account for yet: refused,
-# never passed around admission, quotas and write timeouts
-NOT_ADMITTED = ("/v1/responses", "/v1/messages")
 
 
 def request_model(raw: bytes) -> str:

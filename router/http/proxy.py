@@ -29,6 +29,7 @@ from router.flow.served import Served
 from router.parse import ParsedRequest
 from router.wire.client import Answer, Pools, UpstreamError
 from router.wire.server import ClientGone, Reply
+from streams.agentapis import Api, event_token, event_usage, usage_as_chat
 from streams.openai import error_body
 
 __all__ = ["StallBudget", "Whole", "forward"]
@@ -102,9 +103,10 @@ class _SseLines:
     """Reads an engine's SSE stream chunk by chunk as it arrives: notes the first token, the
     output tokens and the usage, and returns the bytes for the client — the complete lines of
     the chunk, less the usage chunk the router asked for on the client's behalf (and its blank
-    line). A line split over chunks waits for its end."""
+    line). A line split over chunks waits for its end. The agent APIs' events (``api``:
+    Messages, Responses) are read for their tokens and usage and all passed on."""
 
-    __slots__ = ("first_token", "include_usage", "relay", "rest", "skip_blank", "started")
+    __slots__ = ("api", "first_token", "include_usage", "relay", "rest", "skip_blank", "started")
 
     def __init__(
         self,
@@ -112,9 +114,11 @@ class _SseLines:
         include_usage: bool,
         first_token: Callable[[], None] | None,
         started: float,
+        api: Api | None = None,
     ) -> None:
         self.relay, self.include_usage = relay, include_usage
         self.first_token, self.started = first_token, started
+        self.api = api
         self.rest = b""
         self.skip_blank = False
 
@@ -149,18 +153,29 @@ class _SseLines:
         """Whether the client gets this data line."""
         relay = self.relay
         chunk = orjson.loads(line[6:])
+        if self.api is not None:
+            usage = event_usage(self.api, chunk)
+            if usage:
+                relay.usage = {**(relay.usage or {}), **usage}
+            if event_token(self.api, chunk):
+                self._token()
+            return True
         if chunk.get("usage"):
             relay.usage = chunk["usage"]
             if not chunk.get("choices") and not self.include_usage:
                 return False
         choices = chunk.get("choices")
         if choices and _has_text(choices[0]):
-            relay.output_tokens += 1
-            if relay.ttft_s is None:
-                relay.ttft_s = time.time() - self.started
-                if self.first_token is not None:
-                    self.first_token()
+            self._token()
         return True
+
+    def _token(self) -> None:
+        relay = self.relay
+        relay.output_tokens += 1
+        if relay.ttft_s is None:
+            relay.ttft_s = time.time() - self.started
+            if self.first_token is not None:
+                self.first_token()
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +204,13 @@ def _whole(
     headers: tuple[tuple[str, str], ...],
     started: float,
     on_first_token: Callable[[], None] | None,
+    api: Api = "chat",
 ) -> Whole:
     """An answer that is not streamed (or an error), passed on, less an engine's refusal of the
     router's own credentials (a 502: the client did nothing wrong)."""
     relay.ttft_s = time.time() - started
     if status == 200:
-        relay.usage = orjson.loads(data).get("usage")
+        relay.usage = usage_as_chat(api, orjson.loads(data).get("usage"))
         relay.status = "ok"
         if on_first_token is not None:  # the prompt was prefilled
             on_first_token()
@@ -267,7 +283,7 @@ async def _stream(
     """The engine's stream to the client as it comes (see :class:`_SseLines`)."""
     reply.bound(send_buffer_bytes)
     reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
-    lines = _SseLines(relay, p.include_usage, on_first_token, started)
+    lines = _SseLines(relay, p.include_usage, on_first_token, started, p.api)
     async for data in up.chunks():  # as the engine wrote it
         out = lines.feed(data)
         if out:
@@ -325,6 +341,7 @@ async def forward(
                         headers,
                         started,
                         on_first_token,
+                        p.kind,
                     )
                     return relay, whole
                 await _stream(

@@ -397,3 +397,56 @@ async def test_a_stream_routes_one_request_only(picker: tuple[Edge, Any, EppServ
         return await e.reservations() == 0
 
     await wait_until(released, 5, "the stream's one reservation released")
+
+
+async def test_a_messages_request_is_routed_as_its_chat_and_its_events_read() -> None:
+    """Anthropic's Messages API through the picker (``:path`` /v1/messages, the key in
+    ``x-api-key``): routed, the key not passed on, the answer's named events read for its
+    tokens and usage (cached tokens included) into the outcome. (Tenants' caches are shared
+    here: the engines' Messages API takes no cache_salt.)"""
+    router = {"epp_keys": {GATEWAY: "gw-a"}, "cache_isolation": "off"}
+    async with edge(admission={"tenants": TENANTS}, router=router) as e:
+        server = await serve_epp(e.router, "127.0.0.1", 0)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                await _messages_through_the_picker(e, channel)
+        finally:
+            await server.stop(0)
+
+
+async def _messages_through_the_picker(e: Edge, channel: Any) -> None:
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), BUFFERED, BUFFERED)
+    body = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 40}], "stream": True}
+    )
+    await envoy.send(
+        request_headers=headers(
+            (":method", "POST"), (":path", "/v1/messages"), ("x-api-key", "sk-alpha")
+        )
+    )
+    assert (await envoy.read()).HasField("request_headers")
+    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    picked = await envoy.read()
+    dest = destination(picked, "request_body")
+    assert "x-api-key" in picked.request_body.response.header_mutation.remove_headers
+    sent = picked.request_body.response.body_mutation.body
+    assert orjson.loads(sent)["max_tokens"] > 0  # Anthropic's limit field, the default set
+    status, chunks = await upstream(dest, "/v1/messages", sent)
+    assert status == 200 and b"event: message_start" in b"".join(chunks)
+    await envoy.send(
+        response_headers=headers((":status", "200"), ("content-type", "text/event-stream"))
+    )
+    assert (await envoy.read()).HasField("response_headers")
+    await envoy.send(response_body=ep.HttpBody(body=b"".join(chunks), end_of_stream=True))
+    assert (await envoy.read()).HasField("response_body")
+    await envoy.call.done_writing()
+
+    async def recorded() -> bool:
+        return len(outcomes(e)) == 1
+
+    await wait_until(recorded, 5, "the outcome recorded")
+    (out,) = outcomes(e)
+    assert out.status == "ok" and out.output_tokens == orjson.loads(sent)["max_tokens"]
+    assert out.prompt_tokens > 0 and out.cached_tokens == 0 and out.ttft_s is not None
+    assert e.decisions()[-1].endpoint_kind == "messages"
+    assert await e.reservations() == 0

@@ -1,7 +1,8 @@
 """Engine-exact prefix hashing on a real tokenizer (the HF ``tokenizer.json`` that ships inside
-the ``anthropic`` 0.34 package; nothing is downloaded): the router tokenizes chat and completion
-requests like the engine, so every full block of a served prompt is found in the index under the
-router's own hashes. A router without the tokenizer (approximate text chunks) finds none."""
+the ``anthropic`` 0.34 package; nothing is downloaded): the router tokenizes chat, completion,
+Messages and Responses requests like the engine, so every full block of a served prompt is found
+in the index under the router's own hashes. A router without the tokenizer (approximate text
+chunks) finds none."""
 
 from __future__ import annotations
 
@@ -76,18 +77,38 @@ async def test_router_and_engine_agree_block_for_block(
             {"model": MODEL, "prompt": system + "Question: what is a KV block?", "max_tokens": 4},
         ),
     ]
+    question = "How do I tune the prefill weight?"
+    requests += [  # the agent APIs: the engine hashes the chat it makes of them, as the router
+        (
+            "/v1/messages",
+            {
+                "model": MODEL,
+                "system": [{"type": "text", "text": system}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
+                "max_tokens": 4,
+            },
+        ),
+        (
+            "/v1/responses",
+            {"model": MODEL, "instructions": system, "input": question, "max_output_tokens": 4},
+        ),
+    ]
     for path, body in requests:
         status, _ = await post(exact, path, body)
         assert status == 200
+        api = path.rsplit("/", 1)[1]
+        decide = "/v1/kvgate/decide" + (f"?api={api}" if api in ("messages", "responses") else "")
 
-        async def all_blocks_hit(body: dict[str, Any] = body) -> dict[str, Any] | None:
-            _, d = await post(exact, "/v1/kvgate/decide", body)
+        async def all_blocks_hit(
+            body: dict[str, Any] = body, decide: str = decide
+        ) -> dict[str, Any] | None:
+            _, d = await post(exact, decide, body)
             hit = {c["node_id"]: c["hit_blocks"] for c in d["candidates"]}
             return d if d["prompt_blocks"] > 5 and hit.get("n1") == d["prompt_blocks"] else None
 
         d = await wait_until(all_blocks_hit, 10, f"every block of the {path} prompt to hit", 0.1)
         assert d["prompt_tokens"] < len(json.dumps(body)) / 3  # the model's tokens
-        _, a = await post(approx, "/v1/kvgate/decide", body)
+        _, a = await post(approx, decide, body)
         assert a["prompt_blocks"] > 0
         assert all(c["hit_blocks"] == 0 for c in a["candidates"]), "approximate hashes matched?"
 
