@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import random
 import time
@@ -21,15 +20,17 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import ClientConnectionResetError, web
-from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from agents.enginemetrics import render_metrics, render_sglang_metrics
 from agents.scheduler import EngineCore, Sequence
 from agents.settings import EngineSettings
+from agents.simconnector import exported, receive, transfer_params
+from agents.simfaults import EngineGate
 from agents.simformats import AnswerFormat
+from agents.siminfo import model_listing, server_info, tokenize
 from agents.vllm_events import KvEventPublisher, encode_batch, rank_endpoint
-from streams.agentapis import API_PATHS, Api, MessagesRequest, ResponsesRequest
+from streams.agentapis import Api, MessagesRequest, ResponsesRequest
 from streams.openai import ChatRequest, CompletionRequest, error_body
 from streams.tokenization import load_tokenization
 
@@ -37,7 +38,6 @@ __all__ = ["SimEngine"]
 
 log = logging.getLogger(__name__)
 _DONE = object()
-GENERATING = frozenset(API_PATHS.values())  # the paths a simulated fault applies to
 _Body = TypeVar("_Body", CompletionRequest, ChatRequest, MessagesRequest, ResponsesRequest)
 
 
@@ -59,49 +59,13 @@ class SimEngine:
         self._lora_ids = {name: i + 1 for i, name in enumerate(settings.adapters)}
         self._publishers: list[KvEventPublisher | None] = [None] * len(self.cores)
         self._tasks: list[asyncio.Task[None]] = []
-        self.fault, self.fault_share = settings.fault, settings.fault_share
+        self.gate = EngineGate(settings, self._rng)  # its API key and its simulated faults
         self.engine_id = uuid.uuid4().hex[:12]  # a KV connector's engine id
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """vLLM's --api-key: every /v1 path wants ``Authorization: Bearer <key>``."""
-        key = self.settings.api_key
-        if key is not None and request.path.startswith("/v1"):
-            given = request.headers.get("Authorization", "")
-            want = f"Bearer {key.get_secret_value()}"
-            if not hmac.compare_digest(given.encode(), want.encode()):
-                return _json({"error": "Unauthorized"}, 401)
-        return await handler(request)
-
-    @web.middleware
-    async def _faulty(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The configured fault, on generation requests only: metrics and health stay fine."""
-        if (
-            self.fault != "none"
-            and request.path in GENERATING
-            and self._rng.random() < self.fault_share
-        ):
-            if self.fault == "hang":
-                await asyncio.Event().wait()  # until the client gives up
-            return _json(error_body("engine fault (simulated)", "InternalServerError", 500), 500)
-        return await handler(request)
-
-    async def _set_fault(self, request: web.Request) -> web.Response:
-        """Change the simulated fault at runtime: {"fault": "none"|"error"|"hang", "share": x}."""
-        try:
-            body = orjson.loads(await request.read())
-            fault, share = body["fault"], float(body.get("share", 1.0))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return _json(error_body(f"bad fault: {exc}"), 400)
-        if fault not in ("none", "error", "hang") or not 0 <= share <= 1:
-            return _json(error_body("fault is none, error or hang; share in [0, 1]"), 400)
-        self.fault, self.fault_share = fault, share
-        return _json({"fault": fault, "share": share})
 
     # --- lifecycle -----------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(
-            client_max_size=64 * 1024 * 1024, middlewares=[self._auth, self._faulty]
+            client_max_size=64 * 1024 * 1024, middlewares=[self.gate.auth, self.gate.faulty]
         )
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -112,7 +76,7 @@ class SimEngine:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset)
-        app.router.add_post("/kvgate/fault", self._set_fault)
+        app.router.add_post("/kvgate/fault", self.gate.set_fault)
         # what SGLang's model gateway asks a worker when it registers it (it falls back from
         # the first name to the older one); answering lets the gateway label the model
         for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
@@ -252,42 +216,6 @@ class SimEngine:
             )
         return body
 
-    def _transfer(self, body: CompletionRequest | ChatRequest) -> dict[str, Any] | None:
-        """The request's kv_transfer_params, when this engine has a KV connector."""
-        params = (body.model_extra or {}).get("kv_transfer_params")
-        return params if self.settings.kv_transfer and isinstance(params, dict) else None
-
-    async def _receive(self, rank: int, seq: Sequence, params: dict[str, Any]) -> None:
-        """Pull the prompt's KV from the prefill engine named in ``params`` (NixlConnector's
-        do_remote_prefill): the transfer takes its bytes over the link's bandwidth; the last
-        prompt token is computed here, as vLLM does."""
-        ids = params.get("remote_block_ids")
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return
-        p = self.settings.profile
-        blocks = min(len(ids), max(0, (len(seq.prompt) - 1) // p.block_size))
-        seconds = (
-            blocks * p.block_size * p.kv_bytes_per_token * 8 / (self.settings.kv_link_gbps * 1e9)
-        )
-        await asyncio.sleep(seconds)
-        self.cores[rank].receive(seq, blocks)
-
-    def _exported(self, seq: Sequence, request: web.Request, rank: int) -> dict[str, Any]:
-        """What a prefill engine answers for a decode engine to pull (vLLM's NixlConnector
-        request_finished): its engine id, side channel and the prompt's blocks."""
-        bs = self.settings.profile.block_size
-        host, port = (request.url.host or "127.0.0.1"), (request.url.port or self.settings.port)
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_block_ids": list(range(len(seq.prompt) // bs)),
-            "remote_engine_id": f"{self.engine_id}-dp{rank}",
-            "remote_request_id": seq.request_id,
-            "remote_host": host,
-            "remote_port": port,
-            "tp_size": 1,
-        }
-
     def _submit(
         self,
         rank: int,
@@ -386,11 +314,11 @@ class SimEngine:
                 400,
             )
         rid = AnswerFormat.request_id(api, uuid.uuid4().hex)
-        transfer = self._transfer(body)
+        transfer = transfer_params(self.settings, body)
         seq, queue = self._submit(rank, tokens, body, rid, add=False)
         if transfer is not None and transfer.get("do_remote_prefill"):
             try:
-                await self._receive(rank, seq, transfer)
+                await receive(self.settings, self.cores[rank], seq, transfer)
             except BaseException:
                 self._queues.pop(rid, None)
                 raise
@@ -408,7 +336,9 @@ class SimEngine:
             out: list[int] = [t async for t in _drain(queue)]
             answer = fmt.whole(self.tokenization.decode(out), _usage(seq))
             if transfer is not None and transfer.get("do_remote_decode"):
-                answer["kv_transfer_params"] = self._exported(seq, request, rank)
+                answer["kv_transfer_params"] = exported(
+                    self.settings, f"{self.engine_id}-dp{rank}", seq, request
+                )
             return _json(answer)
         finally:
             self._queues.pop(rid, None)
@@ -438,46 +368,17 @@ class SimEngine:
         return resp
 
     async def _models(self, _: web.Request) -> web.Response:
-        """vLLM's listing: the base model, then each LoRA adapter with the base as its parent."""
-        name = self.settings.served_model_name
         max_len = self.core.cache.num_blocks * self.settings.profile.block_size
-        entry = {"object": "model", "created": int(self.started_s), "owned_by": "kvgate"}
-        base = {**entry, "id": name, "root": self.settings.profile.model, "parent": None}
-        adapters = [
-            {**entry, "id": lora, "root": path, "parent": name}
-            for lora, path in self.settings.adapters.items()
-        ]
-        return _json(
-            {
-                "object": "list",
-                "data": [{**m, "max_model_len": max_len} for m in [base, *adapters]],
-            }
-        )
+        return _json(model_listing(self.settings, max_len, self.started_s))
 
     async def _server_info(self, _: web.Request) -> web.Response:
-        p = self.settings.profile
-        return _json(
-            {
-                "model_path": self.settings.served_model_name,
-                "served_model_name": self.settings.served_model_name,
-                "is_generation": True,
-                "max_total_num_tokens": p.num_gpu_blocks * p.block_size,
-                "page_size": p.block_size,
-                "max_running_requests": p.max_num_seqs,
-                "chunked_prefill_size": p.max_num_batched_tokens,
-            }
-        )
+        return _json(server_info(self.settings))
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         """vLLM's ``POST /tokenize``: a completion prompt or chat messages → token ids."""
         try:
-            data = orjson.loads(await request.read())
-            if isinstance(data, dict) and "messages" in data:
-                tokens = self.tokenization.encode_chat(ChatRequest.model_validate(data))
-            else:
-                prompt = CompletionRequest.model_validate(data)
-                tokens = prompt.prompt_tokens(self.tokenization.encode_prompt)
-        except (orjson.JSONDecodeError, ValueError) as exc:  # ValidationError is a ValueError
+            tokens = tokenize(self.tokenization, await request.read())
+        except ValueError as exc:  # (orjson's and pydantic's errors are ValueErrors)
             return _json(error_body(str(exc).splitlines()[0]), 400)
         max_len = self.core.cache.num_blocks * self.settings.profile.block_size
         return _json({"count": len(tokens), "max_model_len": max_len, "tokens": tokens})

@@ -1,0 +1,68 @@
+"""What stands in front of the simulated engine's API: vLLM's ``--api-key`` and the simulated
+faults (every generation request failing or hanging, or a share of them), changeable at runtime
+through ``POST /kvgate/fault``."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import random
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from agents.settings import EngineSettings
+from streams.agentapis import API_PATHS
+from streams.openai import error_body
+
+__all__ = ["GENERATING", "EngineGate"]
+
+GENERATING = frozenset(API_PATHS.values())  # the paths a simulated fault applies to
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+class EngineGate:
+    def __init__(self, settings: EngineSettings, rng: random.Random) -> None:
+        self.settings, self._rng = settings, rng
+        self.fault, self.fault_share = settings.fault, settings.fault_share
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """vLLM's --api-key: every /v1 path wants ``Authorization: Bearer <key>``."""
+        key = self.settings.api_key
+        if key is not None and request.path.startswith("/v1"):
+            given = request.headers.get("Authorization", "")
+            want = f"Bearer {key.get_secret_value()}"
+            if not hmac.compare_digest(given.encode(), want.encode()):
+                return _json({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    @web.middleware
+    async def faulty(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The configured fault, on generation requests only: metrics and health stay fine."""
+        if (
+            self.fault != "none"
+            and request.path in GENERATING
+            and self._rng.random() < self.fault_share
+        ):
+            if self.fault == "hang":
+                await asyncio.Event().wait()  # until the client gives up
+            return _json(error_body("engine fault (simulated)", "InternalServerError", 500), 500)
+        return await handler(request)
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        """Change the simulated fault at runtime: {"fault": "none"|"error"|"hang", "share": x}."""
+        try:
+            body = orjson.loads(await request.read())
+            fault, share = body["fault"], float(body.get("share", 1.0))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return _json(error_body(f"bad fault: {exc}"), 400)
+        if fault not in ("none", "error", "hang") or not 0 <= share <= 1:
+            return _json(error_body("fault is none, error or hang; share in [0, 1]"), 400)
+        self.fault, self.fault_share = fault, share
+        return _json({"fault": fault, "share": share})
