@@ -292,6 +292,7 @@ class NodeAgent:
                     labels=s.labels,
                     role=s.role,
                     kv_link_gbps=s.kv_link_gbps,
+                    retention_hints=s.retention_hints,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

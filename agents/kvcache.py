@@ -4,6 +4,11 @@ Blocks are either *anonymous* (being filled, or holding a partial block) or *cac
 chained hash of their content. A cached block with no reference stays reusable until it is
 evicted in least-recently-used order, like vLLM's prefix cache. Every change that an outside
 observer can see is returned as a :class:`CacheEvent` so that the engine can publish it.
+
+A request released with a retention hint (``hold_until``: an agent session between turns)
+leaves its blocks *held*: unreferenced and reusable like any cached block, but evicted only when
+no ordinary unreferenced block is left — a hold yields to running work, it never makes an
+allocation fail — and ordinary again once its time is past (:meth:`KvCache.expire`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class KvCache:
     block_size: int
     _refs: dict[int, int] = field(default_factory=dict)  # cached hash -> references
     _lru: OrderedDict[int, None] = field(default_factory=OrderedDict)  # unreferenced, cached
+    _held: dict[int, float] = field(default_factory=dict)  # unreferenced, held until a time
+    _soonest: float = float("inf")  # no hold ends before this
     _anon: int = 0  # anonymous blocks in use
     events: list[CacheEvent] = field(default_factory=list)
 
@@ -54,7 +61,12 @@ class KvCache:
     @property
     def used_blocks(self) -> int:
         """Blocks that cannot be handed out without breaking a running request."""
-        return self._anon + len(self._refs) - len(self._lru)
+        return self._anon + len(self._refs) - len(self._lru) - len(self._held)
+
+    @property
+    def held_blocks(self) -> int:
+        """Unreferenced blocks kept for a session between its turns."""
+        return len(self._held)
 
     @property
     def cached_blocks(self) -> int:
@@ -82,7 +94,7 @@ class KvCache:
 
     def can_allocate(self, new_blocks: int, reuse: Sequence[int] = ()) -> bool:
         """Whether ``new_blocks`` fresh blocks fit after referencing the cached ``reuse``."""
-        pinned = sum(1 for h in reuse if h in self._lru)
+        pinned = sum(1 for h in reuse if h in self._lru or h in self._held)
         return self.free_blocks - pinned >= new_blocks
 
     # --- mutation ------------------------------------------------------------------------
@@ -91,6 +103,7 @@ class KvCache:
         for h in hashes:
             self._refs[h] += 1
             self._lru.pop(h, None)
+            self._held.pop(h, None)
 
     def allocate(self, n: int) -> None:
         """Take ``n`` anonymous blocks, evicting unreferenced cached blocks (LRU) if needed."""
@@ -100,10 +113,15 @@ class KvCache:
         evict = max(0, n - empty)
         if evict:
             removed = []
-            for _ in range(evict):
+            for _ in range(min(evict, len(self._lru))):
                 h, _ = self._lru.popitem(last=False)
                 del self._refs[h]
                 removed.append(h)
+            if len(removed) < evict:  # holds yield: the soonest to expire go first
+                for h in sorted(self._held, key=self._held.__getitem__)[: evict - len(removed)]:
+                    del self._held[h]
+                    del self._refs[h]
+                    removed.append(h)
             self.events.append(BlockRemoved(tuple(removed)))
         self._anon += n
 
@@ -127,6 +145,7 @@ class KvCache:
             if h in self._refs:
                 self._refs[h] += 1
                 self._lru.pop(h, None)
+                self._held.pop(h, None)
             else:
                 self._refs[h] = 1
                 new.append(h)
@@ -156,18 +175,38 @@ class KvCache:
             if h in refs:
                 refs[h] += 1
                 self._lru.pop(h, None)
+                self._held.pop(h, None)
             else:
                 refs[h] = 1
                 events.append(BlockStored((h,), parent, ()))
 
-    def release(self, hashes: Sequence[int], anonymous: int) -> None:
-        """Drop a request's references; its cached blocks become evictable, most recent last."""
+    def release(
+        self, hashes: Sequence[int], anonymous: int, hold_until: float | None = None
+    ) -> None:
+        """Drop a request's references; its cached blocks become evictable, most recent last
+        (``hold_until``: held until then, see the module's docstring)."""
         for h in reversed(hashes):  # the tail of a prefix is evicted before its head
             left = self._refs[h] - 1
             self._refs[h] = left
             if left == 0:
-                self._lru[h] = None
+                if hold_until is None:
+                    self._lru[h] = None
+                else:
+                    self._held[h] = hold_until
+                    self._soonest = min(self._soonest, hold_until)
         self._anon -= anonymous
+
+    def expire(self, now: float) -> int:
+        """Holds past their time become ordinary unreferenced blocks (the most recently used
+        end of the LRU order); returns how many."""
+        if now < self._soonest:
+            return 0
+        due = [h for h, until in self._held.items() if until <= now]
+        for h in due:
+            del self._held[h]
+            self._lru[h] = None
+        self._soonest = min(self._held.values(), default=float("inf"))
+        return len(due)
 
     def clear(self) -> bool:
         """Drop every cached block, like vLLM's reset_prefix_cache: only when none is in use."""
@@ -175,6 +214,7 @@ class KvCache:
             return False
         self._refs.clear()
         self._lru.clear()
+        self._held.clear()
         self.events.append(AllCleared())
         return True
 

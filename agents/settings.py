@@ -141,6 +141,13 @@ class AgentSettings(BaseModel):
     kv_link_gbps: float | None = Field(
         default=None, gt=0, description="the engine's KV transfer bandwidth (Gbit/s)"
     )
+    retention_hints: bool = Field(
+        default=False,
+        description="the engine keeps a finished request's KV for the TTL of its agent_hint "
+        "(session_id, cache_control.ttl: the shape of vLLM's session-aware KV hints RFC; "
+        "kvgate's simulated engine): routers then ask it to keep a session's prefix between "
+        "its turns",
+    )
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="the node's labels, e.g. {zone: eu-1a, gpu: h100}: requests and tenants "

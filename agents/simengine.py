@@ -26,7 +26,7 @@ from agents.enginemetrics import render_metrics, render_sglang_metrics
 from agents.scheduler import EngineCore, Sequence
 from agents.settings import EngineSettings
 from agents.simconnector import exported, receive, transfer_params
-from agents.simfaults import EngineGate
+from agents.simfaults import EngineGate, retention_ttl
 from agents.simformats import AnswerFormat
 from agents.siminfo import model_listing, server_info, tokenize
 from agents.vllm_events import KvEventPublisher, encode_batch, rank_endpoint
@@ -234,6 +234,7 @@ class SimEngine:
             random.Random(self._rng.random()),
             lora=body.model if body.model in self._lora_ids else None,
             cache_salt=body.cache_salt,
+            retain_s=retention_ttl(body.model_extra),
         )
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[rid] = queue

@@ -1,6 +1,7 @@
-"""What stands in front of the simulated engine's API: vLLM's ``--api-key`` and the simulated
+"""What stands in front of the simulated engine's API: vLLM's ``--api-key``, the simulated
 faults (every generation request failing or hanging, or a share of them), changeable at runtime
-through ``POST /kvgate/fault``."""
+through ``POST /kvgate/fault``, and the retention hints it reads off a request (``agent_hint``:
+the shape of vLLM's session-aware KV hints RFC)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,27 @@ from agents.settings import EngineSettings
 from streams.agentapis import API_PATHS
 from streams.openai import error_body
 
-__all__ = ["GENERATING", "EngineGate"]
+__all__ = ["GENERATING", "MAX_RETENTION_S", "EngineGate", "retention_ttl"]
 
 GENERATING = frozenset(API_PATHS.values())  # the paths a simulated fault applies to
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+MAX_RETENTION_S = 3600.0  # the longest hold an agent_hint may ask for (as the RFC bounds it)
+
+
+def retention_ttl(extra: dict[str, Any] | None) -> float:
+    """The seconds a request's ``agent_hint.cache_control.ttl`` asks its KV to be kept after it
+    finishes (0: none, or a hint that is not one)."""
+    hint = (extra or {}).get("agent_hint")
+    control = hint.get("cache_control") if isinstance(hint, dict) else None
+    ttl = control.get("ttl") if isinstance(control, dict) else None
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_RETENTION_S:
+        return 0.0
+    return float(ttl)
 
 
 class EngineGate:

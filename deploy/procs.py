@@ -180,7 +180,8 @@ class Supervisor:
                     f"tcp://127.0.0.1:{replay_port}",
                 ]
             ),
-            env=agent_env,
+            # the simulated engine keeps a session's KV between turns when asked to
+            env={"KVGATE_AGENT__RETENTION_HINTS": "true", **(agent_env or {})},
         )
         return url
 

@@ -237,6 +237,8 @@ class _Exchange:
         except Refusal as exc:
             return [_refused(exc)]
         self.request_id, _, decision, node, p = routed
+        if (sessions := self.parts.external.sessions) is not None:
+            p = sessions.hinted(p, taken.gated.tenant.name, node)
         dest = host_port(node.endpoint)
         upstream = self.parts.upstream.auth
         mutation = ep.HeaderMutation(

@@ -96,6 +96,8 @@ def parse_request(
         # an engine with a KV connector would pull KV from wherever these say: only kvgate's
         # disaggregated-prefill path sets them
         raise ValueError("kv_transfer_params is set by kvgate, not by clients")
+    if "agent_hint" in body:  # a retention hint pins KV on the engine: kvgate's to give
+        body = {k: v for k, v in body.items() if k != "agent_hint"}
     req: ChatRequest | CompletionRequest
     given_ids = False
     kind: Api = api or ("chat" if chat else "completions")

@@ -32,6 +32,7 @@ from router.flow.flight import Flights
 from router.flow.intake import IntakeReader
 from router.flow.proxied import ProxiedRequests
 from router.flow.recorder import Recorder
+from router.flow.sessions import SessionKeeper
 from router.flow.tokenizers import TokenizerDiscovery
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
@@ -142,19 +143,32 @@ def build_router(
     )
     upstream = Upstream(s)
     tokens = TokenChecks(upstream, reader, tokencheck, metrics)
+    sessions = SessionKeeper(s)
     external = ExternalRequests(
-        s, gate, director, flights, ledger, views, recorder, queue, calibration, tokens.check
+        s,
+        gate,
+        director,
+        flights,
+        ledger,
+        views,
+        recorder,
+        queue,
+        calibration,
+        tokens.check,
+        sessions,
     )
-    entry = Entry(reader, director, recorder)
+    entry = Entry(reader, director, recorder, sessions)
     proxied = ProxiedRequests(
-        s, gate, flights, ledger, views, queue, calibration, recorder, metrics
+        s, gate, flights, ledger, views, queue, calibration, recorder, metrics, sessions
     )
     loops = Loops(s, router_id, gate, flights, external, views, upstream)
     loops.tokenizers = TokenizerDiscovery(s, reader.tokenizations)
     prefill = PrefillLeg(s, upstream, gate, views, ledger, director, metrics)
     openai = OpenAiApi(s, entry, director, proxied, upstream, prefill, tokens, tracing, feed)
     gateway = GatewayApi(s, metrics, entry, external, gate, flights)
-    admin = AdminApi(s, router_id, canary, director, reader, flights, tokencheck, loops, bus)
+    admin = AdminApi(
+        s, router_id, canary, director, reader, flights, tokencheck, loops, bus, sessions
+    )
     app = main_routes(s, metrics, openai, gateway, admin)
 
     async def start() -> None:

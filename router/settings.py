@@ -152,6 +152,21 @@ class RouterSettings(BaseModel):
         "the body's session_id / metadata.session_id / metadata.user_id / user (the session "
         "home and hit accounting follow it); add a client's own header here",
     )
+    session_retention: bool = Field(
+        default=True,
+        description="keep an agent session's prefix between its turns: learn each tenant's and "
+        "model's inter-turn gap, hold the session's KV on its home for that long (a soft hold: "
+        "nothing is refused for it) and ask engines that take retention hints to keep it",
+    )
+    session_hold_default_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="a paused session's hold before its tenant's and model's gaps are learned",
+    )
+    session_hold_max_s: float = Field(
+        default=600.0, gt=0, le=3600, description="the longest hold a learned gap gives"
+    )
     zone: str | None = Field(
         default=None, description="this router's zone: nodes labelled with it are preferred"
     )

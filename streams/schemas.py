@@ -159,6 +159,11 @@ class Heartbeat(Message):
         description="the node's labels (zone, GPU type, …): requests and tenants may require "
         "or prefer them; routers prefer their own zone",
     )
+    retention_hints: bool = Field(
+        default=False,
+        description="the engine keeps a finished request's KV for its agent_hint's "
+        "cache_control.ttl: routers ask it to keep an agent session's prefix between turns",
+    )
     adapters: list[AdapterName] = Field(
         default_factory=list,
         max_length=256,

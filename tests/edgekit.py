@@ -79,6 +79,7 @@ class Edge:
     beats: dict[str, Heartbeat] = field(default_factory=dict)
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> heartbeat fields
     runners: dict[str, web.AppRunner] = field(default_factory=dict)
+    sims: dict[str, SimEngine] = field(default_factory=dict)  # the engines themselves
 
     async def stop_engine(self, node: str) -> None:
         """The engine process goes away (its last heartbeat stays where it was)."""
@@ -192,6 +193,7 @@ async def edge(
     engines of ``blocks`` KV blocks each. Defaults: admin and two gateway keys, two tenants;
     ``tracing``: the router's (off by default); ``profile``: the engines' profile fields."""
     runners: dict[str, web.AppRunner] = {}
+    sims: dict[str, SimEngine] = {}
     urls: dict[str, str] = {}
     for i in range(engines):
         es = EngineSettings(
@@ -199,7 +201,9 @@ async def edge(
             profile=EngineProfile(num_gpu_blocks_override=blocks, **(profile or {})),
             **(engine or {}),
         )
-        runner, url = await _serve(SimEngine(es).app())
+        sim = SimEngine(es)
+        runner, url = await _serve(sim.app())
+        sims[f"n{i + 1}"] = sim
         runners[f"n{i + 1}"] = runner
         urls[f"n{i + 1}"] = url
     rs = RouterSettings(
@@ -246,6 +250,7 @@ async def edge(
         listeners,
         http,
         runners=runners,
+        sims=sims,
     )
     feeder = asyncio.create_task(feed())
     await asyncio.sleep(0.05)

@@ -61,6 +61,7 @@ class NodeView:
     prefill_tokens_per_s: float = 0.0  # its prefill rate as this router saw it (0: unknown)
     kv_blocks_admissible: int | None = None  # its heartbeat's (None: from total and used)
     max_model_len: int | None = None  # its engine's context limit, if known
+    retention_hints: bool = False  # its engine keeps a session's KV when asked (agent_hint)
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -129,6 +130,7 @@ class NodeView:
             prefill_tokens_per_s,
             self.kv_blocks_admissible,
             self.max_model_len,
+            self.retention_hints,
         )
 
 

@@ -13,6 +13,7 @@ from router.flow.director import Director
 from router.flow.intake import Head, IntakeReader
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
+from router.flow.sessions import SessionKeeper
 from router.parse import ParsedRequest
 from streams.agentapis import Api
 
@@ -38,10 +39,17 @@ class Taken:
 
 
 class Entry:
-    def __init__(self, reader: IntakeReader, director: Director, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        reader: IntakeReader,
+        director: Director,
+        recorder: Recorder,
+        sessions: SessionKeeper | None = None,
+    ) -> None:
         self.reader = reader
         self.director = director
         self.recorder = recorder
+        self.sessions = sessions
 
     async def take(
         self,
@@ -59,6 +67,8 @@ class Entry:
         Responses request."""
         started = time.time() if head is None else head.started
         i = await self.reader.read(headers, read, chat, peer, started, head, api)
+        if self.sessions is not None:  # a session's turn: its gap learned, its hold ended
+            self.sessions.arrived(i.parsed, i.tenant.name, started)
         t0 = time.perf_counter()
         try:
             g = await self.director.admit(i)

@@ -20,6 +20,7 @@ from router.flow.entry import Taken
 from router.flow.flight import EPP, Flight, Flights
 from router.flow.recorder import Recorder
 from router.flow.served import Served
+from router.flow.sessions import SessionKeeper
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
 from router.parse import ParsedRequest
@@ -41,6 +42,7 @@ class ExternalRequests:
         queue: RouterQueue[Any],
         calibration: TokenCalibration,
         on_routed: Callable[[NodeView, ParsedRequest], None] = lambda node, p: None,
+        sessions: SessionKeeper | None = None,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -52,6 +54,7 @@ class ExternalRequests:
         self.queue = queue
         self.calibration = calibration
         self.on_routed = on_routed  # (the router's occasional tokenization check)
+        self.sessions = sessions
 
     async def route(
         self,
@@ -138,6 +141,8 @@ class ExternalRequests:
         done = output_tokens // p.sequences if status == "ok" else None
         self.ledger.finish(rid, now, done)
         self.queue.wake()  # a place is free: held requests may go
+        if self.sessions is not None and not expired:  # a session's turn: it pauses
+            self.sessions.ended(p, f.tenant.name, node, status == "ok", output_tokens, now)
         usage: dict[str, Any] = {"completion_tokens": output_tokens}
         if cached is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}

@@ -17,6 +17,7 @@ from router.flow.entry import Taken
 from router.flow.flight import ROUTER, Flight, Flights
 from router.flow.recorder import Recorder
 from router.flow.served import Served
+from router.flow.sessions import SessionKeeper
 from router.flow.views import ClusterView
 from router.flow.waiting import RouterQueue
 from router.metrics import RouterMetrics
@@ -37,6 +38,7 @@ class ProxiedRequests:
         calibration: TokenCalibration,
         recorder: Recorder,
         metrics: RouterMetrics,
+        sessions: SessionKeeper | None = None,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -47,6 +49,7 @@ class ProxiedRequests:
         self.calibration = calibration
         self.recorder = recorder
         self.metrics = metrics
+        self.sessions = sessions
 
     def begin(self, t: Taken) -> Flight:
         """The request is admitted (or refused by admission: routing records it) and owned by
@@ -87,8 +90,13 @@ class ProxiedRequests:
         queue may move, what the answer taught is learned and the outcome recorded."""
         p = f.parsed
         done = served.output_tokens // p.sequences if served.status == "ok" else None
-        self.ledger.finish(f.id, time.time(), done)
+        now = time.time()
+        self.ledger.finish(f.id, now, done)
         self.queue.wake()  # a place is free: held requests may go
+        if self.sessions is not None:  # a session's turn: it pauses, its prefix held
+            self.sessions.ended(
+                p, f.tenant.name, f.node, served.status == "ok", served.output_tokens, now
+            )
         if served.cut_off:
             self.metrics.stalled_clients.inc()
         if served.status == "ok":

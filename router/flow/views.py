@@ -107,6 +107,7 @@ class ClusterView:
                     labels=frozenset(hb.labels.items()),
                     role=hb.role,
                     kv_link_gbps=hb.kv_link_gbps,
+                    retention_hints=hb.retention_hints,
                 )
                 cache[hb.node_id] = (hb, view)
                 self._fit_floors[hb.node_id] = fit_floor_tokens(view)

@@ -24,6 +24,7 @@ from router.flow.flight import Flights
 from router.flow.intake import IntakeReader
 from router.flow.refusals import Refusal
 from router.flow.salt import isolated
+from router.flow.sessions import SessionKeeper
 from router.gauges import collect
 from router.http.edge import json_answer
 from router.loops import Loops
@@ -62,6 +63,7 @@ class AdminApi:
         tokencheck: TokenCheck,
         loops: Loops,
         bus: KafkaBus,
+        sessions: SessionKeeper | None = None,
     ) -> None:
         self.settings = settings
         self.router_id = router_id
@@ -72,6 +74,7 @@ class AdminApi:
         self.tokencheck = tokencheck
         self.loops = loops
         self.bus = bus
+        self.sessions = sessions
         d = director
         self.gate, self.views, self.replica, self.ledger = d.gate, d.views, d.replica, d.ledger
 
@@ -221,6 +224,7 @@ class AdminApi:
                 "indexed_blocks": len(self.replica.index),
                 **await self._budgets(views, now),
                 "inflight": len(self.ledger),
+                "sessions": s.report(now) if (s := self.sessions) is not None else None,
                 "lanes": {
                     "enabled": lanes.s.enabled if lanes is not None else False,
                     "queue": len(d.queue),

@@ -164,6 +164,8 @@ class OpenAiApi:
         """Forward to ``node``; a whole answer (not streamed, or a failure before any byte)
         comes back unsent: the caller sends it, or tries another node instead."""
         s = self.settings
+        if self.entry.sessions is not None:  # a retention hint, where the node takes one
+            p = self.entry.sessions.hinted(p, t.gated.tenant.name, node)
         with self.tracing.span(
             "kvgate.proxy", {"kvgate.node": node.node_id, "kvgate.model": p.model}
         ) as span:

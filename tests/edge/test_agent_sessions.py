@@ -6,12 +6,13 @@ holds their prompts yet; a malformed header is a 400 before anything is read or 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from router.parse import request_session
-from tests.edgekit import bearer, completion, edge
+from tests.edgekit import ADMIN, MODEL, bearer, completion, edge, recording_engine
 
 
 @pytest.mark.parametrize(
@@ -77,3 +78,70 @@ async def test_a_malformed_session_header_is_refused_before_anything_is_reserved
         )
         assert status == 400 and "session-id" in str(out), out
         assert await e.reservations() == 0
+
+
+async def _turn(e: Any, session: str, prompt: str) -> str:
+    status, out, headers = await e.call(
+        "POST",
+        "/v1/completions",
+        completion(prompt=prompt, max_tokens=4),
+        {**bearer("sk-alpha"), "x-session-id": session},
+    )
+    assert status == 200, out
+    return str(headers["X-Kvgate-Node"])
+
+
+async def test_a_paused_session_is_held_not_running_and_released_after_its_gap() -> None:
+    """A session's turn ends: the session is paused (no reservation, nothing in flight), its
+    prefix held on its home for the learned gap's bound — kvgate's hold, and the engine's
+    (its agent says it takes retention hints) — and the hold ends with the bound. Its gaps are
+    learned: after enough turns the bound is theirs, not the default."""
+    router = {"session_hold_default_s": 0.6, "session_hold_max_s": 30.0}
+    async with edge(engines=2, router=router) as e:
+        for node in e.engines:
+            e.overrides[node] = {"retention_hints": True}
+        await asyncio.sleep(0.3)  # a heartbeat with it
+        prompt = "tool output " * 80
+        node = await _turn(e, "agent-1", prompt)
+        _, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
+        held = state["sessions"]
+        assert held["paused"] == 1 and held["held_blocks_by_node"][node] > 0
+        assert await e.reservations() == 0 and state["inflight"] == 0  # paused: not running
+        assert e.sims[node].core.cache.held_blocks > 0  # the engine keeps it too
+        await asyncio.sleep(0.7)  # past the default bound
+        _, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
+        assert state["sessions"]["paused"] == 0 and state["sessions"]["expired"] == 1
+        for i in range(10):  # quick turns: the bound becomes the learned one (its floor)
+            await asyncio.sleep(0.05)
+            prompt += f" step {i}"
+            await _turn(e, "agent-1", prompt)
+        _, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
+        gaps = state["sessions"]["gaps"]["alpha/" + MODEL]
+        assert gaps["gaps_seen"] == 10 and gaps["bound_s"] == 2.0
+        assert state["sessions"]["resumed_while_held"] >= 9
+
+
+async def test_no_hint_reaches_an_engine_that_does_not_take_one() -> None:
+    """Without the agent's word the engine gets no hint (and a client's own never passes)."""
+    async with recording_engine() as (url, seen):
+        async with edge(engines=1) as e:
+            e.engines["n1"] = url
+            await asyncio.sleep(0.3)
+            status, out, _ = await e.call(
+                "POST",
+                "/v1/completions",
+                completion(agent_hint={"cache_control": {"ttl": 3600}}),
+                {**bearer("sk-alpha"), "x-session-id": "s"},
+            )
+            assert status == 200, out
+            e.overrides["n1"] = {"retention_hints": True}
+            await asyncio.sleep(0.3)
+            await e.call(
+                "POST", "/v1/completions", completion(), {**bearer("sk-alpha"), "x-session-id": "s"}
+            )
+    first, second = seen.bodies
+    assert "agent_hint" not in first
+    assert second["agent_hint"] == {
+        "session_id": "s",
+        "cache_control": {"type": "ephemeral", "ttl": 60.0},
+    }
