@@ -298,7 +298,14 @@ class AdmissionGate:
         if ask.ttft_deadline_s is not None:
             timeout = min(timeout, ask.ttft_deadline_s)
         w = Waiting(
-            request_id, ask.pool, tenant.priority, verdict.kv_blocks, now, now + timeout, tenant
+            request_id,
+            ask.pool,
+            tenant.priority,
+            verdict.kv_blocks,
+            now,
+            now + timeout,
+            tenant,
+            ask.resuming,
         )
         refused = self.queues.offer(w, b, now)
         if refused is not None:

@@ -52,6 +52,7 @@ class AdmissionAsk:
     ttft_deadline_s: float | None = None  # its SLO class's TTFT: the longest it may queue
     attempt: str = ""  # the attempt's identity (retries of one attempt share it)
     client: str = ""  # who retries (the retry guard's per-client limit)
+    resuming: bool = False  # an agent session's next turn while its KV is held (queue order)
 
 
 def reserve_ask(

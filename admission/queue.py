@@ -8,7 +8,10 @@ by the rate at which reservations drain. When that wait would pass the request's
 request is refused now, with that wait as its Retry-After, instead of timing out in the queue.
 (With no drain observed yet the wait is unknown: the request may wait up to its deadline.)
 A newcomer never overtakes waiting requests of its priority or higher, even when the budget
-has room at that instant: the room is theirs (the pump admits them in order).
+has room at that instant: the room is theirs (the pump admits them in order). The one
+exception is bounded: an agent session's next turn arriving while its KV is still held
+(``resuming``) queues ahead of its class's requests that have waited less than
+``resume_overtake_s`` — its prefix is on the engine now, and may not be later.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Waiting:
     enqueued_at: float
     deadline: float
     tenant: Tenant | None = None
+    resuming: bool = False  # an agent session's next turn while its KV is held
 
 
 @dataclass(slots=True)
@@ -141,7 +145,17 @@ class AdmissionQueues:
                 f"expected wait {wait:.1f} s exceeds the {w.deadline - now:.1f} s "
                 f"{w.priority} queue limit",
             )
-        q.append(w)
+        if w.resuming and s.resume_overtake_s > 0:
+            # ahead of its class's newer requests, behind other resuming turns and behind
+            # everyone who has waited resume_overtake_s: no request is passed over for longer
+            at = len(q)
+            while at > 0 and not (
+                q[at - 1].resuming or now - q[at - 1].enqueued_at >= s.resume_overtake_s
+            ):
+                at -= 1
+            q.insert(at, w)
+        else:
+            q.append(w)
         return None
 
     def admissible(self, pool: str, b: Budget) -> Waiting | None:

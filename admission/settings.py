@@ -141,6 +141,14 @@ class AdmissionSettings(BaseModel):
         description="longest wait in the queue per priority (0: never queues)",
     )
     queue_max_entries: int = Field(default=1000, ge=0, description="per priority, per router")
+    resume_overtake_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=60,
+        description="an agent session's turn arriving while its KV is held (router/flow/"
+        "sessions.py) queues ahead of its class's other requests, but never ahead of one that "
+        "has waited this long (a bound on how long a new request can be passed over; 0: off)",
+    )
     queue_poll_s: float = Field(default=0.05, gt=0, description="queue re-check interval")
     min_healthy_share: float = Field(
         default=0.5,

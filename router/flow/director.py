@@ -153,6 +153,7 @@ class Director:
                 slo[1].ttft_s if slo is not None else None,
                 attempt,
                 client,
+                i.resuming,
             )
             verdict = await self.gate.screen_and_admit(ask, now)
             self.pressure.note(pool, verdict, now)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.flow.asks import Gated
 from router.flow.director import Director
@@ -68,7 +68,8 @@ class Entry:
         started = time.time() if head is None else head.started
         i = await self.reader.read(headers, read, chat, peer, started, head, api)
         if self.sessions is not None:  # a session's turn: its gap learned, its hold ended
-            self.sessions.arrived(i.parsed, i.tenant.name, started)
+            if self.sessions.arrived(i.parsed, i.tenant.name, started) is not None:
+                i = replace(i, resuming=True)  # it queues ahead of new sessions (bounded)
         t0 = time.perf_counter()
         try:
             g = await self.director.admit(i)

@@ -72,6 +72,7 @@ class Intake:
     placement: Placement
     slo: Slo | None
     parsed: ParsedRequest
+    resuming: bool = False  # an agent session's next turn while its KV is held
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,3 +145,24 @@ async def test_no_hint_reaches_an_engine_that_does_not_take_one() -> None:
         "session_id": "s",
         "cache_control": {"type": "ephemeral", "ttl": 60.0},
     }
+
+
+async def test_a_turn_that_comes_back_while_held_is_admitted_as_resuming() -> None:
+    """The hold reaches admission: a session's next turn within its hold asks as resuming
+    (it queues ahead of new sessions, admission/queue.py); a first turn, or one after the hold
+    ended, does not."""
+    async with edge(engines=1, router={"session_hold_default_s": 0.5}) as e:
+        asks: list[bool] = []
+        gate = e.router.gate
+        admit = gate.screen_and_admit
+
+        async def spy(ask: Any, now: float) -> Any:
+            asks.append(ask.resuming)
+            return await admit(ask, now)
+
+        gate.screen_and_admit = spy  # type: ignore[method-assign]
+        await _turn(e, "agent-2", "files " * 50)
+        await _turn(e, "agent-2", "files " * 60)
+        await asyncio.sleep(0.6)
+        await _turn(e, "agent-2", "files " * 70)
+        assert asks == [False, True, False]

@@ -151,3 +151,35 @@ async def test_a_release_with_an_older_clock_reading_admits_with_no_negative_wai
     await gate.release("r0", now=4.9)  # read before the waiter arrived
     v = await asyncio.wait_for(waiting, 1.0)
     assert v.admitted and v.queue_wait_s == 0.0
+
+
+def test_a_resuming_session_queues_ahead_of_new_requests_for_a_bounded_time() -> None:
+    """An agent session's next turn while its KV is held goes ahead of its class's newer
+    requests, never ahead of one that has waited resume_overtake_s, nor of another resuming
+    turn; a higher class still comes first; with the setting at 0 it queues like anyone."""
+    q = AdmissionQueues(S)  # resume_overtake_s: 2 s
+    b = budget(900)  # no drain seen: nobody is refused for the wait
+
+    def at(rid: str, t: float, resuming: bool = False, priority: str = "normal") -> Waiting:
+        return Waiting(rid, "default", priority, 10, t, 60.0, None, resuming)  # type: ignore[arg-type]
+
+    for item in (
+        at("a", 0.0),
+        at("b", 0.5),
+        at("r1", 1.0, True),  # a and b are young: r1 goes first
+        at("r2", 1.2, True),  # behind r1
+        at("c", 2.8),
+        at("r3", 3.0, True),  # a (3 s) and b (2.5 s) waited long enough: behind them
+        at("h", 3.1, priority="high"),
+    ):
+        assert q.offer(item, b, item.enqueued_at) is None
+    order = []
+    room = budget(0)
+    while (head := q.admissible("default", room)) is not None:
+        order.append(head.request_id)
+        q.remove(head)
+    assert order == ["h", "r1", "r2", "a", "b", "r3", "c"]
+    off = AdmissionQueues(S.model_copy(update={"resume_overtake_s": 0.0}))
+    for item in (at("a", 0.0), at("r", 0.1, True)):
+        off.offer(item, b, item.enqueued_at)
+    assert off.admissible("default", room).request_id == "a"  # type: ignore[union-attr]

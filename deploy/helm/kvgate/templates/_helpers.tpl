@@ -88,6 +88,9 @@ advertises the pod's IP to the routers.
       value: 0.0.0.0
     - name: KVGATE_AGENT__METRICS_PORT
       value: {{ .root.Values.agent.metricsPort | quote }}
+    # the simulated engine keeps an agent session's KV between turns when asked (agent_hint)
+    - name: KVGATE_AGENT__RETENTION_HINTS
+      value: "true"
     {{- include "kvgate.env" .root | nindent 4 }}
   ports:
     - name: agent-metrics
