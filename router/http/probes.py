@@ -38,6 +38,8 @@ class TokenChecks:
         """``p`` was routed to ``node``: compare tokenizations, when one is due."""
         if not p.exact_tokens or p.model not in self.reader.tokenizations or p.other_prompt_tokens:
             return  # (a batch: the engine's /tokenize takes one prompt)
+        if p.api is not None:  # the agent APIs: /tokenize takes chat or completion bodies only
+            return
         if not self.tokencheck.due(p.model):
             return
         task = asyncio.create_task(self._compare(node, p))

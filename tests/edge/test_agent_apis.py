@@ -6,6 +6,7 @@ chat: each session's turns go to its home, the engine finds the earlier turns' p
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anthropic
@@ -15,7 +16,7 @@ import orjson
 from streams.codec import decode
 from streams.schemas import Outcome
 from streams.topics import OUTCOMES
-from tests.edgekit import MODEL, Edge, bearer, edge
+from tests.edgekit import ADMIN, MODEL, Edge, bearer, edge
 
 TOOL = {"name": "grep", "description": "search the tree", "input_schema": {"type": "object"}}
 
@@ -209,3 +210,37 @@ async def test_responses_keep_tenants_caches_apart() -> None:
             assert status == 200, out
             cached.append(out["usage"]["input_tokens_details"]["cached_tokens"])
         assert cached[1] > 0 and cached[2] == 0, cached
+
+
+async def test_agent_requests_stay_exact_under_the_tokenizer_checks() -> None:
+    """With the model's tokenizer and a check on every request, Messages and Responses requests
+    are tokenized exactly and never sent to the engine's /tokenize (it takes chat and
+    completion bodies: an Anthropic body there would read as a mismatch and mark the model
+    approximate); chat requests are still checked."""
+    from streams.tokenization import TokenizerSpec
+    from tests.unit.test_chat_templates import CHATML_TOOLS, TOKENIZER
+
+    spec = TokenizerSpec(tokenizer=TOKENIZER, chat_template=CHATML_TOOLS)
+    router = {
+        "tokenizers": {MODEL: spec},
+        "tokenize_check_every": 1,
+        "tokenize_check_min": 1,
+        "cache_isolation": "off",
+    }
+    async with edge(engines=1, engine={"tokenizer": spec}, router=router) as e:
+        asks = [
+            ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": _turns(2)[1]}),
+            ("/v1/responses", {"model": MODEL, "input": "hello " * 30, "max_output_tokens": 2}),
+            (
+                "/v1/chat/completions",
+                {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
+            ),
+        ]
+        for path, body in asks:
+            status, out, _ = await e.call("POST", path, body, bearer("sk-alpha"))
+            assert status == 200, out
+            await asyncio.sleep(0.2)  # a check runs beside its request
+        _, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
+        report = state["tokenization_checks"][MODEL]
+        assert report["checks"] == 1 and report["mismatches"] == 0 and not report["approximate"]
+        assert [d.approximate_tokens for d in e.decisions()] == [False, False, False]
