@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from hashlib import blake2b
 from typing import Any
 
@@ -15,7 +15,7 @@ from streams.agentapis import API_PATHS, LIMIT_FIELD, Api, MessagesRequest, Resp
 from streams.openai import ChatRequest, CompletionRequest
 from streams.tokenization import APPROXIMATE, Tokenization
 
-__all__ = ["ParsedRequest", "common_prefix", "parse_request", "request_session"]
+__all__ = ["ParsedRequest", "as_token_ids", "common_prefix", "parse_request", "request_session"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,18 @@ def parse_request(
         tokens_digest=tokens_digest(tokens),
         api=api,
     )
+
+
+def as_token_ids(p: ParsedRequest) -> ParsedRequest:
+    """``p`` with its text prompt replaced by the router's token ids, for an engine that takes
+    them (vLLM's and SGLang's ``/v1/completions``): the engine does not tokenize the prompt
+    again. Only a completion of one text prompt tokenized exactly; anything else as it is (the
+    caller knows whether the engine's tokenizer agrees with the router's)."""
+    if p.chat or p.api is not None or not p.exact_tokens or p.other_prompt_tokens:
+        return p
+    if not isinstance(p.body.get("prompt"), str) or not p.tokens:
+        return p
+    return replace(p, body={**p.body, "prompt": p.tokens})
 
 
 def tokens_digest(tokens: list[int]) -> bytes:

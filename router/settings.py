@@ -152,6 +152,13 @@ class RouterSettings(BaseModel):
         "the body's session_id / metadata.session_id / metadata.user_id / user (the session "
         "home and hit accounting follow it); add a client's own header here",
     )
+    forward_token_ids: bool = Field(
+        default=True,
+        description="a completion the router tokenized exactly goes to the engine as its token "
+        "ids (vLLM's and SGLang's /v1/completions take them; the engine does not tokenize it "
+        "again) once the engine's /tokenize has agreed with the router on the model every time "
+        "it was asked; until then, and for chat and the agent APIs, as text",
+    )
     session_retention: bool = Field(
         default=True,
         description="keep an agent session's prefix between its turns: learn each tenant's and "

@@ -97,6 +97,13 @@ class TokenCheck:
             return True
         return False
 
+    def agrees(self, model: str) -> bool:
+        """Whether the engine's /tokenize has agreed with the router on ``model`` every time
+        it was asked (at least once): the router's ids are the engine's."""
+        return (
+            self.checks[model] > 0 and not self.mismatches[model] and model not in self.approximate
+        )
+
     def report(self) -> dict[str, dict[str, int | bool]]:
         return {
             m: {
