@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import random
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -83,12 +84,66 @@ class Trace:
         )
 
 
+# AIPerf's reference speed for a session's timing (its own session-duration estimate)
+AGENTIC_PREFILL_TOKENS_PER_S, AGENTIC_DECODE_TOKENS_PER_S = 20_000.0, 60.0
+
+
+def _spread(h: int) -> int:
+    """A small block id over kvgate's 63-bit hash space."""
+    return (h * 0x9E3779B97F4A7C15 + 1) & HASH_MASK
+
+
+def _sessions_jsonl(rows: list[dict[str, object]], name: str) -> Trace:
+    """Mooncake rows per turn of a session (AIPerf's multi-turn format: each row the turn's new
+    tokens; ``timestamp`` on a session's first turn, ``delay`` on the others). Each turn's prompt
+    is the whole conversation so far: its first turn's blocks (shared ones keep their ids), then
+    every earlier answer and new input in order. A block past the first turn's full ones is the
+    session's own (the same hash in every later turn), so the answer's blocks are listed for the
+    next turn to reuse. A turn arrives its ``delay`` after the previous turn's answer is due at
+    AIPerf's reference speed."""
+    bs = MOONCAKE_BLOCK_TOKENS
+    out: list[TraceRequest] = []
+    state: dict[str, tuple[tuple[int, ...], int, float]] = {}  # first blocks, context, due
+    for row in rows:
+        sid = str(row["session_id"])
+        new, answer = int(str(row["input_length"])), max(1, int(str(row["output_length"])))
+        ids = row["hash_ids"]
+        assert isinstance(ids, list)
+        if sid not in state or "timestamp" in row:  # a first turn (or a session's restart)
+            first = tuple(_spread(int(h)) for h in ids[: new // bs])
+            context, at = new, float(str(row.get("timestamp", 0.0))) / 1000.0
+        else:
+            first, context, due = state[sid]
+            context += new
+            at = due + float(str(row.get("delay", 0.0))) / 1000.0
+        own = zlib.crc32(sid.encode()) << 20
+
+        def block(j: int, first: tuple[int, ...] = first, own: int = own) -> int:
+            return first[j] if j < len(first) else _spread(own + j)
+
+        full, done = context // bs, (context + answer) // bs
+        out.append(
+            TraceRequest(
+                at,
+                context,
+                answer,
+                tuple(block(j) for j in range(full)),
+                sid,
+                tuple(block(j) for j in range(full, done)),
+            )
+        )
+        due = at + new / AGENTIC_PREFILL_TOKENS_PER_S + answer / AGENTIC_DECODE_TOKENS_PER_S
+        state[sid] = (first, context + answer, due)
+    out.sort(key=lambda r: r.arrival_s)
+    return Trace(name, bs, tuple(out))
+
+
 def _mooncake(lines: Iterable[str], name: str) -> Trace:
+    rows = [json.loads(line) for line in lines if line.strip()]
+    if rows and "session_id" in rows[0]:
+        return _sessions_jsonl(rows, name)
     out = []
-    for line in lines:
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in rows:
         # ids are small integers; spread them over the hash space (kvgate hashes are 63-bit)
         prompt = int(row["input_length"])
         full = prompt // MOONCAKE_BLOCK_TOKENS  # an engine caches full blocks only
