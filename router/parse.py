@@ -39,6 +39,7 @@ class ParsedRequest:
     other_prompt_tokens: int = 0  # the other prompts of a batched completion (not routed by)
     tokens_digest: bytes = b""  # of ``tokens`` (made with them, off the loop for a long prompt)
     api: Api | None = None  # None: chat or completions, as ``chat`` says
+    parent_session_id: str | None = None  # a subagent's parent session (header or metadata)
 
     @property
     def kind(self) -> Api:
@@ -143,6 +144,7 @@ def parse_request(
         max_tokens=req.output_limit(default_max_tokens),
         chat=chat,
         session_id=bounded_id(request_session(body)),
+        parent_session_id=bounded_id(_parent_session(body)),
         exact_tokens=(tk.exact or (not chat and given_ids)) and hashable is None,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
@@ -197,6 +199,15 @@ def bounded_id(value: Any) -> str | None:
     if len(text) <= MAX_ID_CHARS:
         return text
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+
+
+def _parent_session(body: dict[str, Any]) -> str | None:
+    """A subagent's parent session from the body (``metadata.parent_session_id``)."""
+    meta = body.get("metadata")
+    sid = meta.get("parent_session_id") if isinstance(meta, dict) else None
+    return (
+        str(sid) if isinstance(sid, str | int) and not isinstance(sid, bool) and sid != "" else None
+    )
 
 
 def request_session(body: dict[str, Any]) -> str | None:

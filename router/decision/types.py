@@ -146,6 +146,7 @@ class RouteRequest:
     # of this router's recent requests, those asking for its longest held prefix
     # (router/decision/hotprefix.py; set by the pipeline's decide())
     prefix_share: float = 0.0
+    parent_session_id: str | None = None  # a subagent's: it starts at its parent's home
 
 
 @dataclass(slots=True)  # treated as immutable

@@ -31,6 +31,7 @@ def route_request(
         p.max_tokens,
         p.session_id,
         weight,
+        parent_session_id=p.parent_session_id,
     )
 
 

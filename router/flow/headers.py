@@ -18,6 +18,7 @@ from router.flow.refusals import Refusal
 __all__ = [
     "API_KEY_HEADER",
     "GATEWAY_KEY_HEADER",
+    "PARENT_SESSION_HEADERS",
     "bearer_key",
     "client_label",
     "forwarded_peer",
@@ -62,6 +63,9 @@ def session_label(headers: Mapping[str, str], names: Sequence[str]) -> str | Non
         if name in headers:
             return client_label(headers, name, MAX_SESSION_CHARS)
     return None
+
+
+PARENT_SESSION_HEADERS = ("x-parent-session-id", "parent-session-id")
 
 
 def bearer_key(headers: Mapping[str, str], name: str = "Authorization") -> str | None:

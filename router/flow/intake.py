@@ -23,6 +23,7 @@ from admission.settings import Tenant
 from admission.slo import Slo, slo_of
 from router.decision.placement import Placement, placement_of
 from router.flow.headers import (
+    PARENT_SESSION_HEADERS,
     client_label,
     mint_id,
     requested_priority,
@@ -87,6 +88,7 @@ class Head:
     placement: Placement
     slo: Slo | None
     session_id: str | None = None  # the session an agent client names in a header
+    parent_session_id: str | None = None  # a subagent's parent session, named in a header
 
 
 @dataclass(slots=True)
@@ -230,8 +232,17 @@ class IntakeReader:
         except ValueError as exc:
             raise self.refuse("bad_slo_class", 400, str(exc)) from None
         session = session_label(headers, s.session_headers)
+        parent = session_label(headers, PARENT_SESSION_HEADERS)
         return Head(
-            request_id, started, tenant, client_id, idempotency_key, placement, slo, session
+            request_id,
+            started,
+            tenant,
+            client_id,
+            idempotency_key,
+            placement,
+            slo,
+            session,
+            parent,
         )
 
     async def _read(
@@ -262,6 +273,8 @@ class IntakeReader:
             p = replace(p, body={k: v for k, v in p.body.items() if k != "priority"})
         if head.session_id is not None:  # the client's session header wins over the body's
             p = replace(p, session_id=head.session_id)
+        if head.parent_session_id is not None:
+            p = replace(p, parent_session_id=head.parent_session_id)
         if self.isolating:
             if p.kind == "messages":
                 known.parsed = p

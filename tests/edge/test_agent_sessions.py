@@ -166,3 +166,28 @@ async def test_a_turn_that_comes_back_while_held_is_admitted_as_resuming() -> No
         await asyncio.sleep(0.6)
         await _turn(e, "agent-2", "files " * 70)
         assert asks == [False, True, False]
+
+
+async def test_subagents_start_at_their_parents_home() -> None:
+    """Six subagents of one agent (each its own session, prompts sharing nothing with the
+    parent's), naming the parent in ``x-parent-session-id`` or ``metadata.parent_session_id``:
+    their first turns go to the parent's home. The same six without a parent spread."""
+    async with edge(engines=4) as e:
+        home = await _turn(e, "orchestrator", "plan the refactor " * 40)
+        for i in range(6):
+            body = completion(prompt=f"subtask {i}: " + "grep output " * (30 + i), max_tokens=2)
+            headers = {**bearer("sk-alpha"), "x-session-id": f"sub-{i}"}
+            if i % 2:
+                headers["x-parent-session-id"] = "orchestrator"
+            else:
+                body["metadata"] = {"parent_session_id": "orchestrator"}
+            status, out, got = await e.call("POST", "/v1/completions", body, headers)
+            assert status == 200, out
+            assert got["X-Kvgate-Node"] == home, i
+        alone = set()
+        for i in range(6):
+            body = completion(prompt=f"other task {i}: " + "ls output " * (30 + i), max_tokens=2)
+            headers = {**bearer("sk-alpha"), "x-session-id": f"lone-{i}"}
+            status, out, got = await e.call("POST", "/v1/completions", body, headers)
+            alone.add(got["X-Kvgate-Node"])
+        assert len(alone) > 1, alone

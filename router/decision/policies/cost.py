@@ -331,6 +331,8 @@ class CompletionCostPolicy(PolicyBase):
         home = None
         if session is not None and self.w.session_affinity_s > 0:
             home = self._homes.get(hash(session))
+            if home is None and request.parent_session_id is not None:  # a subagent
+                home = self._homes.get(hash(request.parent_session_id))
             longest = max(matches.values(), default=0)
             if home is None or not any(n.node_id == home for n in nodes):
                 # the ring's node only where nothing holds any of the prompt: a node holding
