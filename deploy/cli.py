@@ -1033,6 +1033,30 @@ def bench_fleet(
     typer.echo(f"wrote {out / 'fleet.md'} and {out / 'fleet.json'}")
 
 
+@bench_app.command("agentic")
+def bench_agentic(
+    nodes: Annotated[int, typer.Option(help="simulated engines")] = 8,
+    load: Annotated[float, typer.Option(help="sessions' start rate, share of capacity")] = 0.8,
+    repetitions: Annotated[int, typer.Option(help="runs per router (the simulator's seed)")] = 3,
+    out: BenchOut = None,
+) -> None:
+    """Coding-agent sessions (AIPerf's agentic trace) in closed loop: kvgate, round-robin, peers."""
+    import sys
+
+    out = _bench_out(out)
+
+    from analytics.sim.agenticbench import bench_agentic as run
+
+    run(
+        out_dir=out,
+        command="kvgate bench " + " ".join(sys.argv[2:]),
+        nodes=nodes,
+        load=load,
+        repetitions=repetitions,
+    )
+    typer.echo(f"wrote {out / 'agentic.md'} and {out / 'agentic.json'}")
+
+
 grafana_app = typer.Typer(
     no_args_is_help=True, help="Grafana dashboards on the ClickHouse decision log (as code)."
 )

@@ -22,9 +22,18 @@ from typing import cast
 from admission.core import Rejection
 from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
 from agents.kvcache import CacheEvent
-from agents.scheduler import DecodeRun
 from analytics.autoscale import make_autoscaler
 from analytics.sim.admission import Refused, SimAdmission
+from analytics.sim.arrivals import ended, on_arrive, on_fail, pump, turned_away
+from analytics.sim.enginesteps import (
+    catch_up,
+    cut_run,
+    on_kv,
+    on_run_ended,
+    on_step,
+    on_warm,
+    start_step,
+)
 from analytics.sim.fleetctl import control, operate
 from analytics.sim.simconfig import (
     MODEL,
@@ -35,13 +44,13 @@ from analytics.sim.simconfig import (
     node_names,
     node_profile,
 )
-from analytics.sim.simcore import SimCore, SimSeq, SimStep
+from analytics.sim.simcore import SimCore, SimSeq
 from analytics.sim.simnode import SimNode, all_hashes, fold, node_view
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.candidates import candidates
 from router.decision.fleet import Fleet
 from router.decision.holdqueue import UNKNOWN, HoldQueue
-from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
+from router.decision.hotprefix import HotPrefixes
 from router.decision.inflight import InflightLedger
 from router.decision.lanes import Lanes
 from router.decision.pipeline import Ask, Held, Routed, Rules, Snapshot, commit, decide
@@ -86,6 +95,8 @@ class SimCluster:
         self.refused = refused_out if refused_out is not None else []
         self.waited: dict[str, float] = {}
         self.remaining = len(trace.requests)
+        # the requests as sent: in closed loop a session's later turn gets the time it was sent
+        self.requests: list[TraceRequest] = list(trace.requests)
         # request -> its client's attempt now (the retry model's)
         self.attempts: dict[int, int] = {}
         self._schedule()
@@ -173,10 +184,18 @@ class SimCluster:
     def _schedule(self) -> None:
         """The events known in advance: a heartbeat before the first arrival (routers start
         with a view), every arrival, the fleet operations, the autoscaler's first decision."""
-        self.t_start = self.trace.requests[0].arrival_s if self.trace.requests else 0.0
+        self.t_start = self.requests[0].arrival_s if self.trace.requests else 0.0
         self.push(self.t_start, "heartbeat", None)
+        # closed loop: a session's later turn is sent when the turn before it ends (arrivals.py)
+        self.follower: dict[int, int] = {}
+        last: dict[str, int] = {}
         for i, r in enumerate(self.trace.requests):
-            self.push(r.arrival_s, "arrive", i)
+            if self.trace.closed_loop and r.think_s is not None and r.session_id in last:
+                self.follower[last[r.session_id]] = i
+            else:
+                self.push(r.arrival_s, "arrive", i)
+            if r.session_id is not None:
+                last[r.session_id] = i
         for op in self.cfg.ops:
             self.push(op.at_s, "op", op)
         # arrivals and refusals since the autoscaler's last decision, node time paid for
@@ -187,45 +206,6 @@ class SimCluster:
     def push(self, t: float, kind: str, data: object) -> None:
         heapq.heappush(self.events, (t, next(self.tie), kind, data))
 
-    def drain(self, n: SimNode, now: float) -> None:
-        evs = n.core.drain_events()
-        if evs:
-            self.lagged.append((now + self.cfg.index_lag_s, n.node_id, evs))
-
-    def start_step(self, n: SimNode, now: float) -> None:
-        n.busy = True
-        run = n.core.plan_decode_run() if self.cfg.fast_forward else None
-        if run is not None:
-            n.run, n.run_start, n.run_applied = run, now, 0
-            self.push(now + run.elapsed(run.steps), "run", (n.node_id, n.gen))
-            return
-        res = n.core.step(now)
-        self.drain(n, now)
-        self.push(now + res.duration_s, "step", (n.node_id, res))
-
-    def catch_up(self, n: SimNode, now: float) -> None:
-        """Apply ``n``'s decode run up to and including the step in progress at ``now`` — an
-        engine applies a step when it starts it, and delivers its tokens when it ends."""
-        run = n.run
-        if run is None:
-            return
-        upto = min(run.steps, run.steps_done(now - n.run_start) + 1)
-        if upto > n.run_applied:
-            n.finishing += n.core.advance_decode(upto - n.run_applied)
-            n.run_applied = upto
-            self.drain(n, now)
-
-    def cut_run(self, n: SimNode, now: float) -> None:
-        """A request arrives: the run stops after the step in progress."""
-        run = n.run
-        if run is None:
-            return
-        self.catch_up(n, now)
-        if n.run_applied < run.steps:
-            n.run = DecodeRun(n.run_applied, run.first_s, run.grow_s)
-            n.gen += 1
-            self.push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
-
     def dispatch(
         self, idx: int, now: float, queue_wait_s: float | None, queued: bool = False
     ) -> str | None:
@@ -233,7 +213,7 @@ class SimCluster:
         router/decision/pipeline.py's decide and commit); None when sent (or refused), else
         what holds it back for now: its class (:data:`UNKNOWN`) or the lane rules (the queued
         best node) (``queued``: it is in the router's queue already)."""
-        r = self.trace.requests[idx]
+        r = self.requests[idx]
         rid = f"r{idx}"
         reported = self.profile.prefill_tokens_per_s if self.cfg.prefill_probe else 0.0
         views = [
@@ -263,7 +243,7 @@ class SimCluster:
             self.cfg.placement,
         )
         if isinstance(got, Rejection):  # the router's 503 before admission's reservation
-            self.turned_away(idx, got, now)
+            turned_away(self, idx, got, now)
             return None
         ask = Ask(req, r.output_tokens, r.arrival_s, slo, hold_slo=self.adm is not None)
         snap = Snapshot(got, matches, now, self.trace.block_size, roles=bool(self.roles))
@@ -280,7 +260,7 @@ class SimCluster:
                 self.lane_queue.push(key, long, (idx, queue_wait_s), d.blocker)
             return d.blocker
         if isinstance(d, NotRouted):
-            self.turned_away(idx, d.rejection, now)
+            turned_away(self, idx, d.rejection, now)
             return None
         # sent: the router's state learns from it (the hot-prefix counter sees every node)
         advice = commit(ask, replace(snap, nodes=views), d, self.rules, self.ledger)
@@ -315,16 +295,6 @@ class SimCluster:
             self.push(now + self.cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
         return None
 
-    def turned_away(self, idx: int, rej: Rejection, now: float) -> None:
-        """The router refuses request ``idx`` (no candidates, no fit, its deadline): an
-        admitted one gives its reservation back; the client retries as the retry model says."""
-        r = self.trace.requests[idx]
-        if self.adm is not None:  # (only admitted requests are routed)
-            got = self.adm.refuse_admitted(idx, f"r{idx}", r.priority, rej, now)
-        else:
-            got = Refused(idx, r.priority, rej.reason, rej.retry_after_s, now)
-        self.retry(r, idx, self.attempts.get(idx, 1), got, now)
-
     def release_held(self, now: float) -> None:
         """Held requests go in order while the engines have room (the first held again stops
         the round: the ones behind it would be too)."""
@@ -336,36 +306,11 @@ class SimCluster:
         if self.lane_queue:
             self.lane_queue.release(lambda item: self.dispatch(item[0], now, item[1], queued=True))
 
-    def refuse(self, got: Refused) -> None:
-        self.refused.append(got)
-        self.remaining -= 1
-
-    def retry(self, r: TraceRequest, idx: int, attempt: int, got: Refused, now: float) -> None:
-        """A refused client comes back (or gives up): the retry model decides when."""
-        rm = self.cfg.retries
-        storm = rm is not None and r.client in rm.storm_clients
-        limit = 1 if rm is None else (rm.storm_max_attempts if storm else rm.max_attempts)
-        if rm is None or attempt >= limit or not got.retry_after_s:
-            self.refuse(replace(got, attempt=attempt))
-            return
-        self.refused.append(replace(got, attempt=attempt, final=False))
-        delay = rm.storm_delay_s if storm else got.retry_after_s
-        self.push(now + delay, "retry", (idx, attempt + 1))
-
-    def pump(self, now: float) -> None:
-        if self.adm is None:
-            return
-        admitted, gone = self.adm.pump(now)
-        for g in gone:
-            self.refuse(g)
-        for idx, wait in admitted:
-            self.dispatch(idx, now, wait)
-
     def add(self, n: SimNode, seq: SimSeq, now: float) -> None:
-        self.cut_run(n, now)
+        cut_run(self, n, now)
         n.core.add(seq)
         if not n.busy:
-            self.start_step(n, now)
+            start_step(self, n, now)
 
     def step_done(self, n: SimNode, now: float, finished: list[SimSeq]) -> None:
         n.busy = False
@@ -374,7 +319,7 @@ class SimCluster:
             if seq.request_id in self.split:  # a prefill leg: its KV goes to the decode node
                 idx, dnode, dseq, _ = self.split.pop(seq.request_id)
                 self.ledger.finish(seq.request_id)
-                r = self.trace.requests[idx]
+                r = self.requests[idx]
                 moved = (
                     r.prompt_tokens
                     * self.profile.kv_bytes_per_token
@@ -406,26 +351,27 @@ class SimCluster:
                 )
             )
             self.remaining -= 1
+            ended(self, int(seq.request_id[1:]), now)
         if released:
-            self.pump(now)
+            pump(self, now)
         if (self.holding or self.lane_queue) and finished:
             self.release_held(now)
         if not n.core.idle:
-            self.start_step(n, now)
+            start_step(self, n, now)
 
     def run(self) -> list[Done]:
         """Process events until every request finished or was refused; the finished ones."""
         handlers: dict[str, Callable[[float, object], None]] = {
             "heartbeat": self.on_heartbeat,
-            "arrive": self.on_arrive,
-            "retry": lambda now, data: self.on_arrive(now, data, "retry"),
+            "arrive": lambda now, data: on_arrive(self, now, data),
+            "retry": lambda now, data: on_arrive(self, now, data, "retry"),
             "op": self.on_op,
             "control": lambda now, _: control(self, now),
-            "kv": self.on_kv,
-            "fail": self.on_fail,
-            "warm": self.on_warm,
-            "run": self.on_run_ended,
-            "step": self.on_step,
+            "kv": lambda now, data: on_kv(self, now, data),
+            "fail": lambda now, data: on_fail(self, now, data),
+            "warm": lambda now, data: on_warm(self, now, data),
+            "run": lambda now, data: on_run_ended(self, now, data),
+            "step": lambda now, data: on_step(self, now, data),
         }
         while self.events and (self.remaining > 0):
             now, _, kind, data = heapq.heappop(self.events)
@@ -440,7 +386,7 @@ class SimCluster:
     def on_heartbeat(self, now: float, data: object) -> None:
         """Every node's heartbeat: the router's views are renewed, held requests may go."""
         for n in self.nodes:
-            self.catch_up(n, now)
+            catch_up(self, n, now)
             if n.node_id in self.present:
                 n.view = node_view(
                     n,
@@ -452,41 +398,10 @@ class SimCluster:
                 )
                 if n.node_id in self.labels:
                     n.view = replace(n.view, labels=self.labels[n.node_id])
-        self.pump(now)
+        pump(self, now)
         if self.holding or self.lane_queue:
             self.release_held(now)
         self.push(now + self.cfg.heartbeat_interval_s, "heartbeat", None)
-
-    def on_arrive(self, now: float, data: object, kind: str = "arrive") -> None:
-        """A request arrives (``retry``: a refused client comes back): admission, then routing."""
-        idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
-        assert isinstance(idx, int)
-        self.attempts[idx] = attempt
-        if kind == "arrive":
-            self.seen["arrivals"] += 1
-        assert isinstance(idx, int)
-        if self.adm is None:
-            self.dispatch(idx, now, None)
-        else:
-            r = self.trace.requests[idx]
-            key = f"a{idx}"  # the attempt's identity (an Idempotency-Key)
-            got: bool | Refused | None = self.adm.early_retry(r.client, key, idx, r.priority, now)
-            if got is None:
-                got = self.adm.arrive(
-                    idx,
-                    f"r{idx}",
-                    r.priority,
-                    r.prompt_tokens,
-                    r.output_tokens,
-                    now,
-                    self.slo_classes[r.slo_class].ttft_s if r.slo_class else None,
-                )
-                if isinstance(got, Refused):
-                    self.adm.remember(key, got, now, r.client)
-            if got is True:
-                self.dispatch(idx, now, None)
-            elif isinstance(got, Refused):
-                self.retry(r, idx, attempt, got, now)
 
     def on_op(self, now: float, data: object) -> None:
         """A fleet operation (drain, join, leave, canary, heal)."""
@@ -495,64 +410,6 @@ class SimCluster:
             self.cancelled.discard(op.node)
             return
         operate(self, op, now)
-
-    def on_kv(self, now: float, data: object) -> None:
-        """A prompt's KV arrived at its decode node: it decodes from there."""
-        dnode, dseq, reused = cast(tuple[str, SimSeq, int], data)
-        n = self.by_id[dnode]
-        r = self.trace.requests[int(dseq.request_id[1:])]
-        self.cut_run(n, now)
-        n.core.receive(
-            list(r.block_hashes)[: max(0, (r.prompt_tokens - 1) // self.trace.block_size)]
-        )
-        self.prefill_reuse[dseq.request_id] = reused  # the prefix cache's share: the prefill's
-        self.add(n, dseq, now)
-
-    def on_fail(self, now: float, data: object) -> None:
-        """A broken engine's 500: the client sees it, the router counts it."""
-        rid, node_id = cast(tuple[str, str], data)
-        self.ledger.finish(rid)
-        if self.fleet.detector.observe(node_id, "5xx", now, len(self.present)) is not None:
-            self.stats["ejections"] = self.stats.get("ejections", 0) + 1
-        self.stats["failed"] += 1
-        self.remaining -= 1
-        if self.adm is not None:
-            self.adm.release(rid, now)
-            self.pump(now)
-
-    def on_warm(self, now: float, data: object) -> None:
-        """An agent loads a hot prefix into its engine."""
-        advice, hashes = cast(tuple[PrewarmAdvice, tuple[int, ...]], data)
-        for node_id in advice.targets:
-            self.stats["prewarm_requests"] += 1
-            warm = SimSeq(
-                f"warm{self.stats['prewarm_requests']}",
-                advice.blocks * self.trace.block_size,
-                1,
-                list(hashes[: advice.blocks]),
-            )
-            self.add(self.by_id[node_id], warm, now)
-
-    def on_run_ended(self, now: float, data: object) -> None:
-        """A decode run ends."""
-        node_id, gen = cast(tuple[str, int], data)
-        n = self.by_id[node_id]
-        if gen != n.gen or n.run is None:
-            return  # replaced by a shorter run
-        self.catch_up(n, now)
-        n.run, finished, n.finishing = None, n.finishing, []
-        self.step_done(n, now, finished)
-
-    def on_step(self, now: float, data: object) -> None:
-        """A step finished."""
-        node_id, res = cast(tuple[str, SimStep], data)
-        n = self.by_id[node_id]
-        for seq in res.first:
-            self.ledger.first_token(seq.request_id, now)
-            if self.recent is not None and seq.request_id in self.meta:
-                # the prompt's blocks are in the node's cache from now on
-                self.recent.add(node_id, self.meta[seq.request_id][0].block_hashes, now)
-        self.step_done(n, now, res.finished)
 
 
 def simulate(

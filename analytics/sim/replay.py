@@ -25,7 +25,7 @@ def capacity_rps(trace: Trace, cfg: SimConfig, probe_requests: int = 12_000) -> 
     ``probe_requests`` arrive at once (a queue that never runs dry), routed by least-requests;
     the completion rate between the 25th and the 75th percentile of finish times — full batches,
     after the ramp and before the drain — is the capacity (requests per second)."""
-    head = trace.head(probe_requests)
+    head = trace.head(probe_requests).looped(False)  # every request at once: the engines' limit
     burst = head.scaled(1e-6 / max(1e-9, head.span_s))
     # the engines' capacity: the whole burst queued at them (the router's queue cap, which
     # would refuse most of a burst, out of the way)

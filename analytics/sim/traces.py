@@ -50,6 +50,9 @@ class TraceRequest:
     slo_class: str | None = None  # its SLO class (admission.slo_classes)
     client: str = "default"  # who sends it (retry behaviour, retry-storm guard)
     request_id: str | None = None  # a recorded request's id (replay from the decision log)
+    # a session's later turn: how long after the previous turn's answer it is sent (a tool
+    # call, the user reading); replayed in closed loop (Trace.closed_loop) it arrives then
+    think_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,9 @@ class Trace:
     name: str
     block_size: int
     requests: tuple[TraceRequest, ...]
+    # a session's later turns (``think_s`` set) arrive their think time after the previous
+    # turn ended — answered, failed or finally refused — not at their ``arrival_s``
+    closed_loop: bool = False
 
     @property
     def span_s(self) -> float:
@@ -65,23 +71,26 @@ class Trace:
     def scaled(self, factor: float) -> Trace:
         """Arrival times × ``factor`` (< 1 compresses: more load)."""
         t0 = self.requests[0].arrival_s if self.requests else 0.0
-        return Trace(
-            self.name,
-            self.block_size,
-            tuple(replace(r, arrival_s=t0 + (r.arrival_s - t0) * factor) for r in self.requests),
+        return replace(
+            self,
+            requests=tuple(
+                replace(r, arrival_s=t0 + (r.arrival_s - t0) * factor) for r in self.requests
+            ),
         )
 
     def head(self, n: int) -> Trace:
-        return Trace(self.name, self.block_size, self.requests[:n])
+        return replace(self, requests=self.requests[:n])
+
+    def looped(self, closed: bool = True) -> Trace:
+        """This trace replayed in closed loop (or open: every request at its ``arrival_s``)."""
+        return replace(self, closed_loop=closed)
 
     def since(self, offset_s: float) -> Trace:
         """The requests arriving ``offset_s`` or later after the first."""
         if not self.requests:
             return self
         at = self.requests[0].arrival_s + offset_s
-        return Trace(
-            self.name, self.block_size, tuple(r for r in self.requests if r.arrival_s >= at)
-        )
+        return replace(self, requests=tuple(r for r in self.requests if r.arrival_s >= at))
 
 
 # AIPerf's reference speed for a session's timing (its own session-duration estimate)
@@ -109,13 +118,15 @@ def _sessions_jsonl(rows: list[dict[str, object]], name: str) -> Trace:
         new, answer = int(str(row["input_length"])), max(1, int(str(row["output_length"])))
         ids = row["hash_ids"]
         assert isinstance(ids, list)
+        think: float | None = None
         if sid not in state or "timestamp" in row:  # a first turn (or a session's restart)
             first = tuple(_spread(int(h)) for h in ids[: new // bs])
             context, at = new, float(str(row.get("timestamp", 0.0))) / 1000.0
         else:
             first, context, due = state[sid]
             context += new
-            at = due + float(str(row.get("delay", 0.0))) / 1000.0
+            think = float(str(row.get("delay", 0.0))) / 1000.0
+            at = due + think
         own = zlib.crc32(sid.encode()) << 20
 
         def block(j: int, first: tuple[int, ...] = first, own: int = own) -> int:
@@ -130,6 +141,7 @@ def _sessions_jsonl(rows: list[dict[str, object]], name: str) -> Trace:
                 tuple(block(j) for j in range(full)),
                 sid,
                 tuple(block(j) for j in range(full, done)),
+                think_s=think,
             )
         )
         due = at + new / AGENTIC_PREFILL_TOKENS_PER_S + answer / AGENTIC_DECODE_TOKENS_PER_S

@@ -213,3 +213,41 @@ def test_no_policy_beats_the_ttft_floor_of_any_request(policy: str) -> None:
     bounds = latency_bounds(trace.requests, profile, ttft_slo_s=2.0)
     assert bounds["ttft_floor_p99_s"] <= ttft["ttft_p99_s"]
     assert bounds["slo_bound"] >= ttft["slo_attainment"]
+
+
+def test_closed_loop_sends_a_sessions_next_turn_after_the_last_one_ends() -> None:
+    """In closed loop a session's later turn arrives its think time after the previous turn's
+    answer (its recorded arrival is ignored); open loop keeps the recorded times. A turn that
+    is refused still releases the next one."""
+    from dataclasses import replace
+
+    turns = (
+        replace(req(0.0, range(20), out=40), session_id="s"),
+        replace(req(0.1, range(30), out=8), session_id="s", think_s=2.0),  # recorded: too early
+        replace(req(0.2, range(40), out=8), session_id="s", think_s=0.5),
+    )
+    trace = Trace("t", 16, turns)
+    cfg = SimConfig(nodes=2, profile=PROFILE)
+    open_done = sorted(simulate(trace, seed_policy(), cfg), key=lambda d: d.request.arrival_s)
+    assert [d.request.arrival_s for d in open_done] == [0.0, 0.1, 0.2]
+    closed = sorted(simulate(trace.looped(), seed_policy(), cfg), key=lambda d: d.request.arrival_s)
+    first, second, third = closed
+    assert second.request.arrival_s == pytest.approx(first.finish_s + 2.0)
+    assert third.request.arrival_s == pytest.approx(second.finish_s + 0.5)
+    assert third.cached_tokens >= 30 * 16  # the conversation so far was there
+    huge = replace(req(0.0, range(10_000), out=8), session_id="h")  # fits nowhere: refused
+    after = replace(req(0.0, range(10), out=8), session_id="h", think_s=1.0)
+    done = simulate(Trace("t", 16, (huge, after)).looped(), seed_policy(), cfg)
+    assert [d.request.session_id for d in done] == ["h"] and done[0].request.arrival_s == 1.0
+
+
+def test_agentic_metrics_count_tokens_per_gpu_and_per_user() -> None:
+    from analytics.sim.agenticbench import agentic_metrics
+    from analytics.sim.simconfig import Done
+
+    a = Done(req(0.0, range(10), out=100), "n1", "x", 0, 80, first_token_s=1.0, finish_s=11.0)
+    b = Done(req(5.0, range(10), out=50), "n2", "x", 0, 0, first_token_s=6.0, finish_s=21.0)
+    m = agentic_metrics([a, b], requests=3, nodes=2)
+    assert m["tok_s_per_gpu"] == pytest.approx(150 / 21 / 2, abs=0.01)
+    assert m["tok_s_per_user"] == pytest.approx((10.0 + 50 / 15) / 2, abs=0.01)
+    assert m["hit_rate"] == pytest.approx(80 / 320) and m["refused"] == 1
