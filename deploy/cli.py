@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -933,6 +934,18 @@ def _bench_out(out: Path | None) -> Path:
     return out if out is not None else home() / "benchmarks"
 
 
+def _simulated_bench(
+    name: str, run: Callable[..., object], out: Path | None, **params: object
+) -> None:
+    """Run a simulated benchmark that writes ``<name>.md`` and ``<name>.json`` with the command
+    beside its numbers."""
+    import sys
+
+    folder = _bench_out(out)
+    run(out_dir=folder, command="kvgate bench " + " ".join(sys.argv[2:]), **params)
+    typer.echo(f"wrote {folder / (name + '.md')} and {folder / (name + '.json')}")
+
+
 app.add_typer(bench_app, name="bench")
 
 
@@ -1017,20 +1030,9 @@ def bench_fleet(
     out: BenchOut = None,
 ) -> None:
     """Outlier ejection, slow start and drains in simulation, each against the run without."""
-    import sys
-
-    out = _bench_out(out)
-
     from analytics.sim.fleetbench import bench_fleet as run
 
-    run(
-        out_dir=out,
-        command="kvgate bench " + " ".join(sys.argv[2:]),
-        nodes=nodes,
-        requests=requests,
-        load=load,
-    )
-    typer.echo(f"wrote {out / 'fleet.md'} and {out / 'fleet.json'}")
+    _simulated_bench("fleet", run, out, nodes=nodes, requests=requests, load=load)
 
 
 @bench_app.command("agentic")
@@ -1041,20 +1043,9 @@ def bench_agentic(
     out: BenchOut = None,
 ) -> None:
     """Coding-agent sessions (AIPerf's agentic trace) in closed loop: kvgate, round-robin, peers."""
-    import sys
-
-    out = _bench_out(out)
-
     from analytics.sim.agenticbench import bench_agentic as run
 
-    run(
-        out_dir=out,
-        command="kvgate bench " + " ".join(sys.argv[2:]),
-        nodes=nodes,
-        load=load,
-        repetitions=repetitions,
-    )
-    typer.echo(f"wrote {out / 'agentic.md'} and {out / 'agentic.json'}")
+    _simulated_bench("agentic", run, out, nodes=nodes, load=load, repetitions=repetitions)
 
 
 grafana_app = typer.Typer(
