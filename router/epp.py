@@ -49,7 +49,6 @@ from router.flow.headers import API_KEY_HEADER, GATEWAY_KEY_HEADER, forwarded_pe
 from router.flow.refusals import Refusal
 from router.http.upstream import Upstream
 from router.loops import Loops
-from router.parse import as_token_ids
 from router.settings import RouterSettings
 from router.sse import ResponseWatch
 from streams.agentapis import agent_api
@@ -238,11 +237,7 @@ class _Exchange:
         except Refusal as exc:
             return [_refused(exc)]
         self.request_id, _, decision, node, p = routed
-        if (sessions := self.parts.external.sessions) is not None:
-            p = sessions.hinted(p, taken.gated.tenant.name, node)
-        tokencheck = self.parts.entry.reader.tokencheck
-        if self.parts.settings.forward_token_ids and tokencheck.agrees(p.model):
-            p = as_token_ids(p)  # the engine need not tokenize the prompt again
+        p = self.parts.entry.for_node(p, taken.gated.tenant.name, node)
         dest = host_port(node.endpoint)
         upstream = self.parts.upstream.auth
         mutation = ep.HeaderMutation(

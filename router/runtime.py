@@ -95,6 +95,32 @@ def _rules(settings: RouterSettings, policy: Policy, fleet: Fleet, gate: Admissi
     )
 
 
+def _lifecycle(
+    app: Routes,
+    upstream: Upstream,
+    loops: Loops,
+    tokens: TokenChecks,
+    queue: RouterQueue[tuple[Routed | Refused, Snapshot]],
+    tracing: Tracing,
+) -> None:
+    """What starts with the main listener and stops after it."""
+
+    async def start() -> None:
+        upstream.start()
+        loops.start()
+
+    async def stop() -> None:
+        loops.stop()
+        tokens.cancel()
+        await queue.stop()
+        await upstream.close()
+        # the last spans leave before the process does (bounded by the exporter's timeout)
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+
+
 def build_router(
     settings: RouterSettings,
     replica: TableReplica,
@@ -145,18 +171,9 @@ def build_router(
     tokens = TokenChecks(upstream, reader, tokencheck, metrics)
     sessions = SessionKeeper(s)
     external = ExternalRequests(
-        s,
-        gate,
-        director,
-        flights,
-        ledger,
-        views,
-        recorder,
-        queue,
-        calibration,
-        tokens.check,
-        sessions,
+        s, gate, director, flights, ledger, views, recorder, queue, calibration, tokens.check
     )
+    external.sessions = sessions
     entry = Entry(reader, director, recorder, sessions)
     proxied = ProxiedRequests(
         s, gate, flights, ledger, views, queue, calibration, recorder, metrics, sessions
@@ -170,21 +187,7 @@ def build_router(
         s, router_id, canary, director, reader, flights, tokencheck, loops, bus, sessions
     )
     app = main_routes(s, metrics, openai, gateway, admin)
-
-    async def start() -> None:
-        upstream.start()
-        loops.start()
-
-    async def stop() -> None:
-        loops.stop()
-        tokens.cancel()
-        await queue.stop()
-        await upstream.close()
-        # the last spans leave before the process does (bounded by the exporter's timeout)
-        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
-
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
+    _lifecycle(app, upstream, loops, tokens, queue, tracing)
     return Router(
         s,
         router_id,

@@ -83,7 +83,7 @@ class ResponseWatch:
         usage = usage_as_chat(self.api, obj.get("usage")) if whole else event_usage(self.api, obj)
         if usage:
             self.usage = {**(self.usage or {}), **usage}
-        if whole or event_token(self.api, obj):
-            self.output_tokens += 0 if whole else 1
-            if self.first_token_s is None:
-                self.first_token_s = now
+        token = event_token(self.api, obj)
+        self.output_tokens += token  # (a whole answer's count is its usage's)
+        if (whole or token) and self.first_token_s is None:
+            self.first_token_s = now

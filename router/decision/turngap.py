@@ -17,6 +17,7 @@ runs again), or when its bound passes (the session has outlived what its kind us
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -117,16 +118,23 @@ class Hold:
 
 @dataclass(slots=True)
 class PausedSessions:
-    """Sessions between turns whose prefix kvgate asked an engine to keep."""
+    """Sessions between turns whose prefix kvgate asked an engine to keep. Expiry pops a heap
+    of ends (O(log n) a hold, never a scan on the request path); an entry whose session has
+    resumed or paused again since is skipped."""
 
     max_holds: int = 100_000
     _holds: OrderedDict[str, Hold] = field(default_factory=OrderedDict)
+    _ends: list[tuple[float, str]] = field(default_factory=list)
 
     def pause(self, hold: Hold) -> None:
         self._holds[hold.session] = hold
         self._holds.move_to_end(hold.session)
+        heapq.heappush(self._ends, (hold.until, hold.session))
         while len(self._holds) > self.max_holds:
             self._holds.popitem(last=False)
+        if len(self._ends) > 2 * self.max_holds:  # stale entries: rebuild from the live holds
+            self._ends = [(h.until, h.session) for h in self._holds.values()]
+            heapq.heapify(self._ends)
 
     def resume(self, session: str, now: float) -> Hold | None:
         """The session's next turn arrived: its hold ends (the hold, if it was still on)."""
@@ -135,13 +143,14 @@ class PausedSessions:
 
     def expire(self, now: float) -> list[Hold]:
         """Holds whose bound passed: the sessions outlived what their kind pauses."""
-        gone = [h for h in self._holds.values() if h.until <= now]
-        for h in gone:
-            del self._holds[h.session]
+        gone = []
+        while self._ends and self._ends[0][0] <= now:
+            until, session = heapq.heappop(self._ends)
+            hold = self._holds.get(session)
+            if hold is not None and hold.until == until:
+                del self._holds[session]
+                gone.append(hold)
         return gone
-
-    def get(self, session: str) -> Hold | None:
-        return self._holds.get(session)
 
     def __len__(self) -> int:
         return len(self._holds)

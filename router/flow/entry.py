@@ -8,13 +8,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
+from router.decision.types import NodeView
 from router.flow.asks import Gated
 from router.flow.director import Director
 from router.flow.intake import Head, IntakeReader
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
 from router.flow.sessions import SessionKeeper
-from router.parse import ParsedRequest
+from router.parse import ParsedRequest, as_token_ids
 from streams.agentapis import Api
 
 __all__ = ["Entry", "Taken"]
@@ -79,3 +80,13 @@ class Entry:
             )
             raise
         return Taken(i.request_id, started, i.parsed, g, t0)
+
+    def for_node(self, p: ParsedRequest, tenant: str, node: NodeView) -> ParsedRequest:
+        """``p`` as sent to ``node`` (by the proxy or the endpoint picker): with a retention
+        hint where its engine takes one, and as token ids where the engine's tokenizer has
+        agreed with the router's on the model (the engine need not tokenize it again)."""
+        if self.sessions is not None:
+            p = self.sessions.hinted(p, tenant, node)
+        if self.reader.settings.forward_token_ids and self.reader.tokencheck.agrees(p.model):
+            p = as_token_ids(p)
+        return p

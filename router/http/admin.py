@@ -31,7 +31,7 @@ from router.loops import Loops
 from router.settings import RouterSettings
 from router.tokencheck import TokenCheck
 from router.wire.server import Reply, Request
-from streams.agentapis import Api
+from streams.agentapis import agent_api
 from streams.kafka import KafkaBus
 from streams.schemas import Heartbeat
 
@@ -95,8 +95,7 @@ class AdminApi:
         raw = request.body
         query = parse_qs(request.query)
         named = query.get("api", [None])[0]
-        api: Api | None = "messages" if named == "messages" else None
-        api = "responses" if named == "responses" else api
+        api = None if named is None else agent_api(f"/v1/{named}")
         if named is not None and api is None:
             raise Refusal(400, "api is messages or responses (else: chat or completion by body)")
         try:

@@ -26,7 +26,7 @@ from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
 from router.http.proxy import StallBudget, Whole, forward
 from router.http.upstream import Upstream
-from router.parse import ParsedRequest, as_token_ids
+from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from router.tracing import Tracing
 from router.wire.server import Headers, Reply, Request
@@ -164,10 +164,7 @@ class OpenAiApi:
         """Forward to ``node``; a whole answer (not streamed, or a failure before any byte)
         comes back unsent: the caller sends it, or tries another node instead."""
         s = self.settings
-        if self.entry.sessions is not None:  # a retention hint, where the node takes one
-            p = self.entry.sessions.hinted(p, t.gated.tenant.name, node)
-        if s.forward_token_ids and self.reader.tokencheck.agrees(p.model):
-            p = as_token_ids(p)  # the engine need not tokenize the prompt again
+        p = self.entry.for_node(p, t.gated.tenant.name, node)
         with self.tracing.span(
             "kvgate.proxy", {"kvgate.node": node.node_id, "kvgate.model": p.model}
         ) as span:

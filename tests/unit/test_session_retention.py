@@ -113,3 +113,17 @@ def test_hints_are_kvgates_to_give() -> None:
     for bad in (None, {}, {"agent_hint": 5}, {"agent_hint": {"cache_control": {"ttl": True}}}):
         assert retention_ttl(bad) == 0.0
     assert retention_ttl({"agent_hint": {"cache_control": {"ttl": 7200}}}) == 0.0
+
+
+def test_a_session_paused_again_keeps_its_new_hold() -> None:
+    """A session that resumed and paused again is not expired by its first hold's end, and
+    expiry only looks at holds due (a heap, not a scan of every paused session)."""
+    paused = PausedSessions()
+    paused.pause(Hold("a", "n1", 4, until=10.0))
+    assert paused.resume("a", 5.0) is not None
+    paused.pause(Hold("a", "n2", 6, until=50.0))
+    for i in range(1000):
+        paused.pause(Hold(f"s{i}", "n3", 1, until=100.0 + i))
+    assert paused.expire(20.0) == [] and len(paused) == 1001
+    assert [h.session for h in paused.expire(60.0)] == ["a"]
+    assert len(paused.expire(100.5)) == 1 and len(paused) == 999
