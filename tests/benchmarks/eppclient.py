@@ -11,6 +11,7 @@ end of the stream) — each answered by the picker.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import aiohttp
 import grpc
@@ -41,6 +42,7 @@ class EppClient:
         self.key, self.model = key, model
         self._stubs: dict[str, ep_grpc.ExternalProcessorStub] = {}
         self._channels: list[grpc.aio.Channel] = []
+        self.errors: Counter[str] = Counter()  # why requests failed, by reason
 
     def _stub(self, address: str) -> ep_grpc.ExternalProcessorStub:
         stub = self._stubs.get(address)
@@ -83,6 +85,9 @@ class EppClient:
             )
             picked = await call.read()
             if picked.HasField("immediate_response"):
+                refused = picked.immediate_response
+                reason = orjson.loads(refused.body or b"{}").get("error", {}).get("type", "")
+                self.errors[f"refused {refused.status.code} {reason}"] += 1
                 return None
             answer = picked.request_body.response
             dest = {
@@ -90,6 +95,7 @@ class EppClient:
                 for h in answer.header_mutation.set_headers
             }.get(DESTINATION)
             if dest is None:
+                self.errors["no destination"] += 1
                 return None
             sent = answer.body_mutation.body or body
             ttft = None
@@ -113,7 +119,12 @@ class EppClient:
                 await call.read()
                 ok = r.status == 200
             await call.done_writing()
+            if not ok:
+                self.errors[f"engine {r.status}"] += 1
             return ttft if ok else None
-        except (grpc.aio.AioRpcError, aiohttp.ClientError, TimeoutError):
-            call.cancel()
-            return None
+        except grpc.aio.AioRpcError as exc:
+            self.errors[f"grpc {exc.code().name}"] += 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.errors[type(exc).__name__] += 1
+        call.cancel()
+        return None

@@ -104,6 +104,8 @@ async def run_rate(
     """Poisson arrivals at ``rate`` for ``duration`` s, spread round-robin over ``urls``, each
     sent with ``send`` (default: :func:`one`)."""
     send = send or one
+    counted = getattr(getattr(send, "__self__", None), "errors", None)  # the picker's client
+    before = dict(counted or {})
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     while True:
@@ -137,6 +139,15 @@ async def run_rate(
         "ttft_p50_ms": (pct(ok, 0.5) or 0.0) * 1e3,
         "ttft_p99_ms": (pct(ok, 0.99) or 0.0) * 1e3,
         "client_lag_p99_ms": (pct(lag, 0.99) or 0.0) * 1e3,
+        **(
+            {
+                "error_reasons": {
+                    k: v - before.get(k, 0) for k, v in counted.items() if v > before.get(k, 0)
+                }
+            }
+            if counted is not None
+            else {}
+        ),
     }
 
 
