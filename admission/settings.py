@@ -154,7 +154,9 @@ class AdmissionSettings(BaseModel):
         default=0.5,
         ge=0,
         le=1,
-        description="below this share of the known KV capacity healthy, refuse with 503",
+        description="below this share of the known KV capacity healthy and not backed up, the "
+        "fleet is degraded: requests are admitted against the budget of what is left (admission "
+        "sheds the rest by priority, with Retry-After) and counted",
     )
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")

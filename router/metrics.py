@@ -187,6 +187,12 @@ class RouterMetrics:
             ["cause"],
             registry=self.registry,
         )
+        self.shed_fleet = Counter(
+            "kvgate_router_degraded_fleet_requests",
+            "Requests that arrived while less than admission.min_healthy_share of their "
+            "model's KV capacity was healthy and not backed up: admitted against what is left",
+            registry=self.registry,
+        )
         self.fleet_nodes = Gauge(
             "kvgate_router_fleet_nodes",
             "Nodes out of (or limited in) rotation on this router: drained, ejected, probing, "

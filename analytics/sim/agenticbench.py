@@ -9,6 +9,9 @@ sessions reach, not the offered load. AIPerf's trace starts every session at 0 (
 sessions when it runs): here session *k* starts at *k* / λ, λ the session rate whose turns offer
 ``load`` × the cluster's measured capacity (requests per second with every request queued).
 
+kvgate runs as it does live at its defaults: with what the router does beside routing (pending
+prefixes, its memory of recent prefills, pre-warming, the fit hold; ``acting_on``).
+
 Per router and repetition (the simulator's seed; from the second repetition on each session's
 start moves by up to 0.4 of the spacing): output tokens per second per GPU (completed requests'
 output over the time from the first arrival to the last answer, per engine), tokens per second
@@ -33,7 +36,7 @@ from analytics.progress import status
 from analytics.sim.bench_report import fmt
 from analytics.sim.cluster import simulate
 from analytics.sim.replay import capacity_rps, open_trace
-from analytics.sim.simconfig import Done, SimConfig
+from analytics.sim.simconfig import Done, SimConfig, acting_on
 from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings
@@ -126,11 +129,12 @@ def bench_agentic(
     runs: dict[str, list[dict[str, Any]]] = {}
     for policy in ("round_robin", "kvgate", *PEERS):
         for rep in range(repetitions):
+            settings = RouterSettings(policy=policy)
             with status(f"agentic: {policy} #{rep + 1}"):
                 done = simulate(
                     _started(trace, sessions_per_s, rep),
-                    make_policy(RouterSettings(policy=policy)),
-                    replace(base, seed=rep),
+                    make_policy(settings),
+                    acting_on(replace(base, seed=rep), settings),
                 )
             runs.setdefault(policy, []).append(
                 {"seed": rep, **agentic_metrics(done, len(trace.requests), nodes)}
@@ -139,8 +143,9 @@ def bench_agentic(
     # saturated; one run each (nothing to jitter)
     saturated: dict[str, dict[str, Any]] = {}
     for policy in ("round_robin", "kvgate", *PEERS):
+        settings = RouterSettings(policy=policy)
         with status(f"agentic: {policy}, all sessions at once"):
-            done = simulate(trace, make_policy(RouterSettings(policy=policy)), base)
+            done = simulate(trace, make_policy(settings), acting_on(base, settings))
         saturated[policy] = agentic_metrics(done, len(trace.requests), nodes)
     med = {
         p: {k: _median(rs, k) for k in rs[0] if k != "seed" and isinstance(rs[0][k], int | float)}

@@ -238,7 +238,6 @@ class SimCluster:
             MODEL,
             now,
             self.cfg.max_queue,
-            self.rules.admission.min_healthy_share,
             self.rules.admission.min_retry_after_s,
             self.cfg.placement,
         )

@@ -3,10 +3,14 @@
 
 * **Eligible**: nodes serving the request's model (or its adapter), healthy, not draining,
   alive.
-* **Open**: eligible nodes whose queue is within ``max_queue``; when what is open holds less
-  than ``min_healthy_share`` of the model's known KV capacity, the request is refused (503)
-  rather than piled onto the few nodes left. When every eligible node is over the cap, all of
-  them stay candidates (the policy's overload rules then decide).
+* **Open**: eligible nodes whose queue is within ``max_queue``. When every eligible node is over
+  the cap, all of them stay candidates (the policy's overload rules then decide). A fleet of
+  which little is open (:func:`healthy_share` under ``admission.min_healthy_share``: nodes
+  down, drained or backed up) is *degraded*, not switched off: its requests are admitted
+  against the budget of what is open (:func:`budget`: the candidates' KV), so admission sheds
+  what the nodes left cannot carry — by priority, the watermarks and the tenants' shares — and
+  refuses the rest with its ``Retry-After``, instead of refusing every request while most of
+  the fleet is away.
 * **Placement**: only nodes with the request's required labels (none: 503), its preferred ones
   while they have room (router/decision/placement.py).
 """
@@ -20,30 +24,24 @@ from admission.pools import budget_key
 from router.decision.placement import FREE, Placement
 from router.decision.types import NodeView, eligible
 
-__all__ = ["budget", "budget_totals", "candidates", "open_candidates"]
+__all__ = ["budget", "budget_totals", "candidates", "healthy_share", "open_candidates"]
 
 
 def open_candidates(
-    all_nodes: Sequence[NodeView],
-    model: str,
-    now: float,
-    max_queue: int,
-    min_healthy_share: float,
-    retry_after_s: float,
-) -> list[NodeView] | Rejection:
-    """The eligible nodes for ``model`` within the queue cap, or the healthy-share refusal."""
+    all_nodes: Sequence[NodeView], model: str, now: float, max_queue: int
+) -> list[NodeView]:
+    """The eligible nodes for ``model`` within the queue cap (all eligible ones when none is)."""
     nodes = eligible(all_nodes, model, now)
     open_nodes = [n for n in nodes if n.waiting <= max_queue]
-    known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
-    share = sum(n.kv_blocks_total for n in open_nodes) / known if known else 0.0
-    if nodes and share < min_healthy_share:
-        return Rejection(
-            RejectReason.NODES_UNHEALTHY,
-            True,
-            retry_after_s,
-            f"only {share:.0%} of the cluster's KV capacity is healthy and not backed up",
-        )
     return open_nodes or nodes
+
+
+def healthy_share(
+    all_nodes: Sequence[NodeView], open_nodes: Sequence[NodeView], model: str
+) -> float:
+    """The share of ``model``'s known KV capacity that ``open_nodes`` hold (1: no node known)."""
+    known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
+    return sum(n.kv_blocks_total for n in open_nodes) / known if known else 1.0
 
 
 def candidates(
@@ -51,13 +49,12 @@ def candidates(
     model: str,
     now: float,
     max_queue: int,
-    min_healthy_share: float,
     retry_after_s: float,
     placement: Placement = FREE,
 ) -> list[NodeView] | Rejection:
     """:func:`open_candidates`, then the request's placement."""
-    nodes = open_candidates(all_nodes, model, now, max_queue, min_healthy_share, retry_after_s)
-    if isinstance(nodes, Rejection) or placement.free or not nodes:
+    nodes = open_candidates(all_nodes, model, now, max_queue)
+    if placement.free or not nodes:
         return nodes
     allowed = placement.allowed(nodes)
     if not allowed:

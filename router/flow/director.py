@@ -21,7 +21,7 @@ from admission.core import OutputShape, Rejection, RejectReason, Verdict
 from admission.gate import AdmissionGate
 from admission.plan import AdmissionAsk
 from router.decision.calibrate import TokenCalibration
-from router.decision.candidates import budget, candidates
+from router.decision.candidates import budget, candidates, healthy_share
 from router.decision.inflight import InflightLedger
 from router.decision.outlier import Failure
 from router.decision.pipeline import (
@@ -99,15 +99,14 @@ class Director:
     ) -> list[NodeView] | Rejection:
         """The request's candidates (router/decision/candidates.py), or why there are none."""
         adm = self.gate.settings
-        return candidates(
-            all_nodes,
-            model,
-            now,
-            self.settings.max_queue,
-            adm.min_healthy_share,
-            adm.min_retry_after_s,
-            placement,
+        got = candidates(
+            all_nodes, model, now, self.settings.max_queue, adm.min_retry_after_s, placement
         )
+        if not isinstance(got, Rejection) and healthy_share(all_nodes, got, model) < (
+            adm.min_healthy_share
+        ):  # admitted against what is left: admission sheds the rest
+            self.metrics.shed_fleet.inc()
+        return got
 
     async def admit(self, i: Intake) -> Gated:
         """Model, node health and admission for an authenticated, parsed request: what routing

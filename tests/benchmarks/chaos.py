@@ -44,6 +44,7 @@ from deploy.procs import DEPLOY, LocalInfra, Supervisor, free_port
 from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
 from tests.benchmarks.chaos_clients import CLIENT_SCENARIOS, LOW, STALL, post_status
+from tests.benchmarks.chaos_fleet import FLEET_SCENARIOS, HIGH
 from tests.chfront import ChdbFront
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
@@ -181,6 +182,7 @@ class Chaos:
             GOOD[1]: {"name": "good-b", "priority": "normal"},
             FLOOD: {"name": "flood", "priority": "normal", "max_concurrency": 4},
             LOW: {"name": "low", "priority": "low"},
+            HIGH: {"name": "high", "priority": "high"},
             STALL: {"name": "stall", "priority": "normal"},
         }
         return {
@@ -413,6 +415,7 @@ SCENARIOS = [
     "huge_bodies",
     "tenant_flood",
     *CLIENT_SCENARIOS,
+    *FLEET_SCENARIOS,  # last: the engines it kills stay dead
 ]
 
 
@@ -431,7 +434,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for name in args.scenarios:
                 load.scenario = name
                 started = time.monotonic()
-                scenario = CLIENT_SCENARIOS.get(name)
+                scenario = CLIENT_SCENARIOS.get(name) or FLEET_SCENARIOS.get(name)
                 extra = await (scenario(chaos, load) if scenario else getattr(chaos, name)(load))
                 elapsed = time.monotonic() - started
                 if elapsed < args.scenario_s:
@@ -500,8 +503,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write(r: dict[str, Any]) -> None:
+    """Writes chaos.json and chaos.md; a run of some scenarios keeps the others' rows from the
+    file (each row says the command and date that measured it)."""
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "chaos.json").write_text(json.dumps(r, indent=2) + "\n")
+    for row in r["scenarios"]:
+        row.setdefault("command", r["command"])
+        row.setdefault("date", r["date"])
+    path = OUT / "chaos.json"
+    if path.exists():
+        ran = {row["name"] for row in r["scenarios"]}
+        kept = [
+            {"command": old["command"], "date": old["date"], **row}
+            for old in [json.loads(path.read_text())]
+            for row in old["scenarios"]
+            if row["name"] not in ran
+        ]
+        order = {name: i for i, name in enumerate(SCENARIOS)}
+        r["scenarios"] = sorted(kept + r["scenarios"], key=lambda x: order.get(x["name"], 99))
+    path.write_text(json.dumps(r, indent=2) + "\n")
     lines = [
         "# Chaos",
         "",
@@ -531,6 +550,8 @@ def write(r: dict[str, Any]) -> None:
         "lost_decisions",
         "duplicated_decisions",
         "router_alive",
+        "command",
+        "date",
     }
     for s in r["scenarios"]:
         notes = {k: v for k, v in s.items() if k not in keys and v}
@@ -541,6 +562,10 @@ def write(r: dict[str, Any]) -> None:
             f"{s['duplicated_decisions']} | "
             f"{'yes' if s['router_alive'] else 'NO'} | {json.dumps(notes) if notes else ''} |"
         )
+    older = [s for s in r["scenarios"] if s["command"] != r["command"] or s["date"] != r["date"]]
+    if older:
+        lines += ["", "Rows kept from an earlier run:", ""]
+        lines += [f"* {s['name']}: `{s['command']}` ({s['date']})" for s in older]
     (OUT / "chaos.md").write_text("\n".join(lines) + "\n")
 
 

@@ -1,0 +1,121 @@
+"""Chaos scenarios of the fleet itself (tests/benchmarks/chaos.py runs them beside the
+well-behaved load): most of the engines die at once.
+
+``half_fleet_down``: three engines join the two (five in all, each with its agent); once the
+router sees the five healthy, three are killed -9, engine and agent, under the load and a burst
+of long requests from a high-priority and a low-priority tenant, each with more requests at once
+than the two engines left can hold. The two left must stay busy — what they can carry admitted,
+high priority first, the rest refused with a ``Retry-After`` — and the router must never answer
+a 5xx of its own: the rule it replaces refused every request while less than half the fleet's KV
+was healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+if TYPE_CHECKING:
+    from tests.benchmarks.chaos import Chaos, Load
+
+MODEL = "llama-3.1-8b"
+HIGH = "sk-high"  # a high-priority tenant (served up to the whole budget)
+JOINING = ("n3", "n4", "n5")  # the engines that join, then die
+BURST = 24  # requests at once per burst tenant: together past what two engines hold
+
+
+async def healthy_nodes(router: str) -> int:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(router + "/ready", timeout=aiohttp.ClientTimeout(total=3)) as r,
+        ):
+            return int((await r.json(content_type=None)).get("healthy_nodes", 0))
+    return 0
+
+
+async def _wait_nodes(router: str, want: int, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    got = await healthy_nodes(router)
+    while got != want and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        got = await healthy_nodes(router)
+    return got
+
+
+async def _burst(
+    http: aiohttp.ClientSession, router: str, key: str, until: float, counts: Counter[str]
+) -> None:
+    """One client of a burst tenant: long requests one after another until ``until``; a
+    refusal is retried after the ``Retry-After`` it came with (at most 2 s here)."""
+    body = {"model": MODEL, "prompt": f"[{key}] long task " * 150, "max_tokens": 600}
+    while time.monotonic() < until:
+        retry_s = 0.2
+        try:
+            async with http.post(
+                router + "/v1/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=aiohttp.ClientTimeout(total=120),
+            ) as r:
+                raw = await r.read()
+                counts["requests"] += 1
+                if r.status == 200:
+                    counts["ok"] += 1
+                    continue
+                if "X-Kvgate-Node" in r.headers:  # an engine's failure, passed on
+                    counts["engine_errors"] += 1
+                    continue
+                if r.status >= 500 and r.status != 503:
+                    counts["router_5xx"] += 1
+                    continue
+                counts[f"refused_{r.status}"] += 1
+                with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
+                    counts[f"reason_{orjson.loads(raw)['error']['type']}"] += 1
+                after = r.headers.get("Retry-After")
+                if after is None:
+                    counts["refused_without_retry_after"] += 1
+                else:
+                    retry_s = min(2.0, float(after))
+        except (aiohttp.ClientError, TimeoutError):
+            counts["requests"] += 1
+            counts["connection_errors"] += 1
+        await asyncio.sleep(retry_s)
+
+
+async def half_fleet_down(chaos: Chaos, load: Load) -> dict[str, Any]:
+    for node in JOINING:
+        chaos.nodes[node] = chaos.sup.spawn_node(node, 3000)
+    before = await _wait_nodes(chaos.router, 5)
+    for node in JOINING:  # engine and agent, -9: their heartbeats stop, their ports close
+        chaos.sup.kill(f"engine-{node}")
+        chaos.sup.kill(f"agent-{node}")
+    killed_at = time.monotonic()
+    until = killed_at + chaos.args.scenario_s
+    tenants: dict[str, Counter[str]] = {"high": Counter(), "low": Counter()}
+    keys = {"high": HIGH, "low": "sk-low"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        clients = [
+            _burst(http, chaos.router, keys[name], until, counts)
+            for name, counts in tenants.items()
+            for _ in range(BURST)
+        ]
+        await asyncio.gather(*clients)
+    after = await healthy_nodes(chaos.router)
+    return {
+        "healthy_before": before,
+        "healthy_after": after,
+        "burst": {name: dict(sorted(c.items())) for name, c in tenants.items()},
+    }
+
+
+FLEET_SCENARIOS: dict[str, Callable[[Chaos, Load], Awaitable[dict[str, Any]]]] = {
+    "half_fleet_down": half_fleet_down,
+}
