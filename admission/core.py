@@ -39,9 +39,7 @@ class RejectReason(StrEnum):
     RETRY_STORM = "retry_storm"  # retried before Retry-After
     QUEUE_FULL = "queue_full"  # the priority's queue holds as much as it may
     QUEUE_TIMEOUT = "queue_timeout"  # cannot start before its deadline (early) or waited it out
-    # no longer given (a degraded fleet is admitted against what is left); kept so that older
-    # records still decode
-    NODES_UNHEALTHY = "nodes_unhealthy"
+    NODES_UNHEALTHY = "nodes_unhealthy"  # the healthy nodes are backed up (queue cap): 503
     STORE_UNAVAILABLE = "store_unavailable"  # the reservation store is down or being rebuilt
     TENANT_QUOTA = "tenant_quota"  # the tenant is at its concurrency, KV share or fair share
     DEADLINE = "deadline"  # its SLO class's TTFT cannot be met: refused early, not served late

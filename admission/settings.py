@@ -154,9 +154,10 @@ class AdmissionSettings(BaseModel):
         default=0.5,
         ge=0,
         le=1,
-        description="below this share of the known KV capacity healthy and not backed up, the "
-        "fleet is degraded: requests are admitted against the budget of what is left (admission "
-        "sheds the rest by priority, with Retry-After) and counted",
+        description="below this share of the healthy nodes' KV capacity with a queue under "
+        "router.max_queue, requests get 503 (backed up); below this share of the known KV "
+        "capacity healthy, the fleet is degraded: served by the nodes left, admitted against "
+        "their budget (admission sheds the rest by priority, with Retry-After), and counted",
     )
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")

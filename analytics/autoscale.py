@@ -47,7 +47,11 @@ class AutoscaleSettings(BaseModel):
     mode: Literal["predictive", "reactive"] = "predictive"
     interval_s: float = Field(default=30.0, gt=0, le=3600, description="one decision per")
     lead_time_s: float = Field(
-        default=120.0, ge=0, le=7200, description="a new replica's time to load its model"
+        default=120.0,
+        ge=0,
+        le=7200,
+        description="a new replica's time from the decision to serving (the forecast looks this "
+        "far ahead): its model load; with a machine to provision first, that too",
     )
     replica_rps: float = Field(
         default=5.0, gt=0, description="requests/s one replica serves within the SLO (kvgate plan)"

@@ -29,24 +29,37 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
 
 import grpc
 import orjson
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
+from router.decision.types import NodeView
+from router.eppwire import (
+    BUFFERED,
+    DESTINATION,
+    FULL_DUPLEX,
+    MAX_BODY_CHUNKS,
+    SUBSET,
+    SUBSET_NAMESPACE,
+    destination,
+    error_json,
+    header_map,
+    host_port,
+    immediate,
+    refused,
+    set_header,
+)
 from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import EPP
 from router.flow.headers import API_KEY_HEADER, GATEWAY_KEY_HEADER, forwarded_peer, match_key
 from router.flow.refusals import Refusal
+from router.flow.views import ClusterView
+from router.http.passthrough import PASSTHROUGH_PATHS, model_list, passthrough_node, request_model
 from router.http.upstream import Upstream
 from router.loops import Loops
 from router.settings import RouterSettings
@@ -60,51 +73,7 @@ __all__ = ["DESTINATION", "EndpointPicker", "EppParts", "EppServer", "host_port"
 
 log = logging.getLogger(__name__)
 
-DESTINATION = "x-gateway-destination-endpoint"
-LB_NAMESPACE = "envoy.lb"
-SUBSET = "x-gateway-destination-endpoint-subset"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
-FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-MAX_BODY_CHUNKS = 4096
 HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
-
-
-def _headers(msg: ep.HttpHeaders) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for h in msg.headers.headers:
-        out.add(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
-    return out
-
-
-def host_port(endpoint: str) -> str:
-    """``http://10.0.0.5:8000/`` → ``10.0.0.5:8000`` (the EPP protocol's ``ip:port``)."""
-    parts = urlsplit(endpoint)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname or ""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
-    return base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
-        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-    )
-
-
-def immediate(status: int, body: bytes, headers: dict[str, str]) -> ep.ProcessingResponse:
-    """A refusal, answered by the gateway without reaching any engine."""
-    return ep.ProcessingResponse(
-        immediate_response=ep.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status),
-            headers=ep.HeaderMutation(
-                set_headers=[_set("content-type", "application/json")]
-                + [_set(k.lower(), v) for k, v in headers.items()]
-            ),
-            body=body,
-            details=f"kvgate_{status}",
-        )
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +85,7 @@ class EppParts:
     external: ExternalRequests
     upstream: Upstream
     loops: Loops
+    views: ClusterView
 
 
 @dataclass
@@ -133,6 +103,7 @@ class _Exchange:
     watch: ResponseWatch = field(default_factory=ResponseWatch)
     done: bool = False
     subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
+    passthrough: bool = False  # a non-generating endpoint's request (no admission, no routing)
 
     async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         hint = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
@@ -146,22 +117,28 @@ class _Exchange:
         if kind in ("request_headers", "request_body") and self.request_id is not None:
             # one request per stream: routing a second would hold a second reservation, and
             # the first would be held until its lease ran out
-            return [immediate(400, _error("this stream's request is routed already"), {})]
+            return [immediate(400, error_json("this stream's request is routed already"), {})]
         if kind == "request_headers":
-            self.headers = _headers(req.request_headers)
+            self.headers = header_map(req.request_headers)
             try:  # the tenant's key, before a byte of its body is read
                 self.parts.entry.reader.tenant(self.headers)
             except Refusal as exc:
-                return [_refused(exc)]
+                return [refused(exc)]
+            path = self.headers.get(":path", "").split("?", 1)[0]
+            if path == "/v1/models" and self.headers.get(":method", "GET").upper() == "GET":
+                now = time.time()  # the whole fleet's, answered here (as the router's route)
+                listed = model_list(self.parts.views.nodes(now), now)
+                return [immediate(200, orjson.dumps(listed), {})]
+            self.passthrough = path in PASSTHROUGH_PATHS
             if req.request_headers.end_of_stream:  # no body to route by
-                return await self._route()
+                return self._pass() if self.passthrough else await self._route()
             if self.request_body_mode == FULL_DUPLEX:
                 return []  # the headers are answered once the body is in
             if self.request_body_mode != BUFFERED:
                 return [
                     immediate(
                         500,
-                        _error(
+                        error_json(
                             "kvgate's EPP needs request_body_mode BUFFERED or FULL_DUPLEX_STREAMED"
                         ),
                         {},
@@ -173,16 +150,16 @@ class _Exchange:
             self.body_bytes += len(req.request_body.body)
             limit = self.parts.settings.max_body_bytes
             if self.body_bytes > limit:  # refused as it grows, not once it is all held
-                return [immediate(413, _error(f"the body is over {limit} bytes"), {})]
+                return [immediate(413, error_json(f"the body is over {limit} bytes"), {})]
             if len(self.body) > MAX_BODY_CHUNKS:
-                return [immediate(413, _error("request body in too many pieces"), {})]
+                return [immediate(413, error_json("request body in too many pieces"), {})]
             if not req.request_body.end_of_stream:
                 return []
-            return await self._route()
+            return self._pass() if self.passthrough else await self._route()
         if kind == "request_trailers":
             return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
-            h = _headers(req.response_headers)
+            h = header_map(req.response_headers)
             with contextlib.suppress(ValueError):
                 self.watch.status = int(h.get(":status", "0"))
             out = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
@@ -235,25 +212,45 @@ class _Exchange:
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
             routed = await self.parts.external.route(EPP, taken, allowed)
         except Refusal as exc:
-            return [_refused(exc)]
+            return [refused(exc)]
         self.request_id, _, decision, node, p = routed
         p = self.parts.entry.for_node(p, taken.gated.tenant.name, node)
+        log.debug("EPP %s -> %s (%s)", self.request_id, node.node_id, decision.reason)
+        # what the engine is asked (default max_tokens added)
+        return self._send_to(node, orjson.dumps(p.body), raw)
+
+    def _pass(self) -> list[ep.ProcessingResponse]:
+        """A request of a non-generating endpoint (router/http/passthrough.py): to the least
+        loaded node serving its model, as the router's own route sends it — no reservation,
+        no routing by cache, its body as it came."""
+        raw = b"".join(self.body)
+        try:
+            model = request_model(raw)
+            now = time.time()
+            nodes = self.parts.views.nodes(now)
+            if self.subset is not None:
+                nodes = [n for n in nodes if host_port(n.endpoint) in self.subset]
+            node = passthrough_node(nodes, model, now, self.parts.settings.max_queue)
+        except Refusal as exc:
+            return [refused(exc)]
+        return self._send_to(node, raw, raw)
+
+    def _send_to(self, node: NodeView, body: bytes, raw: bytes) -> list[ep.ProcessingResponse]:
+        """The pick, in the mode the request's body came in: ``node`` as the destination
+        (header and ``envoy.lb`` metadata), ``body`` in place of ``raw`` where they differ."""
         dest = host_port(node.endpoint)
         upstream = self.parts.upstream.auth
         mutation = ep.HeaderMutation(
-            set_headers=[_set(DESTINATION, dest), _set("x-kvgate-node", node.node_id)]
-            + [_set(k.lower(), v) for k, v in node.engine_headers.items()]
-            + [_set(k.lower(), v) for k, v in upstream.items()],
+            set_headers=[set_header(DESTINATION, dest), set_header("x-kvgate-node", node.node_id)]
+            + [set_header(k.lower(), v) for k, v in node.engine_headers.items()]
+            + [set_header(k.lower(), v) for k, v in upstream.items()],
             # the tenant's key is kvgate's business, never the engine's; so is the rank of a
             # data-parallel engine (a client's own would pick the rank routing did not)
             remove_headers=([] if upstream else ["authorization"])
             + [API_KEY_HEADER]
             + ([] if node.dp_rank is not None else [DP_RANK_HEADER]),
         )
-        body = orjson.dumps(p.body)  # what the engine is asked (default max_tokens added)
-        metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION: dest}})
-        log.debug("EPP %s -> %s (%s)", self.request_id, dest, decision.reason)
+        metadata = destination(dest)
         if self.request_body_mode == FULL_DUPLEX:
             return [
                 ep.ProcessingResponse(
@@ -278,10 +275,12 @@ class _Exchange:
         if body != raw:
             common.body_mutation.body = body
             common.header_mutation.remove_headers.append("content-length")
-        kind = "request_body" if self.body else "request_headers"
-        answer = ep.HeadersResponse(response=common) if kind == "request_headers" else None
-        if answer is not None:
-            return [ep.ProcessingResponse(request_headers=answer, dynamic_metadata=metadata)]
+        if not self.body:  # answered on the headers (no body came)
+            return [
+                ep.ProcessingResponse(
+                    request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
+                )
+            ]
         return [
             ep.ProcessingResponse(
                 request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
@@ -312,16 +311,6 @@ class _Exchange:
     async def close(self) -> None:
         """The gRPC stream ended: whatever is still held is released (as cancelled)."""
         await self._finish(cancelled=True)
-
-
-def _error(message: str, type_: str = "invalid_request_error") -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": None}})
-
-
-def _refused(r: Refusal) -> ep.ProcessingResponse:
-    """A refusal, as the gateway's immediate answer (its status, body and Retry-After)."""
-    headers = {k: v for k, v in r.headers.items() if k.lower() in ("retry-after", "retry-after-ms")}
-    return immediate(r.status, r.body(), headers)
 
 
 GATEWAY_KEY_METADATA = GATEWAY_KEY_HEADER.lower()  # on the stream (Envoy: initial_metadata)
@@ -392,7 +381,14 @@ async def serve_epp(router: Router, host: str, port: int) -> EppServer:
     """Start ``router``'s EPP and the gRPC health services (``liveness`` always serving;
     ``readiness`` and the ext_proc service while the router is ready) on ``host:port`` (0: any
     free port)."""
-    parts = EppParts(router.settings, router.entry, router.external, router.upstream, router.loops)
+    parts = EppParts(
+        router.settings,
+        router.entry,
+        router.external,
+        router.upstream,
+        router.loops,
+        router.external.views,
+    )
     if not router.settings.epp_keys:
         log.warning(
             "the endpoint picker asks no gateway key (router.epp_keys is empty): anything "

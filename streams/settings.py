@@ -92,11 +92,12 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     app_id: str | None = Field(default=None, description="default: <namespace>-streams")
-    # Off by default: faust-streaming 0.15.3 commits a transaction without first flushing the
-    # table changelog records it buffered (Consumer._commit_offsets flushes only outside
-    # transactions), so a kill -9 can commit input offsets whose changelog writes are then aborted.
-    # At-least-once flushes before every commit, and the idempotent folds make it exact.
-    exactly_once: bool = False
+    # Input offsets and table writes commit in one Kafka transaction (faust-streaming 0.15.3 alone
+    # commits without first draining the changelog records it buffered: the worker wraps its
+    # commit to drain them, streams/faustcommit.py). False: at-least-once, which flushes before
+    # every commit and relies on the idempotent folds; fresher tables for read_committed readers
+    # (docs/benchmarks/pipeline.md compares the two).
+    exactly_once: bool = True
     commit_interval_s: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, gt=0)
     rebalance_timeout_s: float = Field(default=10.0, gt=0)

@@ -105,6 +105,40 @@ def _started(trace: Trace, sessions_per_s: float, seed: int) -> Trace:
     return replace(trace, requests=tuple(sorted(moved, key=lambda r: r.arrival_s)))
 
 
+LARGER_KV_GIB = 140.4  # an H200's memory (141 GB) as CUDA reports it
+
+
+def _larger_kv(
+    trace: Trace, open_loop: Trace, base: SimConfig, load: float, nodes: int
+) -> dict[str, Any]:
+    """The same sessions at the same load on engines with an H200's memory (about twice the
+    KV of an H100 beside the same weights; step times left at the H100's): how much of the
+    comparison is the KV the contexts fight over. One run per router; capacity measured again
+    on these engines."""
+    profile = base.profile.model_copy(
+        update={"gpu": "H200-SXM-141GB", "gpu_memory_gib": LARGER_KV_GIB}
+    )
+    big = replace(base, profile=profile)
+    cap = capacity_rps(open_loop, big)
+    sessions = len({r.session_id for r in open_loop.requests})
+    rate = load * cap * sessions / len(open_loop.requests)
+    out: dict[str, Any] = {}
+    for policy in ("round_robin", "kvgate", *PEERS):
+        settings = RouterSettings(policy=policy)
+        with status(f"agentic: {policy}, larger KV"):
+            done = simulate(
+                _started(trace, rate, 0), make_policy(settings), acting_on(big, settings)
+            )
+        out[policy] = agentic_metrics(done, len(trace.requests), nodes)
+    return {
+        "what": f"{load:.0%} load on engines with {LARGER_KV_GIB} GiB (an H200's memory; "
+        "H100 step times), one run each",
+        "kv_blocks_per_engine": profile.num_gpu_blocks,
+        "capacity_rps": round(cap, 4),
+        "runs": out,
+    }
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(float(r[key]) for r in runs))
 
@@ -147,6 +181,7 @@ def bench_agentic(
         with status(f"agentic: {policy}, all sessions at once"):
             done = simulate(trace, make_policy(settings), acting_on(base, settings))
         saturated[policy] = agentic_metrics(done, len(trace.requests), nodes)
+    larger = _larger_kv(trace, open_loop, base, load, nodes)
     med = {
         p: {k: _median(rs, k) for k in rs[0] if k != "seed" and isinstance(rs[0][k], int | float)}
         for p, rs in runs.items()
@@ -198,6 +233,7 @@ def bench_agentic(
             ),
             "runs": saturated,
         },
+        "larger_kv": larger,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "agentic.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -225,6 +261,10 @@ def _markdown(r: dict[str, Any]) -> str:
     sat_rows = "\n".join(
         f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |" for p, m in sat["runs"].items()
     )
+    larger_rows = "\n".join(
+        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |"
+        for p, m in r["larger_kv"]["runs"].items()
+    )
     crit = "\n".join(
         f"| `{k}` | {fmt(r[k])} | {r['targets'][k]} | {'met' if r['met'][k] else '**not met**'} |"
         for k in TARGETS
@@ -243,7 +283,9 @@ after the previous turn ends, so faster serving moves more tokens through the sa
 cluster's measured capacity ({r["capacity_rps"]} requests/s; AIPerf's trace starts every session
 at 0). Medians of {len(next(iter(r["runs"].values())))} repetitions (from the second on, each
 start moved by up to 0.4 of the spacing); every run is
-in `agentic.json`. Peers at their defaults; the best peer is the one with the highest hit rate
+in `agentic.json`. kvgate runs as live at its defaults (pending prefixes, its memory of recent
+prefills, pre-warming, the fit hold); peers at their defaults; the best peer is the one with the
+highest hit rate
 (`{r["best_peer"]["hit_rate"]}`) and the one with the lowest TTFT p99
 (`{r["best_peer"]["ttft_p99_s"]}`).
 
@@ -262,6 +304,14 @@ throughput is where routing shows: kvgate / round-robin tokens per GPU
 
 {head}
 {sat_rows}
+
+How much of this is the KV the contexts fight over: the same sessions at {r["load"]:.0%} load
+on engines with an H200's memory ({r["larger_kv"]["kv_blocks_per_engine"]} KV blocks of 16
+tokens each instead of the H100's; step times left at the H100's; capacity measured again,
+{r["larger_kv"]["capacity_rps"]} requests/s; one run each):
+
+{head}
+{larger_rows}
 
 `router_cpu_ms_per_request_100k` is measured live (`{r["router_cpu_command"]}`,
 `longprompt.md`): a 100k-token chat request through the router's whole path.

@@ -238,6 +238,7 @@ class SimCluster:
             MODEL,
             now,
             self.cfg.max_queue,
+            self.rules.admission.min_healthy_share,
             self.rules.admission.min_retry_after_s,
             self.cfg.placement,
         )

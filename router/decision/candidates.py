@@ -3,14 +3,14 @@
 
 * **Eligible**: nodes serving the request's model (or its adapter), healthy, not draining,
   alive.
-* **Open**: eligible nodes whose queue is within ``max_queue``. When every eligible node is over
-  the cap, all of them stay candidates (the policy's overload rules then decide). A fleet of
-  which little is open (:func:`healthy_share` under ``admission.min_healthy_share``: nodes
-  down, drained or backed up) is *degraded*, not switched off: its requests are admitted
-  against the budget of what is open (:func:`budget`: the candidates' KV), so admission sheds
-  what the nodes left cannot carry — by priority, the watermarks and the tenants' shares — and
-  refuses the rest with its ``Retry-After``, instead of refusing every request while most of
-  the fleet is away.
+* **Open**: eligible nodes whose queue is within ``max_queue``. When what is open holds less
+  than ``min_open_share`` of the *eligible* nodes' KV capacity, the fleet is backed up: the
+  request is refused (503 with ``Retry-After``: a bounded queue, not a pile on the few nodes
+  still open). Nodes that are down, drained or gone do not count against it: a fleet of which
+  most is away is *degraded* (:func:`healthy_share`), not switched off — its requests are
+  admitted against the budget of the nodes left (:func:`budget`: the candidates' KV), so
+  admission sheds what they cannot carry, by priority, the watermarks and the tenants' shares,
+  and refuses the rest with its ``Retry-After``.
 * **Placement**: only nodes with the request's required labels (none: 503), its preferred ones
   while they have room (router/decision/placement.py).
 """
@@ -28,20 +28,39 @@ __all__ = ["budget", "budget_totals", "candidates", "healthy_share", "open_candi
 
 
 def open_candidates(
-    all_nodes: Sequence[NodeView], model: str, now: float, max_queue: int
-) -> list[NodeView]:
-    """The eligible nodes for ``model`` within the queue cap (all eligible ones when none is)."""
+    all_nodes: Sequence[NodeView],
+    model: str,
+    now: float,
+    max_queue: int,
+    min_open_share: float,
+    retry_after_s: float,
+) -> list[NodeView] | Rejection:
+    """The eligible nodes for ``model`` within the queue cap, or the backed-up refusal."""
     nodes = eligible(all_nodes, model, now)
     open_nodes = [n for n in nodes if n.waiting <= max_queue]
+    healthy = sum(n.kv_blocks_total for n in nodes)
+    share = sum(n.kv_blocks_total for n in open_nodes) / healthy if healthy else 0.0
+    if nodes and share < min_open_share:
+        return Rejection(
+            RejectReason.NODES_UNHEALTHY,
+            True,
+            retry_after_s,
+            f"the nodes are backed up: only {share:.0%} of the healthy nodes' KV capacity has "
+            f"at most {max_queue} requests waiting",
+        )
     return open_nodes or nodes
 
 
-def healthy_share(
-    all_nodes: Sequence[NodeView], open_nodes: Sequence[NodeView], model: str
-) -> float:
-    """The share of ``model``'s known KV capacity that ``open_nodes`` hold (1: no node known)."""
-    known = sum(n.kv_blocks_total for n in all_nodes if n.serves(model))
-    return sum(n.kv_blocks_total for n in open_nodes) / known if known else 1.0
+def healthy_share(all_nodes: Sequence[NodeView], model: str, now: float) -> float:
+    """The share of ``model``'s known KV capacity on eligible nodes (healthy, not draining,
+    alive; 1: no node known): under ``admission.min_healthy_share`` the fleet is degraded."""
+    known = healthy = 0
+    for n in all_nodes:
+        if n.model == model or model in n.adapters:
+            known += n.kv_blocks_total
+            if n.healthy and not n.draining and now - n.heartbeat_ts <= n.lease_s:
+                healthy += n.kv_blocks_total
+    return healthy / known if known else 1.0
 
 
 def candidates(
@@ -49,12 +68,13 @@ def candidates(
     model: str,
     now: float,
     max_queue: int,
+    min_open_share: float,
     retry_after_s: float,
     placement: Placement = FREE,
 ) -> list[NodeView] | Rejection:
     """:func:`open_candidates`, then the request's placement."""
-    nodes = open_candidates(all_nodes, model, now, max_queue)
-    if placement.free or not nodes:
+    nodes = open_candidates(all_nodes, model, now, max_queue, min_open_share, retry_after_s)
+    if isinstance(nodes, Rejection) or placement.free or not nodes:
         return nodes
     allowed = placement.allowed(nodes)
     if not allowed:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from admission.core import OutputShape, Rejection, RejectReason, Verdict
@@ -100,12 +100,16 @@ class Director:
         """The request's candidates (router/decision/candidates.py), or why there are none."""
         adm = self.gate.settings
         got = candidates(
-            all_nodes, model, now, self.settings.max_queue, adm.min_retry_after_s, placement
+            all_nodes,
+            model,
+            now,
+            self.settings.max_queue,
+            adm.min_healthy_share,
+            adm.min_retry_after_s,
+            placement,
         )
-        if not isinstance(got, Rejection) and healthy_share(all_nodes, got, model) < (
-            adm.min_healthy_share
-        ):  # admitted against what is left: admission sheds the rest
-            self.metrics.shed_fleet.inc()
+        if healthy_share(all_nodes, model, now) < adm.min_healthy_share:
+            self.metrics.shed_fleet.inc()  # served by the nodes left, against their budget
         return got
 
     async def admit(self, i: Intake) -> Gated:
@@ -368,13 +372,16 @@ class Director:
         d = decide(ask, again, self.rules)
         return (d.now if isinstance(d, Held) else d), again, False
 
-    def reroute(self, ask: Ask, g: Gated, failed: str, p: ParsedRequest) -> NodeView | None:
-        """The request's node failed it before any byte reached the client: the best other
+    def reroute(
+        self, ask: Ask, g: Gated, failed: Collection[str], p: ParsedRequest
+    ) -> NodeView | None:
+        """The request's nodes ``failed`` it before any byte reached the client: the best other
         candidate, through the same pipeline (fit, roles, fleet, a degraded feed's fallback) on
         the cluster as it is now, sent whole (no P/D split, no waiting: ``gateway`` mode);
-        None when no other node may take it. The new decision is recorded and committed."""
+        None when no other node may take it. The new decision is recorded (its sequence: the
+        failed nodes so far) and committed."""
         snap = self._again(ask, g)
-        others = [n for n in snap.nodes if n.node_id != failed]
+        others = [n for n in snap.nodes if n.node_id not in failed]
         if not others:
             return None
         snap = replace(snap, nodes=others)
@@ -395,7 +402,7 @@ class Director:
             g.tenant,
             g.verdict,
             g.client_request_id,
-            decision_seq=1,
+            decision_seq=len(failed),
         )
         return next((n for n in g.nodes if n.node_id == d.chosen), None)
 

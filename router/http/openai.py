@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from router.decision.types import NodeView, eligible
+from router.decision.types import NodeView
 from router.feed import FeedWatch
 from router.flow.director import Director
 from router.flow.entry import Entry, Taken
@@ -21,7 +21,7 @@ from router.flow.refusals import Refusal
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.http.edge import json_answer
-from router.http.passthrough import pick_node, relay, request_model
+from router.http.passthrough import model_list, passthrough_node, relay, request_model
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
 from router.http.proxy import StallBudget, Whole, forward
@@ -35,6 +35,9 @@ from streams.agentapis import Api
 __all__ = ["OpenAiApi", "reroutable"]
 
 log = logging.getLogger(__name__)
+
+
+MAX_REROUTES = 3  # other nodes tried after the first failed a request before any byte
 
 
 def reroutable(reply: Reply, served: Served) -> bool:
@@ -129,18 +132,21 @@ class OpenAiApi:
         if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
             sent = await self.prefill.run(t.request_id, p, g, decision.prefill, ask.request)
         served = Served()
+        failed: list[str] = []
         reroutes = 0
         try:
             while True:
                 served, whole = await self._forward(request, reply, t, f, node, sent)
-                if reroutes or not reroutable(reply, served):
+                if reroutes >= MAX_REROUTES or not reroutable(reply, served):
                     if whole is not None:
                         whole.send(reply)
                     return
                 # the node could not take it (no room for its KV, or gone) before anything
-                # reached the client: once, to the best other node; the reservation is for the
-                # cluster's budget, so it stays with the request
-                again = self.director.reroute(ask, g, node.node_id, p)
+                # reached the client: to the best node that has not failed it (several nodes
+                # die at once: a rack, a zone); the reservation is for the cluster's budget,
+                # so it stays with the request
+                failed.append(node.node_id)
+                again = self.director.reroute(ask, g, failed, p)
                 if again is None:
                     if whole is not None:
                         whole.send(reply)
@@ -196,33 +202,14 @@ class OpenAiApi:
         return served, whole
 
     async def models(self, _: Request, reply: Reply) -> None:
-        now = time.time()
-        live = [n for n in self.views.nodes(now) if n.alive(now)]
-        bases = {n.model for n in live}
-        adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
-        entry = {"object": "model", "owned_by": "kvgate"}
-        json_answer(
-            reply,
-            {
-                "object": "list",
-                "data": [{**entry, "id": m, "root": m, "parent": None} for m in sorted(bases)]
-                + [{**entry, "id": a, "root": a, "parent": adapters[a]} for a in sorted(adapters)],
-            },
-        )
+        json_answer(reply, model_list(self.views.nodes(time.time()), time.time()))
 
     async def passthrough(self, request: Request, reply: Reply) -> None:
         """``POST`` of an allow-listed non-generating endpoint, to a node serving its model."""
-        s = self.settings
         raw = request.body
         model = request_model(raw)
         now = time.time()
-        all_nodes = self.views.nodes(now)
-        if not any(n.serves(model) for n in all_nodes):
-            raise Refusal(404, f"The model `{model[:200]}` does not exist.", "NotFoundError")
-        nodes = [n for n in eligible(all_nodes, model, now) if n.waiting <= s.max_queue]
-        if not nodes:
-            raise Refusal(503, f"no healthy node serves `{model[:200]}` now", "service_unavailable")
-        node = pick_node(nodes)
+        node = passthrough_node(self.views.nodes(now), model, now, self.settings.max_queue)
         http = self.upstream.session
         headers = {
             "X-Request-Id": mint_id(),

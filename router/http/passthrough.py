@@ -21,11 +21,18 @@ from typing import Any
 import aiohttp
 import orjson
 
-from router.decision.types import NodeView
+from router.decision.types import NodeView, eligible
 from router.flow.refusals import Refusal
 from router.wire.server import Reply, Request
 
-__all__ = ["PASSTHROUGH_PATHS", "pick_node", "relay", "request_model"]
+__all__ = [
+    "PASSTHROUGH_PATHS",
+    "model_list",
+    "passthrough_node",
+    "pick_node",
+    "relay",
+    "request_model",
+]
 
 # the non-generating OpenAI-style endpoints vLLM and SGLang serve under /v1 (JSON bodies with
 # a ``model``): they pass through; nothing else under /v1 does
@@ -47,6 +54,32 @@ def request_model(raw: bytes) -> str:
 def pick_node(nodes: Sequence[NodeView]) -> NodeView:
     """The least loaded of ``nodes`` (queue, then KV use; ties by id for stability)."""
     return min(nodes, key=lambda n: (n.queue_len, n.kv_used_ratio, n.node_id))
+
+
+def passthrough_node(
+    all_nodes: Sequence[NodeView], model: str, now: float, max_queue: int
+) -> NodeView:
+    """The node a pass-through request for ``model`` goes to: the least loaded of the eligible
+    ones within the queue cap (404: no node serves the model; 503: none can take it now)."""
+    if not any(n.serves(model) for n in all_nodes):
+        raise Refusal(404, f"The model `{model[:200]}` does not exist.", "NotFoundError")
+    nodes = [n for n in eligible(all_nodes, model, now) if n.waiting <= max_queue]
+    if not nodes:
+        raise Refusal(503, f"no healthy node serves `{model[:200]}` now", "service_unavailable")
+    return pick_node(nodes)
+
+
+def model_list(all_nodes: Sequence[NodeView], now: float) -> dict[str, Any]:
+    """``GET /v1/models`` of the whole fleet: the base models and adapters of the live nodes."""
+    live = [n for n in all_nodes if n.alive(now)]
+    bases = {n.model for n in live}
+    adapters = {a: n.model for n in live for a in n.adapters if a not in bases}
+    entry = {"object": "model", "owned_by": "kvgate"}
+    return {
+        "object": "list",
+        "data": [{**entry, "id": m, "root": m, "parent": None} for m in sorted(bases)]
+        + [{**entry, "id": a, "root": a, "parent": adapters[a]} for a in sorted(adapters)],
+    }
 
 
 async def relay(

@@ -54,10 +54,16 @@ async def _burst(
     http: aiohttp.ClientSession, router: str, key: str, until: float, counts: Counter[str]
 ) -> None:
     """One client of a burst tenant: long requests one after another until ``until``; a
-    refusal is retried after the ``Retry-After`` it came with (at most 2 s here)."""
-    body = {"model": MODEL, "prompt": f"[{key}] long task " * 150, "max_tokens": 600}
+    refusal is retried after the ``Retry-After`` it came with, as a client should."""
     while time.monotonic() < until:
         retry_s = 0.2
+        # a prompt of its own (no prefix shared): the KV admission reserves is what it uses
+        counts["sent"] += 1
+        body = {
+            "model": MODEL,
+            "prompt": f"[{key} {counts['sent']}] " + "long task " * 300,
+            "max_tokens": 800,
+        }
         try:
             async with http.post(
                 router + "/v1/completions",
@@ -75,6 +81,8 @@ async def _burst(
                     continue
                 if r.status >= 500 and r.status != 503:
                     counts["router_5xx"] += 1
+                    with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
+                        counts[f"5xx_{r.status}_{orjson.loads(raw)['error']['type']}"] += 1
                     continue
                 counts[f"refused_{r.status}"] += 1
                 with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
@@ -83,11 +91,33 @@ async def _burst(
                 if after is None:
                     counts["refused_without_retry_after"] += 1
                 else:
-                    retry_s = min(2.0, float(after))
+                    retry_s = float(after)
         except (aiohttp.ClientError, TimeoutError):
             counts["requests"] += 1
             counts["connection_errors"] += 1
-        await asyncio.sleep(retry_s)
+        await asyncio.sleep(max(0.0, min(retry_s, until - time.monotonic())))
+
+
+async def _busy(urls: list[str], until: float) -> dict[str, float]:
+    """The engines left, sampled every second until ``until``: mean running requests and KV
+    use per engine (their vLLM-style /metrics)."""
+    running: list[float] = []
+    kv: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < until:
+            for url in urls:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with http.get(url + "/metrics") as r:
+                        for line in (await r.text()).splitlines():
+                            if line.startswith("vllm:num_requests_running"):
+                                running.append(float(line.split()[-1]))
+                            elif line.startswith("vllm:kv_cache_usage_perc"):
+                                kv.append(float(line.split()[-1]))
+            await asyncio.sleep(1.0)
+    return {
+        "running_mean": round(sum(running) / max(1, len(running)), 1),
+        "kv_used_mean": round(sum(kv) / max(1, len(kv)), 3),
+    }
 
 
 async def half_fleet_down(chaos: Chaos, load: Load) -> dict[str, Any]:
@@ -107,11 +137,13 @@ async def half_fleet_down(chaos: Chaos, load: Load) -> dict[str, Any]:
             for name, counts in tenants.items()
             for _ in range(BURST)
         ]
-        await asyncio.gather(*clients)
+        left = [url for node, url in chaos.nodes.items() if node not in JOINING]
+        *_, busy = await asyncio.gather(*clients, _busy(left, until))
     after = await healthy_nodes(chaos.router)
     return {
         "healthy_before": before,
         "healthy_after": after,
+        "engines_left": busy,
         "burst": {name: dict(sorted(c.items())) for name, c in tenants.items()},
     }
 

@@ -36,7 +36,7 @@ from streams.schemas import Heartbeat
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import HEARTBEATS
 from tests.benchmarks.loadgen import produced_ms
-from tests.benchmarks.pipeline_report import write
+from tests.benchmarks.pipeline_report import OUT, write
 from tests.factories import heartbeat
 
 
@@ -375,6 +375,30 @@ async def worker_cost(args: argparse.Namespace, source: Path | None) -> dict[str
     }
 
 
+async def guarantees(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker in each processing guarantee, one after the other on fresh namespaces: its
+    tables' freshness at ``--guarantee-nodes`` nodes (what a read_committed reader of the
+    changelogs sees: exactly-once shows table writes only at each commit) and its CPU per 1,000
+    block changes at ``--cost-nodes`` nodes."""
+    out: dict[str, Any] = {}
+    for name, at_least_once in (("exactly_once", False), ("at_least_once", True)):
+        mode_args = argparse.Namespace(**{**vars(args), "at_least_once": at_least_once})
+        (step,) = await sweep(mode_args, "tables", [args.guarantee_nodes])
+        cost = await worker_cost(mode_args, None)
+        out[name] = {
+            "nodes": args.guarantee_nodes,
+            "block_p50_ms": step["block_p50_ms"],
+            "block_p99_ms": step["block_p99_ms"],
+            "heartbeat_p99_ms": step["heartbeat_p99_ms"],
+            "keeps_up": step["keeps_up"],
+            "worker_cpu_share": step["worker_cpu_share"],
+            "worker_cpu_s_per_1000_changes": cost["worker_cpu_s_per_1000_changes"],
+        }
+    out["command"] = "python -m tests.benchmarks.pipeline " + " ".join(sys.argv[1:])
+    out["date"] = time.strftime("%Y-%m-%d")
+    return out
+
+
 async def wait_ready(url: str, timeout_s: float) -> float:
     """Seconds until ``url`` answers 200 (``timeout_s`` when it never does)."""
     t0 = time.monotonic()
@@ -472,6 +496,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         }
     if "restart" in args.modes:
         out["restart"] = await router_restart(args)
+    if "guarantees" in args.modes:
+        out["guarantees"] = await guarantees(args)
     overhead: dict[str, Any] = {}
     env = Env(args)
     if "overhead" in args.modes:
@@ -535,7 +561,11 @@ def cli() -> None:
     p.add_argument(
         "--modes",
         type=lambda s: s.split(","),
-        default=["router", "tables", "cost", "scaleout", "restart", "overhead"],
+        default=["router", "tables", "cost", "scaleout", "restart", "overhead", "guarantees"],
+        help="what to measure; 'guarantees' alone adds its section to the existing report",
+    )
+    p.add_argument(
+        "--guarantee-nodes", type=int, default=500, help="load of the guarantees comparison"
     )
     p.add_argument("--cost-nodes", type=int, default=50, help="load of the CPU-cost comparison")
     p.add_argument("--cost-drain", type=float, default=5.0)
@@ -557,7 +587,11 @@ def cli() -> None:
     p.add_argument("--settle", type=float, default=3.0, help="pause between steps")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
-    result = asyncio.run(main(args))
+    if args.modes == ["guarantees"]:  # one section, measured alone, into the existing report
+        result = json.loads((OUT / "pipeline.json").read_text())
+        result["guarantees"] = asyncio.run(guarantees(args))
+    else:
+        result = asyncio.run(main(args))
     if not args.no_write:
         write(result)
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2))

@@ -450,3 +450,46 @@ async def _messages_through_the_picker(e: Edge, channel: Any) -> None:
     assert out.prompt_tokens > 0 and out.cached_tokens == 0 and out.ttft_s is not None
     assert e.decisions()[-1].endpoint_kind == "messages"
     assert await e.reservations() == 0
+
+
+async def test_models_and_embeddings_pass_through_the_picker(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    """Not every request through the gateway generates: ``GET /v1/models`` is answered with the
+    fleet's models, an embeddings request goes to a healthy node serving its model (as the
+    router's own pass-through route sends it: no reservation, its body untouched), and one for
+    a model nobody serves gets the router's 404."""
+    e, channel, _ = picker
+    stub = ep_grpc.ExternalProcessorStub(channel)
+    envoy = Envoy(stub, BUFFERED, BUFFERED)
+    await envoy.send(
+        request_headers=headers(
+            (":method", "GET"),
+            (":path", "/v1/models"),
+            ("authorization", "Bearer sk-alpha"),
+            end=True,
+        )
+    )
+    listed = (await envoy.read()).immediate_response
+    assert listed.status.code == 200
+    assert [m["id"] for m in orjson.loads(listed.body)["data"]] == [MODEL]
+
+    envoy = Envoy(stub, BUFFERED, BUFFERED)
+    body = orjson.dumps({"model": MODEL, "input": "hello"})
+    await envoy.send(request_headers=request_headers(path="/v1/embeddings"))
+    assert (await envoy.read()).HasField("request_headers")
+    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    picked = await envoy.read()
+    dest = destination(picked, "request_body")
+    assert dest in {host_port(u) for u in e.engines.values()}
+    assert not picked.request_body.response.body_mutation.body  # sent as it came
+    assert "authorization" in picked.request_body.response.header_mutation.remove_headers
+    assert await e.reservations() == 0 and e.decisions() == []
+
+    envoy = Envoy(stub, BUFFERED, BUFFERED)
+    await envoy.send(request_headers=request_headers(path="/v1/embeddings"))
+    await envoy.read()
+    other = orjson.dumps({"model": "nobody-serves-this", "input": "hello"})
+    await envoy.send(request_body=ep.HttpBody(body=other, end_of_stream=True))
+    refused = (await envoy.read()).immediate_response
+    assert refused.status.code == 404 and b"does not exist" in refused.body

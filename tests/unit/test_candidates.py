@@ -1,7 +1,8 @@
-"""Which nodes a request may go to (router/decision/candidates.py): the queue-limit filter, and
-a fleet of which most is away degrading to what is left — its requests admitted against the
-budget of the nodes still open, shed by priority with a Retry-After — instead of every request
-refused while less than ``admission.min_healthy_share`` of the capacity is healthy."""
+"""Which nodes a request may go to (router/decision/candidates.py): the queue-limit filter, the
+backed-up refusal, and a fleet of which most is away degrading to what is left — its requests
+admitted against the budget of the nodes still up, shed by priority with a Retry-After —
+instead of every request refused while less than ``admission.min_healthy_share`` of the
+capacity is healthy."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ from admission.core import Budget, RejectReason, admit
 from admission.settings import AdmissionSettings
 from router.decision.candidates import budget, candidates, healthy_share, open_candidates
 from router.decision.placement import Placement
+from router.decision.types import NodeView
 from tests.factories import NOW, node_view
 
 KV = 100  # blocks per node (node_view's)
 
 
-def test_nodes_over_the_queue_limit_are_left_out_unless_every_node_is() -> None:
+def _open(nodes: list[NodeView]) -> list[str] | RejectReason:
+    got = open_candidates(nodes, "m", NOW, max_queue=64, min_open_share=0.5, retry_after_s=1.0)
+    return got.reason if not isinstance(got, list) else [n.node_id for n in got]
+
+
+def test_nodes_over_the_queue_limit_are_left_out_and_a_backed_up_fleet_is_refused() -> None:
     nodes = [node_view("a", waiting=3), node_view("b", waiting=65), node_view("c", waiting=64)]
-    assert [n.node_id for n in open_candidates(nodes, "m", NOW, max_queue=64)] == ["a", "c"]
-    backed_up = [node_view("a", waiting=70), node_view("b", waiting=80)]
-    # every node over the cap: all stay candidates (the policy's overload rules decide)
-    assert [n.node_id for n in open_candidates(backed_up, "m", NOW, max_queue=64)] == ["a", "b"]
+    assert _open(nodes) == ["a", "c"]
+    # most of the healthy capacity past the cap: a bounded queue, 503 with a Retry-After
+    backed_up = [node_view("a", waiting=70), node_view("b", waiting=80), node_view("c")]
+    assert _open(backed_up) == RejectReason.NODES_UNHEALTHY
+    got = open_candidates(backed_up, "m", NOW, 64, 0.5, 2.0)
+    assert not isinstance(got, list) and got.retriable and got.retry_after_s == 2.0
     # other models' nodes, draining and unhealthy nodes are never candidates
     mixed = [
         node_view("a"),
@@ -27,14 +36,14 @@ def test_nodes_over_the_queue_limit_are_left_out_unless_every_node_is() -> None:
         node_view("d", draining=True),
         node_view("u", healthy=False),
     ]
-    assert [n.node_id for n in open_candidates(mixed, "m", NOW, max_queue=64)] == ["a"]
+    assert _open(mixed) == ["a"]
 
 
 def test_three_of_five_nodes_down_leave_two_candidates_and_a_budget_of_two() -> None:
     fleet = [node_view(f"n{i}", healthy=i < 2) for i in range(5)]
-    got = candidates(fleet, "m", NOW, max_queue=64, retry_after_s=1.0)
+    got = candidates(fleet, "m", NOW, max_queue=64, min_open_share=0.5, retry_after_s=1.0)
     assert isinstance(got, list) and [n.node_id for n in got] == ["n0", "n1"]
-    assert healthy_share(fleet, got, "m") == 0.4  # under the default min_healthy_share (0.5)
+    assert healthy_share(fleet, "m", NOW) == 0.4  # under the default min_healthy_share (0.5)
     _, per_node = budget(fleet, got, "m", NOW, {})
     assert per_node == [KV, KV]  # admission counts what the two can carry, not the five
 
@@ -68,5 +77,5 @@ def test_a_degraded_fleet_sheds_by_priority_with_a_retry_after_instead_of_refusi
 
 def test_a_placement_that_no_candidate_satisfies_is_still_refused() -> None:
     fleet = [node_view("a", labels=frozenset({("zone", "x")}))]
-    got = candidates(fleet, "m", NOW, 64, 2.0, Placement(require=frozenset({("zone", "y")})))
+    got = candidates(fleet, "m", NOW, 64, 0.5, 2.0, Placement(require=frozenset({("zone", "y")})))
     assert not isinstance(got, list) and got.reason == RejectReason.NO_CAPACITY

@@ -244,8 +244,8 @@ def _long_tail(n: int, rate: float, seed: int = 1) -> Trace:
 def test_in_overload_short_requests_overtake_long_ones_in_the_simulator() -> None:
     trace = _long_tail(1500, 90.0)
     settings = RouterSettings(policy="kvgate")
-    # the router's candidate cap off: in this overload every node's queue passes it; only the
-    # lane rules differ here
+    # the router's candidate cap off: in this overload every node's queue passes it, and the
+    # router would refuse with 503 (nodes_unhealthy); only the lane rules differ here
     base = SimConfig(nodes=4, max_queue=1_000_000)
 
     def short_ttft_p99(cfg: SimConfig) -> tuple[float, int]:
