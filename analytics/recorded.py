@@ -102,9 +102,11 @@ def load_recorded(
     """Decisions in [since, until] (epoch seconds) with their outcomes; ``router_id`` narrows it
     to one router's traffic."""
     where = f"d.ts >= toDateTime64({since:.6f}, 6) AND d.ts <= toDateTime64({until:.6f}, 6)"
-    # a request once: its first decision (a re-route is decision_seq 1), and only requests that
-    # reached admission (refusals of bad input or credentials have nothing to replay)
+    # a request once: its first decision (a re-route is decision_seq 1 on), only requests that
+    # reached admission (refusals of bad input or credentials have nothing to replay), and no
+    # pass-through (embeddings and the like: no tokens, not routed by cache)
     where += " AND d.decision_seq = 0 AND d.reason != 'refused_before_admission'"
+    where += " AND d.policy != 'passthrough'"
     if router_id:
         where += f" AND d.router_id = {_lit(router_id)}"
     rows = ch.query(f"""

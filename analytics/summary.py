@@ -32,10 +32,10 @@ def run_summary(ch: ClickHouse, db: str, router_id: str) -> dict[str, Any]:
         FROM {db}.outcomes FINAL WHERE router_id = {rid}""")[0]
     d = ch.query(f"""
         SELECT count() AS decision_rows,
-               quantileExactIf(0.5)(decision_us, reason != 'refused_before_admission')
-                 AS decision_p50_us,
-               quantileExactIf(0.99)(decision_us, reason != 'refused_before_admission')
-                 AS decision_p99_us
+               quantileExactIf(0.5)(decision_us, reason != 'refused_before_admission'
+                 AND policy != 'passthrough') AS decision_p50_us,
+               quantileExactIf(0.99)(decision_us, reason != 'refused_before_admission'
+                 AND policy != 'passthrough') AS decision_p99_us
         FROM {db}.decisions FINAL WHERE router_id = {rid}""")[0]
     share = ch.query(f"""
         SELECT ifNull(node_id, '(none)') AS node, count() AS requests,

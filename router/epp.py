@@ -56,10 +56,18 @@ from router.eppwire import (
 from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import EPP
-from router.flow.headers import API_KEY_HEADER, GATEWAY_KEY_HEADER, forwarded_peer, match_key
+from router.flow.headers import (
+    API_KEY_HEADER,
+    GATEWAY_KEY_HEADER,
+    client_label,
+    forwarded_peer,
+    match_key,
+    mint_id,
+)
+from router.flow.passadmit import PassthroughGate
 from router.flow.refusals import Refusal
 from router.flow.views import ClusterView
-from router.http.passthrough import PASSTHROUGH_PATHS, model_list, passthrough_node, request_model
+from router.http.passthrough import PASSTHROUGH, model_list, passthrough_node, request_model
 from router.http.upstream import Upstream
 from router.loops import Loops
 from router.settings import RouterSettings
@@ -86,6 +94,7 @@ class EppParts:
     upstream: Upstream
     loops: Loops
     views: ClusterView
+    passing: PassthroughGate
 
 
 @dataclass
@@ -103,7 +112,8 @@ class _Exchange:
     watch: ResponseWatch = field(default_factory=ResponseWatch)
     done: bool = False
     subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
-    passthrough: bool = False  # a non-generating endpoint's request (no admission, no routing)
+    passthrough: bool = False  # a non-generating endpoint's request (admitted, not routed)
+    pass_held: str | None = None  # its reservation, released at the end
 
     async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         hint = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
@@ -129,9 +139,9 @@ class _Exchange:
                 now = time.time()  # the whole fleet's, answered here (as the router's route)
                 listed = model_list(self.parts.views.nodes(now), now)
                 return [immediate(200, orjson.dumps(listed), {})]
-            self.passthrough = path in PASSTHROUGH_PATHS
+            self.passthrough = path in PASSTHROUGH
             if req.request_headers.end_of_stream:  # no body to route by
-                return self._pass() if self.passthrough else await self._route()
+                return await self._pass() if self.passthrough else await self._route()
             if self.request_body_mode == FULL_DUPLEX:
                 return []  # the headers are answered once the body is in
             if self.request_body_mode != BUFFERED:
@@ -155,7 +165,7 @@ class _Exchange:
                 return [immediate(413, error_json("request body in too many pieces"), {})]
             if not req.request_body.end_of_stream:
                 return []
-            return self._pass() if self.passthrough else await self._route()
+            return await self._pass() if self.passthrough else await self._route()
         if kind == "request_trailers":
             return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
@@ -219,18 +229,27 @@ class _Exchange:
         # what the engine is asked (default max_tokens added)
         return self._send_to(node, orjson.dumps(p.body), raw)
 
-    def _pass(self) -> list[ep.ProcessingResponse]:
+    async def _pass(self) -> list[ep.ProcessingResponse]:
         """A request of a non-generating endpoint (router/http/passthrough.py): to the least
-        loaded node serving its model, as the router's own route sends it — no reservation,
-        no routing by cache, its body as it came."""
+        loaded node serving its model, as the router's own route sends it — admitted at the KV
+        of its input (released at the stream's end), recorded, its body as it came."""
         raw = b"".join(self.body)
+        s = self.parts.settings
         try:
             model = request_model(raw)
             now = time.time()
             nodes = self.parts.views.nodes(now)
             if self.subset is not None:
                 nodes = [n for n in nodes if host_port(n.endpoint) in self.subset]
-            node = passthrough_node(nodes, model, now, self.parts.settings.max_queue)
+            node = passthrough_node(nodes, model, now, s.max_queue)
+            tenant = self.parts.entry.reader.tenant(self.headers)
+            kind = PASSTHROUGH[self.headers.get(":path", "").split("?", 1)[0]]
+            client_id = client_label(self.headers, "x-request-id", s.client_id_max_len)
+            request_id = mint_id()
+            if await self.parts.passing.admit(
+                request_id, kind, tenant, model, raw, node, client_id
+            ):
+                self.pass_held = request_id
         except Refusal as exc:
             return [refused(exc)]
         return self._send_to(node, raw, raw)
@@ -288,6 +307,9 @@ class _Exchange:
         ]
 
     async def _finish(self, cancelled: bool = False) -> None:
+        held, self.pass_held = self.pass_held, None
+        if held is not None:  # a pass-through request's: the engine has answered (or gone)
+            await self.parts.passing.release(held)
         if self.done or self.request_id is None:
             return
         self.done = True
@@ -388,6 +410,13 @@ async def serve_epp(router: Router, host: str, port: int) -> EppServer:
         router.upstream,
         router.loops,
         router.external.views,
+        PassthroughGate(
+            router.gate,
+            router.external.views,
+            router.metrics,
+            router.entry.recorder,
+            router.settings.block_size,
+        ),
     )
     if not router.settings.epp_keys:
         log.warning(

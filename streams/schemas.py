@@ -242,6 +242,10 @@ class CandidateScore(Message):
     )
 
 
+PassthroughKind = Literal["embeddings", "score", "rerank", "classify"]
+EndpointKind = Literal["completions", "chat", "messages", "responses"] | PassthroughKind
+
+
 class Decision(Message):
     """Every admission and routing decision with the inputs that mattered."""
 
@@ -254,7 +258,13 @@ class Decision(Message):
     model: str
     pool: str = "default"
     session_id: str | None = None
-    endpoint_kind: Literal["completions", "chat", "messages", "responses"] = "completions"
+    endpoint_kind: Literal["completions", "chat", "messages", "responses"] | PassthroughKind = (
+        Field(
+            default="completions",
+            description="the API asked; the last four pass through to the least loaded node of the "
+            "model (policy 'passthrough': no admission, no token counts, no candidates)",
+        )
+    )
     prompt_tokens: int = Field(ge=0)
     max_tokens: int = Field(ge=0)
     block_size: int = Field(gt=0)
@@ -292,8 +302,8 @@ class Decision(Message):
         default=0,
         ge=0,
         le=255,
-        description="0: the request's decision; 1: its re-route (request_id and decision_seq "
-        "identify a decision)",
+        description="0: the request's decision; n: its n-th re-route, after n nodes failed it "
+        "before any byte (request_id and decision_seq identify a decision)",
     )
 
 

@@ -11,7 +11,7 @@ from admission.core import Verdict
 from admission.settings import Tenant
 from admission.slo import Slo
 from router.decision.hotprefix import PrewarmAdvice
-from router.decision.types import Policy, RouteDecision, RouteRequest
+from router.decision.types import NodeView, Policy, RouteDecision, RouteRequest
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.metrics import RouterMetrics
@@ -19,7 +19,7 @@ from router.parse import ParsedRequest
 from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from streams.kafka import KafkaBus
-from streams.schemas import ControlMessage
+from streams.schemas import ControlMessage, Decision, PassthroughKind
 from streams.topics import CONTROL, DECISIONS, OUTCOMES
 
 __all__ = ["Recorder"]
@@ -162,6 +162,50 @@ class Recorder:
                 queue_wait_s=None if verdict is None else verdict.queue_wait_s,
                 client_request_id=client_request_id,
                 decision_seq=decision_seq,
+            ),
+        )
+
+    def passthrough(
+        self,
+        request_id: str,
+        kind: PassthroughKind,
+        model: str,
+        tenant: Tenant,
+        node: NodeView,
+        started: float,
+        client_request_id: str | None = None,
+        verdict: Verdict | None = None,
+    ) -> None:
+        """A request of a non-generating endpoint for ``node`` (router/http/passthrough.py):
+        its decision record, admission's ``verdict`` in it (None: admission off)."""
+        refused = verdict is not None and not verdict.admitted
+        self.bus.post(
+            DECISIONS,
+            request_id,
+            Decision(
+                request_id=request_id,
+                ts=started,
+                router_id=self.router_id,
+                tenant=tenant.name,
+                priority=tenant.priority,
+                model=model,
+                pool=node.pool,
+                endpoint_kind=kind,
+                prompt_tokens=0,
+                max_tokens=0,
+                block_size=node.block_size,
+                admission="rejected" if refused else "admitted",
+                admission_reason="disabled"
+                if verdict is None
+                else (str(verdict.rejection.reason) if verdict.rejection else "ok"),
+                budget_usage=None if verdict is None else verdict.usage_after,
+                kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
+                queue_wait_s=None if verdict is None else verdict.queue_wait_s,
+                policy="passthrough",
+                chosen_node=None if refused else node.node_id,
+                reason="refused" if refused else "least_loaded",
+                decision_us=0.0,
+                client_request_id=client_request_id,
             ),
         )
 

@@ -6,6 +6,7 @@ allow-listed non-generating endpoints passed through by model, and a clear 404 f
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -14,14 +15,21 @@ from router.feed import FeedWatch
 from router.flow.director import Director
 from router.flow.entry import Entry, Taken
 from router.flow.flight import Flight
-from router.flow.headers import mint_id, trace_headers
+from router.flow.headers import client_label, mint_id, trace_headers
 from router.flow.intake import Head, IntakeReader
+from router.flow.passadmit import PassthroughGate
 from router.flow.proxied import ProxiedRequests
 from router.flow.refusals import Refusal
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.http.edge import json_answer
-from router.http.passthrough import model_list, passthrough_node, relay, request_model
+from router.http.passthrough import (
+    PASSTHROUGH,
+    model_list,
+    passthrough_node,
+    relay,
+    request_model,
+)
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
 from router.http.proxy import StallBudget, Whole, forward
@@ -75,6 +83,9 @@ class OpenAiApi:
         self.feed = feed
         self.reader: IntakeReader = entry.reader
         self.views: ClusterView = director.views
+        self.passing = PassthroughGate(
+            director.gate, director.views, director.metrics, entry.recorder, settings.block_size
+        )
 
     def screen(self, headers: Headers, _: str) -> Head:
         """A completion's headers, checked before its body is read."""
@@ -210,14 +221,22 @@ class OpenAiApi:
         model = request_model(raw)
         now = time.time()
         node = passthrough_node(self.views.nodes(now), model, now, self.settings.max_queue)
-        http = self.upstream.session
+        request_id = mint_id()
+        tenant = self.entry.reader.tenant(request.headers)
+        client_id = client_label(request.headers, "X-Request-Id", self.settings.client_id_max_len)
+        kind = PASSTHROUGH[request.path]
+        held = await self.passing.admit(request_id, kind, tenant, model, raw, node, client_id)
         headers = {
-            "X-Request-Id": mint_id(),
+            "X-Request-Id": request_id,
             **trace_headers(request.headers),
             **node.engine_headers,
             **self.upstream.auth,
         }
-        await relay(http, request, reply, node, raw, headers)
+        try:
+            await relay(self.upstream.session, request, reply, node, raw, headers)
+        finally:
+            if held:
+                await asyncio.shield(self.passing.release(request_id))
 
     async def not_served(self, request: Request, _: Reply) -> None:
         """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints

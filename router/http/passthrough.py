@@ -24,8 +24,10 @@ import orjson
 from router.decision.types import NodeView, eligible
 from router.flow.refusals import Refusal
 from router.wire.server import Reply, Request
+from streams.schemas import PassthroughKind
 
 __all__ = [
+    "PASSTHROUGH",
     "PASSTHROUGH_PATHS",
     "model_list",
     "passthrough_node",
@@ -36,7 +38,13 @@ __all__ = [
 
 # the non-generating OpenAI-style endpoints vLLM and SGLang serve under /v1 (JSON bodies with
 # a ``model``): they pass through; nothing else under /v1 does
-PASSTHROUGH_PATHS = ("/v1/embeddings", "/v1/score", "/v1/rerank", "/v1/classify")
+PASSTHROUGH: dict[str, PassthroughKind] = {
+    "/v1/embeddings": "embeddings",
+    "/v1/score": "score",
+    "/v1/rerank": "rerank",
+    "/v1/classify": "classify",
+}
+PASSTHROUGH_PATHS = tuple(PASSTHROUGH)
 
 
 def request_model(raw: bytes) -> str:

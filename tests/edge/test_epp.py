@@ -456,9 +456,10 @@ async def test_models_and_embeddings_pass_through_the_picker(
     picker: tuple[Edge, Any, EppServer],
 ) -> None:
     """Not every request through the gateway generates: ``GET /v1/models`` is answered with the
-    fleet's models, an embeddings request goes to a healthy node serving its model (as the
-    router's own pass-through route sends it: no reservation, its body untouched), and one for
-    a model nobody serves gets the router's 404."""
+        fleet's models, an embeddings request goes to a healthy node serving its model (as the
+        router's own pass-through route sends it: no reservation, its body untouched, a decision
+    record), and one for
+        a model nobody serves gets the router's 404."""
     e, channel, _ = picker
     stub = ep_grpc.ExternalProcessorStub(channel)
     envoy = Envoy(stub, BUFFERED, BUFFERED)
@@ -484,7 +485,14 @@ async def test_models_and_embeddings_pass_through_the_picker(
     assert dest in {host_port(u) for u in e.engines.values()}
     assert not picked.request_body.response.body_mutation.body  # sent as it came
     assert "authorization" in picked.request_body.response.header_mutation.remove_headers
-    assert await e.reservations() == 0 and e.decisions() == []
+    assert await e.reservations() == 1  # the KV of its input, while the engine computes
+    (d,) = e.decisions()  # recorded, as every request sent to an engine
+    assert (d.endpoint_kind, d.policy, d.tenant) == ("embeddings", "passthrough", "alpha")
+    assert d.chosen_node is not None and host_port(e.engines[d.chosen_node]) == dest
+    assert d.admission == "admitted" and d.kv_blocks_estimate
+    await envoy.send(response_headers=headers((":status", "200"), end=True))
+    await envoy.read()
+    assert await e.reservations() == 0  # released with the answer
 
     envoy = Envoy(stub, BUFFERED, BUFFERED)
     await envoy.send(request_headers=request_headers(path="/v1/embeddings"))

@@ -47,6 +47,11 @@ async def test_embeddings_and_other_endpoints_reach_a_node_of_the_model() -> Non
                 "POST", "/v1/score?verbose=1", {"model": MODEL, "text_1": "a"}, bearer("sk-alpha")
             )
             assert status == 200 and seen[-1][0] == "/v1/score?verbose=1"
+            # each has its decision record, under the id the engine was sent
+            records = [d for d in e.decisions() if d.policy == "passthrough"]
+            assert [d.endpoint_kind for d in records][-2:] == ["embeddings", "score"]
+            assert records[-1].request_id == seen[-1][2]["X-Request-Id"]
+            assert all(d.tenant == "alpha" and d.chosen_node in e.engines for d in records)
 
             # refusals: no key, no model, unknown model, kvgate's own namespace
             status, _, _ = await e.call("POST", "/v1/embeddings", body, bearer("sk-wrong"))
@@ -127,5 +132,46 @@ async def test_no_path_reaches_an_engine_endpoint_outside_the_allow_list() -> No
             # the engine path is kvgate's constant, whatever the client's spelling
             assert await post("/v1/score?x=1") == 200
             assert seen == ["/v1/embeddings", "/v1/score?x=1"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_passthrough_request_holds_its_input_kv_while_the_engine_computes() -> None:
+    """Embeddings use an engine: admitted against the model's budget for the KV of their input
+    while the engine computes, released with the answer; refused, and recorded as refused, when
+    admission will not take them (here: an input larger than any node's KV)."""
+    gate = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        await gate.wait()
+        return web.json_response({"object": "list", "data": []})
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", slow)
+    runner, url = await _serve(app)
+    try:
+        async with edge(blocks=200) as e:
+            for node in e.engines:
+                e.engines[node] = url
+            await asyncio.sleep(0.5)  # the heartbeats carry the slow endpoint
+            body = {"model": MODEL, "input": "word " * 1000}  # ~5,000 bytes: ~1,250 tokens
+            sent = asyncio.create_task(e.call("POST", "/v1/embeddings", body, bearer("sk-alpha")))
+            for _ in range(100):
+                if await e.reservations():
+                    break
+                await asyncio.sleep(0.02)
+            assert await e.reservations() == 1
+            (d,) = [d for d in e.decisions() if d.policy == "passthrough"]
+            assert d.admission == "admitted" and d.kv_blocks_estimate >= 1250 // 16
+            # a request far past what the two nodes hold: refused, recorded as such
+            huge = {"model": MODEL, "input": "word " * 60_000}
+            status, out, _ = await e.call("POST", "/v1/embeddings", huge, bearer("sk-alpha"))
+            assert status == 413 and out["error"]["type"] == "too_large", out
+            refused = [d for d in e.decisions() if d.policy == "passthrough"][-1]
+            assert refused.admission == "rejected" and refused.chosen_node is None
+            gate.set()
+            status, _, _ = await sent
+            assert status == 200
+            assert await e.reservations() == 0
     finally:
         await runner.cleanup()
