@@ -113,7 +113,7 @@ class _Exchange:
     done: bool = False
     subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
     passthrough: bool = False  # a non-generating endpoint's request (admitted, not routed)
-    pass_held: str | None = None  # its reservation, released at the end
+    passed: tuple[str, NodeView, bool, float] | None = None  # its id, node, reservation, start
 
     async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         hint = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
@@ -246,10 +246,10 @@ class _Exchange:
             kind = PASSTHROUGH[self.headers.get(":path", "").split("?", 1)[0]]
             client_id = client_label(self.headers, "x-request-id", s.client_id_max_len)
             request_id = mint_id()
-            if await self.parts.passing.admit(
+            held = await self.parts.passing.admit(
                 request_id, kind, tenant, model, raw, node, client_id
-            ):
-                self.pass_held = request_id
+            )
+            self.passed = (request_id, node, held, now)
         except Refusal as exc:
             return [refused(exc)]
         return self._send_to(node, raw, raw)
@@ -307,9 +307,9 @@ class _Exchange:
         ]
 
     async def _finish(self, cancelled: bool = False) -> None:
-        held, self.pass_held = self.pass_held, None
-        if held is not None:  # a pass-through request's: the engine has answered (or gone)
-            await self.parts.passing.release(held)
+        passed, self.passed = self.passed, None
+        if passed is not None:  # a pass-through request's: the engine has answered (or gone)
+            await self.parts.passing.finished(*passed, self.watch.status, None, cancelled)
         if self.done or self.request_id is None:
             return
         self.done = True

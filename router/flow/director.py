@@ -99,7 +99,7 @@ class Director:
     ) -> list[NodeView] | Rejection:
         """The request's candidates (router/decision/candidates.py), or why there are none."""
         adm = self.gate.settings
-        got = candidates(
+        return candidates(
             all_nodes,
             model,
             now,
@@ -108,9 +108,6 @@ class Director:
             adm.min_retry_after_s,
             placement,
         )
-        if healthy_share(all_nodes, model, now) < adm.min_healthy_share:
-            self.metrics.shed_fleet.inc()  # served by the nodes left, against their budget
-        return got
 
     async def admit(self, i: Intake) -> Gated:
         """Model, node health and admission for an authenticated, parsed request: what routing
@@ -123,6 +120,8 @@ class Director:
             missing = f"The model `{p.model[:200]}` does not exist."
             raise self.reader.refuse("unknown_model", 404, missing, "NotFoundError")
         nodes = self._candidates(all_nodes, p.model, now, placement)
+        if healthy_share(all_nodes, p.model, now) < self.gate.settings.min_healthy_share:
+            self.metrics.shed_fleet.inc()  # served by the nodes left, against their budget
         if isinstance(nodes, Rejection):
             raise self._rejected(nodes)
         block_size = nodes[0].block_size if nodes else self.settings.block_size

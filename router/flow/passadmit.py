@@ -7,6 +7,7 @@ their priority. The router's HTTP route and the endpoint picker both admit them 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from admission.gate import AdmissionGate
 from admission.plan import AdmissionAsk
@@ -81,5 +82,22 @@ class PassthroughGate:
             raise Refusal.of(verdict.rejection)
         return verdict is not None
 
-    async def release(self, request_id: str) -> None:
-        await self.gate.release(request_id, time.time())
+    async def finished(
+        self,
+        request_id: str,
+        node: NodeView,
+        held: bool,
+        started: float,
+        http_status: int,
+        error: str | None = None,
+        cancelled: bool = False,
+    ) -> None:
+        """The engine answered (or not, or the client left): the reservation goes back, the
+        outcome is recorded."""
+        if held:
+            await self.gate.release(request_id, time.time())
+        ok = 200 <= http_status < 300 and error is None
+        status: Literal["ok", "error", "cancelled"] = (
+            "cancelled" if cancelled else "ok" if ok else "error"
+        )
+        self.recorder.passthrough_outcome(request_id, node, status, http_status, started, error)

@@ -6,6 +6,7 @@ so that a flood of junk cannot crowd real decisions out."""
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from admission.core import Verdict
 from admission.settings import Tenant
@@ -19,7 +20,7 @@ from router.parse import ParsedRequest
 from router.records import decision_record, outcome_record, refusal_record
 from router.settings import RouterSettings
 from streams.kafka import KafkaBus
-from streams.schemas import ControlMessage, Decision, PassthroughKind
+from streams.schemas import ControlMessage, Decision, Outcome, PassthroughKind
 from streams.topics import CONTROL, DECISIONS, OUTCOMES
 
 __all__ = ["Recorder"]
@@ -206,6 +207,34 @@ class Recorder:
                 reason="refused" if refused else "least_loaded",
                 decision_us=0.0,
                 client_request_id=client_request_id,
+            ),
+        )
+
+    def passthrough_outcome(
+        self,
+        request_id: str,
+        node: NodeView,
+        status: Literal["ok", "error", "cancelled"],
+        http_status: int,
+        started: float,
+        error: str | None = None,
+    ) -> None:
+        """What became of a pass-through request (:meth:`passthrough`): no tokens counted."""
+        now = time.time()
+        self.bus.post(
+            OUTCOMES,
+            request_id,
+            Outcome(
+                request_id=request_id,
+                ts=now,
+                router_id=self.router_id,
+                node_id=node.node_id,
+                status=status,
+                http_status=http_status,
+                e2e_s=max(0.0, now - started),
+                prompt_tokens=0,
+                output_tokens=0,
+                error=error,
             ),
         )
 

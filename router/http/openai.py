@@ -232,11 +232,18 @@ class OpenAiApi:
             **node.engine_headers,
             **self.upstream.auth,
         }
+        http_status, error, cancelled = 502, None, True
         try:
-            await relay(self.upstream.session, request, reply, node, raw, headers)
-        finally:
-            if held:
-                await asyncio.shield(self.passing.release(request_id))
+            http_status, error = await relay(
+                self.upstream.session, request, reply, node, raw, headers
+            )
+            cancelled = False
+        except Refusal as exc:
+            http_status, error, cancelled = exc.status, exc.message, False
+            raise
+        finally:  # (cancelled: the client went away while the engine computed)
+            done = self.passing.finished(request_id, node, held, now, http_status, error, cancelled)
+            await asyncio.shield(done)
 
     async def not_served(self, request: Request, _: Reply) -> None:
         """A ``POST /v1/…`` kvgate neither serves nor passes through: engine admin endpoints

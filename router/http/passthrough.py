@@ -97,9 +97,11 @@ async def relay(
     node: NodeView,
     raw: bytes,
     headers: Mapping[str, str],
-) -> None:
+) -> tuple[int, str | None]:
     """POST ``raw`` to ``node`` at the request's route (one of :data:`PASSTHROUGH_PATHS`,
-    the constant kvgate knows, not the client's spelling of it) and stream its answer back."""
+    the constant kvgate knows, not the client's spelling of it) and stream its answer back;
+    the engine's status and, when its answer was cut, why (a :class:`Refusal` when nothing
+    reached the client)."""
     path = next((p for p in PASSTHROUGH_PATHS if p == request.path), None)
     if path is None:  # routed only for those; a guard, not a filter
         raise Refusal(404, f"no such endpoint: {request.path[:200]}", "NotFoundError")
@@ -117,11 +119,13 @@ async def relay(
                 up.headers.get("Content-Type", "application/json"),
                 (("X-Kvgate-Node", node.node_id),),
             )
+            status = up.status
             async for chunk in up.content.iter_chunked(64 << 10):
                 await reply.write(chunk)
             reply.end()
+            return status, None
     except (aiohttp.ClientError, TimeoutError) as exc:
         if reply.started:
             reply.abort()  # the answer is cut: the client must not take it for whole
-            return
+            return reply.status, f"cut: {type(exc).__name__}"
         raise Refusal(502, f"node {node.node_id} did not answer: {type(exc).__name__}") from None

@@ -202,9 +202,10 @@ def _guarantees(g: dict[str, Any] | None) -> list[str]:
         f"`{g['command']}` ({g['date']}). The worker's tables at {nodes} nodes (freshness as a "
         "read_committed reader of the changelogs sees it) and its CPU per 1,000 block changes at "
         "the cost load, in each `worker.exactly_once` setting, fresh namespaces one after the "
-        "other, one run each. Exactly-once commits the input offsets and the table writes in one Kafka "
-        "transaction every `worker.commit_interval_s`: a reader sees the writes at the commit, "
-        "so freshness carries up to one interval more; at-least-once flushes before each commit "
+        "other, one run each. Exactly-once commits the input offsets and the table writes in "
+        "one Kafka transaction every `worker.commit_interval_s`: a reader sees the writes at "
+        "the commit, so freshness carries up to one interval more; at-least-once flushes "
+        "before each commit "
         "and relies on the idempotent folds.",
         "",
         "| guarantee | block p50 ms | block p99 ms | heartbeat p99 ms | keeps up | worker CPU "

@@ -493,6 +493,13 @@ async def test_models_and_embeddings_pass_through_the_picker(
     await envoy.send(response_headers=headers((":status", "200"), end=True))
     await envoy.read()
     assert await e.reservations() == 0  # released with the answer
+    (o,) = outcomes(e)
+    assert (o.request_id, o.status, o.http_status, o.node_id) == (
+        d.request_id,
+        "ok",
+        200,
+        d.chosen_node,
+    )
 
     envoy = Envoy(stub, BUFFERED, BUFFERED)
     await envoy.send(request_headers=request_headers(path="/v1/embeddings"))

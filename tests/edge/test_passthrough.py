@@ -10,6 +10,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from streams.codec import decode
+from streams.schemas import Outcome
+from streams.topics import OUTCOMES
 from tests.edgekit import MODEL, _serve, bearer, edge, raw_http
 
 
@@ -173,5 +176,8 @@ async def test_a_passthrough_request_holds_its_input_kv_while_the_engine_compute
             status, _, _ = await sent
             assert status == 200
             assert await e.reservations() == 0
+            (o,) = [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
+            assert (o.request_id, o.status, o.http_status) == (d.request_id, "ok", 200)
+            assert o.node_id == d.chosen_node and o.e2e_s > 0 and o.output_tokens == 0
     finally:
         await runner.cleanup()
