@@ -37,6 +37,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from multidict import CIMultiDict
 
+from admission.settings import Tenant
 from router.decision.types import NodeView
 from router.eppwire import (
     BUFFERED,
@@ -113,6 +114,7 @@ class _Exchange:
     done: bool = False
     subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
     passthrough: bool = False  # a non-generating endpoint's request (admitted, not routed)
+    tenant: Tenant | None = None  # who the request's key names (read with its headers)
     passed: tuple[str, NodeView, bool, float] | None = None  # its id, node, reservation, start
 
     async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
@@ -131,7 +133,7 @@ class _Exchange:
         if kind == "request_headers":
             self.headers = header_map(req.request_headers)
             try:  # the tenant's key, before a byte of its body is read
-                self.parts.entry.reader.tenant(self.headers)
+                self.tenant = self.parts.entry.reader.tenant(self.headers)
             except Refusal as exc:
                 return [refused(exc)]
             path = self.headers.get(":path", "").split("?", 1)[0]
@@ -242,7 +244,7 @@ class _Exchange:
             if self.subset is not None:
                 nodes = [n for n in nodes if host_port(n.endpoint) in self.subset]
             node = passthrough_node(nodes, model, now, s.max_queue)
-            tenant = self.parts.entry.reader.tenant(self.headers)
+            tenant = self.tenant or self.parts.entry.reader.tenant(self.headers)
             kind = PASSTHROUGH[self.headers.get(":path", "").split("?", 1)[0]]
             client_id = client_label(self.headers, "x-request-id", s.client_id_max_len)
             request_id = mint_id()

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from router.decision.types import RouteDecision, RouteRequest
+from typing import Any, Literal
+
+from admission.core import Verdict
+from router.decision.types import NodeView, RouteDecision, RouteRequest
 from router.flow.served import Served
 from router.parse import ParsedRequest
-from streams.schemas import CandidateScore, Decision, Outcome
+from streams.schemas import CandidateScore, Decision, Outcome, PassthroughKind
 
-__all__ = ["MAX_RECORDED_BLOCKS", "decision_record", "outcome_record"]
+__all__ = [
+    "MAX_RECORDED_BLOCKS",
+    "admission_fields",
+    "decision_record",
+    "outcome_record",
+    "passthrough_outcome",
+    "passthrough_record",
+]
 
 # a record's prompt blocks: enough for any prompt an engine holds (a million tokens at 64 per
 # block), and a record the broker always takes (Kafka's default limit is 1 MiB)
@@ -117,6 +127,83 @@ def decision_record(
         queue_wait_s=queue_wait_s,
         client_request_id=client_request_id,
         decision_seq=decision_seq,
+    )
+
+
+def admission_fields(verdict: Verdict | None) -> dict[str, Any]:
+    """What a decision record says of admission's ``verdict`` (None: admission is off)."""
+    if verdict is None:
+        return {"admission": "admitted", "admission_reason": "disabled"}
+    return {
+        "admission": "admitted" if verdict.admitted else "rejected",
+        "admission_reason": verdict.rejection.reason if verdict.rejection else "ok",
+        "budget_usage": verdict.usage_after,
+        "kv_blocks_estimate": verdict.kv_blocks,
+        "output_tokens_estimate": verdict.output_estimate,
+        "queue_wait_s": verdict.queue_wait_s,
+    }
+
+
+def passthrough_record(
+    request_id: str,
+    kind: PassthroughKind,
+    model: str,
+    node: NodeView,
+    verdict: Verdict | None,
+    *,
+    router_id: str,
+    tenant: str,
+    priority: str,
+    started: float,
+    client_request_id: str | None,
+) -> Decision:
+    """A non-generating request's decision (router/http/passthrough.py): the least loaded
+    node of its model, no tokens counted, no candidates."""
+    refused = verdict is not None and not verdict.admitted
+    return Decision(
+        request_id=request_id,
+        ts=started,
+        router_id=router_id,
+        tenant=tenant,
+        priority=priority,
+        model=model,
+        pool=node.pool,
+        endpoint_kind=kind,
+        prompt_tokens=0,
+        max_tokens=0,
+        block_size=node.block_size,
+        policy="passthrough",
+        chosen_node=None if refused else node.node_id,
+        reason="refused" if refused else "least_loaded",
+        decision_us=0.0,
+        client_request_id=client_request_id,
+        **admission_fields(verdict),
+    )
+
+
+def passthrough_outcome(
+    request_id: str,
+    node: NodeView,
+    status: Literal["ok", "error", "cancelled"],
+    http_status: int,
+    *,
+    router_id: str,
+    started: float,
+    now: float,
+    error: str | None,
+) -> Outcome:
+    """What became of a non-generating request: its status and time, no tokens counted."""
+    return Outcome(
+        request_id=request_id,
+        ts=now,
+        router_id=router_id,
+        node_id=node.node_id,
+        status=status,
+        http_status=http_status,
+        e2e_s=max(0.0, now - started),
+        prompt_tokens=0,
+        output_tokens=0,
+        error=error,
     )
 
 

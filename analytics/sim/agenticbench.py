@@ -106,6 +106,22 @@ def _started(trace: Trace, sessions_per_s: float, seed: int) -> Trace:
 
 
 LARGER_KV_GIB = 140.4  # an H200's memory (141 GB) as CUDA reports it
+POLICIES = ("round_robin", "kvgate", *PEERS)
+
+
+def _session_rate(open_loop: Trace, cfg: SimConfig, load: float) -> tuple[float, float]:
+    """The cluster's measured capacity (requests/s) and the session start rate whose turns
+    offer ``load`` × that capacity."""
+    cap = capacity_rps(open_loop, cfg)
+    sessions = len({r.session_id for r in open_loop.requests})
+    return cap, load * cap * sessions / len(open_loop.requests)
+
+
+def _run(trace: Trace, policy: str, cfg: SimConfig, nodes: int) -> dict[str, float | int]:
+    """One simulated run of ``policy`` as it runs at its defaults (kvgate: as live)."""
+    settings = RouterSettings(policy=policy)
+    done = simulate(trace, make_policy(settings), acting_on(cfg, settings))
+    return agentic_metrics(done, len(trace.requests), nodes)
 
 
 def _larger_kv(
@@ -119,17 +135,11 @@ def _larger_kv(
         update={"gpu": "H200-SXM-141GB", "gpu_memory_gib": LARGER_KV_GIB}
     )
     big = replace(base, profile=profile)
-    cap = capacity_rps(open_loop, big)
-    sessions = len({r.session_id for r in open_loop.requests})
-    rate = load * cap * sessions / len(open_loop.requests)
+    cap, rate = _session_rate(open_loop, big, load)
     out: dict[str, Any] = {}
-    for policy in ("round_robin", "kvgate", *PEERS):
-        settings = RouterSettings(policy=policy)
+    for policy in POLICIES:
         with status(f"agentic: {policy}, larger KV"):
-            done = simulate(
-                _started(trace, rate, 0), make_policy(settings), acting_on(big, settings)
-            )
-        out[policy] = agentic_metrics(done, len(trace.requests), nodes)
+            out[policy] = _run(_started(trace, rate, 0), policy, big, nodes)
     return {
         "what": f"{load:.0%} load on engines with {LARGER_KV_GIB} GiB (an H200's memory; "
         "H100 step times), one run each",
@@ -155,32 +165,23 @@ def bench_agentic(
     started = time.time()
     base = SimConfig(nodes=nodes)
     open_loop = open_trace(trace_path)
-    cap = capacity_rps(open_loop, base)
-    sessions = len({r.session_id for r in open_loop.requests})
     # sessions start at the rate whose turns offer load × capacity requests per second
-    sessions_per_s = load * cap * sessions / len(open_loop.requests)
+    cap, sessions_per_s = _session_rate(open_loop, base, load)
     trace: Trace = open_loop.looped(True)
     runs: dict[str, list[dict[str, Any]]] = {}
-    for policy in ("round_robin", "kvgate", *PEERS):
+    for policy in POLICIES:
         for rep in range(repetitions):
-            settings = RouterSettings(policy=policy)
             with status(f"agentic: {policy} #{rep + 1}"):
-                done = simulate(
-                    _started(trace, sessions_per_s, rep),
-                    make_policy(settings),
-                    acting_on(replace(base, seed=rep), settings),
+                got = _run(
+                    _started(trace, sessions_per_s, rep), policy, replace(base, seed=rep), nodes
                 )
-            runs.setdefault(policy, []).append(
-                {"seed": rep, **agentic_metrics(done, len(trace.requests), nodes)}
-            )
+            runs.setdefault(policy, []).append({"seed": rep, **got})
     # AIPerf's own schedule: all 100 sessions at once (its concurrency 100), the cluster
     # saturated; one run each (nothing to jitter)
     saturated: dict[str, dict[str, Any]] = {}
-    for policy in ("round_robin", "kvgate", *PEERS):
-        settings = RouterSettings(policy=policy)
+    for policy in POLICIES:
         with status(f"agentic: {policy}, all sessions at once"):
-            done = simulate(trace, make_policy(settings), acting_on(base, settings))
-        saturated[policy] = agentic_metrics(done, len(trace.requests), nodes)
+            saturated[policy] = _run(trace, policy, base, nodes)
     larger = _larger_kv(trace, open_loop, base, load, nodes)
     med = {
         p: {k: _median(rs, k) for k in rs[0] if k != "seed" and isinstance(rs[0][k], int | float)}

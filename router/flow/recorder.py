@@ -17,10 +17,17 @@ from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest
-from router.records import decision_record, outcome_record, refusal_record
+from router.records import (
+    admission_fields,
+    decision_record,
+    outcome_record,
+    passthrough_outcome,
+    passthrough_record,
+    refusal_record,
+)
 from router.settings import RouterSettings
 from streams.kafka import KafkaBus
-from streams.schemas import ControlMessage, Decision, Outcome, PassthroughKind
+from streams.schemas import ControlMessage, PassthroughKind
 from streams.topics import CONTROL, DECISIONS, OUTCOMES
 
 __all__ = ["Recorder"]
@@ -153,14 +160,7 @@ class Recorder:
                 approximate_nodes=self.views.approx_nodes,
                 tenant=tenant.name,
                 priority=tenant.priority,
-                admission="admitted" if verdict is None or verdict.admitted else "rejected",
-                admission_reason="disabled"
-                if verdict is None
-                else (verdict.rejection.reason if verdict.rejection else "ok"),
-                budget_usage=None if verdict is None else verdict.usage_after,
-                kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
-                output_tokens_estimate=None if verdict is None else verdict.output_estimate,
-                queue_wait_s=None if verdict is None else verdict.queue_wait_s,
+                **admission_fields(verdict),
                 client_request_id=client_request_id,
                 decision_seq=decision_seq,
             ),
@@ -179,33 +179,19 @@ class Recorder:
     ) -> None:
         """A request of a non-generating endpoint for ``node`` (router/http/passthrough.py):
         its decision record, admission's ``verdict`` in it (None: admission off)."""
-        refused = verdict is not None and not verdict.admitted
         self.bus.post(
             DECISIONS,
             request_id,
-            Decision(
-                request_id=request_id,
-                ts=started,
+            passthrough_record(
+                request_id,
+                kind,
+                model,
+                node,
+                verdict,
                 router_id=self.router_id,
                 tenant=tenant.name,
                 priority=tenant.priority,
-                model=model,
-                pool=node.pool,
-                endpoint_kind=kind,
-                prompt_tokens=0,
-                max_tokens=0,
-                block_size=node.block_size,
-                admission="rejected" if refused else "admitted",
-                admission_reason="disabled"
-                if verdict is None
-                else (str(verdict.rejection.reason) if verdict.rejection else "ok"),
-                budget_usage=None if verdict is None else verdict.usage_after,
-                kv_blocks_estimate=None if verdict is None else verdict.kv_blocks,
-                queue_wait_s=None if verdict is None else verdict.queue_wait_s,
-                policy="passthrough",
-                chosen_node=None if refused else node.node_id,
-                reason="refused" if refused else "least_loaded",
-                decision_us=0.0,
+                started=started,
                 client_request_id=client_request_id,
             ),
         )
@@ -220,23 +206,17 @@ class Recorder:
         error: str | None = None,
     ) -> None:
         """What became of a pass-through request (:meth:`passthrough`): no tokens counted."""
-        now = time.time()
-        self.bus.post(
-            OUTCOMES,
+        record = passthrough_outcome(
             request_id,
-            Outcome(
-                request_id=request_id,
-                ts=now,
-                router_id=self.router_id,
-                node_id=node.node_id,
-                status=status,
-                http_status=http_status,
-                e2e_s=max(0.0, now - started),
-                prompt_tokens=0,
-                output_tokens=0,
-                error=error,
-            ),
+            node,
+            status,
+            http_status,
+            router_id=self.router_id,
+            started=started,
+            now=time.time(),
+            error=error,
         )
+        self.bus.post(OUTCOMES, request_id, record)
 
     async def outcome(
         self,
