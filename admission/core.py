@@ -82,6 +82,7 @@ class Verdict:
     queue: bool = False  # over the watermark: wait in the priority queue (rejection if it can't)
     queue_wait_s: float | None = None  # set once a queued request was admitted or refused
     output_estimate: int | None = None  # expected output tokens used for ``kv_blocks``
+    local_share: bool = False  # admitted on this router's share: the shared store was away
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,7 +195,7 @@ class AdmissionGate:
         except AdmissionError as exc:
             log.warning("admission refused %s: %s", ask.request_id, exc)
             return store_down(str(exc))
-        return verdict
+        return replace(verdict, local_share=r.local)
 
     async def screen_and_admit(self, ask: AdmissionAsk, now: float) -> Verdict:
         """:meth:`early_retry` (a ``retry_storm`` refusal), then :meth:`admit`. The common case
@@ -262,7 +262,7 @@ class AdmissionGate:
         self._asked(ask.tenant, now)  # as admit() notes it (a guarded request never gets here)
         self._node_blocks[ask.pool] = list(ask.node_blocks)
         await self._hold(r, now)
-        return Verdict(True, plan.kv_blocks, usage, output_estimate=expected)
+        return Verdict(True, plan.kv_blocks, usage, output_estimate=expected, local_share=r.local)
 
     async def hold_extra(
         self,
@@ -395,6 +395,7 @@ class AdmissionGate:
                                 # (callers pass their own clock reading, which may be older
                                 # than a newer waiter's arrival: a wait is never negative)
                                 queue_wait_s=max(0.0, now - head.enqueued_at),
+                                local_share=r.local,
                             )
                         )
                     elif fut is None or fut.cancelled():  # nobody waits for it any more

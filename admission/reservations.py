@@ -49,6 +49,8 @@ class Reservation:
     slots: int
     expires_at: float
     tenant: str = ""
+    # made against this router's share while the shared store was away (admission/failover.py)
+    local: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,23 @@ class RedisSettings(BaseModel):
         "for one up to pool_timeout_s (then: 503 store unavailable), it is never refused at once",
     )
     pool_timeout_s: float = Field(default=1.0, gt=0)
+    sentinels: list[str] = Field(
+        default_factory=list,
+        description="host:port of Redis Sentinels: the primary of sentinel_service is found "
+        "through them and followed when they fail over (url then gives only the database and "
+        "password)",
+    )
+    sentinel_service: str = Field(default="kvgate", description="the Sentinels' master name")
+    sentinel_password: SecretStr | None = None
+
+    @field_validator("sentinels")
+    @classmethod
+    def _host_ports(cls, v: list[str]) -> list[str]:
+        for item in v:
+            host, _, port = item.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel {item!r}: expected host:port")
+        return v
 
 
 class Tenant(BaseModel):
@@ -158,6 +175,16 @@ class AdmissionSettings(BaseModel):
         "router.max_queue, requests get 503 (backed up); below this share of the known KV "
         "capacity healthy, the fleet is degraded: served by the nodes left, admitted against "
         "their budget (admission sheds the rest by priority, with Retry-After), and counted",
+    )
+    store_down_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="while the shared reservation store (Redis) cannot be reached, a router "
+        "admits up to this share of the budget on its own (what it already holds counted), "
+        "and tells the store once it answers again; unset: 1 / the routers that wrote to the "
+        "ledger in the last 10 minutes, so that together they stay within the budget; 0: "
+        "refuse meanwhile (503 store_unavailable)",
     )
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")

@@ -18,6 +18,7 @@ import signal
 import time
 from typing import Any
 
+from admission.failover import FailoverReservations, FailoverStorm, routers_writing
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.storm import StormStore
@@ -33,6 +34,7 @@ from streams.replica import TableReplica
 __all__ = ["router_process", "run_router", "worker_settings"]
 
 log = logging.getLogger(__name__)
+ROUTERS_SEEN_S = 600.0  # routers that wrote to the ledger this recently share the budget
 
 
 def _stores(s: Settings) -> tuple[ReservationStore | None, StormStore | None, Any]:
@@ -40,24 +42,15 @@ def _stores(s: Settings) -> tuple[ReservationStore | None, StormStore | None, An
     their client to close; Nones in process."""
     if s.admission.backend != "redis":
         return None, None, None
-    from redis.asyncio import BlockingConnectionPool, Redis
-
+    from admission.redis_connect import redis_client
     from admission.redis_store import RedisReservations
     from admission.storm import RedisStormStore
 
-    password = s.redis.password.get_secret_value() if s.redis.password else None
-    # bounded, and waited for: redis-py's default pool refuses the 101st concurrent command
-    # ("Too many connections"), which failed admissions and releases under load
-    pool = BlockingConnectionPool.from_url(
-        s.redis.url,
-        password=password,
-        socket_timeout=s.redis.socket_timeout_s,
-        max_connections=s.redis.max_connections,
-        timeout=s.redis.pool_timeout_s,
-    )
-    client = Redis.from_pool(pool)  # closing the client closes the pool
+    client = redis_client(s.redis)
     prefix = f"kvgate:{s.kafka.namespace}"
-    return RedisReservations(client, prefix), RedisStormStore(client, prefix), client
+    shared = RedisReservations(client, prefix)
+    store = FailoverReservations(shared, s.admission.store_down_share)
+    return store, FailoverStorm(RedisStormStore(client, prefix), store), client
 
 
 def router_process(s: Settings) -> Router:
@@ -85,6 +78,9 @@ def router_process(s: Settings) -> Router:
         sole_owner=s.admission.backend == "inproc",
     )
     router.loops.control, router.loops.reconciler = control, reconciler
+    if isinstance(store, FailoverReservations):  # its share: 1 / the routers writing the ledger
+        me = router.router_id
+        store.routers = lambda: routers_writing(ledger.writers, me, time.time(), ROUTERS_SEEN_S)
 
     async def freeze_when_caught_up() -> None:
         # the index is a few large containers; keeping them out of the cyclic GC's scans

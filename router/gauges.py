@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from admission.exceptions import AdmissionError
+from admission.failover import FailoverReservations
 from admission.gate import AdmissionGate
 from admission.queue import ORDER as PRIORITIES
 from router.decision.candidates import budget_totals
@@ -62,7 +63,12 @@ async def _admission(
 ) -> None:
     with contextlib.suppress(AdmissionError):
         m.reservations.set(await gate.store.count())
-    batch = getattr(gate.store, "batch", None)  # the Redis store's (admission.redis_batch)
+    store = gate.store
+    if isinstance(store, FailoverReservations):
+        m.store_local.labels("local").set(1 if store.degraded else 0)
+        m.store_local.labels("failovers").set(store.failovers)
+        m.store_local.labels("held_blocks").set((await store.held_here())[0])
+    batch = getattr(store, "batch", None)  # the Redis store's (admission.redis_batch)
     if batch is not None:
         m.redis_scripts.labels("calls").set(batch.calls)
         m.redis_scripts.labels("round_trips").set(batch.round_trips)

@@ -128,7 +128,14 @@ class RouterMetrics:
             "Reservations held in the store (all routers sharing it)",
             registry=self.registry,
         )
-
+        self.store_local = Gauge(
+            "kvgate_router_admission_store_local",
+            "What this router admits against: kind=local 1 while the shared reservation store "
+            "is away (admitting within its share of the budget), kind=failovers the times it "
+            "went local since start, kind=held_blocks the KV blocks of the reservations it holds",
+            ["kind"],
+            registry=self.registry,
+        )
         self.redis_scripts = Gauge(
             "kvgate_router_redis_scripts",
             "Reservation and release scripts sent to Redis since start (kind=calls) and the "

@@ -130,13 +130,20 @@ def decision_record(
     )
 
 
+def _reason(verdict: Verdict) -> str:
+    if verdict.rejection is not None:
+        return verdict.rejection.reason
+    # admitted within this router's share while the shared store was away (admission/failover)
+    return "local_share" if verdict.local_share else "ok"
+
+
 def admission_fields(verdict: Verdict | None) -> dict[str, Any]:
     """What a decision record says of admission's ``verdict`` (None: admission is off)."""
     if verdict is None:
         return {"admission": "admitted", "admission_reason": "disabled"}
     return {
         "admission": "admitted" if verdict.admitted else "rejected",
-        "admission_reason": verdict.rejection.reason if verdict.rejection else "ok",
+        "admission_reason": _reason(verdict),
         "budget_usage": verdict.usage_after,
         "kv_blocks_estimate": verdict.kv_blocks,
         "output_tokens_estimate": verdict.output_estimate,

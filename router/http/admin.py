@@ -14,6 +14,7 @@ import orjson
 from pydantic import ValidationError
 
 from admission.exceptions import AdmissionError
+from admission.failover import FailoverReservations
 from admission.queue import ORDER as PRIORITIES
 from admission.settings import Tenant
 from router.decision.candidates import budget_totals
@@ -245,15 +246,19 @@ class AdminApi:
     async def ready(self, _: Request, reply: Reply) -> None:
         now = time.time()
         healthy = [n.node_id for n in self.views.nodes(now) if n.healthy and n.alive(now)]
-        store_ready = True
-        if self.gate.settings.enabled:
+        store_ready, store = True, self.gate.store
+        # the shared store away, admission goes on within this router's share: still ready
+        failover = store if isinstance(store, FailoverReservations) else None
+        local = failover is not None and failover.degraded
+        if self.gate.settings.enabled and not local:
             try:  # an empty Redis admits nothing until the reconciler rebuilt it
-                store_ready = await self.gate.store.generation() is not None
+                store_ready = await store.generation() is not None
             except AdmissionError:
                 store_ready = False
+            local = failover is not None and failover.degraded  # it just found the store away
         failing = self.loops.failing()
         caught_up = self.replica.caught_up.is_set()
-        ready = caught_up and bool(healthy) and store_ready and not failing
+        ready = caught_up and bool(healthy) and (store_ready or local) and not failing
         json_answer(
             reply,
             {
@@ -265,6 +270,16 @@ class AdminApi:
                 "kafka_refused": sum(self.bus.refused.values()),  # never taken: set aside
                 "replica_caught_up": caught_up,
                 "admission_store_ready": store_ready,
+                "admission_store_share": failover.down_share if failover and local else None,
+                "admission_store": (
+                    "off"
+                    if not self.gate.settings.enabled
+                    else "local_share"
+                    if local
+                    else "shared"
+                    if store_ready
+                    else "down"
+                ),
                 "healthy_nodes": len(healthy),
                 "indexed_blocks": len(self.replica.index),
             },

@@ -45,6 +45,7 @@ from streams.kafka import ensure_topics
 from streams.settings import KafkaSettings
 from tests.benchmarks.chaos_clients import CLIENT_SCENARIOS, LOW, STALL, post_status
 from tests.benchmarks.chaos_fleet import FLEET_SCENARIOS, HIGH
+from tests.benchmarks.chaos_store import BURST, PROBE, STORE_SCENARIOS
 from tests.chfront import ChdbFront
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
@@ -67,6 +68,7 @@ class Load:
 
     router: str
     http: aiohttp.ClientSession
+    alt: str | None = None  # a second router: every other request goes there
     scenario: str = "warmup"
     rps: float = 8.0
     results: dict[str, Counter[str]] = field(default_factory=dict)
@@ -87,7 +89,7 @@ class Load:
         headers = {"Authorization": f"Bearer {key}", "X-Request-Id": f"chaos-{i}"}
         try:
             async with self.http.post(
-                self.router + "/v1/completions",
+                (self.alt if self.alt and i % 2 else self.router) + "/v1/completions",
                 json=body,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=60),
@@ -173,6 +175,7 @@ class Chaos:
         self.sup = Supervisor(tmp / "logs")
         self.front = ChdbFront(str(tmp / "ch")).__enter__()
         self.router = ""
+        self.redis_port = REDIS_PORT  # where the reservations are counted
         self.nodes: dict[str, str] = {}
 
     # --- the cluster -------------------------------------------------------------------------
@@ -183,6 +186,8 @@ class Chaos:
             FLOOD: {"name": "flood", "priority": "normal", "max_concurrency": 4},
             LOW: {"name": "low", "priority": "low"},
             HIGH: {"name": "high", "priority": "high"},
+            PROBE: {"name": "probe", "priority": "high"},
+            BURST: {"name": "burst", "priority": "normal", "weight": 10},
             STALL: {"name": "stall", "priority": "normal"},
         }
         return {
@@ -237,7 +242,7 @@ class Chaos:
         self.sup.spawn(name, *argv)
 
     async def reservations(self) -> int:
-        client = Redis.from_url(REDIS_URL)
+        client = Redis(port=self.redis_port)
         try:
             return int(await client.hlen(f"kvgate:{self.ns}:resv"))
         finally:
@@ -415,6 +420,7 @@ SCENARIOS = [
     "huge_bodies",
     "tenant_flood",
     *CLIENT_SCENARIOS,
+    *STORE_SCENARIOS,  # the routers it starts serve the scenarios after it
     *FLEET_SCENARIOS,  # last: the engines it kills stay dead
 ]
 
@@ -434,7 +440,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for name in args.scenarios:
                 load.scenario = name
                 started = time.monotonic()
-                scenario = CLIENT_SCENARIOS.get(name) or FLEET_SCENARIOS.get(name)
+                scenario = (
+                    CLIENT_SCENARIOS.get(name)
+                    or STORE_SCENARIOS.get(name)
+                    or FLEET_SCENARIOS.get(name)
+                )
                 extra = await (scenario(chaos, load) if scenario else getattr(chaos, name)(load))
                 elapsed = time.monotonic() - started
                 if elapsed < args.scenario_s:
