@@ -140,7 +140,10 @@ class _Exchange:
             if path == "/v1/models" and self.headers.get(":method", "GET").upper() == "GET":
                 now = time.time()  # the whole fleet's, answered here (as the router's route)
                 listed = model_list(self.parts.views.nodes(now), now)
-                return [immediate(200, orjson.dumps(listed), {})]
+                limit = self.parts.settings.client_id_max_len
+                client_id = client_label(self.headers, "x-request-id", limit)
+                rid = self.parts.passing.listed(self.tenant, client_id)
+                return [immediate(200, orjson.dumps(listed), {"x-request-id": rid})]
             self.passthrough = path in PASSTHROUGH
             if req.request_headers.end_of_stream:  # no body to route by
                 return await self._pass() if self.passthrough else await self._route()

@@ -14,6 +14,7 @@ __all__ = [
     "MAX_RECORDED_BLOCKS",
     "admission_fields",
     "decision_record",
+    "listing_record",
     "outcome_record",
     "passthrough_outcome",
     "passthrough_record",
@@ -185,6 +186,39 @@ def passthrough_record(
         decision_us=0.0,
         client_request_id=client_request_id,
         **admission_fields(verdict),
+    )
+
+
+def listing_record(
+    request_id: str,
+    *,
+    router_id: str,
+    tenant: str,
+    priority: str,
+    started: float,
+    block_size: int,
+    client_request_id: str | None,
+) -> Decision:
+    """``GET /v1/models``: answered by the router from what the nodes report, no engine used
+    (nothing admitted, no node)."""
+    return Decision(
+        request_id=request_id,
+        ts=started,
+        router_id=router_id,
+        tenant=tenant,
+        priority=priority,
+        model="*",
+        endpoint_kind="models",
+        prompt_tokens=0,
+        max_tokens=0,
+        block_size=block_size,
+        policy="passthrough",
+        chosen_node=None,
+        reason="model_list",
+        decision_us=0.0,
+        client_request_id=client_request_id,
+        admission="admitted",
+        admission_reason="no_engine",
     )
 
 

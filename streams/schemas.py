@@ -243,7 +243,8 @@ class CandidateScore(Message):
 
 
 PassthroughKind = Literal["embeddings", "score", "rerank", "classify"]
-EndpointKind = Literal["completions", "chat", "messages", "responses"] | PassthroughKind
+# "models": GET /v1/models, the fleet's model list, answered by the router itself
+EndpointKind = Literal["completions", "chat", "messages", "responses", "models"] | PassthroughKind
 
 
 class Decision(Message):
@@ -258,12 +259,12 @@ class Decision(Message):
     model: str
     pool: str = "default"
     session_id: str | None = None
-    endpoint_kind: Literal["completions", "chat", "messages", "responses"] | PassthroughKind = (
-        Field(
-            default="completions",
-            description="the API asked; the last four pass through to the least loaded node of the "
-            "model (policy 'passthrough': no admission, no token counts, no candidates)",
-        )
+    endpoint_kind: EndpointKind = Field(
+        default="completions",
+        description="the API asked; embeddings, score, rerank and classify pass through to the "
+        "least loaded node of the model (policy 'passthrough': admitted for their input's KV, "
+        "no token counts, no candidates); models is GET /v1/models, answered by the router "
+        "(policy 'passthrough', no node)",
     )
     prompt_tokens: int = Field(ge=0)
     max_tokens: int = Field(ge=0)

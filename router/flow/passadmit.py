@@ -14,6 +14,7 @@ from admission.plan import AdmissionAsk
 from admission.settings import Tenant
 from router.decision.candidates import budget
 from router.decision.types import NodeView, eligible
+from router.flow.headers import mint_id
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal
 from router.flow.views import ClusterView
@@ -81,6 +82,12 @@ class PassthroughGate:
             self.metrics.rejected(verdict.rejection.reason)
             raise Refusal.of(verdict.rejection)
         return verdict is not None
+
+    def listed(self, tenant: Tenant, client_id: str | None) -> str:
+        """Record a ``GET /v1/models`` the router answers itself; its minted request id."""
+        request_id = mint_id()
+        self.recorder.listing(request_id, tenant, self.block_size, client_id)
+        return request_id
 
     async def finished(
         self,

@@ -20,6 +20,7 @@ from router.parse import ParsedRequest
 from router.records import (
     admission_fields,
     decision_record,
+    listing_record,
     outcome_record,
     passthrough_outcome,
     passthrough_record,
@@ -163,6 +164,24 @@ class Recorder:
                 **admission_fields(verdict),
                 client_request_id=client_request_id,
                 decision_seq=decision_seq,
+            ),
+        )
+
+    def listing(
+        self, request_id: str, tenant: Tenant, block_size: int, client_request_id: str | None
+    ) -> None:
+        """``GET /v1/models``'s decision record (answered here, no engine)."""
+        self.bus.post(
+            DECISIONS,
+            request_id,
+            listing_record(
+                request_id,
+                router_id=self.router_id,
+                tenant=tenant.name,
+                priority=tenant.priority,
+                started=time.time(),
+                block_size=block_size,
+                client_request_id=client_request_id,
             ),
         )
 

@@ -212,8 +212,15 @@ class OpenAiApi:
             self.feed.down.add(node.node_id)  # until it answers a probe again
         return served, whole
 
-    async def models(self, _: Request, reply: Reply) -> None:
-        json_answer(reply, model_list(self.views.nodes(time.time()), time.time()))
+    async def models(self, request: Request, reply: Reply) -> None:
+        """The fleet's models, answered here (and recorded: no request goes unrecorded)."""
+        tenant = self.entry.reader.tenant(request.headers)
+        client_id = client_label(request.headers, "X-Request-Id", self.settings.client_id_max_len)
+        request_id = self.passing.listed(tenant, client_id)
+        now = time.time()
+        json_answer(
+            reply, model_list(self.views.nodes(now), now), 200, {"X-Request-Id": request_id}
+        )
 
     async def passthrough(self, request: Request, reply: Reply) -> None:
         """``POST`` of an allow-listed non-generating endpoint, to a node serving its model."""

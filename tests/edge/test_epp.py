@@ -474,6 +474,15 @@ async def test_models_and_embeddings_pass_through_the_picker(
     listed = (await envoy.read()).immediate_response
     assert listed.status.code == 200
     assert [m["id"] for m in orjson.loads(listed.body)["data"]] == [MODEL]
+    (m,) = e.decisions()  # answered by the router, and recorded under the id it answered with
+    assert (m.endpoint_kind, m.policy, m.tenant, m.chosen_node) == (
+        "models",
+        "passthrough",
+        "alpha",
+        None,
+    )
+    sent = {h.header.key: h.header.raw_value.decode() for h in listed.headers.set_headers}
+    assert sent["x-request-id"] == m.request_id
 
     envoy = Envoy(stub, BUFFERED, BUFFERED)
     body = orjson.dumps({"model": MODEL, "input": "hello"})
@@ -486,7 +495,7 @@ async def test_models_and_embeddings_pass_through_the_picker(
     assert not picked.request_body.response.body_mutation.body  # sent as it came
     assert "authorization" in picked.request_body.response.header_mutation.remove_headers
     assert await e.reservations() == 1  # the KV of its input, while the engine computes
-    (d,) = e.decisions()  # recorded, as every request sent to an engine
+    (_, d) = e.decisions()  # recorded, as every request sent to an engine
     assert (d.endpoint_kind, d.policy, d.tenant) == ("embeddings", "passthrough", "alpha")
     assert d.chosen_node is not None and host_port(e.engines[d.chosen_node]) == dest
     assert d.admission == "admitted" and d.kv_blocks_estimate

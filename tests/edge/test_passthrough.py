@@ -56,6 +56,16 @@ async def test_embeddings_and_other_endpoints_reach_a_node_of_the_model() -> Non
             assert records[-1].request_id == seen[-1][2]["X-Request-Id"]
             assert all(d.tenant == "alpha" and d.chosen_node in e.engines for d in records)
 
+            # the model list is answered by the router, and recorded too
+            status, out, headers = await e.call("GET", "/v1/models", None, bearer("sk-alpha"))
+            assert status == 200 and [m["id"] for m in out["data"]] == [MODEL]
+            (m,) = [d for d in e.decisions() if d.endpoint_kind == "models"]
+            assert (m.request_id, m.tenant, m.chosen_node) == (
+                headers["X-Request-Id"],
+                "alpha",
+                None,
+            )
+
             # refusals: no key, no model, unknown model, kvgate's own namespace
             status, _, _ = await e.call("POST", "/v1/embeddings", body, bearer("sk-wrong"))
             assert status == 401
