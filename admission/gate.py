@@ -32,7 +32,7 @@ from admission.plan import (
     store_down,
     tenant_caps,
 )
-from admission.queue import AdmissionQueues, Waiting
+from admission.queue import AdmissionQueues
 from admission.reservations import (
     TENANT_LIMIT,
     InProcessReservations,
@@ -42,6 +42,7 @@ from admission.reservations import (
 )
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
+from admission.waiting import Waiters
 from streams.schemas import LedgerEvent
 
 __all__ = ["AdmissionGate"]
@@ -71,12 +72,11 @@ class AdmissionGate:
         self._publish = publish
         self.held: dict[str, Reservation] = {}  # what this router reserved and still holds
         self.queues = AdmissionQueues(settings)
-        self._waiters: dict[Waiting, asyncio.Future[Verdict]] = {}
-        self._node_blocks: dict[str, list[int]] = {}  # pool -> KV blocks per node, last seen
+        self.node_blocks: dict[str, list[int]] = {}  # pool -> KV blocks per node, last seen
         self.estimator = OutputEstimator(
             quantile=settings.output_quantile, min_samples=settings.output_min_samples
         )
-        self._pump_lock = asyncio.Lock()
+        self.waiting = Waiters(self)  # the queue's waiters and its pump
         self._weights = {t.name: t.weight for t in settings.tenants.values()}
         self._weights[settings.anonymous.name] = settings.anonymous.weight
         self._demand: dict[str, float] = {}  # tenant -> when it last asked this router
@@ -136,7 +136,7 @@ class AdmissionGate:
             ask.tenant.name, ask.model, ask.max_tokens, s.expected_output_cap
         )
 
-    async def _hold(self, r: Reservation, now: float) -> None:
+    async def hold(self, r: Reservation, now: float) -> None:
         self.held[r.reservation_id] = r
         await self.record("reserve", r, now)
 
@@ -151,7 +151,7 @@ class AdmissionGate:
         tenant, pool, s = ask.tenant, ask.pool, self.settings
         self._asked(tenant, now)
         try:
-            self._node_blocks[pool] = list(ask.node_blocks)
+            self.node_blocks[pool] = list(ask.node_blocks)
             expected = self._expected(ask)
             b = await self.budget(pool, ask.node_blocks, now)
             verdict = admit(
@@ -168,7 +168,7 @@ class AdmissionGate:
             if self.queues.waiting_at_or_above(pool, tenant.priority):
                 verdict = self.queues.hold(verdict, tenant.priority, s)
             if verdict.queue:
-                return await self._wait(ask, verdict, b, now)
+                return await self.waiting.wait(ask, verdict, b, now)
             if not verdict.admitted:
                 return verdict
             # the snapshot may be stale (other routers): the store checks the limit atomically
@@ -191,7 +191,7 @@ class AdmissionGate:
                 return quota_refusal(tenant, why, verdict.kv_blocks, verdict.usage_after, s)
             if not isinstance(r, Reservation):
                 return filled_up(verdict, s)
-            await self._hold(r, now)
+            await self.hold(r, now)
         except AdmissionError as exc:
             log.warning("admission refused %s: %s", ask.request_id, exc)
             return store_down(str(exc))
@@ -260,8 +260,8 @@ class AdmissionGate:
         slots_total = len(ask.node_blocks) * s.slots_per_node
         usage = max(held_blocks / sum(ask.node_blocks), held_slots / slots_total)
         self._asked(ask.tenant, now)  # as admit() notes it (a guarded request never gets here)
-        self._node_blocks[ask.pool] = list(ask.node_blocks)
-        await self._hold(r, now)
+        self.node_blocks[ask.pool] = list(ask.node_blocks)
+        await self.hold(r, now)
         return Verdict(True, plan.kv_blocks, usage, output_estimate=expected, local_share=r.local)
 
     async def hold_extra(
@@ -287,128 +287,15 @@ class AdmissionGate:
             return False
         if not isinstance(r, Reservation):
             return False
-        await self._hold(r, now)
+        await self.hold(r, now)
         return True
 
-    async def _wait(self, ask: AdmissionAsk, verdict: Verdict, b: Budget, now: float) -> Verdict:
-        """Queue until the pump admits it, its deadline passes (its priority's queue timeout,
-        at most its SLO class's TTFT) or the client leaves."""
-        tenant, request_id = ask.tenant, ask.request_id
-        timeout = self.settings.queue_timeout_s.get(tenant.priority, 0.0)
-        if ask.ttft_deadline_s is not None:
-            timeout = min(timeout, ask.ttft_deadline_s)
-        w = Waiting(
-            request_id,
-            ask.pool,
-            tenant.priority,
-            verdict.kv_blocks,
-            now,
-            now + timeout,
-            tenant,
-            ask.resuming,
-        )
-        refused = self.queues.offer(w, b, now)
-        if refused is not None:
-            return replace(verdict, queue=False, rejection=refused)
-        fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._waiters[w] = fut
-        try:
-            await self.pump(now)
-            return await fut
-        except asyncio.CancelledError:
-            # admitted in the instant the client left: nobody will release it but us
-            if fut.done() and not fut.cancelled() and fut.result().admitted:
-                await self.release(request_id, now)
-            raise
-        finally:
-            if fut.cancelled() or not fut.done():  # the client went away while queued
-                self.queues.remove(w)
-            self._waiters.pop(w, None)
-
     async def pump(self, now: float) -> int:
-        """Admit what the queues may let in now; refuse what waited past its deadline. It runs
-        to its end even when its caller is cancelled (a pump that stopped between a waiter's
-        reservation and its answer would leave that reservation to its lease)."""
-        return await asyncio.shield(self._pump(now))
-
-    async def _pump(self, now: float) -> int:
-        admitted = 0
-        async with self._pump_lock:
-            for gone in self.queues.expired(now):
-                fut = self._waiters.get(gone)
-                if fut is not None and not fut.done():
-                    fut.set_result(
-                        Verdict(
-                            False,
-                            gone.kv_blocks,
-                            1.0,
-                            Rejection(
-                                RejectReason.QUEUE_TIMEOUT,
-                                True,
-                                self.settings.min_retry_after_s,
-                                f"waited {now - gone.enqueued_at:.1f} s "
-                                f"in the {gone.priority} queue",
-                            ),
-                            queue_wait_s=max(0.0, now - gone.enqueued_at),
-                        )
-                    )
-            for pool in self.queues.pools():
-                b = await self.budget(pool, self._node_blocks.get(pool, []), now)
-                while (head := self.queues.admissible(pool, b)) is not None:
-                    t = head.tenant or self.settings.anonymous
-                    t_blocks, t_slots, why = await self.tenant_limits(t, pool, b, 1.0, now)
-                    plan = reserve_ask(
-                        head.request_id,
-                        t.name,
-                        head.priority,
-                        pool,
-                        head.kv_blocks,
-                        b,
-                        self.settings,
-                        t_blocks,
-                        t_slots,
-                    )
-                    r = await self.store.try_reserve(plan, now)
-                    if r == TENANT_LIMIT:  # over its share: refused, the queue moves on
-                        self.queues.remove(head)
-                        fut = self._waiters.get(head)
-                        if fut is not None and not fut.done():
-                            fut.set_result(
-                                quota_refusal(
-                                    t, why, head.kv_blocks, b.usage_after(0), self.settings
-                                )
-                            )
-                        continue
-                    if not isinstance(r, Reservation):  # another router took the room first
-                        break
-                    self.queues.remove(head)
-                    await self._hold(r, now)
-                    admitted += 1
-                    b = replace(b, kv_blocks_reserved=b.kv_blocks_reserved + r.kv_blocks)
-                    fut = self._waiters.get(head)
-                    if fut is not None and not fut.done():
-                        fut.set_result(
-                            Verdict(
-                                True,
-                                head.kv_blocks,
-                                b.usage_after(0),
-                                # (callers pass their own clock reading, which may be older
-                                # than a newer waiter's arrival: a wait is never negative)
-                                queue_wait_s=max(0.0, now - head.enqueued_at),
-                                local_share=r.local,
-                            )
-                        )
-                    elif fut is None or fut.cancelled():  # nobody waits for it any more
-                        await self.release(head.request_id, now)
-        return admitted
+        """Admit what the queues may let in now (admission/waiting.py)."""
+        return await self.waiting.pump(now)
 
     async def run_pump(self, clock: Callable[[], float]) -> None:
-        """Re-check the queues every ``queue_poll_s`` (other routers release room too)."""
-        while True:
-            await asyncio.sleep(self.settings.queue_poll_s)
-            if len(self.queues):
-                with contextlib.suppress(Exception):
-                    await self.pump(clock())
+        await self.waiting.run(clock)
 
     async def early_retry(
         self, tenant: Tenant, attempt: str, now: float, client: str | None = None
@@ -464,7 +351,7 @@ class AdmissionGate:
             r = mine
         if r is not None:
             await self.record("release", r, now)
-            if len(self.queues) and not self._pump_lock.locked():
+            if len(self.queues) and not self.waiting.lock.locked():
                 with contextlib.suppress(AdmissionError):
                     await self.pump(now)
 
