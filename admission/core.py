@@ -44,6 +44,7 @@ class RejectReason(StrEnum):
     TENANT_QUOTA = "tenant_quota"  # the tenant is at its concurrency, KV share or fair share
     DEADLINE = "deadline"  # its SLO class's TTFT cannot be met: refused early, not served late
     NO_FIT_NOW = "no_fit_now"  # some node could hold its KV, none can now (router/decision/fit.py)
+    RATE_LIMITED = "rate_limited"  # over the tenant's requests or tokens per minute
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from admission.plan import (
     tenant_caps,
 )
 from admission.queue import AdmissionQueues
+from admission.rates import InProcessRates, RateStore, TenantRates, counted
 from admission.reservations import (
     TENANT_LIMIT,
     InProcessReservations,
@@ -59,8 +60,10 @@ class AdmissionGate:
         publish: Publish,
         store: ReservationStore | None = None,
         storm_store: StormStore | None = None,
+        rates: RateStore | None = None,
     ) -> None:
         self.settings = settings
+        self.rates = TenantRates(rates if rates is not None else InProcessRates(), settings)
         self.router_id = router_id
         self.store: ReservationStore = store if store is not None else InProcessReservations()
         self.storm = StormGuard(
@@ -198,6 +201,24 @@ class AdmissionGate:
         return replace(verdict, local_share=r.local)
 
     async def screen_and_admit(self, ask: AdmissionAsk, now: float) -> Verdict:
+        """:meth:`_screen_and_admit`, counted against the tenant's rates when it has any (and
+        given back when it is refused or its caller leaves)."""
+        t = ask.tenant
+        if not counted(t):
+            return await self._screen_and_admit(ask, now)
+        over = await self.rates.count(ask, now)
+        if over is not None:
+            return over
+        try:
+            verdict = await self._screen_and_admit(ask, now)
+        except asyncio.CancelledError:
+            await asyncio.shield(self.rates.uncount(t, ask.request_id))
+            raise
+        if not verdict.admitted:
+            await self.rates.uncount(t, ask.request_id)
+        return verdict
+
+    async def _screen_and_admit(self, ask: AdmissionAsk, now: float) -> Verdict:
         """:meth:`early_retry` (a ``retry_storm`` refusal), then :meth:`admit`. The common case
         — nothing guarded, nobody queued, the pool below yellow with this request in — takes
         one round trip to the store (:meth:`_admit_below_yellow`); anything else the two steps

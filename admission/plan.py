@@ -188,3 +188,33 @@ def filled_up(verdict: Verdict, s: AdmissionSettings) -> Verdict:
 def store_down(why: str) -> Verdict:
     """The reservation store cannot answer: nothing is admitted that the budget cannot see."""
     return Verdict(False, 0, 0.0, Rejection(RejectReason.STORE_UNAVAILABLE, True, 1.0, why))
+
+
+def per_window(per_minute: int | None, s: AdmissionSettings) -> int | None:
+    """A per-minute limit over ``admission.rate_window_s`` (at least 1)."""
+    if per_minute is None:
+        return None
+    return max(1, math.floor(per_minute * s.rate_window_s / 60.0))
+
+
+def rate_refusal(tenant: Tenant, wait_s: float, s: AdmissionSettings) -> Verdict:
+    """Over the tenant's requests or tokens per minute: a 429 with the time until its window
+    has room (not retriable when the prompt alone is over the token limit)."""
+    never = math.isinf(wait_s)
+    limits = (
+        f"requests_per_minute {tenant.requests_per_minute}, "
+        f"tokens_per_minute {tenant.tokens_per_minute}"
+    )
+    return Verdict(
+        False,
+        0,
+        0.0,
+        Rejection(
+            RejectReason.RATE_LIMITED,
+            not never,
+            None if never else min(s.max_retry_after_s, max(s.min_retry_after_s, wait_s)),
+            f"the prompt alone is over tenant {tenant.name}'s {limits}"
+            if never
+            else f"tenant {tenant.name} is over its rate ({limits})",
+        ),
+    )

@@ -83,6 +83,17 @@ class Tenant(BaseModel):
     prefer_labels: dict[str, str] = Field(
         default_factory=dict, description="its requests prefer nodes with these labels"
     )
+    requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="most requests taken per minute (all routers; admission.rate_window_s)",
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="most tokens per minute (all routers): a request counts its prompt when "
+        "taken, its prompt and output once it ended",
+    )
     engine_priority: bool = Field(
         default=False,
         description="may set the body's `priority` (the engine's own priority scheduling); "
@@ -185,6 +196,13 @@ class AdmissionSettings(BaseModel):
         "and tells the store once it answers again; unset: 1 / the routers that wrote to the "
         "ledger in the last 10 minutes, so that together they stay within the budget; 0: "
         "refuse meanwhile (503 store_unavailable)",
+    )
+    rate_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="tenants' requests_per_minute and tokens_per_minute hold over every window "
+        "this long (scaled to it)",
     )
     slots_per_node: int = Field(default=256, ge=1)
     lease_s: float = Field(default=600.0, gt=0, description="a reservation expires on its own")

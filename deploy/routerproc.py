@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from admission.failover import FailoverReservations, FailoverStorm, routers_writing
+from admission.rates import RateStore
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
 from admission.storm import StormStore
@@ -37,11 +38,14 @@ log = logging.getLogger(__name__)
 ROUTERS_SEEN_S = 600.0  # routers that wrote to the ledger this recently share the budget
 
 
-def _stores(s: Settings) -> tuple[ReservationStore | None, StormStore | None, Any]:
-    """The Redis-backed reservation and retry-storm stores (``admission.backend=redis``), and
-    their client to close; Nones in process."""
+def _stores(
+    s: Settings,
+) -> tuple[ReservationStore | None, StormStore | None, RateStore | None, Any]:
+    """The Redis-backed reservation, retry-storm and rate stores (``admission.backend=redis``),
+    and their client to close; Nones in process."""
     if s.admission.backend != "redis":
-        return None, None, None
+        return None, None, None, None
+    from admission.rates import RedisRates, SharedRates
     from admission.redis_connect import redis_client
     from admission.redis_store import RedisReservations
     from admission.storm import RedisStormStore
@@ -50,7 +54,8 @@ def _stores(s: Settings) -> tuple[ReservationStore | None, StormStore | None, An
     prefix = f"kvgate:{s.kafka.namespace}"
     shared = RedisReservations(client, prefix)
     store = FailoverReservations(shared, s.admission.store_down_share)
-    return store, FailoverStorm(RedisStormStore(client, prefix), store), client
+    storm = FailoverStorm(RedisStormStore(client, prefix), store)
+    return store, storm, SharedRates(RedisRates(client, prefix), store), client
 
 
 def router_process(s: Settings) -> Router:
@@ -61,10 +66,12 @@ def router_process(s: Settings) -> Router:
     replica = TableReplica(
         s.kafka, s.worker, "kvgate-router-replica", feed_stale_s=s.router.feed_stale_s
     )
-    store, storm_store, redis_client = _stores(s)
+    store, storm_store, rates, redis_client = _stores(s)
     router = build_router(
         s.router, replica, bus, make_policy(s.router), s.admission, store, storm_store
     )
+    if rates is not None:  # every router's, in Redis
+        router.gate.rates.store = rates
     control = ControlFollower(
         s.kafka, bus, router.policy, f"{router.router_id}-control", router.director.fleet
     )

@@ -154,6 +154,7 @@ class ExternalRequests:
             usage=usage,
             error="its owner did not release it before its lease ran out" if expired else None,
         )
+        await self.gate.rates.used(f.tenant, rid, p.prompt_tokens_total + output_tokens)
         if status == "ok":
             self.gate.observe_output(f.tenant, p.model, output_tokens // p.sequences)
             if prompt_tokens is not None and not p.exact_tokens:

@@ -99,6 +99,7 @@ class ProxiedRequests:
             )
         if served.cut_off:
             self.metrics.stalled_clients.inc()
+        await self.gate.rates.used(f.tenant, f.id, p.prompt_tokens_total + served.output_tokens)
         if served.status == "ok":
             self.gate.observe_output(f.tenant, p.model, served.output_tokens // p.sequences)
             engine_prompt = (served.usage or {}).get("prompt_tokens")

@@ -39,6 +39,7 @@ _STATUS = {
     RejectReason.TENANT_QUOTA: 429,
     RejectReason.DEADLINE: 429,
     RejectReason.NO_FIT_NOW: 503,
+    RejectReason.RATE_LIMITED: 429,
 }
 
 
