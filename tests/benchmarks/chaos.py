@@ -187,7 +187,7 @@ class Chaos:
             LOW: {"name": "low", "priority": "low"},
             HIGH: {"name": "high", "priority": "high"},
             PROBE: {"name": "probe", "priority": "high"},
-            BURST: {"name": "burst", "priority": "normal", "weight": 10},
+            BURST: {"name": "burst", "priority": "normal", "weight": 100},
             STALL: {"name": "stall", "priority": "normal"},
         }
         return {

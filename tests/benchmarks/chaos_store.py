@@ -54,7 +54,7 @@ CLIENTS = 30  # burst clients per router: together past the budget
 NAMES = ("router-a", "router-b")
 PROBE = "sk-probe"  # a high-priority tenant of its own: no quota or fair share holds it back
 # the burst's tenant: normal priority (up to the red watermark, 90 % of the budget: the probe's
-# high priority keeps room above it), weighted to take most of the pool past yellow
+# high priority keeps room above it), weighted to take nearly all of it past yellow
 BURST = "sk-burst"
 RED = 0.9
 
