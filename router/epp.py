@@ -27,321 +27,37 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
-import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from multidict import CIMultiDict
 
-from admission.settings import Tenant
-from router.decision.types import NodeView
-from router.eppwire import (
-    BUFFERED,
-    DESTINATION,
-    FULL_DUPLEX,
-    MAX_BODY_CHUNKS,
-    SUBSET,
-    SUBSET_NAMESPACE,
-    destination,
-    error_json,
-    header_map,
-    host_port,
-    immediate,
-    refused,
-    set_header,
-)
-from router.flow.entry import Entry
-from router.flow.external import ExternalRequests
-from router.flow.flight import EPP
-from router.flow.headers import (
-    API_KEY_HEADER,
-    GATEWAY_KEY_HEADER,
-    client_label,
-    forwarded_peer,
-    match_key,
-    mint_id,
-)
+from router.eppexchange import EppParts, Exchange
+from router.eppwire import DESTINATION, host_port
+from router.flow.headers import GATEWAY_KEY_HEADER, match_key
 from router.flow.passadmit import PassthroughGate
-from router.flow.refusals import Refusal
-from router.flow.views import ClusterView
-from router.http.passthrough import PASSTHROUGH, model_list, passthrough_node, request_model
-from router.http.upstream import Upstream
-from router.loops import Loops
-from router.settings import RouterSettings
-from router.sse import ResponseWatch
-from streams.agentapis import agent_api
 
 if TYPE_CHECKING:
     from router.runtime import Router
 
-__all__ = ["DESTINATION", "EndpointPicker", "EppParts", "EppServer", "host_port", "serve_epp"]
+__all__ = [
+    "DESTINATION",
+    "EndpointPicker",
+    "EppParts",
+    "EppServer",
+    "host_port",
+    "serve_epp",
+]
 
 log = logging.getLogger(__name__)
 
 HEALTH_SERVICES = ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
 
 
-@dataclass(frozen=True, slots=True)
-class EppParts:
-    """What the endpoint picker uses of its router."""
-
-    settings: RouterSettings
-    entry: Entry
-    external: ExternalRequests
-    upstream: Upstream
-    loops: Loops
-    views: ClusterView
-    passing: PassthroughGate
-
-
-@dataclass
-class _Exchange:
-    """One HTTP request through the gateway."""
-
-    parts: EppParts
-    request_body_mode: int = BUFFERED
-    response_body_mode: int = 0
-    headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
-    body: list[bytes] = field(default_factory=list)
-    body_bytes: int = 0
-    request_id: str | None = None
-    started: float = field(default_factory=time.time)
-    watch: ResponseWatch = field(default_factory=ResponseWatch)
-    done: bool = False
-    subset: set[str] | None = None  # ip:port the data plane allows (envoy.lb.subset_hint)
-    passthrough: bool = False  # a non-generating endpoint's request (admitted, not routed)
-    tenant: Tenant | None = None  # who the request's key names (read with its headers)
-    passed: tuple[str, NodeView, bool, float] | None = None  # its id, node, reservation, start
-
-    async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
-        hint = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
-        if hint is not None and SUBSET in hint.fields:  # the data plane narrows the choice
-            values = hint.fields[SUBSET].list_value.values
-            self.subset = {v.string_value for v in values if v.string_value}
-        if req.HasField("protocol_config"):
-            self.request_body_mode = req.protocol_config.request_body_mode or BUFFERED
-            self.response_body_mode = req.protocol_config.response_body_mode
-        kind = req.WhichOneof("request")
-        if kind in ("request_headers", "request_body") and self.request_id is not None:
-            # one request per stream: routing a second would hold a second reservation, and
-            # the first would be held until its lease ran out
-            return [immediate(400, error_json("this stream's request is routed already"), {})]
-        if kind == "request_headers":
-            self.headers = header_map(req.request_headers)
-            try:  # the tenant's key, before a byte of its body is read
-                self.tenant = self.parts.entry.reader.tenant(self.headers)
-            except Refusal as exc:
-                return [refused(exc)]
-            path = self.headers.get(":path", "").split("?", 1)[0]
-            if path == "/v1/models" and self.headers.get(":method", "GET").upper() == "GET":
-                now = time.time()  # the whole fleet's, answered here (as the router's route)
-                listed = model_list(self.parts.views.nodes(now), now)
-                limit = self.parts.settings.client_id_max_len
-                client_id = client_label(self.headers, "x-request-id", limit)
-                rid = self.parts.passing.listed(self.tenant, client_id)
-                return [immediate(200, orjson.dumps(listed), {"x-request-id": rid})]
-            self.passthrough = path in PASSTHROUGH
-            if req.request_headers.end_of_stream:  # no body to route by
-                return await self._pass() if self.passthrough else await self._route()
-            if self.request_body_mode == FULL_DUPLEX:
-                return []  # the headers are answered once the body is in
-            if self.request_body_mode != BUFFERED:
-                return [
-                    immediate(
-                        500,
-                        error_json(
-                            "kvgate's EPP needs request_body_mode BUFFERED or FULL_DUPLEX_STREAMED"
-                        ),
-                        {},
-                    )
-                ]
-            return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
-        if kind == "request_body":
-            self.body.append(req.request_body.body)
-            self.body_bytes += len(req.request_body.body)
-            limit = self.parts.settings.max_body_bytes
-            if self.body_bytes > limit:  # refused as it grows, not once it is all held
-                return [immediate(413, error_json(f"the body is over {limit} bytes"), {})]
-            if len(self.body) > MAX_BODY_CHUNKS:
-                return [immediate(413, error_json("request body in too many pieces"), {})]
-            if not req.request_body.end_of_stream:
-                return []
-            return await self._pass() if self.passthrough else await self._route()
-        if kind == "request_trailers":
-            return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
-        if kind == "response_headers":
-            h = header_map(req.response_headers)
-            with contextlib.suppress(ValueError):
-                self.watch.status = int(h.get(":status", "0"))
-            out = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
-            if req.response_headers.end_of_stream:
-                await self._finish()
-            return out
-        if kind == "response_body":
-            chunk = req.response_body
-            first = self.watch.first_token_s is None
-            self.watch.chunk(chunk.body, time.time())
-            if first and self.watch.first_token_s is not None and self.request_id is not None:
-                self.parts.external.first_token(self.request_id)  # its prefill is done
-            if self.response_body_mode == FULL_DUPLEX:
-                out = ep.ProcessingResponse(
-                    response_body=ep.BodyResponse(
-                        response=ep.CommonResponse(
-                            body_mutation=ep.BodyMutation(
-                                streamed_response=ep.StreamedBodyResponse(
-                                    body=chunk.body, end_of_stream=chunk.end_of_stream
-                                )
-                            )
-                        )
-                    )
-                )
-            else:
-                out = ep.ProcessingResponse(response_body=ep.BodyResponse())
-            if chunk.end_of_stream:
-                await self._finish()
-            return [out]
-        if kind == "response_trailers":
-            await self._finish()
-            return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
-        return []
-
-    async def _route(self) -> list[ep.ProcessingResponse]:
-        raw = b"".join(self.body)
-
-        async def read() -> bytes:
-            return raw
-
-        try:
-            # the agent APIs by their path (Envoy's ``:path``): the chat the engine makes of
-            # them is what is routed; anything else is chat or completion by its body
-            api = agent_api(self.headers.get(":path", ""))
-            self.watch.api = api
-            taken = await self.parts.entry.take(
-                self.headers, read, True if api else None, forwarded_peer(self.headers), None, api
-            )
-            subset = self.subset
-            allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)
-            routed = await self.parts.external.route(EPP, taken, allowed)
-        except Refusal as exc:
-            return [refused(exc)]
-        self.request_id, _, decision, node, p = routed
-        p = self.parts.entry.for_node(p, taken.gated.tenant.name, node)
-        log.debug("EPP %s -> %s (%s)", self.request_id, node.node_id, decision.reason)
-        # what the engine is asked (default max_tokens added)
-        return self._send_to(node, orjson.dumps(p.body), raw)
-
-    async def _pass(self) -> list[ep.ProcessingResponse]:
-        """A request of a non-generating endpoint (router/http/passthrough.py): to the least
-        loaded node serving its model, as the router's own route sends it — admitted at the KV
-        of its input (released at the stream's end), recorded, its body as it came."""
-        raw = b"".join(self.body)
-        s = self.parts.settings
-        try:
-            model = request_model(raw)
-            now = time.time()
-            nodes = self.parts.views.nodes(now)
-            if self.subset is not None:
-                nodes = [n for n in nodes if host_port(n.endpoint) in self.subset]
-            node = passthrough_node(nodes, model, now, s.max_queue)
-            tenant = self.tenant or self.parts.entry.reader.tenant(self.headers)
-            kind = PASSTHROUGH[self.headers.get(":path", "").split("?", 1)[0]]
-            client_id = client_label(self.headers, "x-request-id", s.client_id_max_len)
-            request_id = mint_id()
-            held = await self.parts.passing.admit(
-                request_id, kind, tenant, model, raw, node, client_id
-            )
-            self.passed = (request_id, node, held, now)
-        except Refusal as exc:
-            return [refused(exc)]
-        return self._send_to(node, raw, raw)
-
-    def _send_to(self, node: NodeView, body: bytes, raw: bytes) -> list[ep.ProcessingResponse]:
-        """The pick, in the mode the request's body came in: ``node`` as the destination
-        (header and ``envoy.lb`` metadata), ``body`` in place of ``raw`` where they differ."""
-        dest = host_port(node.endpoint)
-        upstream = self.parts.upstream.auth
-        mutation = ep.HeaderMutation(
-            set_headers=[set_header(DESTINATION, dest), set_header("x-kvgate-node", node.node_id)]
-            + [set_header(k.lower(), v) for k, v in node.engine_headers.items()]
-            + [set_header(k.lower(), v) for k, v in upstream.items()],
-            # the tenant's key is kvgate's business, never the engine's; so is the rank of a
-            # data-parallel engine (a client's own would pick the rank routing did not)
-            remove_headers=([] if upstream else ["authorization"])
-            + [API_KEY_HEADER]
-            + ([] if node.dp_rank is not None else [DP_RANK_HEADER]),
-        )
-        metadata = destination(dest)
-        if self.request_body_mode == FULL_DUPLEX:
-            return [
-                ep.ProcessingResponse(
-                    request_headers=ep.HeadersResponse(
-                        response=ep.CommonResponse(header_mutation=mutation)
-                    ),
-                    dynamic_metadata=metadata,
-                ),
-                ep.ProcessingResponse(
-                    request_body=ep.BodyResponse(
-                        response=ep.CommonResponse(
-                            body_mutation=ep.BodyMutation(
-                                streamed_response=ep.StreamedBodyResponse(
-                                    body=body, end_of_stream=True
-                                )
-                            )
-                        )
-                    )
-                ),
-            ]
-        common = ep.CommonResponse(header_mutation=mutation)
-        if body != raw:
-            common.body_mutation.body = body
-            common.header_mutation.remove_headers.append("content-length")
-        if not self.body:  # answered on the headers (no body came)
-            return [
-                ep.ProcessingResponse(
-                    request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
-                )
-            ]
-        return [
-            ep.ProcessingResponse(
-                request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
-            )
-        ]
-
-    async def _finish(self, cancelled: bool = False) -> None:
-        passed, self.passed = self.passed, None
-        if passed is not None:  # a pass-through request's: the engine has answered (or gone)
-            await self.parts.passing.finished(*passed, self.watch.status, None, cancelled)
-        if self.done or self.request_id is None:
-            return
-        self.done = True
-        w = self.watch
-        status: Literal["ok", "error", "cancelled"] = (
-            "cancelled" if cancelled else "ok" if 200 <= w.status < 300 else "error"
-        )
-        usage = w.usage or {}
-        output = usage.get("completion_tokens", w.output_tokens)
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        prompt = usage.get("prompt_tokens")
-        await self.parts.external.finish(
-            self.request_id,
-            status,
-            int(output) if isinstance(output, int) else w.output_tokens,
-            None if w.first_token_s is None else w.first_token_s - self.started,
-            cached if isinstance(cached, int) else None,
-            prompt if isinstance(prompt, int) else None,
-        )
-
-    async def close(self) -> None:
-        """The gRPC stream ended: whatever is still held is released (as cancelled)."""
-        await self._finish(cancelled=True)
-
-
 GATEWAY_KEY_METADATA = GATEWAY_KEY_HEADER.lower()  # on the stream (Envoy: initial_metadata)
-DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's: which rank of a data-parallel engine serves
 
 
 class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -381,7 +97,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             context.set_details(why)
             return
         self.streams += 1
-        ex = _Exchange(self.parts)
+        ex = Exchange(self.parts)
         try:
             async for req in request_iterator:
                 for resp in await ex.on(req):

@@ -21,6 +21,7 @@ __all__ = [
     "FULL_DUPLEX",
     "LB_NAMESPACE",
     "MAX_BODY_CHUNKS",
+    "SERVED",
     "SUBSET",
     "SUBSET_NAMESPACE",
     "destination",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 DESTINATION = "x-gateway-destination-endpoint"
+SERVED = "x-gateway-destination-endpoint-served"  # the data plane's, on the response
 LB_NAMESPACE = "envoy.lb"
 SUBSET = "x-gateway-destination-endpoint-subset"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"

@@ -222,6 +222,14 @@ class RouterSettings(BaseModel):
         description="serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc "
         "gRPC) on this port too (needs the epp extra); off when unset",
     )
+    epp_fallbacks: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        description="the endpoint picker names up to this many fallback endpoints after the "
+        "one it picked (the next-best nodes the request can go to unchanged), in order: a "
+        "gateway with retries tries them when the first fails, and tells which one served",
+    )
     epp_max_streams: int = Field(
         default=1024,
         ge=1,

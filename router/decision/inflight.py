@@ -153,6 +153,22 @@ class InflightLedger:
         n.expected += expected_output
         n.version += 1
 
+    def moved(self, request_id: str, node: str, now: float) -> None:
+        """The request runs on ``node`` after all (a gateway's fallback): re-dispatched there,
+        as it was counted (its prompt's prefill, its expected decode), from ``now``."""
+        e = self._entries.get(request_id)
+        if e is None or e.node.name == node:
+            return
+        self.dispatch(
+            request_id,
+            node,
+            now,
+            e.prefill_tokens,
+            e.expected_output,
+            e.long_blocks,
+            e.hashes,
+        )
+
     def first_token(self, request_id: str, now: float | None = None, learn: bool = True) -> None:
         """The request's first token came back at ``now``. ``learn``: it came as soon as the
         node produced it (a streamed answer), so it teaches the node's prefill rate."""

@@ -102,6 +102,15 @@ class ExternalRequests:
         self.flights.add(flight)
         return request_id, rreq, decision, node, p
 
+    def served_by(self, rid: str, node: NodeView) -> None:
+        """The gateway sent ``rid`` to ``node`` (a fallback it was given) instead of the node
+        routed to: the request is counted there from now on, and its outcome names it."""
+        f = self.flights.get(rid)
+        if f is None or f.node == node.node_id:
+            return
+        f.node = node.node_id
+        self.ledger.moved(rid, node.node_id, time.time())
+
     def first_token(self, rid: str) -> None:
         """The first token of a request the EPP watches came back: its prefill is done (the
         in-flight ledger's backlog drops and, streamed, the node's prefill rate is learned) and

@@ -93,8 +93,8 @@ class EppClient:
             dest = {
                 h.header.key: h.header.raw_value.decode()
                 for h in answer.header_mutation.set_headers
-            }.get(DESTINATION)
-            if dest is None:
+            }.get(DESTINATION, "").split(",")[0]  # the pick; its fallbacks follow it
+            if not dest:
                 self.errors["no destination"] += 1
                 return None
             sent = answer.body_mutation.body or body

@@ -94,14 +94,22 @@ TENANTS = {
 }
 
 
-def destination(resp: ep.ProcessingResponse, field: str) -> str:
+def endpoints(resp: ep.ProcessingResponse, field: str) -> list[str]:
+    """The endpoints named, the pick first and its fallbacks after it (no repeats)."""
     common = getattr(resp, field).response
     set_headers = {
         h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
     }
     meta = json_format.MessageToDict(resp.dynamic_metadata)
     assert meta["envoy.lb"][DESTINATION] == set_headers[DESTINATION]  # the same in both
-    return set_headers[DESTINATION]
+    listed = set_headers[DESTINATION].split(",")
+    assert len(set(listed)) == len(listed)
+    return listed
+
+
+def destination(resp: ep.ProcessingResponse, field: str) -> str:
+    """The endpoint picked (the first named)."""
+    return endpoints(resp, field)[0]
 
 
 def outcomes(e: Edge) -> list[Outcome]:
@@ -517,3 +525,38 @@ async def test_models_and_embeddings_pass_through_the_picker(
     await envoy.send(request_body=ep.HttpBody(body=other, end_of_stream=True))
     refused = (await envoy.read()).immediate_response
     assert refused.status.code == 404 and b"does not exist" in refused.body
+
+
+async def test_fallbacks_follow_the_pick_and_the_one_that_served_is_counted(
+    picker: tuple[Edge, Any, EppServer],
+) -> None:
+    """The EPP protocol's ordered endpoint list: the pick, then the next-best nodes the same
+    request can go to; the data plane reports which served (``envoy.lb`` →
+    ``x-gateway-destination-endpoint-served``) and the outcome names that node."""
+    e, channel, _ = picker
+    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), BUFFERED, BUFFERED)
+    await envoy.send(request_headers=request_headers())
+    await envoy.read()
+    body = orjson.dumps(completion("fallback " * 40))
+    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    picked = await envoy.read()
+    listed = endpoints(picked, "request_body")
+    assert sorted(listed) == sorted(host_port(u) for u in e.engines.values())  # both, once
+    sent = picked.request_body.response.body_mutation.body
+    status, chunks = await upstream(listed[1], "/v1/completions", sent)  # the first failed
+    assert status == 200
+    served = base_pb2.Metadata()
+    served.filter_metadata["envoy.lb"].update({f"{DESTINATION}-served": listed[1]})
+    await envoy.send(
+        response_headers=headers((":status", "200"), ("content-type", "application/json")),
+        metadata_context=served,
+    )
+    await envoy.read()
+    await envoy.send(response_body=ep.HttpBody(body=b"".join(chunks), end_of_stream=True))
+    await envoy.read()
+    await envoy.call.done_writing()
+    fallback = next(n for n, u in e.engines.items() if host_port(u) == listed[1])
+    (d,) = e.decisions()
+    (out,) = outcomes(e)
+    assert d.chosen_node != fallback and out.node_id == fallback
+    assert await e.reservations() == 0

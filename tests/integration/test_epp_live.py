@@ -84,7 +84,8 @@ async def test_picked_requests_land_in_clickhouse(
                 )
                 picked = await call.read()
                 mutation = picked.request_body.response.header_mutation.set_headers
-                dest = {h.header.key: h.header.raw_value.decode() for h in mutation}[DESTINATION]
+                named = {h.header.key: h.header.raw_value.decode() for h in mutation}[DESTINATION]
+                dest = named.split(",")[0]  # the pick, then its fallbacks
                 sent = picked.request_body.response.body_mutation.body or orjson.dumps(body)
                 async with (
                     aiohttp.ClientSession() as http,
