@@ -214,11 +214,12 @@ class Exchange:
         now = time.time()
         views = {n.node_id: n for n in self.parts.views.nodes(now)}
         for c in decision.candidates:  # the next best, where the same request can go as it is
-            n = views.get(c.node_id)
-            if len(self.picked) > self.parts.settings.epp_fallbacks or n is None:
+            if len(self.picked) > self.parts.settings.epp_fallbacks:
                 break
+            n = views.get(c.node_id)
             same = (
-                n.node_id != node.node_id
+                n is not None
+                and n.node_id != node.node_id
                 and c.healthy
                 and n.healthy
                 and n.alive(now)
@@ -228,7 +229,7 @@ class Exchange:
                 and node.dp_rank is None
                 and orjson.dumps(self.parts.entry.for_node(parsed, tenant, n).body) == body
             )
-            if same:
+            if same and n is not None:
                 self.picked.append(n)
         return self._send_to(node, body, raw)
 
