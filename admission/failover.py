@@ -146,7 +146,7 @@ class FailoverReservations:
                 rid = r.reservation_id
                 if await self.shared.renew(rid, r.expires_at) is None:
                     await self.shared.restore(r)
-                if rid not in self.book._by_id:  # released while it was put back
+                if not self.book.holds(rid):  # released while it was put back
                     await self.shared.release(rid, now)
                 done.add(rid)
 
@@ -225,11 +225,11 @@ class FailoverReservations:
             self._missed.pop(next(iter(self._missed)))
 
     async def renew(self, rid: str, expires_at: float) -> Reservation | None:
-        await self.book.renew(rid, expires_at)
+        mine = await self.book.renew(rid, expires_at)
         try:
             return await self._shared_call(time.time(), lambda: self.shared.renew(rid, expires_at))
         except _Down:
-            return await self.book.renew(rid, expires_at)
+            return mine
 
     async def expire(self, now: float) -> list[Reservation]:
         try:

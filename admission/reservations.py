@@ -195,6 +195,9 @@ class InProcessReservations:
     async def count(self) -> int:
         return len(self._by_id)
 
+    def holds(self, rid: str) -> bool:
+        return rid in self._by_id
+
     async def entries(self) -> dict[str, Reservation]:
         return dict(self._by_id)
 

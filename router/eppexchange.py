@@ -211,10 +211,13 @@ class Exchange:
         log.debug("EPP %s -> %s (%s)", self.request_id, node.node_id, decision.reason)
         body = orjson.dumps(p.body)  # what the engine is asked (default max_tokens added)
         self.picked = [node]
+        fallbacks = self.parts.settings.epp_fallbacks
         now = time.time()
-        views = {n.node_id: n for n in self.parts.views.nodes(now)}
-        for c in decision.candidates:  # the next best, where the same request can go as it is
-            if len(self.picked) > self.parts.settings.epp_fallbacks:
+        views = {n.node_id: n for n in self.parts.views.nodes(now)} if fallbacks else {}
+        for c in (
+            decision.candidates if fallbacks else ()
+        ):  # the next best, where the same request can go as it is
+            if len(self.picked) > fallbacks:
                 break
             n = views.get(c.node_id)
             same = (

@@ -8,7 +8,7 @@ from admission.core import Verdict
 from router.decision.types import NodeView, RouteDecision, RouteRequest
 from router.flow.served import Served
 from router.parse import ParsedRequest
-from streams.schemas import CandidateScore, Decision, Outcome, PassthroughKind
+from streams.schemas import CandidateScore, Decision, EndpointKind, Outcome, PassthroughKind
 
 __all__ = [
     "MAX_RECORDED_BLOCKS",
@@ -168,22 +168,18 @@ def passthrough_record(
     """A non-generating request's decision (router/http/passthrough.py): the least loaded
     node of its model, no tokens counted, no candidates."""
     refused = verdict is not None and not verdict.admitted
-    return Decision(
-        request_id=request_id,
-        ts=started,
+    return _untokened(
+        request_id,
+        kind,
+        model,
+        node.pool,
+        node.block_size,
+        None if refused else node.node_id,
+        "refused" if refused else "least_loaded",
         router_id=router_id,
         tenant=tenant,
         priority=priority,
-        model=model,
-        pool=node.pool,
-        endpoint_kind=kind,
-        prompt_tokens=0,
-        max_tokens=0,
-        block_size=node.block_size,
-        policy="passthrough",
-        chosen_node=None if refused else node.node_id,
-        reason="refused" if refused else "least_loaded",
-        decision_us=0.0,
+        started=started,
         client_request_id=client_request_id,
         **admission_fields(verdict),
     )
@@ -201,24 +197,52 @@ def listing_record(
 ) -> Decision:
     """``GET /v1/models``: answered by the router from what the nodes report, no engine used
     (nothing admitted, no node)."""
-    return Decision(
-        request_id=request_id,
-        ts=started,
+    return _untokened(
+        request_id,
+        "models",
+        "*",
+        "default",
+        block_size,
+        None,
+        "model_list",
         router_id=router_id,
         tenant=tenant,
         priority=priority,
-        model="*",
-        endpoint_kind="models",
+        started=started,
+        client_request_id=client_request_id,
+        admission="admitted",
+        admission_reason="no_engine",
+    )
+
+
+def _untokened(
+    request_id: str,
+    kind: EndpointKind,
+    model: str,
+    pool: str,
+    block_size: int,
+    chosen: str | None,
+    reason: str,
+    *,
+    started: float,
+    **fields: Any,
+) -> Decision:
+    """The decision of a request that counts no tokens and weighs no candidates (policy
+    ``passthrough``)."""
+    return Decision(
+        request_id=request_id,
+        model=model,
+        pool=pool,
+        endpoint_kind=kind,
         prompt_tokens=0,
         max_tokens=0,
         block_size=block_size,
         policy="passthrough",
-        chosen_node=None,
-        reason="model_list",
+        chosen_node=chosen,
+        reason=reason,
         decision_us=0.0,
-        client_request_id=client_request_id,
-        admission="admitted",
-        admission_reason="no_engine",
+        ts=started,
+        **fields,
     )
 
 

@@ -31,6 +31,14 @@ JOINING = ("n3", "n4", "n5")  # the engines that join, then die
 BURST = 24  # requests at once per burst tenant: together past what two engines hold
 
 
+def error_type(raw: bytes) -> str:
+    """The ``error.type`` of an OpenAI-shaped error body (``unreadable`` when it is not one)."""
+    try:
+        return str(orjson.loads(raw)["error"]["type"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "unreadable"
+
+
 async def healthy_nodes(router: str) -> int:
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async with (
@@ -81,12 +89,10 @@ async def _burst(
                     continue
                 if r.status >= 500 and r.status != 503:
                     counts["router_5xx"] += 1
-                    with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
-                        counts[f"5xx_{r.status}_{orjson.loads(raw)['error']['type']}"] += 1
+                    counts[f"5xx_{r.status}_{error_type(raw)}"] += 1
                     continue
                 counts[f"refused_{r.status}"] += 1
-                with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
-                    counts[f"reason_{orjson.loads(raw)['error']['type']}"] += 1
+                counts[f"reason_{error_type(raw)}"] += 1
                 after = r.headers.get("Retry-After")
                 if after is None:
                     counts["refused_without_retry_after"] += 1

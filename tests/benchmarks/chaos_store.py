@@ -41,10 +41,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import orjson
 
 from deploy.procs import free_port
-from tests.benchmarks.chaos_fleet import MODEL
+from tests.benchmarks.chaos_fleet import MODEL, error_type
 from tests.sentinelset import SentinelSet
 
 if TYPE_CHECKING:
@@ -115,8 +114,7 @@ async def _client(
                 elif r.headers.get("Retry-After") is None:
                     counts["refused_without_retry_after"] += 1
                 else:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        counts[f"refused_{r.status}_{orjson.loads(raw)['error']['type']}"] += 1
+                    counts[f"refused_{r.status}_{error_type(raw)}"] += 1
                     retry_s = float(r.headers["Retry-After"])
         except (aiohttp.ClientError, TimeoutError):
             counts["connection_errors"] += 1
@@ -147,8 +145,7 @@ async def _probe(
                 if r.status == 200:
                     admitted.append((time.monotonic(), url))
                 else:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        counts[f"probe_{r.status}_{orjson.loads(raw)['error']['type']}"] += 1
+                    counts[f"probe_{r.status}_{error_type(raw)}"] += 1
         await asyncio.sleep(0.1)
 
 
