@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from streams.blocks import approx_tokenize, chain_hashes, chain_root
 
-__all__ = ["VOCAB", "Sequence"]
+__all__ = ["VOCAB", "Sequence", "first_salt"]
 
 # Output tokens are 4-byte words so that generated text re-tokenizes to the same ids.
 VOCAB: tuple[int, ...] = tuple(
@@ -36,6 +36,21 @@ VOCAB: tuple[int, ...] = tuple(
         "can ",
     )
 )
+
+_WORD = {tok: i for i, tok in enumerate(VOCAB)}
+
+
+def first_salt(prompt: list[int] | bytes, seed: object, drawn: int) -> int:
+    """Where a request's output starts in the cycle of output words: the word after the
+    prompt's last token when that is an output word (a request that continues a text the model
+    generated goes on with it, as a model decoding greedily does), else the request's ``seed``
+    (the same answer for the same seed), else ``drawn``."""
+    if isinstance(prompt, list) and prompt and prompt[-1] in _WORD:
+        return (_WORD[prompt[-1]] + 7) % len(VOCAB)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed % len(VOCAB)
+    return drawn
+
 
 # per salt, one period of the output token sequence (next_token's formula)
 _CYCLES: tuple[list[int], ...] = tuple(

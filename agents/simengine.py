@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from agents.enginemetrics import render_metrics, render_sglang_metrics
 from agents.scheduler import EngineCore, Sequence
+from agents.sequence import first_salt
 from agents.settings import EngineSettings
 from agents.simconnector import exported, receive, transfer_params
 from agents.simfaults import EngineGate, retention_ttl
@@ -61,6 +62,7 @@ class SimEngine:
         self._tasks: list[asyncio.Task[None]] = []
         self.gate = EngineGate(settings, self._rng)  # its API key and its simulated faults
         self.engine_id = uuid.uuid4().hex[:12]  # a KV connector's engine id
+        self._streaming: dict[int, web.Request] = {}  # requests whose answer is streaming
 
     # --- lifecycle -----------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -84,6 +86,16 @@ class SimEngine:
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+    def crash_streams(self) -> int:
+        """Every answer being streamed breaks off as when the engine process dies (its
+        connections reset); the number broken. The engine itself carries on."""
+        broken = 0
+        for request in list(self._streaming.values()):
+            if request.transport is not None:
+                request.transport.abort()
+                broken += 1
+        return broken
 
     @property
     def core(self) -> EngineCore:
@@ -236,6 +248,7 @@ class SimEngine:
             cache_salt=body.cache_salt,
             retain_s=retention_ttl(body.model_extra),
         )
+        seq.salt = first_salt(tokens, (body.model_extra or {}).get("seed"), seq.salt)
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._queues[rid] = queue
         if add:
@@ -356,6 +369,20 @@ class SimEngine:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
+        self._streaming[id(request)] = request
+        try:
+            await self._relay(resp, seq, queue, fmt)
+        finally:
+            self._streaming.pop(id(request), None)
+        return resp
+
+    async def _relay(
+        self,
+        resp: web.StreamResponse,
+        seq: Sequence,
+        queue: asyncio.Queue[object],
+        fmt: AnswerFormat,
+    ) -> None:
         first = True
         async for tok in _drain(queue):
             if first:
@@ -366,7 +393,6 @@ class SimEngine:
             first = False
         await resp.write(fmt.end(_usage(seq)))
         await resp.write_eof()
-        return resp
 
     async def _models(self, _: web.Request) -> web.Response:
         max_len = self.core.cache.num_blocks * self.settings.profile.block_size

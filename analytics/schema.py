@@ -228,6 +228,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS prefill_node Nullable(String)",
         ],
     ),
+    (
+        8,
+        "streams continued on another node after their engine failed mid-answer",
+        [
+            "ALTER TABLE {db}.outcomes ADD COLUMN IF NOT EXISTS resumes UInt8 DEFAULT 0",
+        ],
+    ),
 ]
 
 

@@ -63,6 +63,13 @@ class RouterMetrics:
             "Requests re-routed once after their node refused them before any byte",
             registry=self.registry,
         )
+        self.resumes = Counter(
+            "kvgate_router_stream_resumes",
+            "Streams whose engine failed mid-answer: continued on another node (resumed), or "
+            "ended with an error event (failed: not continuable, no other node, attempts spent)",
+            ["result"],
+            registry=self.registry,
+        )
         self.prewarm_advice = Counter(
             "kvgate_router_prewarm_advice",
             "Pre-warm advice published for hot prefixes",

@@ -282,6 +282,7 @@ def outcome_record(
     started: float,
     now: float,
     reroutes: int = 0,
+    resumes: int = 0,
 ) -> Outcome:
     e2e = now - started
     ttft, n = relay.ttft_s, relay.output_tokens
@@ -300,5 +301,6 @@ def outcome_record(
         output_tokens=n,
         cached_tokens=relay.cached_tokens,
         reroutes=reroutes,
+        resumes=resumes,
         error=relay.error,
     )

@@ -329,6 +329,15 @@ class RouterSettings(BaseModel):
     max_stream_s: float = Field(
         default=3600.0, gt=0, description="longest a proxied request may run"
     )
+    stream_resumes: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        description="a chat or completion stream whose engine fails mid-answer (reset, gone, "
+        "drained past its grace) is continued on another node with the prompt and the text "
+        "sent so far, up to this many times; the client sees one stream (0: it gets the error "
+        "event)",
+    )
     refusal_records_per_s: float = Field(
         default=20.0,
         gt=0,

@@ -215,10 +215,11 @@ class ChatRequest(_Base):
         ]
 
 
-def render_chat(messages: list[ChatMessage]) -> str:
-    """Fallback chat template: one ``<|role|>`` header per message, then the assistant turn."""
+def render_chat(messages: list[ChatMessage], tail: str = "<|assistant|>\n") -> str:
+    """Fallback chat template: one ``<|role|>`` header per message, then ``tail`` (the
+    assistant turn's header: the generation prompt)."""
     parts = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
-    parts.append("<|assistant|>\n")
+    parts.append(tail)
     return "".join(parts)
 
 

@@ -325,6 +325,12 @@ class Outcome(Message):
     output_tokens: int = Field(ge=0)
     cached_tokens: int | None = None
     reroutes: int = 0
+    resumes: int = Field(
+        default=0,
+        ge=0,
+        le=255,
+        description="times its stream broke mid-answer and was continued on another node",
+    )
     error: str | None = None
 
 

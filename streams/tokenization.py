@@ -71,9 +71,22 @@ class Tokenization:
     vocab_size: int = 1 << 32
 
 
+def _approx_chat(req: ChatRequest) -> list[int]:
+    """The fallback template, approximately tokenized. ``continue_final_message``: the final
+    message's header closes the rendered part and its text follows from a token boundary, so a
+    conversation continued with the text generated so far tokenizes as the first request's
+    prompt plus that output (the simulated engine's output words are whole tokens)."""
+    if req.continue_final_message and req.messages:
+        *head, last = req.messages
+        rendered = render_chat(head, f"<|{last.role}|>\n")
+        return approx_tokenize(rendered) + approx_tokenize(last.text())
+    tail = "<|assistant|>\n" if req.add_generation_prompt else ""
+    return approx_tokenize(render_chat(req.messages, tail))
+
+
 APPROXIMATE = Tokenization(
     encode_prompt=approx_tokenize,
-    encode_chat=lambda req: approx_tokenize(render_chat(req.messages)),
+    encode_chat=_approx_chat,
     decode=detokenize_approx,
     exact=False,
 )

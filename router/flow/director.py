@@ -372,13 +372,14 @@ class Director:
         return (d.now if isinstance(d, Held) else d), again, False
 
     def reroute(
-        self, ask: Ask, g: Gated, failed: Collection[str], p: ParsedRequest
+        self, ask: Ask, g: Gated, failed: Collection[str], p: ParsedRequest, why: str = "reroute"
     ) -> NodeView | None:
-        """The request's nodes ``failed`` it before any byte reached the client: the best other
+        """The request's nodes ``failed`` it before any byte reached the client (``why``
+        ``resume``: mid-stream, the rest of its answer is asked for): the best other
         candidate, through the same pipeline (fit, roles, fleet, a degraded feed's fallback) on
         the cluster as it is now, sent whole (no P/D split, no waiting: ``gateway`` mode);
-        None when no other node may take it. The new decision is recorded (its sequence: the
-        failed nodes so far) and committed."""
+        None when no other node may take it. The new decision is recorded (reason
+        ``<why>/<reason>``, its sequence: the failed nodes so far) and committed."""
         snap = self._again(ask, g)
         others = [n for n in snap.nodes if n.node_id not in failed]
         if not others:
@@ -389,12 +390,13 @@ class Director:
         if not isinstance(got, Routed):
             return None
         self.commit(again, snap, got, p)
-        self.metrics.reroutes.inc()
+        if why == "reroute":
+            self.metrics.reroutes.inc()
         d = got.decision
         self.recorder.decision(
             ask.request,
             p,
-            replace(d, reason=f"reroute/{d.reason}"),
+            replace(d, reason=f"{why}/{d.reason}"),
             0.0,
             ask.arrived_s,
             g.block_size,

@@ -85,7 +85,7 @@ class ProxiedRequests:
         self.ledger.first_token(f.id, now, learn=f.parsed.stream)
         self.views.prefilled(node, f.hashes, f.parsed.exact_tokens)
 
-    async def served(self, f: Flight, served: Served, reroutes: int) -> None:
+    async def served(self, f: Flight, served: Served, reroutes: int, resumes: int = 0) -> None:
         """Serving ended (answered, failed or cut off): the node's place frees, the router's
         queue may move, what the answer taught is learned and the outcome recorded."""
         p = f.parsed
@@ -105,7 +105,7 @@ class ProxiedRequests:
             engine_prompt = (served.usage or {}).get("prompt_tokens")
             if not p.exact_tokens and isinstance(engine_prompt, int):
                 self.calibration.observe(p.model, p.prompt_tokens_total, engine_prompt)
-        await self.recorder.outcome(f.id, f.node, served, p, f.started, reroutes, f.slo)
+        await self.recorder.outcome(f.id, f.node, served, p, f.started, reroutes, f.slo, resumes)
 
     async def close(self, f: Flight) -> None:
         """The request is over for this router: its reservation goes back."""

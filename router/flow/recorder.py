@@ -246,6 +246,7 @@ class Recorder:
         started: float,
         reroutes: int = 0,
         slo: Slo | None = None,
+        resumes: int = 0,
     ) -> None:
         record = outcome_record(
             request_id,
@@ -256,6 +257,7 @@ class Recorder:
             started=started,
             now=time.time(),
             reroutes=reroutes,
+            resumes=resumes,
         )
         self.metrics.finished(record, p.model)
         if slo is not None and record.status != "cancelled":

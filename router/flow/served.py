@@ -23,6 +23,7 @@ class Served:
     error: str | None = None
     cut_off: bool = False  # the client stopped reading, or the request ran past its limit
     failure: Failure | None = None  # the engine failed it (outlier ejection counts these)
+    broken: bool = False  # its stream broke after the client got bytes, and can be continued
 
     @property
     def cached_tokens(self) -> int | None:

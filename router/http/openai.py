@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from router.decision.pipeline import Ask
 from router.decision.types import NodeView
 from router.feed import FeedWatch
 from router.flow.director import Director
@@ -32,7 +33,8 @@ from router.http.passthrough import (
 )
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
-from router.http.proxy import StallBudget, Whole, forward
+from router.http.proxy import StallBudget, Whole, end_stream, forward
+from router.http.resume import Splice, Trail, continuation
 from router.http.upstream import Upstream
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
@@ -144,10 +146,14 @@ class OpenAiApi:
             sent = await self.prefill.run(t.request_id, p, g, decision.prefill, ask.request)
         served = Served()
         failed: list[str] = []
-        reroutes = 0
+        reroutes = resumes = 0
+        trail = Trail(p) if p.stream and self.settings.stream_resumes else None
         try:
             while True:
-                served, whole = await self._forward(request, reply, t, f, node, sent)
+                served, whole = await self._forward(request, reply, t, f, node, sent, trail)
+                if served.broken and trail is not None:
+                    served, resumes = await self._resume(request, reply, t, f, ask, node, trail)
+                    return
                 if reroutes >= MAX_REROUTES or not reroutable(reply, served):
                     if whole is not None:
                         whole.send(reply)
@@ -173,10 +179,70 @@ class OpenAiApi:
                 self.proxied.sent(f, node.node_id)
                 reroutes += 1
         finally:
-            await self.proxied.served(f, served, reroutes)
+            await self.proxied.served(f, served, reroutes, resumes)
+
+    async def _resume(
+        self,
+        request: Request,
+        reply: Reply,
+        t: Taken,
+        f: Flight,
+        ask: Ask,
+        node: NodeView,
+        trail: Trail,
+    ) -> tuple[Served, int]:
+        """``node``'s engine broke the stream mid-answer: the rest from the best other node
+        (router/http/resume.py), on the same stream and the same reservation, each attempt a
+        recorded decision; the error event when none can give it. What serving produced, and
+        how many continuations were sent."""
+        p, g, s = t.parsed, t.gated, self.settings
+        first_ttft = f.first_token_s and f.first_token_s - t.started
+        failed, resumes = [node.node_id], 0
+        served = Served(status="error", broken=True, error=f"{node.node_id} failed mid-stream")
+        while served.broken and resumes < s.stream_resumes:
+            body = continuation(p, trail)
+            if body is None:  # every token asked for was sent: the answer ends here
+                served = Served(status="ok", http_status=200, output_tokens=trail.tokens)
+                await end_stream(reply, StallBudget(s.stream_write_timeout_s))
+                break
+            again = self.director.reroute(ask, g, failed, p, why="resume")
+            if again is None:
+                break
+            try:
+                cont = self.reader.parse(body, p.chat)
+            except Refusal as exc:  # (the continuation outgrew a limit of the request's)
+                served.error = f"cannot continue: {exc.message}"
+                break
+            node = again
+            self.proxied.sent(f, node.node_id)
+            resumes += 1
+            log.warning("%s: continuing its stream on %s", t.request_id, node.node_id)
+            served, whole = await self._forward(
+                request, reply, t, f, node, cont, trail, Splice(p, trail)
+            )
+            if whole is not None:  # refused before its first byte: as good as broken
+                served.broken, served.error = True, f"{node.node_id}: {whole.status}"
+            failed.append(node.node_id)
+        self.director.metrics.resumes.labels("failed" if served.broken else "resumed").inc()
+        if served.broken:  # no node could continue it
+            served.broken = False
+            public = "the engine serving this request failed and no other node could continue it"
+            await end_stream(reply, StallBudget(s.stream_write_timeout_s), public)
+        served.ttft_s = first_ttft if first_ttft is not None else served.ttft_s
+        if served.usage is None:
+            served.output_tokens = trail.tokens
+        return served, resumes
 
     async def _forward(
-        self, request: Request, reply: Reply, t: Taken, f: Flight, node: NodeView, p: ParsedRequest
+        self,
+        request: Request,
+        reply: Reply,
+        t: Taken,
+        f: Flight,
+        node: NodeView,
+        p: ParsedRequest,
+        trail: Trail | None = None,
+        splice: Splice | None = None,
     ) -> tuple[Served, Whole | None]:
         """Forward to ``node``; a whole answer (not streamed, or a failure before any byte)
         comes back unsent: the caller sends it, or tries another node instead."""
@@ -203,6 +269,8 @@ class OpenAiApi:
                 max_duration_s=max(0.0, s.max_stream_s - (time.time() - t.started)),
                 # with tracing on the engine continues this span, not the client's
                 upstream_headers={**self.upstream.auth, **self.tracing.inject()},
+                trail=trail,
+                splice=splice,
             )
             if span is not None:
                 span.set_attribute("http.response.status_code", served.http_status)

@@ -26,13 +26,14 @@ import orjson
 from router.decision.types import NodeView
 from router.flow.headers import trace_headers
 from router.flow.served import Served
+from router.http.resume import Splice, Trail
 from router.parse import ParsedRequest
 from router.wire.client import Answer, Pools, UpstreamError
 from router.wire.server import ClientGone, Reply
 from streams.agentapis import Api, event_token, event_usage, usage_as_chat
 from streams.openai import error_body
 
-__all__ = ["StallBudget", "Whole", "forward"]
+__all__ = ["StallBudget", "Whole", "end_stream", "forward"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,17 @@ class _SseLines:
     line). A line split over chunks waits for its end. The agent APIs' events (``api``:
     Messages, Responses) are read for their tokens and usage and all passed on."""
 
-    __slots__ = ("api", "first_token", "include_usage", "relay", "rest", "skip_blank", "started")
+    __slots__ = (
+        "api",
+        "first_token",
+        "include_usage",
+        "relay",
+        "rest",
+        "skip_blank",
+        "splice",
+        "started",
+        "trail",
+    )
 
     def __init__(
         self,
@@ -115,10 +126,13 @@ class _SseLines:
         first_token: Callable[[], None] | None,
         started: float,
         api: Api | None = None,
+        trail: Trail | None = None,
+        splice: Splice | None = None,
     ) -> None:
         self.relay, self.include_usage = relay, include_usage
         self.first_token, self.started = first_token, started
         self.api = api
+        self.trail, self.splice = trail, splice  # (router/http/resume.py)
         self.rest = b""
         self.skip_blank = False
 
@@ -143,14 +157,19 @@ class _SseLines:
                 self.skip_blank = False
                 if line in (b"\n", b"\r\n"):
                     continue
-            if line.startswith(b"data: {") and not self._look(line):
-                self.skip_blank = True  # the usage chunk we asked for: not the client's
-                continue
+            if line.startswith(b"data: {"):
+                sent = self._look(line)
+                if sent is None:
+                    # the usage chunk we asked for (not the client's), a continuation's
+                    # second role delta: dropped, with the blank line that ends the event
+                    self.skip_blank = True
+                    continue
+                line = sent
             kept.append(line)
         return b"".join(kept)
 
-    def _look(self, line: bytes) -> bool:
-        """Whether the client gets this data line."""
+    def _look(self, line: bytes) -> bytes | None:
+        """The data line as the client gets it (None: not at all)."""
         relay = self.relay
         chunk = orjson.loads(line[6:])
         if self.api is not None:
@@ -159,15 +178,22 @@ class _SseLines:
                 relay.usage = {**(relay.usage or {}), **usage}
             if event_token(self.api, chunk):
                 self._token()
-            return True
+            return line
+        if self.splice is not None:  # a continuation: made part of the first stream
+            spliced = self.splice.rewrite(chunk)
+            if spliced is None:
+                return None
+            chunk, line = spliced, b"data: " + orjson.dumps(spliced) + b"\n"
         if chunk.get("usage"):
             relay.usage = chunk["usage"]
             if not chunk.get("choices") and not self.include_usage:
-                return False
+                return None
+        if self.trail is not None:
+            self.trail.observe(chunk)
         choices = chunk.get("choices")
         if choices and _has_text(choices[0]):
             self._token()
-        return True
+        return line
 
     def _token(self) -> None:
         relay = self.relay
@@ -248,13 +274,21 @@ async def _failed(
         if overdue is not None:
             return _error(504, public, "GatewayTimeout")
         return _error(502, public, "BadGateway")
-    err = orjson.dumps(error_body(public, "BadGateway", 502))
+    await end_stream(reply, stall, public)
+    return None
+
+
+async def end_stream(reply: Reply, stall: StallBudget, error: str | None = None) -> None:
+    """A stream's last events when its engine is gone: the ``error`` (when it failed the
+    answer), then ``[DONE]``."""
+    last = b"data: [DONE]\n\n"
+    if error is not None:
+        last = b"data: " + orjson.dumps(error_body(error, "BadGateway", 502)) + b"\n\n" + last
     try:
-        await _write(reply, b"data: " + err + b"\n\ndata: [DONE]\n\n", stall)
+        await _write(reply, last, stall)
         reply.end()
     except (ClientGone, ClientStalled):
         pass
-    return None
 
 
 def _upstream_body(p: ParsedRequest) -> bytes:
@@ -279,11 +313,15 @@ async def _stream(
     on_first_token: Callable[[], None] | None,
     stall: StallBudget,
     send_buffer_bytes: int,
+    trail: Trail | None,
+    splice: Splice | None,
 ) -> None:
-    """The engine's stream to the client as it comes (see :class:`_SseLines`)."""
-    reply.bound(send_buffer_bytes)
-    reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
-    lines = _SseLines(relay, p.include_usage, on_first_token, started, p.api)
+    """The engine's stream to the client as it comes (see :class:`_SseLines`); a
+    continuation (``splice``) goes on the stream already started."""
+    if not reply.started:
+        reply.bound(send_buffer_bytes)
+        reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
+    lines = _SseLines(relay, p.include_usage, on_first_token, started, p.api, trail, splice)
     async for data in up.chunks():  # as the engine wrote it
         out = lines.feed(data)
         if out:
@@ -309,9 +347,14 @@ async def forward(
     max_duration_s: float = 3600.0,
     send_buffer_bytes: int = 64 << 10,
     upstream_headers: Mapping[str, str] | None = None,
+    trail: Trail | None = None,
+    splice: Splice | None = None,
 ) -> tuple[Served, Whole | None]:
     """Send ``p`` to ``node`` and relay the answer: a stream to ``reply`` as it comes; a whole
-    answer (or a failure before any byte) comes back as a :class:`Whole`, unsent."""
+    answer (or a failure before any byte) comes back as a :class:`Whole`, unsent. With a
+    ``trail``, a stream the engine breaks after the client got bytes comes back ``broken``
+    (nothing more written) when it can be continued elsewhere; ``splice``: this is such a
+    continuation (router/http/resume.py)."""
     relay = Served()
     headers = (("X-Kvgate-Node", node.node_id), ("X-Request-Id", request_id))
     sent = {
@@ -345,7 +388,17 @@ async def forward(
                     )
                     return relay, whole
                 await _stream(
-                    up, reply, relay, headers, p, started, on_first_token, stall, send_buffer_bytes
+                    up,
+                    reply,
+                    relay,
+                    headers,
+                    p,
+                    started,
+                    on_first_token,
+                    stall,
+                    send_buffer_bytes,
+                    trail,
+                    splice,
                 )
                 return relay, None
             finally:
@@ -360,6 +413,18 @@ async def forward(
         return relay, None
     except (UpstreamError, TimeoutError) as exc:
         overdue = max_duration_s if deadline.expired() else None
+        if overdue is None and reply.started and trail is not None and trail.resumable:
+            relay.error = f"upstream {node.node_id} failed mid-stream: {exc!r}"
+            relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
+            relay.broken = True
+            log.warning("%s: %s", request_id, relay.error)
+            return relay, None
+        if overdue is None and reply.started and trail is not None and trail.finished:
+            # the answer was whole (its finish reason sent): the stream ends as it would have
+            log.warning("%s: %s failed after the answer: %r", request_id, node.node_id, exc)
+            relay.status = "ok"
+            await end_stream(reply, stall)
+            return relay, None
         return relay, await _failed(exc, overdue, relay, node, reply, request_id, stall)
     finally:
         if relay.usage is not None:
