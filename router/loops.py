@@ -5,6 +5,8 @@
   that ran out expire with an event (router/flow/flight.py says who owns what);
 * the degraded-feed prober: without a live feed the router asks the last-known engines
   itself (``GET /health``);
+* the drain sweep: streams this router relays from a node that has been draining for
+  ``router.drain_grace_s`` are ended there, to go on from another node (router/http/resume.py);
 * the admission queue's pump;
 * the tokenizer lookup: models the heartbeats name a source for get their tokenizer when this
   machine has it (router/flow/tokenizers.py).
@@ -26,7 +28,7 @@ from admission.reconciler import Reconciler
 from router.control import ControlFollower
 from router.feed import FeedWatch
 from router.flow.external import ExternalRequests
-from router.flow.flight import Flights
+from router.flow.flight import ROUTER, Flights
 from router.flow.tokenizers import TokenizerDiscovery
 from router.flow.views import ClusterView
 from router.http.upstream import Upstream
@@ -38,6 +40,7 @@ __all__ = ["Loops"]
 log = logging.getLogger(__name__)
 
 TOKENIZER_LOOKUP_S = 2.0  # how often new (model, source) pairs are looked for
+DRAIN_SWEEP_S = 0.5  # how often streams on draining nodes are looked for
 
 
 def _why(exc: Exception) -> str:
@@ -72,6 +75,7 @@ class Loops:
         self._tasks: list[asyncio.Task[None]] = []
         self._pump: asyncio.Task[None] | None = None
         self._started_at = time.time()
+        self._draining_since: dict[str, float] = {}  # node -> when this router saw it drain
 
     def start(self) -> None:
         self._pump = asyncio.create_task(self.gate.run_pump(time.time))
@@ -79,6 +83,7 @@ class Loops:
             asyncio.create_task(self._sweep()),
             asyncio.create_task(self._probe()),
             asyncio.create_task(self._discover()),
+            asyncio.create_task(self._drains()),
             self._pump,
         ]
 
@@ -113,6 +118,36 @@ class Loops:
             except Exception:  # the loop goes on; the model stays approximate meanwhile
                 log.exception("tokenizer lookup failed")
             await asyncio.sleep(TOKENIZER_LOOKUP_S)
+
+    async def _drains(self) -> None:
+        """Streams on a node draining for longer than its grace go on from another node."""
+        while True:
+            await asyncio.sleep(DRAIN_SWEEP_S)
+            try:
+                self.move_off_drained(time.time())
+            except Exception:  # the loop goes on; the streams finish where they are
+                log.exception("drain sweep failed")
+
+    def move_off_drained(self, now: float) -> int:
+        """End the engine streams of this router's requests on nodes draining for
+        ``router.drain_grace_s`` (each goes on from another node); the number ended."""
+        draining = {n.node_id for n in self.views.nodes(now) if n.draining}
+        since = self._draining_since
+        for node in list(since):
+            if node not in draining:
+                del since[node]
+        for node in draining:
+            since.setdefault(node, now)
+        moved = 0
+        for f in self.flights:
+            if f.owner == ROUTER and f.cut is not None and f.node in draining:
+                if now - since[f.node] >= self.settings.drain_grace_s:
+                    cut, f.cut = f.cut, None
+                    cut(f"node {f.node} drained")
+                    moved += 1
+        if moved:
+            log.info("%d streams moved off draining nodes", moved)
+        return moved
 
     async def _sweep(self) -> None:
         """The requests this router is serving keep their leases (renewed as they run out);

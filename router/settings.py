@@ -329,6 +329,13 @@ class RouterSettings(BaseModel):
     max_stream_s: float = Field(
         default=3600.0, gt=0, description="longest a proxied request may run"
     )
+    drain_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="streams still running on a node this long after it began to drain "
+        "(kvgate drain, or its heartbeat says draining) go on from another node "
+        "(router.stream_resumes), so that a drain or a scale-down does not wait for them",
+    )
     stream_resumes: int = Field(
         default=2,
         ge=0,

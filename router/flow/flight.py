@@ -19,7 +19,7 @@ excepted: it belongs to its request's flight) is renewed by no one and expires w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from admission.settings import Tenant
@@ -45,6 +45,9 @@ class Flight:
     until: float  # a gateway's: its lease; the router's and the EPP's: their longest life
     admitted: bool = True  # holds a reservation
     first_token_s: float | None = None
+    # a proxied stream that can go on from another node: ends its engine's answer so that it
+    # does (its node drained past router.drain_grace_s); None otherwise
+    cut: Callable[[str], None] | None = None
 
     @property
     def renewed_here(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from router.decision.pipeline import Ask
 from router.decision.types import NodeView
@@ -39,6 +40,7 @@ from router.http.upstream import Upstream
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from router.tracing import Tracing
+from router.wire.client import Answer
 from router.wire.server import Headers, Reply, Request
 from streams.agentapis import Api
 
@@ -59,6 +61,20 @@ def reroutable(reply: Reply, served: Served) -> bool:
     if served.http_status in (502, 503):
         return True
     return served.http_status == 400 and "kv cache" in (served.error or "").lower()
+
+
+def _cuttable(f: Flight, trail: Trail) -> Callable[[Answer | None], None]:
+    """While ``f``'s engine streams, a drain may end that stream when it can go on elsewhere
+    (router/loops.py: the drain sweep)."""
+
+    def streaming(up: Answer | None) -> None:
+        def cut(why: str) -> None:
+            if up is not None and trail.resumable:
+                up.cut(why)
+
+        f.cut = None if up is None else cut
+
+    return streaming
 
 
 class OpenAiApi:
@@ -271,6 +287,7 @@ class OpenAiApi:
                 upstream_headers={**self.upstream.auth, **self.tracing.inject()},
                 trail=trail,
                 splice=splice,
+                on_stream=None if trail is None else _cuttable(f, trail),
             )
             if span is not None:
                 span.set_attribute("http.response.status_code", served.http_status)

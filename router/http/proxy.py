@@ -28,7 +28,7 @@ from router.flow.headers import trace_headers
 from router.flow.served import Served
 from router.http.resume import Splice, Trail
 from router.parse import ParsedRequest
-from router.wire.client import Answer, Pools, UpstreamError
+from router.wire.client import Answer, Cut, Pools, UpstreamError
 from router.wire.server import ClientGone, Reply
 from streams.agentapis import Api, event_token, event_usage, usage_as_chat
 from streams.openai import error_body
@@ -349,12 +349,14 @@ async def forward(
     upstream_headers: Mapping[str, str] | None = None,
     trail: Trail | None = None,
     splice: Splice | None = None,
+    on_stream: Callable[[Answer | None], None] | None = None,
 ) -> tuple[Served, Whole | None]:
     """Send ``p`` to ``node`` and relay the answer: a stream to ``reply`` as it comes; a whole
     answer (or a failure before any byte) comes back as a :class:`Whole`, unsent. With a
     ``trail``, a stream the engine breaks after the client got bytes comes back ``broken``
     (nothing more written) when it can be continued elsewhere; ``splice``: this is such a
-    continuation (router/http/resume.py)."""
+    continuation (router/http/resume.py); ``on_stream`` is told of the engine's stream while
+    it is relayed (then None)."""
     relay = Served()
     headers = (("X-Kvgate-Node", node.node_id), ("X-Request-Id", request_id))
     sent = {
@@ -387,6 +389,8 @@ async def forward(
                         p.kind,
                     )
                     return relay, whole
+                if on_stream is not None:
+                    on_stream(up)
                 await _stream(
                     up,
                     reply,
@@ -402,6 +406,8 @@ async def forward(
                 )
                 return relay, None
             finally:
+                if on_stream is not None:
+                    on_stream(None)
                 up.release()  # (closes the engine's connection unless the answer was whole)
     except ClientStalled as exc:
         relay.status, relay.error, relay.cut_off = "cancelled", str(exc), True
@@ -415,7 +421,8 @@ async def forward(
         overdue = max_duration_s if deadline.expired() else None
         if overdue is None and reply.started and trail is not None and trail.resumable:
             relay.error = f"upstream {node.node_id} failed mid-stream: {exc!r}"
-            relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
+            if not isinstance(exc, Cut):  # (the router ended it: no failure of the engine's)
+                relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
             relay.broken = True
             log.warning("%s: %s", request_id, relay.error)
             return relay, None

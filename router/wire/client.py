@@ -29,6 +29,10 @@ class UpstreamError(ConnectionError):
     """The engine's connection failed, or its answer is not HTTP."""
 
 
+class Cut(UpstreamError):
+    """The router closed an engine's answer itself (:meth:`Answer.cut`)."""
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -182,6 +186,13 @@ class Answer:
 
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])
+
+    def cut(self, why: str) -> None:
+        """End this answer from the router's side: its reader gets :class:`Cut`, the engine's
+        connection closes (the engine aborts the request and frees its KV)."""
+        self._fail(Cut(why))
+        if self._conn.answer is self:
+            self._conn.close()
 
     def release(self) -> None:
         """Done with it: the connection goes back to the pool when the answer was complete and

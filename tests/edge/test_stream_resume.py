@@ -76,9 +76,8 @@ async def test_streams_broken_mid_answer_continue_on_another_node_without_a_seam
         results = await asyncio.wait_for(asyncio.gather(*calls), 60)
 
         # the same requests, uninterrupted, straight to an engine
-        direct = e.engines["n2"]
-        for body, got in zip(bodies, results, strict=True):
-            want = await _stream(e, body, url=direct)
+        wants = await asyncio.gather(*(_stream(e, b, url=e.engines["n2"]) for b in bodies))
+        for body, got, want in zip(bodies, results, wants, strict=True):
             assert got["errors"] == 0
             assert "".join(got["text"]) == "".join(want["text"])  # no token lost or repeated
             assert len(got["text"]) == TOKENS
@@ -112,4 +111,32 @@ async def test_a_stream_that_cannot_be_continued_ends_with_the_error_event() -> 
         assert got["errors"] == 1
         (o,) = [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
         assert o.status == "error" and o.resumes == 0
+        assert await e.reservations() == 0
+
+
+async def test_a_drain_moves_its_streams_after_the_grace_instead_of_waiting_for_them() -> None:
+    """n1 begins to drain (its heartbeat says so) while streams run there: after
+    ``router.drain_grace_s`` they go on from n2, whole, long before they would have ended on
+    n1; the engine is not blamed for it (no ejection)."""
+    router = {"policy": "least_requests", "drain_grace_s": 0.5}
+    async with edge(engines=2, router=router) as e:
+        bodies = [{**_body(i, chat=i % 2 == 1), "max_tokens": 400} for i in range(6)]
+        calls = [asyncio.create_task(_stream(e, b)) for b in bodies]
+        while len(e.sims["n1"]._streaming) < 2:
+            await asyncio.sleep(0.02)
+        on_n1 = len(e.sims["n1"]._streaming)
+        e.overrides = {"n1": {"draining": True}}
+        t0 = asyncio.get_running_loop().time()
+        while e.sims["n1"]._streaming:
+            await asyncio.sleep(0.05)
+        moved_after = asyncio.get_running_loop().time() - t0
+        assert moved_after < 2.5  # (400 tokens take ~3.5 s of an engine)
+        results = await asyncio.wait_for(asyncio.gather(*calls), 60)
+        wants = await asyncio.gather(*(_stream(e, b, url=e.engines["n2"]) for b in bodies))
+        for got, want in zip(results, wants, strict=True):
+            assert got["errors"] == 0 and len(got["ids"]) == 1
+            assert "".join(got["text"]) == "".join(want["text"])
+        outcomes = [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
+        assert sum(o.resumes for o in outcomes) == on_n1
+        assert not e.router.director.fleet.detector.nodes["n1"].ejected_until
         assert await e.reservations() == 0
