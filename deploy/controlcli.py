@@ -213,7 +213,8 @@ def drain(
     ] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Drain a node on every router (kvgate.control): no new requests, in-flight ones finish."""
+    """Drain a node on every router (kvgate.control): no new requests; streams still running
+    there after router.drain_grace_s go on from other nodes, the rest finish."""
     _publish_drain(config, node, True, force)
 
 

@@ -2,7 +2,8 @@
 new replicas and outlier ejection. One object per router (and per simulated cluster), so that
 the live router and the simulator apply the same rules.
 
-* **Drain** (``kvgate drain NODE``): no new requests; what runs there finishes.
+* **Drain** (``kvgate drain NODE``): no new requests; what runs there finishes, or, still
+  streaming after ``router.drain_grace_s``, goes on from another node (router/loops.py).
 * **Canary groups** (``kvgate canary GROUP --nodes A,B --share 0.05``): a fixed share of requests
   goes to the group's nodes and only that share; a request (its session, when it has one) falls
   in a group or not by a hash of its id, so every router splits the same way without talking.

@@ -46,6 +46,8 @@ from streams.settings import KafkaSettings
 from tests.benchmarks.chaos_clients import CLIENT_SCENARIOS, LOW, STALL, post_status
 from tests.benchmarks.chaos_fleet import FLEET_SCENARIOS, HIGH
 from tests.benchmarks.chaos_store import BURST, PROBE, STORE_SCENARIOS
+from tests.benchmarks.chaos_streams import KEY as STREAMS
+from tests.benchmarks.chaos_streams import STREAM_SCENARIOS
 from tests.chfront import ChdbFront
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
@@ -189,6 +191,7 @@ class Chaos:
             PROBE: {"name": "probe", "priority": "high"},
             BURST: {"name": "burst", "priority": "normal", "weight": 100},
             STALL: {"name": "stall", "priority": "normal"},
+            STREAMS: {"name": "streams", "priority": "normal"},
         }
         return {
             "KVGATE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{KAFKA_PORT}",
@@ -205,6 +208,7 @@ class Chaos:
             "KVGATE_ROUTER__STREAM_WRITE_TIMEOUT_S": "30",
             "KVGATE_ROUTER__STALL_BUDGET_S": "2",
             "KVGATE_ROUTER__IDLE_TIMEOUT_S": "5",
+            "KVGATE_ROUTER__DRAIN_GRACE_S": "2",
             "KVGATE_WORKER__WEB_PORT": str(free_port()),
             "KVGATE_WORKER__DATA_DIR": str(self.tmp / "worker"),
             "KVGATE_CLICKHOUSE__BACKEND": "server",
@@ -415,6 +419,7 @@ SCENARIOS = [
     "sink_killed",
     "agent_killed",
     "engine_killed",
+    *STREAM_SCENARIOS,
     "stalled_readers",
     "slow_headers",
     "huge_bodies",
@@ -442,6 +447,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 started = time.monotonic()
                 scenario = (
                     CLIENT_SCENARIOS.get(name)
+                    or STREAM_SCENARIOS.get(name)
                     or STORE_SCENARIOS.get(name)
                     or FLEET_SCENARIOS.get(name)
                 )
