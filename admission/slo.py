@@ -39,12 +39,13 @@ def _lower(a: Priority, b: Priority) -> Priority:
 
 
 def slo_of(
-    headers: Mapping[str, str], tenant: Tenant, s: AdmissionSettings
+    headers: Mapping[str, str], tenant: Tenant, s: AdmissionSettings, objective: str | None = None
 ) -> tuple[Slo | None, Tenant]:
     """The request's class (None: none) and its tenant with the class's priority applied (never
-    higher than it was). Raises ValueError when the header names a class the tenant may not
-    use."""
-    asked = headers.get(SLO_HEADER, "").strip()[:64]
+    higher than it was): the one its header names, else its InferenceObjective's
+    (``objective``: the class the router maps the objective to), else its tenant's. Raises
+    ValueError when the request asks for a class the tenant may not use."""
+    asked = headers.get(SLO_HEADER, "").strip()[:64] or objective or ""
     name = tenant.slo_class
     if asked:
         cls = s.slo_classes.get(asked)

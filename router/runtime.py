@@ -147,8 +147,14 @@ def build_router(
         s.hold_poll_s, s.lanes.max_waiting
     )
     fleet = Fleet(s.outlier, s.slow_start)
+    admission = admission or AdmissionSettings()
+    unknown = set(s.objective_slo_classes.values()) - set(admission.slo_classes)
+    if unknown:
+        raise ValueError(
+            f"router.objective_slo_classes names {sorted(unknown)}, not in admission.slo_classes"
+        )
     gate = AdmissionGate(
-        admission or AdmissionSettings(),
+        admission,
         router_id,
         lambda ev: bus.publish(LEDGER, ev.pool, ev),
         store,

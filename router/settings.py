@@ -145,6 +145,13 @@ class RouterSettings(BaseModel):
         description="InferenceObjective name -> priority, for requests that name one in "
         "x-gateway-inference-objective (they may lower their tenant's priority, never raise it)",
     )
+    objective_slo_classes: dict[str, str] = Field(
+        default_factory=dict,
+        description="InferenceObjective name -> SLO class (admission.slo_classes): a request "
+        "naming the objective in x-gateway-inference-objective gets the class's TTFT target "
+        "(held for it in the proxy, refused 429 deadline where no node can meet it — the "
+        "endpoint picker's answer) and its priority, as X-Kvgate-Slo-Class would give them",
+    )
     session_headers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")]] = Field(
         default_factory=lambda: ["x-session-id", "session-id", "x-session-affinity"],
         max_length=16,

@@ -55,7 +55,7 @@ from router.parse import ParsedRequest
 from router.settings import RouterSettings
 from streams.blocks import chain_hashes, chain_root
 
-__all__ = ["Director"]
+__all__ = ["Ask", "Director"]
 
 log = logging.getLogger(__name__)
 

@@ -203,6 +203,13 @@ class IntakeReader:
             )
             raise
 
+    def _objective(self, headers: Mapping[str, str]) -> str | None:
+        """The SLO class of the InferenceObjective the request names, if the router maps it."""
+        classes = self.settings.objective_slo_classes
+        if not classes:
+            return None
+        return classes.get(headers.get("x-gateway-inference-objective", "").strip()[:253])
+
     def _head(
         self, headers: Mapping[str, str], started: float, request_id: str, known: _Known
     ) -> Head:
@@ -228,7 +235,7 @@ class IntakeReader:
         except ValueError as exc:
             raise self.refuse("bad_labels", 400, f"labels: {exc}") from None
         try:
-            slo, tenant = slo_of(headers, tenant, self.gate.settings)
+            slo, tenant = slo_of(headers, tenant, self.gate.settings, self._objective(headers))
         except ValueError as exc:
             raise self.refuse("bad_slo_class", 400, str(exc)) from None
         session = session_label(headers, s.session_headers)

@@ -11,10 +11,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from router.decision.pipeline import Ask
 from router.decision.types import NodeView
 from router.feed import FeedWatch
-from router.flow.director import Director
+from router.flow.director import Ask, Director
 from router.flow.entry import Entry, Taken
 from router.flow.flight import Flight
 from router.flow.headers import client_label, mint_id, trace_headers

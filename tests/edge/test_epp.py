@@ -11,120 +11,42 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import grpc
 import orjson
 import pytest
 from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.epp import DESTINATION, EppServer, host_port, serve_epp
 from router.flow.salt import tenant_salt
-from streams.codec import decode
-from streams.schemas import Outcome
-from streams.topics import OUTCOMES
 from tests.conftest import wait_until
 from tests.edgekit import GATEWAY, MODEL, Edge, completion, edge
-
-BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
-FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-
-
-def headers(*pairs: tuple[str, str], end: bool = False) -> ep.HttpHeaders:
-    return ep.HttpHeaders(
-        headers=base_pb2.HeaderMap(
-            headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
-        ),
-        end_of_stream=end,
-    )
-
-
-def request_headers(key: str = "sk-alpha", path: str = "/v1/completions") -> ep.HttpHeaders:
-    return headers(
-        (":method", "POST"),
-        (":path", path),
-        (":authority", "gateway"),
-        ("content-type", "application/json"),
-        ("authorization", f"Bearer {key}"),
-    )
-
-
-class Envoy:
-    """One ext_proc stream, driven as Envoy's ext_proc filter drives it."""
-
-    def __init__(self, stub: Any, request_mode: int, response_mode: int) -> None:
-        self.call = stub.Process(metadata=(("x-kvgate-gateway-key", GATEWAY),))
-        self.config = ep.ProtocolConfiguration(
-            request_body_mode=request_mode, response_body_mode=response_mode
-        )
-        self.first = True
-
-    async def send(self, **kind: Any) -> None:
-        req = ep.ProcessingRequest(**kind)
-        if self.first:
-            req.protocol_config.CopyFrom(self.config)
-            self.first = False
-        await self.call.write(req)
-
-    async def read(self) -> ep.ProcessingResponse:
-        resp = await asyncio.wait_for(self.call.read(), 10)
-        assert resp is not grpc.aio.EOF
-        return resp
+from tests.eppkit import (
+    BUFFERED,
+    FULL_DUPLEX,
+    Envoy,
+    destination,
+    endpoints,
+    headers,
+    outcomes,
+    picker_on,
+    request_headers,
+    upstream,
+)
 
 
 @pytest.fixture
 async def picker() -> AsyncIterator[tuple[Edge, Any, EppServer]]:
-    async with edge(admission={"tenants": TENANTS}, router={"epp_keys": {GATEWAY: "gw-a"}}) as e:
-        server = await serve_epp(e.router, "127.0.0.1", 0)
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-        try:
-            yield e, channel, server
-        finally:
-            await channel.close()
-            await server.stop(0)
+    async with picker_on(admission={"tenants": TENANTS}) as p:
+        yield p
 
 
 TENANTS = {
     "sk-alpha": {"name": "alpha", "priority": "normal"},
     "sk-one": {"name": "one", "priority": "normal", "max_concurrency": 1},
 }
-
-
-def endpoints(resp: ep.ProcessingResponse, field: str) -> list[str]:
-    """The endpoints named, the pick first and its fallbacks after it (no repeats)."""
-    common = getattr(resp, field).response
-    set_headers = {
-        h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
-    }
-    meta = json_format.MessageToDict(resp.dynamic_metadata)
-    assert meta["envoy.lb"][DESTINATION] == set_headers[DESTINATION]  # the same in both
-    listed = set_headers[DESTINATION].split(",")
-    assert len(set(listed)) == len(listed)
-    return listed
-
-
-def destination(resp: ep.ProcessingResponse, field: str) -> str:
-    """The endpoint picked (the first named)."""
-    return endpoints(resp, field)[0]
-
-
-def outcomes(e: Edge) -> list[Outcome]:
-    return [decode(Outcome, v) for v in e.published(OUTCOMES.suffix)]
-
-
-async def upstream(dest: str, path: str, body: bytes) -> tuple[int, list[bytes]]:
-    """What Envoy does with the picked endpoint: send the request there."""
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            f"http://{dest}{path}", data=body, headers={"Content-Type": "application/json"}
-        ) as r,
-    ):
-        return r.status, [chunk async for chunk in r.content.iter_any()]
 
 
 async def test_a_buffered_request_is_picked_served_and_released(
@@ -560,3 +482,43 @@ async def test_fallbacks_follow_the_pick_and_the_one_that_served_is_counted(
     (out,) = outcomes(e)
     assert d.chosen_node != fallback and out.node_id == fallback
     assert await e.reservations() == 0
+
+
+async def test_an_objectives_ttft_target_is_honoured() -> None:
+    """``router.objective_slo_classes``: a request naming an InferenceObjective gets its SLO
+    class — a TTFT no node can meet is answered 429 ``deadline`` at once (the gateway would
+    otherwise wait for a late answer), a reachable one is routed; an unmapped objective changes
+    nothing."""
+    from admission.settings import DEFAULT_SLO_CLASSES, SloClass
+
+    classes = {**DEFAULT_SLO_CLASSES, "instant": SloClass(ttft_s=1e-6, tpot_s=1.0)}
+    admission = {"tenants": TENANTS, "slo_classes": classes}
+    router = {"objective_slo_classes": {"realtime": "instant", "chat": "standard"}}
+    async with picker_on(admission=admission, router=router) as (e, channel, _):
+        stub = ep_grpc.ExternalProcessorStub(channel)
+
+        async def pick(objective: str) -> ep.ProcessingResponse:
+            envoy = Envoy(stub, BUFFERED, BUFFERED)
+            asked = headers(
+                *[(h.key, h.raw_value.decode()) for h in request_headers().headers.headers],
+                ("x-gateway-inference-objective", objective),
+            )
+            await envoy.send(request_headers=asked)
+            await envoy.read()
+            await envoy.send(
+                request_body=ep.HttpBody(body=orjson.dumps(completion()), end_of_stream=True)
+            )
+            resp = await envoy.read()
+            envoy.call.cancel()
+            return resp
+
+        late = await pick("realtime")
+        assert late.immediate_response.status.code == 429
+        assert orjson.loads(late.immediate_response.body)["error"]["kvgate_reason"] == "deadline"
+        for objective in ("chat", "not-mapped"):
+            assert destination(await pick(objective), "request_body") in {
+                host_port(u) for u in e.engines.values()
+            }
+        _, text, _ = await e.call("GET", "/metrics")
+        assert 'kvgate_router_slo_requests_total{outcome="refused",slo_class="instant"} 1.0' in text
+        assert "not-mapped" not in text
