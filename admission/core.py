@@ -45,6 +45,7 @@ class RejectReason(StrEnum):
     DEADLINE = "deadline"  # its SLO class's TTFT cannot be met: refused early, not served late
     NO_FIT_NOW = "no_fit_now"  # some node could hold its KV, none can now (router/decision/fit.py)
     RATE_LIMITED = "rate_limited"  # over the tenant's requests or tokens per minute
+    SCALING = "scaling"  # no node of its model is ready yet, one is starting (Retry-After)
 
 
 @dataclass(frozen=True, slots=True)

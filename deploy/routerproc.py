@@ -75,6 +75,7 @@ def router_process(s: Settings) -> Router:
     control = ControlFollower(
         s.kafka, bus, router.policy, f"{router.router_id}-control", router.director.fleet
     )
+    control.on_scale = router.director.scaleroom.scale
     ledger = LedgerReplica(s.kafka, s.worker, f"{router.router_id}-ledger")
     reconciler = Reconciler(
         router.gate,

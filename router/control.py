@@ -144,6 +144,9 @@ class ControlFollower(Background):
                 self.topic,
             )
         self.caught_up = asyncio.Event()
+        # an autoscaler's scale messages (model, desired replicas) go here: a model asked to
+        # scale up from zero has requests wait for its first node (router/flow/scaleroom.py)
+        self.on_scale: Callable[[str, int], None] | None = None
 
     def handle(self, msg: ControlMessage) -> str:
         why = self.auth.check(msg)
@@ -172,6 +175,20 @@ class ControlFollower(Background):
             else:
                 log.info("canary %s %s: %s", msg.subject, outcome, msg.payload)
             return outcome
+        if msg.kind == "scale":
+            model, desired = msg.payload.get("model"), msg.payload.get("desired_replicas")
+            if (
+                not isinstance(model, str)
+                or not 0 < len(model) <= 256
+                or isinstance(desired, bool)
+                or not isinstance(desired, int)
+                or not 0 <= desired <= 100_000
+            ):
+                self.refused += 1
+                return "invalid: a scale message names its model and desired_replicas"
+            if self.on_scale is not None:
+                self.on_scale(model, desired)
+            return "scaled"
         if msg.kind == "weights" and msg.subject.startswith("weights-canary/"):
             if not isinstance(self.policy, WeightsCanary):
                 return "ignored"

@@ -198,7 +198,13 @@ class Exchange:
             api = agent_api(self.headers.get(":path", ""))
             self.watch.api = api
             taken = await self.parts.entry.take(
-                self.headers, read, True if api else None, forwarded_peer(self.headers), None, api
+                self.headers,
+                read,
+                True if api else None,
+                forwarded_peer(self.headers),
+                None,
+                api,
+                hold=False,
             )
             subset = self.subset
             allowed = None if subset is None else (lambda n: host_port(n.endpoint) in subset)

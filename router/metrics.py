@@ -63,6 +63,18 @@ class RouterMetrics:
             "Requests re-routed once after their node refused them before any byte",
             registry=self.registry,
         )
+        self.scale_waiting = Gauge(
+            "kvgate_router_scale_waiting",
+            "Requests waiting for a node of their model to be ready (a pool scaling up from zero)",
+            registry=self.registry,
+        )
+        self.scale_wait = Histogram(
+            "kvgate_router_scale_wait_seconds",
+            "How long requests waited for their model's first ready node, by how it ended",
+            ["result"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+            registry=self.registry,
+        )
         self.resumes = Counter(
             "kvgate_router_stream_resumes",
             "Streams whose engine failed mid-answer: continued on another node (resumed), or "

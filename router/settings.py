@@ -336,6 +336,24 @@ class RouterSettings(BaseModel):
     max_stream_s: float = Field(
         default=3600.0, gt=0, description="longest a proxied request may run"
     )
+    models_at_zero: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="models whose pools scale to zero: a request for one with no ready node "
+        "waits for one (router.scale_wait_s) instead of a 404 or a 503",
+    )
+    scale_wait_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="longest a proxied request waits for a node of its model to be ready while "
+        "one is starting (never past its SLO class's TTFT); then 503 scaling with Retry-After",
+    )
+    scale_up_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a model's expected time from cold to a ready node before any start was "
+        "seen (learned from each start afterwards)",
+    )
     drain_grace_s: float = Field(
         default=10.0,
         ge=0,

@@ -46,6 +46,7 @@ from router.flow.offload import OFFLOAD_TOKENS, offloaded
 from router.flow.pressure import Pressure
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
+from router.flow.scaleroom import ScaleRoom
 from router.flow.served import Served
 from router.flow.views import ClusterView
 from router.flow.waiting import Held as QueueHeld
@@ -75,6 +76,7 @@ class Director:
         calibration: TokenCalibration,
     ) -> None:
         self.settings = settings
+        self.scaleroom = ScaleRoom(settings, views, metrics)
         self.gate = gate
         self.views = views
         self.rules = rules
@@ -109,11 +111,15 @@ class Director:
             placement,
         )
 
-    async def admit(self, i: Intake) -> Gated:
+    async def admit(self, i: Intake, hold: bool = True) -> Gated:
         """Model, node health and admission for an authenticated, parsed request: what routing
-        needs (admitted requests hold a reservation from here on); raises :class:`Refusal`."""
+        needs (admitted requests hold a reservation from here on); raises :class:`Refusal`.
+        A request for a model scaling up from zero waits for its first ready node (``hold``
+        False: a gateway's, refused at once instead: router/flow/scaleroom.py)."""
         tenant, request_id, p, placement, slo = i.tenant, i.request_id, i.parsed, i.placement, i.slo
         client, idempotency_key = i.client, i.idempotency_key
+        max_wait = slo[1].ttft_s if slo is not None else self.settings.scale_wait_s
+        await self.scaleroom.wait(p.model, max_wait, hold)
         now = time.time()
         all_nodes = self.views.nodes(now)
         if not any(n.serves(p.model) for n in all_nodes):

@@ -60,12 +60,14 @@ class Entry:
         peer: str | None = None,
         head: Head | None = None,
         api: Api | None = None,
+        hold: bool = True,
     ) -> Taken:
         """Check the headers, authenticate, then read, parse (``chat`` None: chat when the
         body has ``messages``) and admit a request known by its headers and a reader of its
         body; ``peer``: the client's address, when known; ``head``: its headers checked
         already (:meth:`IntakeReader.head`, before the body arrived); ``api``: a Messages or
-        Responses request."""
+        Responses request; ``hold`` False: a gateway's, never held here (it waits for its
+        answer itself)."""
         started = time.time() if head is None else head.started
         i = await self.reader.read(headers, read, chat, peer, started, head, api)
         if self.sessions is not None:  # a session's turn: its gap learned, its hold ended
@@ -73,7 +75,7 @@ class Entry:
                 i = replace(i, resuming=True)  # it queues ahead of new sessions (bounded)
         t0 = time.perf_counter()
         try:
-            g = await self.director.admit(i)
+            g = await self.director.admit(i, hold)
         except Refusal as exc:
             self.recorder.refusal(
                 i.request_id, started, exc.reason, i.tenant.name, i.parsed, i.client_request_id

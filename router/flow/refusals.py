@@ -40,6 +40,7 @@ _STATUS = {
     RejectReason.DEADLINE: 429,
     RejectReason.NO_FIT_NOW: 503,
     RejectReason.RATE_LIMITED: 429,
+    RejectReason.SCALING: 503,
 }
 
 

@@ -113,7 +113,9 @@ class GatewayApi:
         The body is an OpenAI completion or chat request; the same refusals apply. Only callers
         with a gateway key may use it; the reservation is theirs alone to renew and release."""
         gateway, head = request.screened[1]
-        taken = await self.entry.take(request.headers, request.read, None, request.peer, head)
+        taken = await self.entry.take(
+            request.headers, request.read, None, request.peer, head, hold=False
+        )
         routed = await self.external.route(gateway, taken)
         request_id, rreq, decision, node, p = routed
         held = self.gate.held.get(request_id)
