@@ -71,13 +71,15 @@ def pump(sim: SimCluster, now: float) -> None:
 
 
 def on_arrive(sim: SimCluster, now: float, data: object, kind: str = "arrive") -> None:
-    """A request arrives (``retry``: a refused client comes back): admission, then routing."""
+    """A request arrives (``retry``: a refused client comes back; ``scaled``: it waited for its
+    model's first ready node): the waiting room of a model scaling up, admission, routing."""
     idx, attempt = (data, 1) if kind == "arrive" else cast(tuple[int, int], data)
     assert isinstance(idx, int)
     sim.attempts[idx] = attempt
     if kind == "arrive":
         sim.seen["arrivals"] += 1
-    assert isinstance(idx, int)
+    if kind != "scaled" and sim.scale_room.holds(idx, attempt, now):
+        return
     if sim.adm is None:
         sim.dispatch(idx, now, None)
     else:

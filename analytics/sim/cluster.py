@@ -35,6 +35,7 @@ from analytics.sim.enginesteps import (
     start_step,
 )
 from analytics.sim.fleetctl import control, operate
+from analytics.sim.scaleroom import SimScaleRoom
 from analytics.sim.simconfig import (
     MODEL,
     Done,
@@ -99,6 +100,7 @@ class SimCluster:
         self.requests: list[TraceRequest] = list(trace.requests)
         # request -> its client's attempt now (the retry model's)
         self.attempts: dict[int, int] = {}
+        self.scale_room = SimScaleRoom(self)  # a model scaling up from zero: requests wait
         self._schedule()
 
     def _engines(self) -> None:
@@ -399,6 +401,7 @@ class SimCluster:
                 if n.node_id in self.labels:
                     n.view = replace(n.view, labels=self.labels[n.node_id])
         pump(self, now)
+        self.scale_room.release(now)
         if self.holding or self.lane_queue:
             self.release_held(now)
         self.push(now + self.cfg.heartbeat_interval_s, "heartbeat", None)
@@ -406,6 +409,8 @@ class SimCluster:
     def on_op(self, now: float, data: object) -> None:
         """A fleet operation (drain, join, leave, canary, heal)."""
         op = cast(FleetOp, data)
+        if op.kind == "join":
+            self.scale_room.joins -= 1
         if op.kind == "join" and op.node in self.cancelled:
             self.cancelled.discard(op.node)
             return

@@ -12,7 +12,11 @@ Scenarios, all with the ``kvgate`` policy on the same trace at the same load:
 * ``slo_mix``: 30 % interactive and 70 % batch requests at 120 % load on 16 nodes, per workload:
   today's priorities alone (interactive high, batch low) against the SLO classes (interactive
   and batch, admission.slo_classes) — each class's SLO attainment among completed requests, what
-  was completed and refused, and whether every refusal carried a Retry-After.
+  was completed and refused, and whether every refusal carried a Retry-After;
+* ``scale_from_zero``: a pool started at zero whose engines are ready 30 s after the first
+  request, with the waiting room and without it (analytics/sim/zerobench.py); ``burst``: the
+  same at twice the load on a short trace, where the backlog released at once outgrows what
+  admission can queue.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from analytics.sim.metrics import run_metrics
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names, with_router
 from analytics.sim.traces import Trace
+from analytics.sim.zerobench import scale_from_zero, zero_section
 from router.decision.policies import make_policy
 from router.decision.weights import OutlierSettings, SlowStartSettings
 from router.settings import RouterSettings
@@ -291,6 +296,9 @@ def bench_fleet(
     pd = {name: pd_vs_colocated(name) for name in PD_WORKLOADS}
     hol = long_tail_isolation()
     at80 = hol["load_0.8"]["lanes"]
+    with status("fleet: scale_from_zero"):
+        zero = scale_from_zero(nodes=4, load=0.3, requests=6000, start_delay_s=30.0)
+        zero["burst"] = scale_from_zero(nodes=4, load=0.6, requests=2000, start_delay_s=30.0)
     slo: dict[str, Any] = {}
     for name in SLO_WORKLOADS:
         with status(f"fleet: slo_mix/{name}"):
@@ -306,6 +314,7 @@ def bench_fleet(
         "wall_s": round(time.time() - started, 1),
         "rows": rows,
         "slo_mix": slo,
+        "scale_from_zero": zero,
         "pd_vs_colocated": pd,
         "long_tail": hol,
         "long_tail_short_ttft_p99_ratio": at80["short_ttft_p99_ratio"],
@@ -346,7 +355,8 @@ def _markdown(r: dict[str, Any]) -> str:
     ]
     for name, row in r["rows"].items():
         lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
-    lines += _slo_section(r) + _long_tail_section(r) + _pd_section(r) + _reading()
+    lines += _slo_section(r) + _long_tail_section(r) + _pd_section(r) + zero_section(r)
+    lines += _reading()
     return "\n".join(lines) + "\n"
 
 

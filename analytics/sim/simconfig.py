@@ -75,6 +75,10 @@ class SimConfig:
     # a closed-loop autoscaler (analytics/autoscale.py): ``nodes`` at the start, then what it
     # asks for; a new node serves after its lead time and starts cold
     autoscaler: AutoscaleSettings | None = None
+    # a model with no ready node while one is coming: requests wait this long at most
+    # (router.scale_wait_s, never past their TTFT), then 503 scaling (analytics/sim/scaleroom.py)
+    scale_wait_s: float = RouterSettings.model_fields["scale_wait_s"].default
+    scale_up_s: float = RouterSettings.model_fields["scale_up_s"].default  # until one is seen
 
 
 @dataclass(frozen=True, slots=True)
