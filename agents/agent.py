@@ -64,6 +64,7 @@ class NodeAgent:
         self.model_source: str | None = None  # and what it serves it from (its root)
         self.scrape_failures = 0
         self.kv_index_state: Literal["events", "approximate", "degraded"] = "events"
+        self.draining = False  # stopping: heartbeats say so (agent.drain_on_stop_s)
         rank = settings.data_parallel_rank
         # one data-parallel rank of an engine: its metrics samples, its requests pinned to it
         self._engine_label = str(rank) if rank is not None else None
@@ -293,6 +294,7 @@ class NodeAgent:
                     role=s.role,
                     kv_link_gbps=s.kv_link_gbps,
                     retention_hints=s.retention_hints,
+                    draining=self.draining,
                 )
                 self._hb_seq += 1
                 await self.bus.publish(HEARTBEATS, s.node_id, hb)

@@ -182,6 +182,14 @@ class AgentSettings(BaseModel):
         default=10.0, gt=0, description="how often to read the engine's /v1/models (adapters)"
     )
     lease_s: float = Field(default=2.0, gt=0)
+    drain_on_stop_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="on SIGTERM (a scale-down, a pod deleted), heartbeats say draining this long "
+        "before the agent exits: routers send the node nothing new and move its streams after "
+        "router.drain_grace_s (give the engine a preStop hook at least this long)",
+    )
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     prewarm: bool = Field(default=True, description="act on pre-warm advice from kvgate.control")
     prefill_probe: bool = Field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -216,9 +217,25 @@ def agent(
             from streams.metrics_http import serve_metrics
 
             runner, _ = await serve_metrics(a.metrics_host, a.metrics_port, agent_registry(agents))
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        running = asyncio.gather(*(agent.run() for agent in agents))
+        stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
         try:
-            await asyncio.gather(*(agent.run() for agent in agents))
+            await asyncio.wait({running, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.is_set() and a.drain_on_stop_s > 0 and not running.done():
+                # a scale-down: the routers drain the node before it goes
+                logging.getLogger("agents").info("stopping: draining for %.0f s", a.drain_on_stop_s)
+                for agent in agents:
+                    agent.draining = True
+                await asyncio.wait([running], timeout=a.drain_on_stop_s)
         finally:
+            stop.cancel()
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
             if runner is not None:
                 await runner.cleanup()
             await bus.stop()

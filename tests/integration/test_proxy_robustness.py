@@ -119,3 +119,54 @@ async def test_engine_killed_mid_stream_its_streams_go_on_from_the_other_node(
         return s["reservations"] == 0 and s["inflight"] == 0
 
     await wait_until(released, 10, "the dead streams' reservations to be released", 0.2)
+
+
+async def test_a_scale_down_moves_the_streams_before_the_engine_goes(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    """SIGTERM to a node's agent (its pod is being deleted): its heartbeats say draining for
+    ``agent.drain_on_stop_s``, the router moves the node's streams after ``drain_grace_s`` to
+    the other node — whole — and the engine runs nothing long before the streams end."""
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    for node in ("n1", "n2"):
+        c.add_engine(node, agent_env={"KVGATE_AGENT__DRAIN_ON_STOP_S": "20"})
+    c.add_worker()
+    router = c.add_router(env={"KVGATE_ROUTER__DRAIN_GRACE_S": "1"})
+    await c.wait_ready("router", 2)
+    tokens = 1500  # ~13 s of an engine
+    first_bytes = asyncio.Event()
+
+    async def client(http: aiohttp.ClientSession, i: int) -> tuple[str, int, int]:
+        body = {"model": MODEL, "prompt": f"scale-down {i} " * 30, "max_tokens": tokens}
+        async with http.post(router + "/v1/completions", json={**body, "stream": True}) as r:
+            node, pieces, errors = r.headers["X-Kvgate-Node"], 0, 0
+            async for line in r.content:
+                first_bytes.set()
+                if line.startswith(b"data: {"):
+                    errors += b'"error"' in line
+                    pieces += b'"text":"' in line and b'"text":""' not in line
+            return node, pieces, errors
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        calls = [asyncio.create_task(client(http, i)) for i in range(8)]
+        await asyncio.wait_for(first_bytes.wait(), 30)
+        await asyncio.sleep(0.5)
+        supervisor.procs["agent-n1"].popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        t0 = asyncio.get_running_loop().time()
+        await wait_until(
+            lambda: _idle(c.engines["n1"]),
+            10,
+            "n1 to run nothing",
+            0.2,
+        )
+        moved_after = asyncio.get_running_loop().time() - t0
+        results = await asyncio.wait_for(asyncio.gather(*calls), 120)
+    assert moved_after < 6.0  # (its streams had ~10 s to go)
+    assert any(node == "n1" for node, _, _ in results)
+    for _, pieces, errors in results:
+        assert (pieces, errors) == (tokens, 0)
+
+
+async def _idle(url: str) -> bool:
+    return await engine_requests(url) == 0
