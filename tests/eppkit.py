@@ -73,6 +73,21 @@ class Envoy:
         assert resp is not grpc.aio.EOF
         return resp
 
+    async def served(self, by: str, answer: bytes, key: str = f"{DESTINATION}-served") -> None:
+        """The engine at ``by`` answered ``answer`` (JSON, whole): the response through the
+        processor, with the endpoint that served named as the data plane names it
+        (``envoy.lb`` → ``key``); the stream ends."""
+        meta = base_pb2.Metadata()
+        meta.filter_metadata["envoy.lb"].update({key: by})
+        await self.send(
+            response_headers=headers((":status", "200"), ("content-type", "application/json")),
+            metadata_context=meta,
+        )
+        await self.read()
+        await self.send(response_body=ep.HttpBody(body=answer, end_of_stream=True))
+        await self.read()
+        await self.call.done_writing()
+
 
 def endpoints(resp: ep.ProcessingResponse, field: str) -> list[str]:
     """The endpoints named, the pick first and its fallbacks after it (no repeats)."""

@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import orjson
+
+from tests.ssekit import note_event, stream_record
 
 if TYPE_CHECKING:
     from tests.benchmarks.chaos import Chaos, Load
@@ -55,10 +56,6 @@ def _body(i: int) -> dict[str, Any]:
     return body
 
 
-def _got() -> dict[str, Any]:
-    return {"node": None, "ids": set(), "text": [], "usage": [], "errors": 0}
-
-
 async def _read(
     http: aiohttp.ClientSession,
     url: str,
@@ -67,7 +64,7 @@ async def _read(
     got: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    got = _got() if got is None else got
+    got = stream_record() if got is None else got
     try:
         async with http.post(
             url + path,
@@ -78,20 +75,7 @@ async def _read(
             got["status"] = r.status
             got["node"] = r.headers.get("X-Kvgate-Node")
             async for line in r.content:
-                if not line.startswith(b"data: {"):
-                    continue
-                chunk = orjson.loads(line[6:])
-                if "error" in chunk:
-                    got["errors"] += 1
-                    continue
-                got["ids"].add(chunk.get("id"))
-                if chunk.get("usage"):
-                    got["usage"].append(chunk["usage"])
-                for c in chunk.get("choices") or ():
-                    delta = c.get("delta")
-                    piece = c.get("text") if delta is None else delta.get("content")
-                    if piece:
-                        got["text"].append(piece)
+                note_event(got, line)
                 if started is not None and len(got["text"]) >= 5:
                     started.set()
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -129,7 +113,7 @@ async def _streams_hit(
     bodies = [_body(i) for i in range(STREAMS)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         starts = [asyncio.Event() for _ in bodies]
-        gots = [_got() for _ in bodies]
+        gots = [stream_record() for _ in bodies]
         calls = [
             asyncio.create_task(_read(http, chaos.router, b, s, g))
             for b, s, g in zip(bodies, starts, gots, strict=True)

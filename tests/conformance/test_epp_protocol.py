@@ -243,16 +243,7 @@ async def test_the_served_endpoint_is_the_one_accounted(picker: Target) -> None:
         sent = picked.request_body.response.body_mutation.body
         status, chunks = await upstream(served_by, "/v1/completions", sent)
         assert status == 200
-        served = base_pb2.Metadata()
-        served.filter_metadata["envoy.lb"].update({SERVED: served_by})
-        await envoy.send(
-            response_headers=headers((":status", "200"), ("content-type", "application/json")),
-            metadata_context=served,
-        )
-        await envoy.read()
-        await envoy.send(response_body=ep.HttpBody(body=b"".join(chunks), end_of_stream=True))
-        await envoy.read()
-        await envoy.call.done_writing()
+        await envoy.served(served_by, b"".join(chunks), SERVED)
         for _ in range(50):
             try:
                 if await picker.last_served() == served_by:

@@ -467,16 +467,7 @@ async def test_fallbacks_follow_the_pick_and_the_one_that_served_is_counted(
     sent = picked.request_body.response.body_mutation.body
     status, chunks = await upstream(listed[1], "/v1/completions", sent)  # the first failed
     assert status == 200
-    served = base_pb2.Metadata()
-    served.filter_metadata["envoy.lb"].update({f"{DESTINATION}-served": listed[1]})
-    await envoy.send(
-        response_headers=headers((":status", "200"), ("content-type", "application/json")),
-        metadata_context=served,
-    )
-    await envoy.read()
-    await envoy.send(response_body=ep.HttpBody(body=b"".join(chunks), end_of_stream=True))
-    await envoy.read()
-    await envoy.call.done_writing()
+    await envoy.served(listed[1], b"".join(chunks))
     fallback = next(n for n, u in e.engines.items() if host_port(u) == listed[1])
     (d,) = e.decisions()
     (out,) = outcomes(e)

@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
-
 from streams.codec import decode
 from streams.schemas import Outcome
 from streams.topics import OUTCOMES
 from tests.edgekit import MODEL, Edge, bearer, edge
+from tests.ssekit import note_event, stream_record
 
 TOKENS = 120
 
@@ -37,26 +36,12 @@ def _body(i: int, chat: bool) -> dict[str, Any]:
 async def _stream(e: Edge, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
     """One stream read to its end: its node, events, text, role deltas, usage blocks, errors."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    got: dict[str, Any] = {"ids": set(), "text": [], "roles": 0, "usage": [], "errors": 0}
+    got = stream_record()
     async with e.http.post((url or e.url) + path, json=body, headers=bearer("sk-alpha")) as r:
         assert r.status == 200
         got["node"] = r.headers.get("X-Kvgate-Node")
         async for line in r.content:
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = orjson.loads(line[6:])
-            if "error" in chunk:
-                got["errors"] += 1
-                continue
-            got["ids"].add(chunk["id"])
-            if chunk.get("usage"):
-                got["usage"].append(chunk["usage"])
-            for c in chunk.get("choices") or ():
-                delta = c.get("delta")
-                got["roles"] += bool(delta and "role" in delta)
-                piece = c.get("text") if delta is None else delta.get("content")
-                if piece:
-                    got["text"].append(piece)
+            note_event(got, line)
     return got
 
 

@@ -9,6 +9,7 @@ import asyncio
 import random
 import re
 import signal
+from collections.abc import Awaitable
 
 import aiohttp
 import pytest
@@ -22,6 +23,22 @@ from tests.integration.cluster import MODEL, Cluster, get, metric, post
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 _GAUGE = re.compile(rb"^vllm:num_requests_(running|waiting)\{[^}]*\} ([0-9.]+)$", re.M)
+
+
+async def streamed(
+    http: aiohttp.ClientSession, router: str, prompt: str, tokens: int, began: asyncio.Event
+) -> tuple[str, int, int]:
+    """A streamed completion read to its end: the node that first served it, the text chunks
+    received and the error events among them (``began`` is set at the first byte)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "stream": True}
+    async with http.post(router + "/v1/completions", json=body) as r:
+        node, pieces, errors = r.headers["X-Kvgate-Node"], 0, 0
+        async for line in r.content:
+            began.set()
+            if line.startswith(b"data: {"):
+                errors += b'"error"' in line
+                pieces += b'"text":"' in line and b'"text":""' not in line
+        return node, pieces, errors
 
 
 async def engine_requests(url: str) -> float:
@@ -77,22 +94,9 @@ async def test_engine_killed_mid_stream_its_streams_go_on_from_the_other_node(
     first_bytes = asyncio.Event()
     tokens = 600
 
-    async def client(http: aiohttp.ClientSession, i: int) -> tuple[str, int, int]:
-        body = {
-            "model": MODEL,
-            "prompt": f"client {i} " + "a long answer please " * 30,
-            "max_tokens": tokens,
-            "stream": True,
-        }
-        async with http.post(router + "/v1/completions", json=body) as r:
-            node = r.headers["X-Kvgate-Node"]
-            pieces = errors = 0
-            async for line in r.content:
-                first_bytes.set()
-                if line.startswith(b"data: {"):
-                    errors += b'"error"' in line
-                    pieces += b'"text":"' in line and b'"text":""' not in line
-            return node, pieces, errors
+    def client(http: aiohttp.ClientSession, i: int) -> Awaitable[tuple[str, int, int]]:
+        prompt = f"client {i} " + "a long answer please " * 30
+        return streamed(http, router, prompt, tokens, first_bytes)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         calls = [asyncio.create_task(client(http, i)) for i in range(12)]
@@ -137,16 +141,8 @@ async def test_a_scale_down_moves_the_streams_before_the_engine_goes(
     tokens = 1500  # ~13 s of an engine
     first_bytes = asyncio.Event()
 
-    async def client(http: aiohttp.ClientSession, i: int) -> tuple[str, int, int]:
-        body = {"model": MODEL, "prompt": f"scale-down {i} " * 30, "max_tokens": tokens}
-        async with http.post(router + "/v1/completions", json={**body, "stream": True}) as r:
-            node, pieces, errors = r.headers["X-Kvgate-Node"], 0, 0
-            async for line in r.content:
-                first_bytes.set()
-                if line.startswith(b"data: {"):
-                    errors += b'"error"' in line
-                    pieces += b'"text":"' in line and b'"text":""' not in line
-            return node, pieces, errors
+    def client(http: aiohttp.ClientSession, i: int) -> Awaitable[tuple[str, int, int]]:
+        return streamed(http, router, f"scale-down {i} " * 30, tokens, first_bytes)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         calls = [asyncio.create_task(client(http, i)) for i in range(8)]
