@@ -4,16 +4,18 @@ and the simulator call these).
 
 A model is *scaling* when it has no ready node (healthy, alive, not draining) and one is on its
 way: a node registered that is not ready yet (its agent beats, its engine does not answer
-healthy: a pod starting), an autoscaler that asked for replicas (a ``scale`` control message with
-``desired_replicas`` > 0), or the model listed in ``router.models_at_zero`` (a pool that scales to
-zero: its autoscaler wakes it on demand). Such a request waits, bounded by its deadline, and is
-released when a node is ready; past its deadline it is refused 503 ``scaling`` with a Retry-After
-from the scale-up time learned from past starts (:class:`ScaleUps`).
+healthy, and it was never seen ready: a pod starting — a node that served and then failed is a
+failure, answered at once as before), an autoscaler that asked for replicas (a ``scale``
+control message with ``desired_replicas`` > 0), or the model listed in
+``router.models_at_zero`` (a pool that scales to zero: its autoscaler wakes it on demand). Such
+a request waits, bounded by its deadline, and is released when a node is ready; past its
+deadline it is refused 503 ``scaling`` with a Retry-After from the scale-up time learned from
+past starts (:class:`ScaleUps`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from router.decision.types import NodeView
@@ -32,12 +34,17 @@ def scaling(
     now: float,
     at_zero: Iterable[str] = (),
     desired: Mapping[str, int] | None = None,
+    seen_ready: Collection[str] = (),
 ) -> bool:
-    """Whether ``model`` (no node ready for it) is expected to get one: a node of it starting,
-    an autoscaler's ``desired`` replicas, or ``at_zero`` listing it."""
+    """Whether ``model`` (no node ready for it) is expected to get one: a node of it starting
+    (not healthy, never in ``seen_ready``), an autoscaler's ``desired`` replicas, or
+    ``at_zero`` listing it."""
     if model in at_zero or (desired or {}).get(model, 0) > 0:
         return True
-    return any(n.serves(model) and not n.healthy and n.alive(now) for n in nodes)
+    return any(
+        n.serves(model) and not n.healthy and n.alive(now) and n.node_id not in seen_ready
+        for n in nodes
+    )
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ from router.settings import RouterSettings
 __all__ = ["ScaleRoom"]
 
 POLL_S = 0.1  # how often a waiting request looks for a ready node
+MAX_SEEN = 100_000  # nodes remembered as once ready
 
 
 class ScaleRoom:
@@ -36,6 +37,7 @@ class ScaleRoom:
         self.metrics = metrics
         self.ups = ScaleUps(settings.scale_up_s)
         self.desired: dict[str, int] = {}  # model -> replicas an autoscaler asked for
+        self.seen_ready: set[str] = set()  # nodes seen ready (failing later: not starting)
         self.waiting = 0
 
     def known(self, model: str) -> bool:
@@ -54,9 +56,11 @@ class ScaleRoom:
         nodes = self.views.nodes(now)
         if ready(nodes, model, now):
             self.ups.warm(model, now)
+            if len(self.seen_ready) < MAX_SEEN:
+                self.seen_ready.update(n.node_id for n in nodes if n.healthy)
             return
         at_zero = self.settings.models_at_zero
-        if not scaling(nodes, model, now, at_zero, self.desired):
+        if not scaling(nodes, model, now, at_zero, self.desired, self.seen_ready):
             return  # nothing is coming: admission and routing say why
         self.ups.cold(model, now)
         limit = min(max_wait_s, self.settings.scale_wait_s) if hold else 0.0

@@ -68,3 +68,18 @@ async def test_a_model_at_zero_waits_then_is_refused_with_the_time_left() -> Non
         )
         assert status == 404
         assert await _metric(e, 'kvgate_router_rejections_total{reason="scaling"}') == 1
+
+
+async def test_a_node_that_served_and_failed_is_a_failure_not_a_start() -> None:
+    """The waiting room is for nodes coming up: once a node was ready, its engine failing is
+    answered at once as before (no wait)."""
+    async with edge(engines=1) as e:
+        await asyncio.sleep(0.5)
+        status, _, _ = await e.call("POST", "/v1/completions", completion(), bearer("sk-alpha"))
+        assert status == 200
+        e.overrides = {"n1": {"healthy": False}}
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        status, body, _ = await e.call("POST", "/v1/completions", completion(), bearer("sk-alpha"))
+        assert status == 503 and body["error"]["kvgate_reason"] != "scaling", body
+        assert time.monotonic() - t0 < 1.0

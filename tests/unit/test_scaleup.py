@@ -19,6 +19,7 @@ def test_a_model_is_scaling_while_a_node_of_it_starts_or_something_asked_for_one
     assert ready([starting, node_view("b")], "m", NOW)
     gone = node_view("a", healthy=False, heartbeat_ts=NOW - 60)  # no longer beating
     assert not scaling([gone], "m", NOW)
+    assert not scaling([starting], "m", NOW, seen_ready={"a"})  # it served, then failed
     assert not ready([node_view("b", draining=True)], "m", NOW)
     assert scaling([], "m", NOW, at_zero=["m"]) and not scaling([], "m", NOW)
     assert scaling([], "m", NOW, desired={"m": 2}) and not scaling([], "m", NOW, desired={"m": 0})
