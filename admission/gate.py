@@ -83,6 +83,7 @@ class AdmissionGate:
         self._weights = {t.name: t.weight for t in settings.tenants.values()}
         self._weights[settings.anonymous.name] = settings.anonymous.weight
         self._demand: dict[str, float] = {}  # tenant -> when it last asked this router
+        self._hungry: dict[str, float] = {}  # tenant -> when it was last refused or queued
 
     def tenant(self, key: str | None) -> Tenant | Rejection:
         """The tenant of an API key (the edge takes it from ``Authorization: Bearer <key>``;
@@ -117,6 +118,14 @@ class AdmissionGate:
             window = self.settings.fair_share_window_s
             self._demand = {t: at for t, at in self._demand.items() if now - at <= window}
 
+    def wanting(self, tenant: Tenant, now: float) -> None:
+        """``tenant`` was refused or queued: it wants more than it holds (its fair share
+        counts it as hungry for ``fair_share_window_s``)."""
+        self._hungry[tenant.name] = now
+        if len(self._hungry) > 4 * len(self._weights) + 64:
+            window = self.settings.fair_share_window_s
+            self._hungry = {t: at for t, at in self._hungry.items() if now - at <= window}
+
     async def tenant_limits(
         self, tenant: Tenant, pool: str, b: Budget, usage_after: float, now: float
     ) -> tuple[int | None, int | None, str]:
@@ -127,7 +136,8 @@ class AdmissionGate:
         usage = await self.store.tenant_usage(pool) if contended(s, usage_after) else None
         window = s.fair_share_window_s
         asking = {t for t, at in self._demand.items() if now - at <= window}
-        return tenant_caps(tenant, b, usage, asking, self._weights, s)
+        hungry = {t for t, at in self._hungry.items() if now - at <= window}
+        return tenant_caps(tenant, b, usage, asking, self._weights, s, hungry)
 
     def _expected(self, ask: AdmissionAsk) -> int | None:
         """The output tokens to reserve KV for, learned per tenant and model (None: not
@@ -171,8 +181,10 @@ class AdmissionGate:
             if self.queues.waiting_at_or_above(pool, tenant.priority):
                 verdict = self.queues.hold(verdict, tenant.priority, s)
             if verdict.queue:
+                self.wanting(tenant, now)
                 return await self.waiting.wait(ask, verdict, b, now)
             if not verdict.admitted:
+                self.wanting(tenant, now)
                 return verdict
             # the snapshot may be stale (other routers): the store checks the limit atomically
             t_blocks, t_slots, why = await self.tenant_limits(
@@ -190,6 +202,8 @@ class AdmissionGate:
                 t_slots,
             )
             r = await self.store.try_reserve(plan, now)
+            if not isinstance(r, Reservation):
+                self.wanting(tenant, now)
             if r == TENANT_LIMIT:
                 return quota_refusal(tenant, why, verdict.kv_blocks, verdict.usage_after, s)
             if not isinstance(r, Reservation):

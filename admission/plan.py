@@ -33,6 +33,7 @@ __all__ = [
     "reserve_ask",
     "store_down",
     "tenant_caps",
+    "water_fill",
 ]
 
 
@@ -88,6 +89,26 @@ def contended(s: AdmissionSettings, usage_after: float) -> bool:
     return s.fair_share and usage_after > s.yellow_watermark
 
 
+def water_fill(
+    capacity: float, demand: Mapping[str, float], weights: Mapping[str, float]
+) -> dict[str, float]:
+    """Weighted max-min shares of ``capacity``: each name gets at most its ``demand``
+    (``math.inf``: all it can), what one leaves is shared by the others by weight."""
+    left, out, active = capacity, dict.fromkeys(demand, 0.0), set(demand)
+    while active and left > 1e-9:
+        total_w = sum(weights.get(t, 1.0) for t in active)
+        sated = {t for t in active if demand[t] - out[t] <= left * weights.get(t, 1.0) / total_w}
+        if not sated:
+            for t in active:
+                out[t] += left * weights.get(t, 1.0) / total_w
+            break
+        for t in sated:
+            left -= demand[t] - out[t]
+            out[t] = demand[t]
+        active -= sated
+    return out
+
+
 def tenant_caps(
     tenant: Tenant,
     b: Budget,
@@ -95,21 +116,26 @@ def tenant_caps(
     asking: set[str],
     weights: Mapping[str, float],
     s: AdmissionSettings,
+    hungry: set[str] | None = None,
 ) -> tuple[int | None, int | None, str]:
     """The most KV blocks and slots ``tenant`` may hold in the pool with this request in (None:
     no limit of its own), and why: its hard caps (``max_kv_share``, ``max_concurrency``) and,
     with the pool contended (``usage``: blocks and slots held per tenant), its weighted fair
     share among the tenants holding reservations or ``asking`` — only for a tenant already
-    holding something, so every tenant can always run one request."""
+    holding something, so every tenant can always run one request. The share is max-min
+    (work-conserving): a tenant that was not refused or queued lately (not ``hungry``; None:
+    every tenant asking counts as hungry) wants no more than it holds, and what it leaves is
+    shared by the others by weight."""
     blocks = (
         int(tenant.max_kv_share * b.kv_blocks_total) if tenant.max_kv_share is not None else None
     )
     why = "max_kv_share"
     if usage is not None and usage.get(tenant.name, (0, 0))[1] > 0:
         active = {t for t, (_, slots) in usage.items() if slots > 0} | asking | {tenant.name}
-        total = sum(weights.get(t, 1.0) for t in active)
+        wanting = (asking if hungry is None else hungry) | {tenant.name}
+        demand = {t: math.inf if t in wanting else float(usage.get(t, (0, 0))[0]) for t in active}
         limit = int(priority_limit(tenant.priority, s) * b.kv_blocks_total)
-        share = int(weights.get(tenant.name, 1.0) / total * limit)
+        share = int(water_fill(limit, demand, weights)[tenant.name])
         if blocks is None or share < blocks:
             blocks, why = share, f"fair share ({len(active)} tenants)"
     return blocks, tenant.max_concurrency, why

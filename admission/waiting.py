@@ -110,6 +110,7 @@ class Waiters:
                     )
                     r = await self.gate.store.try_reserve(plan, now)
                     if r == TENANT_LIMIT:  # over its share: refused, the queue moves on
+                        self.gate.wanting(t, now)
                         self.gate.queues.remove(head)
                         fut = self.futures.get(head)
                         if fut is not None and not fut.done():

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from admission.core import Budget, Rejection, RejectReason, admit
+from admission.plan import contended, quota_refusal, reserve_ask, tenant_caps
 from admission.queue import AdmissionQueues, Waiting
-from admission.reservations import InProcessReservations, ReserveAsk
-from admission.settings import AdmissionSettings, Priority
+from admission.reservations import TENANT_LIMIT, InProcessReservations, ReserveAsk
+from admission.settings import AdmissionSettings, Priority, Tenant
 from admission.storm import InProcessStormStore, StormGuard
 
 __all__ = ["Refused", "SimAdmission"]
@@ -59,9 +60,19 @@ class SimAdmission:
     storm_guard: bool = False
     _clock: float = 0.0
     _guard: StormGuard | None = None
+    tenants: dict[str, Tenant] = field(init=False)
+    weights: dict[str, float] = field(init=False)
+    asked: dict[str, float] = field(init=False)
+    hungry: dict[str, float] = field(init=False)
 
     def __post_init__(self) -> None:
         self.queues = AdmissionQueues(self.settings)
+        # a trace's clients named as configured tenants are those tenants (their caps, weights
+        # and fair share, as the live gate applies them); other clients: no tenant limits
+        self.tenants = {t.name: t for t in self.settings.tenants.values()}
+        self.weights = {t.name: t.weight for t in self.tenants.values()}
+        self.asked: dict[str, float] = {}  # tenant -> when it last asked (fair share's window)
+        self.hungry: dict[str, float] = {}  # tenant -> when it was last refused or queued
         if self.storm_guard:
             self._guard = StormGuard(
                 InProcessStormStore(clock=lambda: self._clock),
@@ -111,22 +122,28 @@ class SimAdmission:
         max_tokens: int,
         now: float,
         ttft_deadline_s: float | None = None,
+        client: str = "",
     ) -> bool | Refused:
         """True: admitted now; False: queued (at most ``ttft_deadline_s``, its SLO class's
-        TTFT); or the refusal."""
+        TTFT); or the refusal. ``client``: a configured tenant's name, or anyone."""
+        tenant = self.tenants.get(client)
+        if tenant is not None:
+            self.asked[tenant.name] = now
         b = self.budget(now)
         v = admit(prompt_tokens, max_tokens, self.block_size, priority, b, self.settings)
         if self.queues.waiting_at_or_above(POOL, priority):
             v = self.queues.hold(v, priority, self.settings)
+        if tenant is not None and not v.admitted:
+            self.hungry[tenant.name] = now  # refused or queued: it wants more (as live)
         if v.admitted:
-            self._reserve(rid, v.kv_blocks)
-            return True
+            over = self._reserve(rid, v.kv_blocks, tenant, priority, b, v.usage_after, now)
+            return True if over is None else self._refused(index, priority, over, now)
         if v.queue:
             timeout = self.settings.queue_timeout_s.get(priority, 0.0)
             if ttft_deadline_s is not None:
                 timeout = min(timeout, ttft_deadline_s)
             deadline = now + timeout
-            w = Waiting(rid, POOL, priority, v.kv_blocks, now, deadline)
+            w = Waiting(rid, POOL, priority, v.kv_blocks, now, deadline, tenant)
             refused = self.queues.offer(w, b, now)
             if refused is None:
                 self._waiting[rid] = (w, index)
@@ -150,14 +167,47 @@ class SimAdmission:
         while (head := self.queues.admissible(POOL, b)) is not None:
             self.queues.remove(head)
             _, index = self._waiting.pop(head.request_id)
-            self._reserve(head.request_id, head.kv_blocks)
+            over = self._reserve(
+                head.request_id, head.kv_blocks, head.tenant, head.priority, b, 1.0, now
+            )
+            if over is not None:  # over its share: refused, the queue moves on (as live)
+                refused.append(self._refused(index, head.priority, over, now))
+                continue
             admitted.append((index, now - head.enqueued_at))
             b = self.budget(now)
         return admitted, refused
 
-    def _reserve(self, rid: str, blocks: int) -> None:
-        # the verdict already checked the limits on this same snapshot (one router)
-        self.store.reserve(ReserveAsk(rid, POOL, blocks, self.kv_blocks_total, math.inf), 0.0)
+    def _reserve(
+        self,
+        rid: str,
+        blocks: int,
+        tenant: Tenant | None = None,
+        priority: Priority = "normal",
+        b: Budget | None = None,
+        usage_after: float = 0.0,
+        now: float = 0.0,
+    ) -> Rejection | None:
+        """Reserve (the verdict already checked the pool's limits on this same snapshot: one
+        router); a tenant's own caps and fair share as the live gate checks them (None: held;
+        else the tenant's refusal)."""
+        if tenant is None or b is None:
+            self.store.reserve(ReserveAsk(rid, POOL, blocks, self.kv_blocks_total, math.inf), 0.0)
+            return None
+        s = self.settings
+        usage = _now(self.store.tenant_usage(POOL)) if contended(s, usage_after) else None
+        window = s.fair_share_window_s
+        asking = {t for t, at in self.asked.items() if now - at <= window}
+        hungry = {t for t, at in self.hungry.items() if now - at <= window}
+        t_blocks, t_slots, why = tenant_caps(tenant, b, usage, asking, self.weights, s, hungry)
+        plan = reserve_ask(rid, tenant.name, priority, POOL, blocks, b, s, t_blocks, t_slots)
+        # (the pool's limits were checked on the snapshot; virtual time renews nothing)
+        plan = replace(plan, limit_blocks=self.kv_blocks_total, limit_slots=None, lease_s=math.inf)
+        if self.store.reserve(plan, 0.0) == TENANT_LIMIT:
+            self.hungry[tenant.name] = now
+            rej = quota_refusal(tenant, why, blocks, usage_after, s).rejection
+            assert rej is not None
+            return rej
+        return None
 
     def refuse_admitted(
         self, index: int, rid: str, priority: str, rej: Rejection, now: float

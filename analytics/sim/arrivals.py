@@ -95,6 +95,7 @@ def on_arrive(sim: SimCluster, now: float, data: object, kind: str = "arrive") -
                 r.output_tokens,
                 now,
                 sim.slo_classes[r.slo_class].ttft_s if r.slo_class else None,
+                r.client or "",
             )
             if isinstance(got, Refused):
                 sim.adm.remember(key, got, now, r.client)

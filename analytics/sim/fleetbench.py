@@ -13,6 +13,8 @@ Scenarios, all with the ``kvgate`` policy on the same trace at the same load:
   today's priorities alone (interactive high, batch low) against the SLO classes (interactive
   and batch, admission.slo_classes) — each class's SLO attainment among completed requests, what
   was completed and refused, and whether every refusal carried a Retry-After;
+* ``fair_share``: three tenants of weights 1, 2, 4 in two priority bands at 150 % load, each
+  tenant's share per 60 s window against its weighted max-min share (analytics/sim/fairbench.py);
 * ``scale_from_zero``: a pool started at zero whose engines are ready 30 s after the first
   request, with the waiting room and without it (analytics/sim/zerobench.py); ``burst``: the
   same at twice the load on a short trace, where the backlog released at once outgrows what
@@ -36,6 +38,7 @@ from analytics.progress import status
 from analytics.sim.admission import Refused
 from analytics.sim.bench_report import fmt
 from analytics.sim.cluster import simulate
+from analytics.sim.fairbench import fair_section, fair_share
 from analytics.sim.metrics import run_metrics
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names, with_router
@@ -296,6 +299,8 @@ def bench_fleet(
     pd = {name: pd_vs_colocated(name) for name in PD_WORKLOADS}
     hol = long_tail_isolation()
     at80 = hol["load_0.8"]["lanes"]
+    with status("fleet: fair_share"):
+        fair = fair_share()
     with status("fleet: scale_from_zero"):
         zero = scale_from_zero(nodes=4, load=0.3, requests=6000, start_delay_s=30.0)
         zero["burst"] = scale_from_zero(nodes=4, load=0.6, requests=2000, start_delay_s=30.0)
@@ -315,6 +320,7 @@ def bench_fleet(
         "rows": rows,
         "slo_mix": slo,
         "scale_from_zero": zero,
+        "fair_share": fair,
         "pd_vs_colocated": pd,
         "long_tail": hol,
         "long_tail_short_ttft_p99_ratio": at80["short_ttft_p99_ratio"],
@@ -356,6 +362,7 @@ def _markdown(r: dict[str, Any]) -> str:
     for name, row in r["rows"].items():
         lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
     lines += _slo_section(r) + _long_tail_section(r) + _pd_section(r) + zero_section(r)
+    lines += fair_section(r)
     lines += _reading()
     return "\n".join(lines) + "\n"
 
