@@ -63,10 +63,31 @@ class SentinelSet:
         self.sup.spawn_argv("redis-sentinel", ["redis-server", str(conf), "--sentinel"])
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.primary() == self.primary_port and self._replicated():
+            # the Sentinel learns of replicas from the primary's INFO (every 10 s): until it
+            # lists this one, a dead primary has nobody to be replaced by
+            if (
+                self.primary() == self.primary_port
+                and self._replicated()
+                and self._sentinel_knows_replica()
+            ):
                 return
             time.sleep(0.1)
         raise TimeoutError("the Sentinel-managed Redis did not come up")
+
+    def _sentinel_knows_replica(self) -> bool:
+        try:
+            with Redis(port=self.sentinel_port, socket_timeout=1.0) as s:
+                replicas = s.execute_command("SENTINEL", "replicas", SERVICE)
+        except RedisError:
+            return False
+        for raw in replicas or ():  # (redis-py parses each into a dict; raw: a flat list)
+            fields = raw if isinstance(raw, dict) else dict(zip(raw[::2], raw[1::2], strict=False))
+            fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+            port, flags = fields.get("port"), fields.get("flags", "")
+            flags = flags.decode() if isinstance(flags, bytes) else str(flags)
+            if port is not None and int(port) == self.replica_port and "down" not in flags:
+                return True
+        return False
 
     def primary(self) -> int | None:
         """The primary's port as the Sentinel names it (None: it cannot be asked)."""
