@@ -17,8 +17,8 @@ from admission.plan import water_fill
 from admission.settings import AdmissionSettings, Priority, Tenant
 from analytics.sim.cluster import simulate
 from analytics.sim.replay import capacity_rps, open_trace
-from analytics.sim.simconfig import Done, RetryModel, SimConfig, with_router
-from analytics.sim.traces import Trace
+from analytics.sim.simconfig import RetryModel, SimConfig, with_router
+from analytics.sim.traces import Trace, TraceRequest
 from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
@@ -39,10 +39,6 @@ def _with_tenants(trace: Trace) -> Trace:
         name = TENANTS[zlib.crc32(f"t{r.session_id or i}".encode()) % len(TENANTS)][0]
         out.append(replace(r, client=name, priority=prio[name]))
     return Trace(trace.name, trace.block_size, tuple(out))
-
-
-def _work(d: Done) -> int:
-    return d.request.prompt_tokens + d.request.output_tokens
 
 
 def fair_share(
@@ -66,7 +62,7 @@ def fair_share(
         served = {n: 0 for n in weights}
         for d in done:
             if start <= d.first_token_s < start + window_s:
-                served[d.request.client] += _work(d)
+                served[d.request.client] += _work_of(d.request)
         offered = {n: 0 for n in weights}
         for r in trace.requests:
             if start <= r.arrival_s < start + window_s:
@@ -108,8 +104,9 @@ def fair_share(
     }
 
 
-def _work_of(r: Any) -> int:
-    return int(r.prompt_tokens + r.output_tokens)
+def _work_of(r: TraceRequest) -> int:
+    """A request's KV-token work: its prompt and its output."""
+    return r.prompt_tokens + r.output_tokens
 
 
 def fair_section(r: dict[str, Any]) -> list[str]:

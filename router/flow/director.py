@@ -113,15 +113,15 @@ class Director:
 
     async def admit(self, i: Intake, hold: bool = True) -> Gated:
         """Model, node health and admission for an authenticated, parsed request: what routing
-        needs (admitted requests hold a reservation from here on); raises :class:`Refusal`.
-        A request for a model scaling up from zero waits for its first ready node (``hold``
-        False: a gateway's, refused at once instead: router/flow/scaleroom.py)."""
+        needs (admitted requests hold a reservation from here on); raises :class:`Refusal`. A
+        model scaling up from zero: it waits (``hold`` False: refused; flow/scaleroom.py)."""
         tenant, request_id, p, placement, slo = i.tenant, i.request_id, i.parsed, i.placement, i.slo
         client, idempotency_key = i.client, i.idempotency_key
         max_wait = slo[1].ttft_s if slo is not None else self.settings.scale_wait_s
-        await self.scaleroom.wait(p.model, max_wait, hold)
         now = time.time()
         all_nodes = self.views.nodes(now)
+        if await self.scaleroom.wait(p.model, max_wait, hold, all_nodes, now):
+            now, all_nodes = time.time(), self.views.nodes(time.time())  # it waited
         if not any(n.serves(p.model) for n in all_nodes):
             missing = f"The model `{p.model[:200]}` does not exist."
             raise self.reader.refuse("unknown_model", 404, missing, "NotFoundError")

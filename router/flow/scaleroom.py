@@ -17,6 +17,7 @@ import time
 
 from admission.core import Rejection, RejectReason
 from router.decision.scaleup import ScaleUps, ready, scaling
+from router.decision.types import NodeView
 from router.flow.refusals import Refusal
 from router.flow.views import ClusterView
 from router.metrics import RouterMetrics
@@ -48,20 +49,21 @@ class ScaleRoom:
         """An autoscaler's ``scale`` message for ``model``."""
         self.desired[model] = desired
 
-    async def wait(self, model: str, max_wait_s: float, hold: bool) -> None:
-        """Return once ``model`` has a ready node (at once when it has one or none is coming);
-        raise a 503 ``scaling`` :class:`Refusal` when none is ready within ``max_wait_s`` (or
-        at once with ``hold`` False)."""
-        now = time.time()
-        nodes = self.views.nodes(now)
+    async def wait(
+        self, model: str, max_wait_s: float, hold: bool, nodes: list[NodeView], now: float
+    ) -> bool:
+        """Return once ``model`` has a ready node (at once, False, when ``nodes`` — the cluster
+        at ``now`` — has one or none is coming; True after a wait: the caller reads the cluster
+        again); raise a 503 ``scaling`` :class:`Refusal` when none is ready within
+        ``max_wait_s`` (or at once with ``hold`` False)."""
         if ready(nodes, model, now):
             self.ups.warm(model, now)
             if len(self.seen_ready) < MAX_SEEN:
                 self.seen_ready.update(n.node_id for n in nodes if n.healthy)
-            return
+            return False
         at_zero = self.settings.models_at_zero
         if not scaling(nodes, model, now, at_zero, self.desired, self.seen_ready):
-            return  # nothing is coming: admission and routing say why
+            return False  # nothing is coming: admission and routing say why
         self.ups.cold(model, now)
         limit = min(max_wait_s, self.settings.scale_wait_s) if hold else 0.0
         start = now
@@ -74,7 +76,7 @@ class ScaleRoom:
                 if ready(self.views.nodes(now), model, now):
                     self.ups.warm(model, now)
                     self.metrics.scale_wait.labels("served").observe(now - start)
-                    return
+                    return True
         finally:
             self.waiting -= 1
             self.metrics.scale_waiting.set(self.waiting)

@@ -256,14 +256,25 @@ async def _failed(
     reply: Reply,
     request_id: str,
     stall: StallBudget,
+    trail: Trail | None = None,
 ) -> Whole | None:
     """The engine failed (or, ``overdue`` set to ``max_duration_s``, the request ran past it):
-    a 502/504 before the first byte, else a final SSE error event on the open stream. The
-    client never sees an internal address (the log does)."""
+    a 502/504 before the first byte, else a final SSE error event on the open stream — unless
+    the stream can go on elsewhere (``trail``: the relay comes back ``broken``, nothing
+    written) or its answer was whole already (its finish reason sent: it ends with
+    ``[DONE]``). The client never sees an internal address (the log does)."""
     relay.error = f"upstream {node.node_id} failed: {exc!r}"
     public = f"engine {node.node_id} failed while serving this request"
     if overdue is None:
-        relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
+        if not isinstance(exc, Cut):  # (the router ended it: no failure of the engine's)
+            relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
+        if reply.started and trail is not None and (trail.resumable or trail.finished):
+            log.warning("%s: %s mid-stream", request_id, relay.error)
+            relay.broken = trail.resumable
+            if trail.finished:
+                relay.status = "ok"
+                await end_stream(reply, stall)
+            return None
     else:
         relay.error = f"request ran past max_duration_s ({overdue:g} s)"
         public = relay.error
@@ -419,20 +430,7 @@ async def forward(
         return relay, None
     except (UpstreamError, TimeoutError) as exc:
         overdue = max_duration_s if deadline.expired() else None
-        if overdue is None and reply.started and trail is not None and trail.resumable:
-            relay.error = f"upstream {node.node_id} failed mid-stream: {exc!r}"
-            if not isinstance(exc, Cut):  # (the router ended it: no failure of the engine's)
-                relay.failure = "timeout" if isinstance(exc, TimeoutError) else "connect"
-            relay.broken = True
-            log.warning("%s: %s", request_id, relay.error)
-            return relay, None
-        if overdue is None and reply.started and trail is not None and trail.finished:
-            # the answer was whole (its finish reason sent): the stream ends as it would have
-            log.warning("%s: %s failed after the answer: %r", request_id, node.node_id, exc)
-            relay.status = "ok"
-            await end_stream(reply, stall)
-            return relay, None
-        return relay, await _failed(exc, overdue, relay, node, reply, request_id, stall)
+        return relay, await _failed(exc, overdue, relay, node, reply, request_id, stall, trail)
     finally:
         if relay.usage is not None:
             relay.output_tokens = int(relay.usage.get("completion_tokens", relay.output_tokens))
