@@ -46,8 +46,9 @@ class ScaleRoom:
         return model in self.settings.models_at_zero or model in self.desired
 
     def scale(self, model: str, desired: int) -> None:
-        """An autoscaler's ``scale`` message for ``model``."""
-        self.desired[model] = desired
+        """An autoscaler's ``scale`` message for ``model`` (at most ``MAX_SEEN`` models kept)."""
+        if model in self.desired or len(self.desired) < MAX_SEEN:
+            self.desired[model] = desired
 
     async def wait(
         self, model: str, max_wait_s: float, hold: bool, nodes: list[NodeView], now: float
