@@ -46,6 +46,7 @@ class RejectReason(StrEnum):
     NO_FIT_NOW = "no_fit_now"  # some node could hold its KV, none can now (router/decision/fit.py)
     RATE_LIMITED = "rate_limited"  # over the tenant's requests or tokens per minute
     SCALING = "scaling"  # no node of its model is ready yet, one is starting (Retry-After)
+    PREEMPTED = "preempted"  # admitted sheddable work ended before its first token (preempt.py)
 
 
 @dataclass(frozen=True, slots=True)

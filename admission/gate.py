@@ -32,6 +32,7 @@ from admission.plan import (
     store_down,
     tenant_caps,
 )
+from admission.preempt import Preemptible
 from admission.queue import AdmissionQueues
 from admission.rates import InProcessRates, RateStore, TenantRates, counted
 from admission.reservations import (
@@ -80,6 +81,7 @@ class AdmissionGate:
             quantile=settings.output_quantile, min_samples=settings.output_min_samples
         )
         self.waiting = Waiters(self)  # the queue's waiters and its pump
+        self.preemptible: Preemptible | None = None  # who can end sheddable work (preempt.py)
         self._weights = {t.name: t.weight for t in settings.tenants.values()}
         self._weights[settings.anonymous.name] = settings.anonymous.weight
         self._demand: dict[str, float] = {}  # tenant -> when it last asked this router
@@ -178,7 +180,7 @@ class AdmissionGate:
                 ask.shape,
             )
             verdict = replace(verdict, output_estimate=expected)
-            if self.queues.waiting_at_or_above(pool, tenant.priority):
+            if self.queues.waiting_at_or_above(pool, tenant.priority, now):
                 verdict = self.queues.hold(verdict, tenant.priority, s)
             if verdict.queue:
                 self.wanting(tenant, now)
@@ -277,7 +279,7 @@ class AdmissionGate:
         decides (guarded, queued requests waiting, above yellow, too large, no capacity)."""
         s = self.settings
         expected = self._expected(ask)
-        queued = self.queues.waiting_at_or_above(ask.pool, ask.tenant.priority)
+        queued = self.queues.waiting_at_or_above(ask.pool, ask.tenant.priority, now)
         plan = below_yellow(ask, s, queued, expected)
         if plan is None:
             return None

@@ -1,7 +1,10 @@
 """Bounded priority queues in front of the KV budget (pure; one set per router).
 
 Above the red watermark, work that may not enter yet waits here instead of being refused at
-once. Order: high before normal before low, first come first served within a class. A queue is
+once. Order: high before normal before low, first come first served within a class — with an
+aging term: a request counts one class higher for every ``queue_aging_s`` it has waited (its
+place, and the watermark it may fill to), so that under sustained saturation a lower class
+still gets in instead of waiting out its deadline behind a higher one. A queue is
 bounded by what it can drain, not by a count alone: a newcomer's expected wait is the KV blocks
 ahead of it (its class and the classes above) plus its own, beyond its priority's limit, divided
 by the rate at which reservations drain. When that wait would pass the request's deadline the
@@ -67,10 +70,28 @@ class AdmissionQueues:
     def pools(self) -> list[str]:
         return [p for p, q in self._queues.items() if any(q.values())]
 
-    def waiting_at_or_above(self, pool: str, priority: Priority) -> bool:
-        """Whether requests of this priority or higher wait: a newcomer must not overtake them."""
+    def rank(self, w: Waiting, now: float) -> int:
+        """``w``'s class as the queue counts it now: its priority's place in :data:`ORDER`,
+        one higher for every ``queue_aging_s`` it has waited."""
+        r = ORDER.index(w.priority)
+        aging = self.settings.queue_aging_s
+        if aging > 0 and r:
+            r = max(0, r - int(max(0.0, now - w.enqueued_at) // aging))
+        return r
+
+    def waiting_at_or_above(self, pool: str, priority: Priority, now: float) -> bool:
+        """Whether requests of this priority or higher (aged into it included) wait: a
+        newcomer must not overtake them. (A class's head has waited longest: it is the one
+        aged furthest.)"""
+        at = ORDER.index(priority)
+        return any(d and self.rank(d[0], now) <= at for d in self._pool(pool).values())
+
+    def ahead(self, pool: str, priority: Priority) -> tuple[int, int]:
+        """KV blocks and requests queued at this priority and above: the room a newcomer of
+        it waits behind."""
         q = self._pool(pool)
-        return any(q[p] for p in ORDER[: ORDER.index(priority) + 1])
+        ahead = [w for p in ORDER[: ORDER.index(priority) + 1] for w in q[p]]
+        return sum(w.kv_blocks for w in ahead), len(ahead)
 
     def hold(self, verdict: Verdict, priority: Priority, s: AdmissionSettings) -> Verdict:
         """``verdict`` for a newcomer while others of its priority or higher wait: an admission
@@ -98,16 +119,10 @@ class AdmissionQueues:
         class and above) plus its own, beyond its priority's limit, at the drain rate — in KV
         blocks and in slots (releases per second ≈ block drain / blocks per reservation),
         whichever binds."""
-        q = self._pool(pool)
-        ahead = [w for p in ORDER[: ORDER.index(priority) + 1] for w in q[p]]
+        ahead_blocks, ahead_n = self.ahead(pool, priority)
         share = priority_limit(priority, self.settings)
-        excess_blocks = (
-            b.kv_blocks_reserved
-            + sum(w.kv_blocks for w in ahead)
-            + kv_blocks
-            - share * b.kv_blocks_total
-        )
-        excess_slots = b.slots_reserved + len(ahead) + 1 - share * b.slots_total
+        excess_blocks = b.kv_blocks_reserved + ahead_blocks + kv_blocks - share * b.kv_blocks_total
+        excess_slots = b.slots_reserved + ahead_n + 1 - share * b.slots_total
         if excess_blocks <= 0 and excess_slots <= 0:
             return 0.0
         if b.drain_blocks_per_s <= 0:
@@ -158,16 +173,23 @@ class AdmissionQueues:
             q.append(w)
         return None
 
-    def admissible(self, pool: str, b: Budget) -> Waiting | None:
-        """The head that may enter now: strict priority, FIFO within a class."""
-        for p in ORDER:
-            d = self._pool(pool)[p]
+    def admissible(self, pool: str, b: Budget, now: float) -> Waiting | None:
+        """The head that may enter now: the highest class as aged (:meth:`rank`; between
+        equals, one native to the class before one aged into it — aging never puts a class
+        behind the one below it — then the one that waited longer), FIFO within a class, up
+        to the watermark of the class it has aged into."""
+        best: tuple[int, int, float] | None = None
+        head: Waiting | None = None
+        for d in self._pool(pool).values():
             if d:
-                head = d[0]
-                if b.usage_after(head.kv_blocks) <= priority_limit(p, self.settings):
-                    return head
-                return None  # a lower class never overtakes a blocked higher one
-        return None
+                key = (self.rank(d[0], now), ORDER.index(d[0].priority), d[0].enqueued_at)
+                if best is None or key < best:
+                    best, head = key, d[0]
+        if head is None or best is None:
+            return None
+        if b.usage_after(head.kv_blocks) <= priority_limit(ORDER[best[0]], self.settings):
+            return head
+        return None  # a lower class never overtakes a blocked higher one
 
     def remove(self, w: Waiting) -> bool:
         d = self._pool(w.pool)[w.priority]

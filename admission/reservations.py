@@ -195,6 +195,9 @@ class InProcessReservations:
     async def count(self) -> int:
         return len(self._by_id)
 
+    def get(self, rid: str) -> Reservation | None:
+        return self._by_id.get(rid)
+
     def holds(self, rid: str) -> bool:
         return rid in self._by_id
 

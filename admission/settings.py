@@ -143,6 +143,7 @@ DEFAULT_SLO_CLASSES = {
 }
 
 _QUEUE_TIMEOUTS: dict[Priority, float] = {"high": 30.0, "normal": 10.0, "low": 0.0}
+_SHEDDABLE: tuple[Priority, ...] = ("low",)
 
 
 class AdmissionSettings(BaseModel):
@@ -176,6 +177,25 @@ class AdmissionSettings(BaseModel):
         description="an agent session's turn arriving while its KV is held (router/flow/"
         "sessions.py) queues ahead of its class's other requests, but never ahead of one that "
         "has waited this long (a bound on how long a new request can be passed over; 0: off)",
+    )
+    queue_aging_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=600,
+        description="a queued request counts as one priority higher for every this many seconds "
+        "it has waited (its place in the queue and the watermark it may fill to): a lower class "
+        "is never starved by a higher one under sustained saturation (0: strict priority)",
+    )
+    preemption: bool = Field(
+        default=True,
+        description="when a queued request of a higher priority would miss its deadline, "
+        "streamed requests of preempt_priorities this router is serving that have not produced "
+        "their first token are ended (503 preempted, with Retry-After) to make room for it",
+    )
+    preempt_priorities: list[Priority] = Field(
+        default_factory=lambda: list(_SHEDDABLE),
+        description="the sheddable priorities: only their requests are preempted, and only for "
+        "a request of a higher priority",
     )
     queue_poll_s: float = Field(default=0.05, gt=0, description="queue re-check interval")
     min_healthy_share: float = Field(

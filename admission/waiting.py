@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from admission.core import Budget, Rejection, RejectReason, Verdict
 from admission.plan import AdmissionAsk, quota_refusal, reserve_ask
+from admission.preempt import make_room
 from admission.queue import Waiting
 from admission.reservations import TENANT_LIMIT, Reservation
 
@@ -32,7 +33,8 @@ class Waiters:
 
     async def wait(self, ask: AdmissionAsk, verdict: Verdict, b: Budget, now: float) -> Verdict:
         """Queue until the pump admits it, its deadline passes (its priority's queue timeout,
-        at most its SLO class's TTFT) or the client leaves."""
+        at most its SLO class's TTFT) or the client leaves — having preempted sheddable work
+        when it would miss that deadline otherwise."""
         tenant, request_id = ask.tenant, ask.request_id
         timeout = self.gate.settings.queue_timeout_s.get(tenant.priority, 0.0)
         if ask.ttft_deadline_s is not None:
@@ -47,6 +49,8 @@ class Waiters:
             tenant,
             ask.resuming,
         )
+        # a higher class that would miss its deadline takes sheddable work's room (preempt.py)
+        b = make_room(self.gate.queues, w, b, self.gate.preemptible, now)
         refused = self.gate.queues.offer(w, b, now)
         if refused is not None:
             return replace(verdict, queue=False, rejection=refused)
@@ -94,7 +98,7 @@ class Waiters:
                     )
             for pool in self.gate.queues.pools():
                 b = await self.gate.budget(pool, self.gate.node_blocks.get(pool, []), now)
-                while (head := self.gate.queues.admissible(pool, b)) is not None:
+                while (head := self.gate.queues.admissible(pool, b, now)) is not None:
                     t = head.tenant or self.gate.settings.anonymous
                     t_blocks, t_slots, why = await self.gate.tenant_limits(t, pool, b, 1.0, now)
                     plan = reserve_ask(

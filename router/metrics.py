@@ -82,6 +82,13 @@ class RouterMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "kvgate_router_preemptions",
+            "Requests of a sheddable priority ended before their first token (503 preempted) "
+            "to make room for a higher class that would have missed its deadline",
+            ["priority"],
+            registry=self.registry,
+        )
         self.prewarm_advice = Counter(
             "kvgate_router_prewarm_advice",
             "Pre-warm advice published for hot prefixes",

@@ -30,6 +30,7 @@ from router.flow.entry import Entry
 from router.flow.external import ExternalRequests
 from router.flow.flight import Flights
 from router.flow.intake import IntakeReader
+from router.flow.preemption import Preemptions
 from router.flow.proxied import ProxiedRequests
 from router.flow.recorder import Recorder
 from router.flow.sessions import SessionKeeper
@@ -184,6 +185,7 @@ def build_router(
     proxied = ProxiedRequests(
         s, gate, flights, ledger, views, queue, calibration, recorder, metrics, sessions
     )
+    gate.preemptible = Preemptions(flights, gate, metrics)
     loops = Loops(s, router_id, gate, flights, external, views, upstream)
     loops.tokenizers = TokenizerDiscovery(s, reader.tokenizations)
     prefill = PrefillLeg(s, upstream, gate, views, ledger, director, metrics)

@@ -316,7 +316,7 @@ class Outcome(Message):
     ts: float = Field(gt=0)
     router_id: str
     node_id: NodeId | None
-    status: Literal["ok", "error", "cancelled", "rejected"]
+    status: Literal["ok", "error", "cancelled", "rejected", "preempted"]
     http_status: int
     ttft_s: float | None = None
     tpot_s: float | None = None

@@ -2,8 +2,8 @@
 
 The live gate keeps reservations in a store behind an async interface; here the in-process
 store itself (one router) is driven synchronously — its coroutines never suspend. Decisions —
-cost, watermarks, priorities, queueing, Retry-After — come from :mod:`admission.core` and
-:mod:`admission.queue`.
+cost, watermarks, priorities, queueing (with its aging term), Retry-After, preemption — come
+from :mod:`admission.core`, :mod:`admission.queue` and :mod:`admission.preempt`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 from admission.core import Budget, Rejection, RejectReason, admit
 from admission.plan import contended, quota_refusal, reserve_ask, tenant_caps
+from admission.preempt import Preemptible, make_room
 from admission.queue import AdmissionQueues, Waiting
 from admission.reservations import TENANT_LIMIT, InProcessReservations, ReserveAsk
 from admission.settings import AdmissionSettings, Priority, Tenant
@@ -64,6 +65,7 @@ class SimAdmission:
     weights: dict[str, float] = field(init=False)
     asked: dict[str, float] = field(init=False)
     hungry: dict[str, float] = field(init=False)
+    preemptible: Preemptible | None = None  # the engines' sheddable work (admission/preempt.py)
 
     def __post_init__(self) -> None:
         self.queues = AdmissionQueues(self.settings)
@@ -131,7 +133,7 @@ class SimAdmission:
             self.asked[tenant.name] = now
         b = self.budget(now)
         v = admit(prompt_tokens, max_tokens, self.block_size, priority, b, self.settings)
-        if self.queues.waiting_at_or_above(POOL, priority):
+        if self.queues.waiting_at_or_above(POOL, priority, now):
             v = self.queues.hold(v, priority, self.settings)
         if tenant is not None and not v.admitted:
             self.hungry[tenant.name] = now  # refused or queued: it wants more (as live)
@@ -144,6 +146,7 @@ class SimAdmission:
                 timeout = min(timeout, ttft_deadline_s)
             deadline = now + timeout
             w = Waiting(rid, POOL, priority, v.kv_blocks, now, deadline, tenant)
+            b = make_room(self.queues, w, b, self.preemptible, now)  # (as the live gate)
             refused = self.queues.offer(w, b, now)
             if refused is None:
                 self._waiting[rid] = (w, index)
@@ -164,7 +167,7 @@ class SimAdmission:
             refused.append(self._refused(index, w.priority, rej, now))
         admitted = []
         b = self.budget(now)
-        while (head := self.queues.admissible(POOL, b)) is not None:
+        while (head := self.queues.admissible(POOL, b, now)) is not None:
             self.queues.remove(head)
             _, index = self._waiting.pop(head.request_id)
             over = self._reserve(

@@ -103,6 +103,8 @@ def on_arrive(sim: SimCluster, now: float, data: object, kind: str = "arrive") -
             sim.dispatch(idx, now, None)
         elif isinstance(got, Refused):
             retry(sim, r, idx, attempt, got, now)
+        else:  # queued: the pump runs at once (as the live gate's), room a preemption made
+            pump(sim, now)
 
 
 def on_fail(sim: SimCluster, now: float, data: object) -> None:

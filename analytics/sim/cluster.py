@@ -35,6 +35,7 @@ from analytics.sim.enginesteps import (
     start_step,
 )
 from analytics.sim.fleetctl import control, operate
+from analytics.sim.preemption import SimPreemption
 from analytics.sim.scaleroom import SimScaleRoom
 from analytics.sim.simconfig import (
     MODEL,
@@ -182,6 +183,9 @@ class SimCluster:
             if cfg.admission is not None
             else None
         )
+        self.preemption = SimPreemption(self)
+        if self.adm is not None:
+            self.adm.preemptible = self.preemption
 
     def _schedule(self) -> None:
         """The events known in advance: a heartbeat before the first arrival (routers start
@@ -292,6 +296,7 @@ class SimCluster:
             )
         else:
             self.add(target, seq, now)
+            self.preemption.sent(idx, seq, target.node_id, now)
         if advice is not None:
             self.stats["prewarm_advice"] += 1
             self.push(now + self.cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
@@ -333,6 +338,7 @@ class SimCluster:
             if seq.request_id not in self.meta:  # a warm-up request
                 continue
             r, node, reason, hit = self.meta.pop(seq.request_id)
+            self.preemption.ended(seq.request_id)
             self.ledger.finish(seq.request_id, now, seq.max_tokens)
             reused = self.prefill_reuse.pop(seq.request_id, None)
             self.fleet.detector.observe(node, None, now, len(self.present))
@@ -377,6 +383,7 @@ class SimCluster:
         }
         while self.events and (self.remaining > 0):
             now, _, kind, data = heapq.heappop(self.events)
+            self.preemption.now = now
             while self.lagged and self.lagged[0][0] <= now:
                 fold(self.index, *self.lagged.popleft()[1:])
             handlers[kind](now, data)

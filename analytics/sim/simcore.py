@@ -92,7 +92,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 class SimCore:
     """``EngineCore``'s ``add`` / ``step`` / ``plan_decode_run`` / ``advance_decode`` for the
-    simulator (no aborts, no token ids)."""
+    simulator (no token ids; an abort only before the first token)."""
 
     def __init__(self, profile: EngineProfile) -> None:
         if profile.max_num_seqs > profile.max_num_batched_tokens:
@@ -123,6 +123,22 @@ class SimCore:
         if len(seq.hashes) < (seq.n_prompt + seq.max_tokens - 1) // self.bs:
             raise ValueError(f"{seq.request_id}: hashes must cover every full block")
         self.waiting.append(seq)
+
+    def abort(self, seq: SimSeq) -> bool:
+        """End a request that has not produced its first token (waiting, or prefilling between
+        steps: the engine frees its blocks, the prefix it computed stays cached); False when
+        it has (or has finished)."""
+        if seq.first_token_s is not None or seq.state in (DONE, DECODE):
+            return False
+        if seq.state == WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.cache.release(seq.hashes[: seq.held], seq.anon)
+            del self.prefilling[seq.rank]
+            del self.running[seq.rank]
+        seq.held = seq.anon = seq.computed = 0
+        seq.state = DONE
+        return True
 
     def receive(self, hashes: list[int]) -> int:
         """Prompt blocks whose KV arrives from a prefill engine (disaggregated prefill): cached

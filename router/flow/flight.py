@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from admission.core import Rejection
 from admission.settings import Tenant
 from admission.slo import Slo
 from router.parse import ParsedRequest
@@ -48,6 +49,9 @@ class Flight:
     # a proxied stream that can go on from another node: ends its engine's answer so that it
     # does (its node drained past router.drain_grace_s); None otherwise
     cut: Callable[[str], None] | None = None
+    # a sheddable stream its engine has not answered yet: ends it with a 503 preempted
+    # (router/flow/preemption.py); False when too late (bytes reached the client)
+    preempt: Callable[[Rejection], bool] | None = None
 
     @property
     def renewed_here(self) -> bool:

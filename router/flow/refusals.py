@@ -41,6 +41,7 @@ _STATUS = {
     RejectReason.NO_FIT_NOW: 503,
     RejectReason.RATE_LIMITED: 429,
     RejectReason.SCALING: 503,
+    RejectReason.PREEMPTED: 503,
 }
 
 

@@ -15,7 +15,7 @@ __all__ = ["Served"]
 class Served:
     """What happened on the way through."""
 
-    status: str = "error"  # ok | error | cancelled
+    status: str = "error"  # ok | error | cancelled | preempted
     http_status: int = 502
     ttft_s: float | None = None
     output_tokens: int = 0

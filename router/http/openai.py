@@ -7,10 +7,13 @@ allow-listed non-generating endpoints passed through by model, and a clear 404 f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from admission.core import Rejection
 from router.decision.types import NodeView
 from router.feed import FeedWatch
 from router.flow.director import Ask, Director
@@ -55,7 +58,7 @@ def reroutable(reply: Reply, served: Served) -> bool:
     """A failure the client has not seen yet, of a kind another node may not have: the engine
     had no room for the request's KV (vLLM-style 400 naming the KV cache), was overloaded (503)
     or unreachable (502)."""
-    if served.status == "ok" or reply.started:
+    if served.status in ("ok", "preempted") or reply.started:
         return False
     if served.http_status in (502, 503):
         return True
@@ -74,6 +77,50 @@ def _cuttable(f: Flight, trail: Trail) -> Callable[[Answer | None], None]:
         f.cut = None if up is None else cut
 
     return streaming
+
+
+async def _preemptible(
+    f: Flight,
+    reply: Reply,
+    sending: Coroutine[Any, Any, tuple[Served, Whole | None]],
+    request_id: str,
+    node: NodeView,
+) -> tuple[Served, Whole | None]:
+    """``sending`` (the forward of a sheddable stream), ended when the flight is preempted
+    before any byte reached the client: the engine's connection closes (it aborts the request
+    and frees its KV) and the client gets the typed 503 ``preempted``, with Retry-After."""
+    stop: asyncio.Future[Rejection] = asyncio.get_running_loop().create_future()
+
+    def preempt(rej: Rejection) -> bool:
+        if reply.started or stop.done():
+            return False
+        stop.set_result(rej)
+        return True
+
+    task = asyncio.ensure_future(sending)
+    f.preempt = preempt
+    try:
+        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the client went away
+        task.cancel()
+        raise
+    finally:
+        f.preempt = None
+    if task.done() or reply.started:  # (it answered in the instant it was preempted)
+        return await task
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    rej = stop.result()
+    log.info("%s: preempted on %s: %s", request_id, node.node_id, rej.message)
+    refusal = Refusal.of(rej)
+    headers = (
+        ("X-Kvgate-Node", node.node_id),
+        ("X-Request-Id", request_id),
+        *refusal.headers.items(),
+    )
+    served = Served(status="preempted", http_status=refusal.status, error=rej.message)
+    return served, Whole(refusal.status, refusal.body(), headers=headers)
 
 
 class OpenAiApi:
@@ -266,7 +313,7 @@ class OpenAiApi:
         with self.tracing.span(
             "kvgate.proxy", {"kvgate.node": node.node_id, "kvgate.model": p.model}
         ) as span:
-            served, whole = await forward(
+            sending = forward(
                 self.upstream.pools,
                 request.headers,
                 reply,
@@ -288,6 +335,10 @@ class OpenAiApi:
                 splice=splice,
                 on_stream=None if trail is None else _cuttable(f, trail),
             )
+            if self._sheddable(t, f, reply):
+                served, whole = await _preemptible(f, reply, sending, t.request_id, node)
+            else:
+                served, whole = await sending
             if span is not None:
                 span.set_attribute("http.response.status_code", served.http_status)
                 span.set_attribute("kvgate.output_tokens", served.output_tokens)
@@ -295,6 +346,20 @@ class OpenAiApi:
         if self.feed.state != "live" and served.http_status == 502 and not reply.started:
             self.feed.down.add(node.node_id)  # until it answers a probe again
         return served, whole
+
+    def _sheddable(self, t: Taken, f: Flight, reply: Reply) -> bool:
+        """Whether the answer about to be asked for may be preempted until its first token
+        (router/flow/preemption.py): an admitted stream of a sheddable priority that has sent
+        nothing yet."""
+        a = self.director.gate.settings
+        return (
+            a.preemption
+            and t.admitted
+            and t.parsed.stream
+            and not reply.started
+            and f.first_token_s is None
+            and t.gated.tenant.priority in a.preempt_priorities
+        )
 
     async def models(self, request: Request, reply: Reply) -> None:
         """The fleet's models, answered here (and recorded: no request goes unrecorded)."""

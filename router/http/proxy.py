@@ -328,16 +328,23 @@ async def _stream(
     splice: Splice | None,
 ) -> None:
     """The engine's stream to the client as it comes (see :class:`_SseLines`); a
-    continuation (``splice``) goes on the stream already started."""
-    if not reply.started:
-        reply.bound(send_buffer_bytes)
-        reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
+    continuation (``splice``) goes on the stream already started. The client's response
+    starts with the engine's first event, not with its headers: until then nothing was sent,
+    and the request may still go to another node (or be preempted) with a clean status."""
+
+    def begin() -> None:
+        if not reply.started:
+            reply.bound(send_buffer_bytes)
+            reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
+
     lines = _SseLines(relay, p.include_usage, on_first_token, started, p.api, trail, splice)
     async for data in up.chunks():  # as the engine wrote it
         out = lines.feed(data)
         if out:
+            begin()
             await _write(reply, out, stall)
     out = lines.feed(b"", final=True)
+    begin()
     if out:
         await _write(reply, out, stall)
     reply.end()

@@ -61,10 +61,10 @@ def test_queue_full_and_strict_priority_order() -> None:
     assert full and full.reason == RejectReason.QUEUE_FULL
     assert q.offer(w("h1", "high"), b, 0.0) is None
     room = budget(850)
-    assert q.admissible("default", room).request_id == "h1"  # type: ignore[union-attr]
-    q.remove(q.admissible("default", room))  # type: ignore[arg-type]
-    assert q.admissible("default", room).request_id == "n1"  # type: ignore[union-attr]
-    assert q.admissible("default", budget(895)) is None  # n1 does not fit yet
+    assert q.admissible("default", room, 0.0).request_id == "h1"  # type: ignore[union-attr]
+    q.remove(q.admissible("default", room, 0.0))  # type: ignore[arg-type]
+    assert q.admissible("default", room, 0.0).request_id == "n1"  # type: ignore[union-attr]
+    assert q.admissible("default", budget(895), 0.0) is None  # n1 does not fit yet
     assert [x.request_id for x in q.expired(now=11.0)] == ["n1", "n2"]
 
 
@@ -175,11 +175,11 @@ def test_a_resuming_session_queues_ahead_of_new_requests_for_a_bounded_time() ->
         assert q.offer(item, b, item.enqueued_at) is None
     order = []
     room = budget(0)
-    while (head := q.admissible("default", room)) is not None:
+    while (head := q.admissible("default", room, 3.1)) is not None:
         order.append(head.request_id)
         q.remove(head)
     assert order == ["h", "r1", "r2", "a", "b", "r3", "c"]
     off = AdmissionQueues(S.model_copy(update={"resume_overtake_s": 0.0}))
     for item in (at("a", 0.0), at("r", 0.1, True)):
         off.offer(item, b, item.enqueued_at)
-    assert off.admissible("default", room).request_id == "a"  # type: ignore[union-attr]
+    assert off.admissible("default", room, 0.1).request_id == "a"  # type: ignore[union-attr]
