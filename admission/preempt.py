@@ -1,14 +1,22 @@
 """Preemption of sheddable work before its first token (pure; the live gate and the simulator
 apply it alike).
 
-A request of a higher priority that must queue and would miss its deadline there (its
-expected wait, :meth:`admission.queue.AdmissionQueues.expected_wait_s`, runs past it) may take
-the room of admitted requests of a sheddable priority (``preempt_priorities``, low by default)
-that have not produced their first token: their prefill is the only work lost, and they get a
-typed refusal (503 ``preempted``, with Retry-After) instead of being served late at the
-expense of a class above them. The newest are preempted first (the least waited), and only as
-many as make the room; when even all of them would not, none is: a preemption that does not
-let the request in only loses work.
+Admitted requests of a sheddable priority (``preempt_priorities``, low by default) that have
+not produced their first token may be ended for a request of a higher class that would
+otherwise miss its deadline: their prefill is the only work lost, and they get a typed refusal
+(503 ``preempted``, with Retry-After) instead of being served at the expense of a class above
+them. Two places decide it:
+
+* admission (:func:`victims`): the request must queue and would wait past its deadline (its
+  expected wait, :meth:`admission.queue.AdmissionQueues.expected_wait_s`): the KV budget the
+  sheddable work holds makes its room;
+* routing (:func:`deadline_victims`, router/decision/pipeline.py): its best node's expected
+  time to first token would pass its SLO class's TTFT: the sheddable work queued on that node
+  ahead of it is what makes it late.
+
+The newest are preempted first (the least waited), and only as many as make the room or the
+time; when even all of them would not, none is: a preemption that does not let the request in
+on time only loses work.
 """
 
 from __future__ import annotations
@@ -22,7 +30,15 @@ from admission.core import Budget, Rejection, RejectReason, priority_limit, retr
 from admission.queue import ORDER, AdmissionQueues, Waiting
 from admission.settings import AdmissionSettings, Priority
 
-__all__ = ["Preemptible", "Running", "freed", "make_room", "preempted", "victims"]
+__all__ = [
+    "Preemptible",
+    "Running",
+    "deadline_victims",
+    "freed",
+    "make_room",
+    "preempted",
+    "victims",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +49,8 @@ class Running:
     priority: Priority
     kv_blocks: int
     admitted_at: float
+    node: str = ""  # where it was sent
+    prefill_tokens: int = 0  # the prompt tokens its node computes before its first token
 
 
 class Preemptible(Protocol):
@@ -40,6 +58,10 @@ class Preemptible(Protocol):
 
     def running(self, pool: str) -> list[Running]:
         """The requests in ``pool`` that have not produced their first token."""
+        ...
+
+    def on_node(self, node: str) -> list[Running]:
+        """The requests sent to ``node`` that have not produced their first token."""
         ...
 
     def preempt(self, request_id: str, rejection: Rejection) -> bool:
@@ -62,16 +84,12 @@ def victims(
     work of lower classes could not make the room."""
     if not s.preemption or now + wait_s <= w.deadline:
         return []
-    rank = ORDER.index(w.priority)
-    pool = [
-        r for r in running if r.priority in s.preempt_priorities and ORDER.index(r.priority) > rank
-    ]
     limit = priority_limit(w.priority, s)
     need_blocks = b.kv_blocks_reserved + ahead[0] + w.kv_blocks - limit * b.kv_blocks_total
     need_slots = b.slots_reserved + ahead[1] + 1 - limit * b.slots_total
     chosen: list[Running] = []
     blocks = slots = 0
-    for r in sorted(pool, key=lambda r: (-r.admitted_at, r.request_id)):
+    for r in _sheddable_below(w.priority, running, s):
         if blocks >= need_blocks and slots >= need_slots:
             break
         chosen.append(r)
@@ -80,6 +98,43 @@ def victims(
     if blocks < need_blocks or slots < need_slots:
         return []
     return chosen
+
+
+def _sheddable_below(
+    priority: Priority, running: Sequence[Running], s: AdmissionSettings
+) -> list[Running]:
+    """``running``'s sheddable requests of a lower class than ``priority``, newest first."""
+    rank = ORDER.index(priority)
+    pool = [
+        r for r in running if r.priority in s.preempt_priorities and ORDER.index(r.priority) > rank
+    ]
+    return sorted(pool, key=lambda r: (-r.admitted_at, r.request_id))
+
+
+def deadline_victims(
+    priority: Priority,
+    late_s: float,
+    prefill_tokens_per_s: float | None,
+    running: Sequence[Running],
+    s: AdmissionSettings,
+) -> list[Running]:
+    """The requests to preempt on a node so that a request of ``priority`` that would be
+    ``late_s`` past its class's TTFT there (behind the prefill queued on it, which the node
+    computes at ``prefill_tokens_per_s``) meets it: sheddable requests of lower classes not
+    yet answered on that node (``running``), newest first, whose prefill takes at least that
+    long. None when preemption is off, the node's rate is unknown, or they could not save
+    the time."""
+    if not s.preemption or late_s <= 0 or not prefill_tokens_per_s:
+        return []
+    chosen: list[Running] = []
+    saved = 0.0
+    for r in _sheddable_below(priority, running, s):
+        if saved >= late_s:
+            break
+        if r.prefill_tokens > 0:
+            chosen.append(r)
+            saved += r.prefill_tokens / prefill_tokens_per_s
+    return chosen if saved >= late_s else []
 
 
 def freed(b: Budget, gone: Sequence[Running]) -> Budget:

@@ -185,7 +185,7 @@ def build_router(
     proxied = ProxiedRequests(
         s, gate, flights, ledger, views, queue, calibration, recorder, metrics, sessions
     )
-    gate.preemptible = Preemptions(flights, gate, metrics)
+    gate.preemptible = Preemptions(flights, gate, ledger, metrics)
     loops = Loops(s, router_id, gate, flights, external, views, upstream)
     loops.tokenizers = TokenizerDiscovery(s, reader.tokenizations)
     prefill = PrefillLeg(s, upstream, gate, views, ledger, director, metrics)

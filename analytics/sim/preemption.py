@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from admission.core import Rejection
-from admission.preempt import Running
+from admission.preempt import Running, preempted
 from analytics.sim.admission import Refused
 from analytics.sim.arrivals import retry
 from analytics.sim.simcore import DONE, SimSeq
+from router.decision.pipeline import Ask, Routed
 
 if TYPE_CHECKING:
     from analytics.sim.cluster import SimCluster
@@ -39,20 +40,31 @@ class SimPreemption:
     def ended(self, rid: str) -> None:
         self.seqs.pop(rid, None)
 
-    def running(self, pool: str) -> list[Running]:
+    def _running(self, node: str | None) -> list[Running]:
         adm = self.sim.adm
         assert adm is not None
         out = []
-        for rid, (seq, _, at) in self.seqs.items():
+        for rid, (seq, on, at) in self.seqs.items():
             r = adm.store.get(rid)
-            if seq.first_token_s is None and seq.state != DONE and r is not None:
-                out.append(Running(rid, self.sim.requests[int(rid[1:])].priority, r.kv_blocks, at))
+            out_by = seq.first_token_s
+            if node is not None and on != node:
+                continue
+            if (out_by is None or out_by > self.now) and seq.state != DONE and r is not None:
+                p = self.sim.requests[int(rid[1:])].priority
+                tokens = self.sim.ledger.prefilling(rid)  # (what a live router knows of it)
+                out.append(Running(rid, p, r.kv_blocks, at, on, tokens))
         return out
+
+    def running(self, pool: str) -> list[Running]:
+        return self._running(None)
+
+    def on_node(self, node: str) -> list[Running]:
+        return self._running(node)
 
     def preempt(self, request_id: str, rejection: Rejection) -> bool:
         sim, now = self.sim, self.now
         got = self.seqs.get(request_id)
-        if got is None or not sim.by_id[got[1]].core.abort(got[0]):
+        if got is None or not sim.by_id[got[1]].core.abort(got[0], now):
             return False
         del self.seqs[request_id]
         sim.meta.pop(request_id, None)
@@ -66,3 +78,12 @@ class SimPreemption:
         refused = Refused(idx, r.priority, rejection.reason, rejection.retry_after_s, now)
         retry(sim, r, idx, sim.attempts.get(idx, 1), refused, now)
         return True
+
+    def making_time(self, ask: Ask, routed: Routed) -> None:
+        """End what routing named to preempt for ``ask`` (as router/flow/preemption.py)."""
+        a = self.sim.cfg.admission
+        if not routed.preempt or a is None:
+            return
+        rej = preempted(ask.priority, ask.slo[1].ttft_s if ask.slo is not None else 0.0, a)
+        for r in routed.preempt:
+            self.preempt(r.request_id, rej)

@@ -124,17 +124,21 @@ class SimCore:
             raise ValueError(f"{seq.request_id}: hashes must cover every full block")
         self.waiting.append(seq)
 
-    def abort(self, seq: SimSeq) -> bool:
-        """End a request that has not produced its first token (waiting, or prefilling between
-        steps: the engine frees its blocks, the prefix it computed stays cached); False when
-        it has (or has finished)."""
-        if seq.first_token_s is not None or seq.state in (DONE, DECODE):
+    def abort(self, seq: SimSeq, now: float) -> bool:
+        """End a request whose first token has not come out by ``now``: waiting, prefilling,
+        or in the step that produces it (a step is applied when it starts, its tokens come at
+        its end). The engine frees its blocks; the prefix it computed stays cached. False when
+        the token is out (or the request finished)."""
+        if seq.state == DONE or (seq.first_token_s is not None and seq.first_token_s <= now):
             return False
         if seq.state == WAITING:
             self.waiting.remove(seq)
         else:
-            self.cache.release(seq.hashes[: seq.held], seq.anon)
-            del self.prefilling[seq.rank]
+            if seq.state == DECODE:  # (decoding from the step in progress on)
+                self._leave_decode(seq, self.clock)  # (releases its blocks)
+            else:
+                self.cache.release(seq.hashes[: seq.held], seq.anon)
+                del self.prefilling[seq.rank]
             del self.running[seq.rank]
         seq.held = seq.anon = seq.computed = 0
         seq.state = DONE

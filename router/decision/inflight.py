@@ -371,6 +371,12 @@ class InflightLedger:
         self._views[node] = (v, key, out)
         return out
 
+    def prefilling(self, request_id: str) -> int:
+        """The prompt tokens ``request_id``'s node still computes before its first token (0
+        once it came, or when the ledger does not hold it)."""
+        e = self._entries.get(request_id)
+        return e.prefill_tokens if e is not None and e.prefilling else 0
+
     def prefill_backlog(self, node: str) -> int:
         """Uncached prompt tokens of this router's requests on ``node`` still awaiting prefill."""
         n = self._nodes.get(node)

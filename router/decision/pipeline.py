@@ -16,8 +16,10 @@ step   rule                            module
        degraded feed)
 5      holds: the SLO class's, then    admission/slo.py, router/decision/lanes.py (``proxy``)
        the lane rules'
-6      deadline: refused early when    admission/slo.py
+6      deadline: refused early when    admission/slo.py, admission/preempt.py
        its class's TTFT cannot be met
+       (unless preempting sheddable
+       work queued there saves it)
 =====  ==============================  ==================================================
 
 :func:`decide` never learns: a dry run, a poll of a held request and a decision that is not
@@ -33,13 +35,14 @@ and ``proxy`` (kvgate forwards it: every rule).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from admission.core import Rejection, RejectReason, retry_after
-from admission.settings import AdmissionSettings
-from admission.slo import Slo, held, late_refusal
+from admission.preempt import Running, deadline_victims
+from admission.settings import AdmissionSettings, Priority
+from admission.slo import Slo, expected_ttft_s, held, late_refusal
 from router.decision.disagg import decide_roles
 from router.decision.fit import fit
 from router.decision.fleet import Fleet, Selection
@@ -47,7 +50,7 @@ from router.decision.holdqueue import UNKNOWN
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
 from router.decision.inflight import InflightLedger
 from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
-from router.decision.policies.cost import prefill_weight
+from router.decision.policies.cost import prefill_rate, prefill_weight
 from router.decision.types import Candidate, NodeView, Policy, RouteDecision, RouteRequest
 
 __all__ = [
@@ -79,6 +82,7 @@ class Ask:
     mode: Mode = "proxy"
     prewarm: bool = True  # its prefix may be advised to other engines (not an adapter's)
     exact: bool = True  # its block hashes are of the engine's tokens (the index can match them)
+    priority: Priority = "normal"  # whom it may preempt (admission/preempt.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,9 @@ class Snapshot:
     load_only: bool = False  # degraded feed: no hit claims, least requests
     fit_floor: int = 0  # prompts up to this many tokens fit on every node: no fit pass
     roles: bool = False  # some node has the prefill or decode role
+    # a node's sheddable requests not answered yet (admission/preempt.py), asked only of a
+    # node that would make the request miss its class's TTFT; None: nobody is preempted
+    sheddable: Callable[[str], Sequence[Running]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,8 @@ class Routed:
     facts: LaneFacts
     uncached_tokens: int  # prompt tokens the chosen node computes (0 for a P/D decode node)
     canary: str | None = None  # the fleet canary group the request fell in
+    # to end before it is sent: the sheddable work that would make it miss its TTFT there
+    preempt: tuple[Running, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +219,7 @@ def decide(ask: Ask, snap: Snapshot, rules: Rules) -> Decision:
         if len(fitted.nodes) < len(sel.nodes):
             sel = replace(sel, nodes=fitted.nodes)
     d = _choose(ask, snap, rules, sel, matches)
-    go = _go(ask, rules, d, facts, sel, matches, snap.block_size, waited)
+    go = _go(ask, rules, d, facts, sel, matches, snap, waited)
     if ask.mode != "proxy":
         return go
     chosen = d.chosen_candidate
@@ -274,28 +283,61 @@ def _go(
     facts: LaneFacts,
     sel: Selection,
     matches: Mapping[str, int],
-    block_size: int,
+    snap: Snapshot,
     waited: float,
 ) -> Routed | Refused:
-    """The request sent at once: no node (refused), past its class's deadline (refused), or
-    routed."""
+    """The request sent at once: no node (refused), past its class's deadline (refused, or
+    routed with the sheddable work that makes it late there to preempt), or routed."""
     if d.chosen is None:
         return _refused(d.reason, ask, rules, d.candidates)
     chosen = d.chosen_candidate
+    components = chosen.components if chosen is not None else None
     late = late_refusal(
         ask.slo,
-        chosen.components if chosen is not None else None,
+        components,
         prefill_weight(rules.policy),
         ask.request.queue_weight,
         waited,
         rules.admission,
     )
-    if late is not None:  # refused early: it would miss its class's TTFT
-        return Refused(late, RouteDecision(None, "deadline", d.candidates))
+    victims: tuple[Running, ...] = ()
+    if late is not None and components is not None:
+        victims = _making_time(ask, rules, components, sel, d.chosen, snap, waited)
+        if not victims:  # refused early: it would miss its class's TTFT
+            return Refused(late, RouteDecision(None, "deadline", d.candidates))
     # a decode node of a split request computes none of the prompt: its KV arrives
     hit = matches.get(d.chosen, 0)
+    block_size = snap.block_size
     uncached = 0 if d.prefill is not None else max(0, ask.request.prompt_tokens - hit * block_size)
-    return Routed(d, facts, uncached, sel.canary)
+    return Routed(d, facts, uncached, sel.canary, victims)
+
+
+def _making_time(
+    ask: Ask,
+    rules: Rules,
+    components: Mapping[str, float],
+    sel: Selection,
+    chosen: str,
+    snap: Snapshot,
+    waited: float,
+) -> tuple[Running, ...]:
+    """The sheddable work on ``chosen`` to preempt so that ``ask`` meets its class's TTFT
+    there (admission/preempt.py :func:`deadline_victims`); none when there is none to ask
+    for, or it would not be enough."""
+    if (
+        snap.sheddable is None
+        or ask.slo is None
+        or ask.priority in rules.admission.preempt_priorities
+    ):
+        return ()
+    ttft = expected_ttft_s(components, prefill_weight(rules.policy), ask.request.queue_weight)
+    node = next((n for n in sel.nodes if n.node_id == chosen), None)
+    if ttft is None or node is None:
+        return ()
+    late_s = waited + ttft - ask.slo[1].ttft_s
+    rate = prefill_rate(rules.policy, node)
+    running = snap.sheddable(chosen)
+    return tuple(deadline_victims(ask.priority, late_s, rate, running, rules.admission))
 
 
 def commit(

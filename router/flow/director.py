@@ -43,6 +43,7 @@ from router.flow.asks import Gated, queue_weight, route_request
 from router.flow.headers import mint_id
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.offload import OFFLOAD_TOKENS, offloaded
+from router.flow.preemption import preempt_for
 from router.flow.pressure import Pressure
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
@@ -216,10 +217,9 @@ class Director:
             g.slo,
             hold_slo=g.verdict is not None and g.verdict.admitted,
             mode=mode,
-            # an adapter's prefixes only where it is loaded: no pre-warming other engines with
-            # them (a salted prefix is warmed with its salt: its tenant's alone still)
-            prewarm=not adapter,
+            prewarm=not adapter,  # (an adapter's prefixes: only where it is loaded)
             exact=p.exact_tokens,
+            priority=g.tenant.priority,
         )
 
     def snapshot(
@@ -229,13 +229,12 @@ class Director:
         load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
         hashes = ask.request.block_hashes
         matches = {} if load_only else self.views.matches(hashes, now, ask.exact)
-        return Snapshot(
-            nodes, matches, now, block_size, load_only, self.views.fit_floor, self.views.roles
-        )
+        fit_floor, roles, who = self.views.fit_floor, self.views.roles, self.gate.preemptible
+        shed = None if who is None or ask.mode == "query" else who.on_node  # (a dry run: never)
+        return Snapshot(nodes, matches, now, block_size, load_only, fit_floor, roles, shed)
 
     def _again(self, ask: Ask, g: Gated) -> Snapshot:
-        """A waiting request's snapshot on the cluster as it is now: its candidates that are
-        still eligible, else the ones it had."""
+        """A waiting request's snapshot now: its candidates still eligible, else its own."""
         now = time.time()
         ids = {n.node_id for n in g.nodes}
         fresh = [
@@ -246,6 +245,7 @@ class Director:
     def commit(self, ask: Ask, snap: Snapshot, routed: Routed, p: ParsedRequest) -> None:
         """``routed`` is sent: the router's state learns from it (router/decision/pipeline.py),
         and pre-warm advice leaves when its prefix is hot."""
+        preempt_for(ask, routed, self.gate)  # (the sheddable work that would make it late)
         advice = commit(ask, snap, routed, self.rules, self.ledger)
         if routed.canary is not None:
             self.metrics.canary_routed.labels(routed.canary).inc()

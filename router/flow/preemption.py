@@ -1,6 +1,7 @@
 """This router's side of preemption (admission/preempt.py): the proxied streams of sheddable
 priority that have not produced their first token, and ending one of them for a request of a
-higher class that would otherwise miss its deadline.
+higher class that would otherwise miss its deadline — in the admission queue (the gate asks)
+or on its best node (routing names them: :func:`preempt_for`).
 
 A flight can be preempted while ``Flight.preempt`` is set: the proxy sets it while such a
 request's engine works on it and no byte has reached the client (router/http/openai.py), so
@@ -12,30 +13,44 @@ from __future__ import annotations
 
 from admission.core import Rejection
 from admission.gate import AdmissionGate
-from admission.preempt import Running
+from admission.preempt import Running, preempted
+from router.decision.inflight import InflightLedger
+from router.decision.pipeline import Ask, Routed
 from router.flow.flight import Flights
 from router.metrics import RouterMetrics
 
-__all__ = ["Preemptions"]
+__all__ = ["Preemptions", "preempt_for"]
 
 
 class Preemptions:
     """:class:`admission.preempt.Preemptible` over this router's flights."""
 
-    def __init__(self, flights: Flights, gate: AdmissionGate, metrics: RouterMetrics) -> None:
+    def __init__(
+        self, flights: Flights, gate: AdmissionGate, ledger: InflightLedger, metrics: RouterMetrics
+    ) -> None:
         self.flights = flights
         self.gate = gate
+        self.ledger = ledger
         self.metrics = metrics
 
-    def running(self, pool: str) -> list[Running]:
+    def _running(self, pool: str | None, node: str | None) -> list[Running]:
         out = []
         for f in self.flights:
             if f.preempt is None or f.first_token_s is not None:
                 continue
+            if node is not None and f.node != node:
+                continue
             r = self.gate.held.get(f.id)
-            if r is not None and r.pool == pool:
-                out.append(Running(f.id, f.tenant.priority, r.kv_blocks, f.started))
+            if r is not None and (pool is None or r.pool == pool):
+                tokens = self.ledger.prefilling(f.id)
+                out.append(Running(f.id, f.tenant.priority, r.kv_blocks, f.started, f.node, tokens))
         return out
+
+    def running(self, pool: str) -> list[Running]:
+        return self._running(pool, None)
+
+    def on_node(self, node: str) -> list[Running]:
+        return self._running(None, node)
 
     def preempt(self, request_id: str, rejection: Rejection) -> bool:
         f = self.flights.get(request_id)
@@ -45,3 +60,16 @@ class Preemptions:
         f.preempt = None
         self.metrics.preemptions.labels(f.tenant.priority).inc()
         return True
+
+
+def preempt_for(ask: Ask, routed: Routed, gate: AdmissionGate) -> None:
+    """End what routing named to preempt for ``ask`` (the sheddable work that would make it
+    miss its class's TTFT on its node: router/decision/pipeline.py), before it is sent; the
+    preempted clients may come back once such a request could have started."""
+    who = gate.preemptible
+    if not routed.preempt or who is None:
+        return
+    wait = ask.slo[1].ttft_s if ask.slo is not None else 0.0
+    rej = preempted(ask.priority, wait, gate.settings)
+    for r in routed.preempt:
+        who.preempt(r.request_id, rej)

@@ -73,6 +73,14 @@ def prefill_weight(policy: object) -> float:
     return float(getattr(w, "prefill_weight", 1.0))
 
 
+def prefill_rate(policy: object, n: NodeView) -> float | None:
+    """The prefill rate a policy's cost counts ``n``'s queue in (tokens per second): learned
+    or reported for the node, else the policy's configured one (None: no cost model)."""
+    w = getattr(policy, "w", None)
+    configured = getattr(w, "prefill_tokens_per_s", None)
+    return n.prefill_tokens_per_s or (float(configured) if configured else None)
+
+
 def index_confidence(n: NodeView, grace_s: float, tau_s: float) -> float:
     """How far a prefix hit on ``n`` can be trusted: 1 when the index holds every KV batch the
     node announced, or has been behind for less than ``grace_s`` (normal pipeline lag);
