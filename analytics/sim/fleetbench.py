@@ -15,6 +15,8 @@ Scenarios, all with the ``kvgate`` policy on the same trace at the same load:
   was completed and refused, and whether every refusal carried a Retry-After;
 * ``fair_share``: three tenants of weights 1, 2, 4 in two priority bands at 150 % load, each
   tenant's share per 60 s window against its weighted max-min share (analytics/sim/fairbench.py);
+* ``preemption``: a batch tenant (sheddable) keeping a KV-bound pool busy, an interactive burst
+  on top, with and without preemption (analytics/sim/preemptbench.py);
 * ``scale_from_zero``: a pool started at zero whose engines are ready 30 s after the first
   request, with the waiting room and without it (analytics/sim/zerobench.py); ``burst``: the
   same at twice the load on a short trace, where the backlog released at once outgrows what
@@ -40,6 +42,7 @@ from analytics.sim.bench_report import fmt
 from analytics.sim.cluster import simulate
 from analytics.sim.fairbench import fair_section, fair_share
 from analytics.sim.metrics import run_metrics
+from analytics.sim.preemptbench import preempt_section, preemption
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names, with_router
 from analytics.sim.traces import Trace
@@ -301,6 +304,8 @@ def bench_fleet(
     at80 = hol["load_0.8"]["lanes"]
     with status("fleet: fair_share"):
         fair = fair_share()
+    with status("fleet: preemption"):
+        preempt = preemption()
     with status("fleet: scale_from_zero"):
         zero = scale_from_zero(nodes=4, load=0.3, requests=6000, start_delay_s=30.0)
         zero["burst"] = scale_from_zero(nodes=4, load=0.6, requests=2000, start_delay_s=30.0)
@@ -321,6 +326,7 @@ def bench_fleet(
         "slo_mix": slo,
         "scale_from_zero": zero,
         "fair_share": fair,
+        "preemption": preempt,
         "pd_vs_colocated": pd,
         "long_tail": hol,
         "long_tail_short_ttft_p99_ratio": at80["short_ttft_p99_ratio"],
@@ -362,7 +368,7 @@ def _markdown(r: dict[str, Any]) -> str:
     for name, row in r["rows"].items():
         lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
     lines += _slo_section(r) + _long_tail_section(r) + _pd_section(r) + zero_section(r)
-    lines += fair_section(r)
+    lines += fair_section(r) + preempt_section(r)
     lines += _reading()
     return "\n".join(lines) + "\n"
 

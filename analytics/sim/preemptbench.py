@@ -73,9 +73,9 @@ def preemption(
     *,
     nodes: int = 4,
     requests: int = 3000,
-    batch_load: float = 1.2,
-    burst: int = 400,
-    burst_s: float = 2.0,
+    batch_load: float = 1.5,
+    burst: int = 120,
+    burst_s: float = 4.0,
     kv_blocks: int = KV_BLOCKS,
 ) -> dict[str, Any]:
     profile = EngineProfile(num_gpu_blocks_override=kv_blocks, prefill_tokens_per_s=PREFILL)
@@ -107,10 +107,10 @@ def preempt_section(r: dict[str, Any]) -> list[str]:
         "",
         "## Preemption of sheddable work (`preemption`)",
         "",
-        f"{p['nodes']} nodes; a batch tenant (low priority, long prompts) at "
-        f"{p['batch_load']:g}× capacity throughout, an interactive tenant (high, 2 s TTFT) "
-        f"surging at {p['surge_load']:g}× from a third in; refused clients retry after "
-        "Retry-After (4 attempts).",
+        f"{p['nodes']} nodes of {p['kv_blocks_per_node']} KV blocks; a batch tenant (low "
+        f"priority, ~6k-token prompts) at {p['batch_load']:g}× capacity throughout; halfway, "
+        f"{p['burst']} interactive requests (high, 2 s TTFT) within {p['burst_s']:g} s; "
+        "refused clients retry after Retry-After (4 attempts).",
         "",
         "| run | tenant | offered | served | refused (final) | preempted | TTFT p50 / p99 (s) "
         "| TTFT ≤ 2 s of offered |",
