@@ -10,10 +10,11 @@ from typing import Any
 
 import orjson
 
+from admission.settings import Tenant
 from streams.codec import decode
 from streams.schemas import Outcome
 from streams.topics import OUTCOMES
-from tests.edgekit import MODEL, Edge, bearer, edge
+from tests.edgekit import MODEL, TENANTS, Edge, bearer, edge
 
 SHEDDABLE = {**bearer("sk-beta"), "x-gateway-criticality": "Sheddable"}  # beta, at low priority
 # one engine of 300 KV blocks whose prefill is slow (1,000 tokens/s): the low requests' long
@@ -39,8 +40,10 @@ async def _call(e: Edge, body: dict[str, Any], headers: dict[str, str]) -> dict[
 
 
 async def _held(e: Edge, n: int) -> None:
+    """``n`` requests routed (their decisions recorded: they are on their way to the engine)."""
+
     async def held() -> None:
-        while len(e.router.gate.held) < n:
+        while len(e.decisions()) < n:
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(held(), 10)
@@ -107,4 +110,31 @@ async def test_no_preemption_when_it_is_off_or_for_work_of_the_same_class() -> N
         results = await asyncio.wait_for(asyncio.gather(*lows, first), 60)
         assert all(r["status"] == 200 for r in results)
         assert e.router.metrics.preemptions.labels("low")._value.get() == 0
+        assert await e.reservations() == 0
+
+
+async def test_a_request_late_behind_sheddable_prefill_on_its_node_preempts_it() -> None:
+    """The router counts the engine's prefill at 500 tokens/s: the low streams queue ~4 s
+    of prefill on the one node, an interactive request (2 s TTFT) would be refused early
+    (429 deadline) — instead the newest low streams that make it late are preempted and it is
+    served."""
+    tenants = {**TENANTS, "sk-vip": Tenant(name="vip", priority="high", slo_class="interactive")}
+    cost = {"cost": {"prefill_tokens_per_s": 500.0}}
+    async with edge(**SLOW, router=cost, admission={"tenants": tenants}) as e:  # type: ignore[arg-type]
+        lows = []
+        for i in range(3):
+            lows.append(asyncio.create_task(_call(e, _low(i), SHEDDABLE)))
+            await _held(e, i + 1)
+        vip = await _call(
+            e, {"model": MODEL, "prompt": "quick question", "max_tokens": 4}, bearer("sk-vip")
+        )
+        assert vip["status"] == 200, vip["raw"]
+        results = await asyncio.wait_for(asyncio.gather(*lows), 60)
+        statuses = [r["status"] for r in results]
+        assert statuses[0] == 200 and 503 in statuses  # the newest went first
+        for r in results:
+            if r["status"] == 503:
+                assert orjson.loads(r["raw"])["error"]["kvgate_reason"] == "preempted"
+        n = statuses.count(503)
+        assert e.router.metrics.preemptions.labels("low")._value.get() == n
         assert await e.reservations() == 0

@@ -6,9 +6,18 @@ from __future__ import annotations
 import math
 
 from admission.core import RejectReason
-from admission.preempt import Running, freed, make_room, preempted, victims
+from admission.preempt import Running, deadline_victims, freed, make_room, preempted, victims
 from admission.queue import AdmissionQueues, Waiting
-from admission.settings import AdmissionSettings, Priority
+from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings, Priority
+from agents.profile import EngineProfile
+from analytics.sim.simcore import SimCore, SimSeq
+from router.decision.fleet import Fleet
+from router.decision.pipeline import Ask, Refused, Routed, Rules, Snapshot, decide
+from router.decision.policies import make_policy
+from router.decision.types import RouteRequest
+from router.decision.weights import OutlierSettings, SlowStartSettings
+from router.settings import RouterSettings
+from tests.factories import NOW, node_view
 from tests.unit.test_admission import budget
 
 S = AdmissionSettings()  # queue_aging_s: 5 s
@@ -129,3 +138,70 @@ def test_make_room_preempts_and_counts_only_what_it_ended() -> None:
     assert engines.ended == ["b"]  # a answered in the meantime: it stays
     assert after.kv_blocks_reserved == 850
     assert make_room(q, normal, b, None, 10.0) == b
+
+
+def on(rid: str, at: float, tokens: int, priority: Priority = "low") -> Running:
+    return Running(rid, priority, 50, at, "a", tokens)
+
+
+def test_deadline_victims_save_the_time_the_request_would_be_late() -> None:
+    queued = [on("old", 1.0, 3000), on("mid", 2.0, 1000), on("new", 3.0, 1000)]
+    # 1.5 s late at 1,000 tokens/s: the two newest (2 s of prefill) make it
+    got = deadline_victims("high", 1.5, 1000.0, queued, S)
+    assert [r.request_id for r in got] == ["new", "mid"]
+    assert deadline_victims("high", 0.0, 1000.0, queued, S) == []  # on time
+    assert deadline_victims("high", 9.0, 1000.0, queued, S) == []  # even all would not do
+    assert deadline_victims("high", 1.5, None, queued, S) == []  # the node's rate unknown
+    assert deadline_victims("low", 1.5, 1000.0, queued, S) == []  # not for its own class
+    off = S.model_copy(update={"preemption": False})
+    assert deadline_victims("high", 1.5, 1000.0, queued, off) == []
+
+
+def test_routing_preempts_the_sheddable_work_that_makes_a_request_late_on_its_node() -> None:
+    """Its best node has 5 s of prefill queued (1,000 tokens/s), the interactive class wants
+    its first token within 2 s: refused early — unless low requests not answered yet on that
+    node hold enough of that queue; then it is routed, naming them to preempt."""
+    rules = Rules(
+        make_policy(RouterSettings(policy="kvgate")),
+        Fleet(OutlierSettings(enabled=False), SlowStartSettings(window_s=0)),
+        S,
+    )
+    node = node_view("a", prefill_tokens_per_s=1000.0, prefill_backlog_tokens=5000)
+    req = RouteRequest("r1", "m", list(range(1, 11)), 160, 16, None)
+    slo = ("interactive", DEFAULT_SLO_CLASSES["interactive"])
+    ask = Ask(req, 16, NOW, slo, priority="high")
+    queued = [on("l1", NOW - 3, 3000), on("l2", NOW - 2, 2000), on("l3", NOW - 1, 1000)]
+
+    def snap(sheddable: object) -> Snapshot:
+        return Snapshot([node], {}, NOW, 16, sheddable=sheddable)  # type: ignore[arg-type]
+
+    assert isinstance(decide(ask, snap(None), rules), Refused)
+    got = decide(ask, snap(lambda n: queued if n == "a" else []), rules)
+    assert isinstance(got, Routed) and got.decision.chosen == "a"
+    assert [r.request_id for r in got.preempt] == ["l3", "l2", "l1"][: len(got.preempt)]
+    assert sum(r.prefill_tokens for r in got.preempt) >= 3000
+    # a low request preempts nobody: it is refused as before
+    low = Ask(req, 16, NOW, slo, priority="low")
+    assert isinstance(decide(low, snap(lambda n: queued), rules), Refused)
+    # a dry run or a request with nothing to preempt on its node: refused
+    assert isinstance(decide(ask, snap(lambda n: []), rules), Refused)
+
+
+def test_the_simulated_engine_drops_a_request_before_its_first_token_only() -> None:
+    core = SimCore(EngineProfile(num_gpu_blocks_override=100, max_num_batched_tokens=256))
+    long = SimSeq("long", 600, 4, list(range(1, 40)))  # a prefill of three steps
+    queued = SimSeq("queued", 100, 4, list(range(100, 110)))
+    core.add(long)
+    core.add(queued)
+    core.step(0.0)
+    free = core.cache.free_blocks
+    assert core.abort(long, 0.0)  # prefilling, no token yet: its blocks come back
+    assert core.cache.free_blocks > free
+    assert not core.abort(long, 0.0)  # (once)
+    step = core.step(1.0)  # the queued one goes on
+    while queued.first_token_s is None:
+        step = core.step(2.0)
+    assert not core.abort(queued, queued.first_token_s + 1.0)  # its token is out
+    assert step.duration_s >= 0
+    core.step(3.0)
+    assert all(s is not long for s in core.running.values())
