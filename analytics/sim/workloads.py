@@ -233,14 +233,14 @@ def long_tail(requests: int, rate: float, seed: int) -> Trace:
 
 
 def long_prompts(requests: int, rate: float, seed: int) -> Trace:
-    """Batch document work: no sharing, prompts lognormal around 6k tokens (1k–16k), short
+    """Batch document work: no sharing, prompts lognormal around 16k tokens (1k–32k), short
     answers around 100 — prefill-heavy, and heavy on KV."""
     rng = random.Random(seed)
     t = 0.0
     out = []
     for i in range(requests):
         t += rng.expovariate(rate)
-        p = _lognormal(rng, 6000, 0.5, 1000, 16_000)
+        p = _lognormal(rng, 16_000, 0.4, 1000, 32_000)
         a = _lognormal(rng, 100, 0.6, 8, 1024)
         out.append(_request(t, [(f"d{i}", p)], a))
     return Trace("long_prompts", BLOCK, tuple(out))
