@@ -219,31 +219,41 @@ def zipf_hot(requests: int, rate: float, seed: int) -> Trace:
     )
 
 
-def long_tail(requests: int, rate: float, seed: int) -> Trace:
-    """No sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 up to 2k."""
+def _unshared(
+    name: str,
+    requests: int,
+    rate: float,
+    seed: int,
+    prompt: tuple[float, float, int, int],
+    answer: tuple[float, float, int, int],
+    tag: str,
+) -> Trace:
+    """Poisson arrivals of prompts of their own (no sharing), prompt and answer lengths
+    lognormal (median, sigma, min, max)."""
     rng = random.Random(seed)
     t = 0.0
     out = []
     for i in range(requests):
         t += rng.expovariate(rate)
-        p = _lognormal(rng, 800, 1.1, 16, 32_000)
-        a = _lognormal(rng, 150, 0.9, 4, 2048)
-        out.append(_request(t, [(f"r{i}", p)], a))
-    return Trace("long_tail", BLOCK, tuple(out))
+        p = _lognormal(rng, *prompt)
+        a = _lognormal(rng, *answer)
+        out.append(_request(t, [(f"{tag}{i}", p)], a))
+    return Trace(name, BLOCK, tuple(out))
+
+
+def long_tail(requests: int, rate: float, seed: int) -> Trace:
+    """No sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 up to 2k."""
+    return _unshared(
+        "long_tail", requests, rate, seed, (800, 1.1, 16, 32_000), (150, 0.9, 4, 2048), "r"
+    )
 
 
 def long_prompts(requests: int, rate: float, seed: int) -> Trace:
     """Batch document work: no sharing, prompts lognormal around 16k tokens (1k–32k), short
     answers around 100 — prefill-heavy, and heavy on KV."""
-    rng = random.Random(seed)
-    t = 0.0
-    out = []
-    for i in range(requests):
-        t += rng.expovariate(rate)
-        p = _lognormal(rng, 16_000, 0.4, 1000, 32_000)
-        a = _lognormal(rng, 100, 0.6, 8, 1024)
-        out.append(_request(t, [(f"d{i}", p)], a))
-    return Trace("long_prompts", BLOCK, tuple(out))
+    return _unshared(
+        "long_prompts", requests, rate, seed, (16_000, 0.4, 1000, 32_000), (100, 0.6, 8, 1024), "d"
+    )
 
 
 WORKLOADS: dict[str, Callable[[int, float, int], Trace]] = {
