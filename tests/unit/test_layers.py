@@ -32,6 +32,7 @@ DECISION_MAY = (
     "router.settings",
     "admission.core",
     "admission.slo",
+    "admission.preempt",
     "admission.settings",
     "admission.pools",
     "admission.exceptions",
