@@ -342,7 +342,8 @@ class OpenAiApi:
             if span is not None:
                 span.set_attribute("http.response.status_code", served.http_status)
                 span.set_attribute("kvgate.output_tokens", served.output_tokens)
-        self.director.observe(node.node_id, served.failure, served.status == "cancelled")
+        ended = served.status in ("cancelled", "preempted")  # (says nothing of the engine)
+        self.director.observe(node.node_id, served.failure, ended)
         if self.feed.state != "live" and served.http_status == 502 and not reply.started:
             self.feed.down.add(node.node_id)  # until it answers a probe again
         return served, whole
