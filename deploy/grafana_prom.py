@@ -156,6 +156,20 @@ PROM_DASHBOARD: tuple[PromPanel, ...] = (
         ),
     ),
     PromPanel(
+        "Preemptions, stream resumes / s and requests waiting for a scale-up",
+        (
+            (
+                "sum by (priority) (rate(kvgate_router_preemptions_total" + RATE + "))",
+                "preempted {{priority}} / s",
+            ),
+            (
+                "sum by (result) (rate(kvgate_router_stream_resumes_total" + RATE + "))",
+                "stream resumes {{result}} / s",
+            ),
+            ("sum(kvgate_router_scale_waiting)", "waiting for a scale-up now"),
+        ),
+    ),
+    PromPanel(
         "Lanes: requests in the router's queue, and queued / s by lane",
         (
             ("sum(kvgate_router_lane_queue_requests)", "in the queue now"),

@@ -67,6 +67,9 @@ def test_every_query_names_exported_metrics() -> None:
     m.disaggregated.labels("ok").inc()
     m.lane_holds.labels("long").inc()
     m.fit_tokens.labels("default", "m", "now").set(1)
+    m.preemptions.labels("low").inc()
+    m.resumes.labels("resumed").inc()
+    m.scale_waiting.set(0)
     # the autoscaling panel reads kvgate autoscale's own /metrics
     from prometheus_client import generate_latest
 
