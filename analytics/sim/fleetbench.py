@@ -12,7 +12,11 @@ Scenarios, all with the ``kvgate`` policy on the same trace at the same load:
 * ``slo_mix``: 30 % interactive and 70 % batch requests at 120 % load on 16 nodes, per workload:
   today's priorities alone (interactive high, batch low) against the SLO classes (interactive
   and batch, admission.slo_classes) — each class's SLO attainment among completed requests, what
-  was completed and refused, and whether every refusal carried a Retry-After;
+  was completed and refused, and whether every refusal carried a Retry-After
+  (analytics/sim/slobench.py);
+* ``long_tail``: long requests against short ones, with and without the lane rules
+  (analytics/sim/lanebench.py); ``pd_vs_colocated``: prefill/decode pools against colocated
+  engines (analytics/sim/pdbench.py);
 * ``fair_share``: three tenants of weights 1, 2, 4 in two priority bands at 150 % load, each
   tenant's share per 60 s window against its weighted max-min share (analytics/sim/fairbench.py);
 * ``preemption``: a batch tenant (sheddable) keeping a KV-bound pool busy, an interactive burst
@@ -29,22 +33,21 @@ import json
 import os
 import platform
 import time
-import zlib
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings
 from analytics.progress import status
-from analytics.sim.admission import Refused
 from analytics.sim.bench_report import fmt
 from analytics.sim.cluster import simulate
 from analytics.sim.fairbench import fair_section, fair_share
+from analytics.sim.lanebench import long_tail_isolation, long_tail_section
 from analytics.sim.metrics import run_metrics
+from analytics.sim.pdbench import PD_WORKLOADS, pd_section, pd_vs_colocated
 from analytics.sim.preemptbench import preempt_section, preemption
 from analytics.sim.replay import capacity_rps, open_trace
-from analytics.sim.simconfig import Done, FleetOp, SimConfig, node_names, with_router
+from analytics.sim.simconfig import FleetOp, SimConfig, node_names, with_router
+from analytics.sim.slobench import SLO_WORKLOADS, slo_mix, slo_section
 from analytics.sim.traces import Trace
 from analytics.sim.zerobench import scale_from_zero, zero_section
 from router.decision.policies import make_policy
@@ -78,190 +81,6 @@ def _run(trace: Trace, cfg: SimConfig, since_s: float | None = None) -> dict[str
         "slo_attainment": m.get("slo_attainment"),
         "goodput_rps": round(len(done) / span, 3),
     }
-
-
-SLO_WORKLOADS = ("multi_turn", "shared_prompt", "long_tail")
-INTERACTIVE_SHARE = 0.3
-
-
-def _with_classes(trace: Trace, classes: bool) -> Trace:
-    """30 % interactive, the rest batch: SLO classes, or (``classes`` False) only the
-    priorities an operator would give them without classes (high and low)."""
-    out = []
-    for i, r in enumerate(trace.requests):
-        inter = (zlib.crc32(f"slo{i}".encode()) % 1000) / 1000 < INTERACTIVE_SHARE
-        if classes:  # a request runs at its class's priority (admission/slo.py)
-            cls = "interactive" if inter else "batch"
-            r = replace(r, slo_class=cls, priority=DEFAULT_SLO_CLASSES[cls].priority)
-        else:
-            r = replace(r, priority="high" if inter else "low")
-        out.append(replace(r, client="interactive" if inter else "batch"))
-    return Trace(trace.name, trace.block_size, tuple(out))
-
-
-def _met(d: Done, ttft_s: float, tpot_s: float) -> bool:
-    out = d.request.output_tokens
-    return d.first_token_s - d.request.arrival_s <= ttft_s and (
-        out <= 1 or (d.finish_s - d.first_token_s) / (out - 1) <= tpot_s
-    )
-
-
-def slo_mix(name: str, *, nodes: int, requests: int, load: float) -> dict[str, Any]:
-    """The ``slo_mix`` rows of one workload: without and with SLO classes."""
-    adm = AdmissionSettings()
-    trace0 = open_trace(name, limit=requests)
-    cap = capacity_rps(trace0, SimConfig(nodes=nodes))
-    rate = len(trace0.requests) / max(1e-9, trace0.span_s)
-    settings = RouterSettings(policy="kvgate")
-    cfg = with_router(SimConfig(nodes=nodes, admission=adm), settings)
-    out: dict[str, Any] = {"capacity_rps": round(cap, 3)}
-    for label, classes in (("priorities", False), ("slo_classes", True)):
-        trace = _with_classes(trace0, classes).scaled(rate / (load * cap))
-        refused: list[Refused] = []
-        done = simulate(trace, make_policy(settings), cfg, refused_out=refused)
-        row: dict[str, Any] = {}
-        for cls in ("interactive", "batch"):
-            target = adm.slo_classes[cls]
-            mine = [d for d in done if d.request.client == cls]
-            gone = [r for r in refused if r.final and trace.requests[r.index].client == cls]
-            offered = sum(1 for r in trace.requests if r.client == cls)
-            met = sum(1 for d in mine if _met(d, target.ttft_s, target.tpot_s))
-            row[cls] = {
-                "offered": offered,
-                "completed": len(mine),
-                "slo_attainment": round(met / len(mine), 4) if mine else None,
-                "refused": len(gone),
-                "refused_by_reason": dict(Counter(str(r.reason) for r in gone)),
-                "refusals_without_retry_after": sum(1 for r in gone if not r.retry_after_s),
-            }
-        out[label] = row
-    return out
-
-
-LONG_TAIL_LOADS = (0.8, 0.45)
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4) if xs else None
-
-
-def long_tail_isolation(*, nodes: int = 16, requests: int = 6000) -> dict[str, Any]:
-    """Head-of-line isolation (router/decision/lanes.py) on ``long_tail``: today's kvgate, the lane
-    rules (defaults: KV share and the router's queue) and the rules with a lane of nodes, per load.
-    Short and long as the default thresholds split them (8k-token prompt, 1k-token answer)."""
-    trace0 = open_trace("long_tail", limit=requests)
-    cap = capacity_rps(trace0, SimConfig(nodes=nodes))
-    rate = len(trace0.requests) / max(1e-9, trace0.span_s)
-    settings = RouterSettings(policy="kvgate")
-    lanes = settings.lanes
-    runs = (
-        ("kvgate", None),
-        ("lanes", lanes),
-        ("lanes_with_node_lane", lanes.model_copy(update={"lane": True})),
-    )
-    out: dict[str, Any] = {"capacity_rps": round(cap, 3), "nodes": nodes, "requests": requests}
-    for load in LONG_TAIL_LOADS:
-        trace = trace0.scaled(rate / (load * cap))
-        rows: dict[str, Any] = {}
-        for label, rules in runs:
-            cfg = with_router(SimConfig(nodes=nodes, lanes=rules), settings)
-            with status(f"fleet: long_tail/{load}/{label}"):
-                done = simulate(trace, make_policy(settings), cfg)
-
-            def short(d: Done) -> bool:
-                r = d.request
-                return r.prompt_tokens < lanes.long_prompt_tokens and (
-                    r.output_tokens < lanes.long_output_tokens
-                )
-
-            shorts = [d for d in done if short(d)]
-            longs = [d for d in done if not short(d)]
-            span = max(d.finish_s for d in done) - min(d.request.arrival_s for d in done)
-            rows[label] = {
-                "completed": len(done),
-                "short_requests": len(shorts),
-                "long_requests": len(longs),
-                "short_ttft_p50_s": _pct(
-                    [d.first_token_s - d.request.arrival_s for d in shorts], 0.5
-                ),
-                "short_ttft_p99_s": _pct(
-                    [d.first_token_s - d.request.arrival_s for d in shorts], 0.99
-                ),
-                "long_ttft_p99_s": _pct(
-                    [d.first_token_s - d.request.arrival_s for d in longs], 0.99
-                ),
-                "long_tpot_p99_s": _pct(
-                    [
-                        (d.finish_s - d.first_token_s) / (d.request.output_tokens - 1)
-                        for d in longs
-                        if d.request.output_tokens > 1
-                    ],
-                    0.99,
-                ),
-                "output_tokens_per_s": round(sum(d.request.output_tokens for d in done) / span, 1),
-            }
-        base = rows["kvgate"]
-        for label in ("lanes", "lanes_with_node_lane"):
-            r = rows[label]
-            r["short_ttft_p99_ratio"] = round(r["short_ttft_p99_s"] / base["short_ttft_p99_s"], 3)
-            r["throughput_ratio"] = round(r["output_tokens_per_s"] / base["output_tokens_per_s"], 3)
-            r["long_tpot_p99_ratio"] = round(r["long_tpot_p99_s"] / base["long_tpot_p99_s"], 3)
-        out[f"load_{load}"] = rows
-    return out
-
-
-PD_WORKLOADS = ("long_tail", "multi_turn")
-PD_SPLITS = (
-    ("colocated", 0, 0, True),
-    ("pd_8p_8d", 8, 8, True),
-    ("pd_12p_4d", 12, 4, True),
-    ("mixed_8_4p_4d", 4, 4, True),
-    ("mixed_8_4p_4d_never_split", 4, 4, False),
-)
-
-
-def pd_vs_colocated(
-    name: str, *, nodes: int = 16, requests: int = 4000, load: float = 0.7
-) -> dict[str, Any]:
-    """The same requests on ``nodes`` engines: all colocated, split into prefill and decode
-    pools of several sizes, and mixed nodes beside small pools (the cost model chooses per
-    request). Load is relative to the colocated fleet's capacity."""
-    trace0 = open_trace(name, limit=requests)
-    base = SimConfig(nodes=nodes)
-    cap = capacity_rps(trace0, base)
-    rate = len(trace0.requests) / max(1e-9, trace0.span_s)
-    trace = trace0.scaled(rate / (load * cap))
-    settings = RouterSettings(policy="kvgate")
-    names = node_names(base)
-    out: dict[str, Any] = {"capacity_rps": round(cap, 3), "load": load}
-    for label, n_pre, n_dec, split_ok in PD_SPLITS:
-        roles = tuple((n, "prefill") for n in names[:n_pre]) + tuple(
-            (n, "decode") for n in names[n_pre : n_pre + n_dec]
-        )
-        cfg = with_router(replace(base, roles=roles, disaggregation=split_ok), settings)
-        with status(f"fleet: pd_vs_colocated/{name}/{label}"):
-            done = simulate(trace, make_policy(settings), cfg)
-        m = run_metrics(done, nodes, trace.block_size)
-        split = m["reasons"].get("disaggregated", 0)
-        out[label] = {
-            "prefill_nodes": n_pre,
-            "decode_nodes": n_dec,
-            "mixed_nodes": nodes - n_pre - n_dec,
-            "disaggregated_share": round(split / max(1, len(done)), 4),
-            **{
-                k: m.get(k)
-                for k in (
-                    "ttft_p50_s",
-                    "ttft_p99_s",
-                    "tpot_p50_s",
-                    "tpot_p99_s",
-                    "slo_attainment",
-                    "goodput_rps",
-                )
-            },
-        }
-    return out
 
 
 def bench_fleet(
@@ -367,106 +186,10 @@ def _markdown(r: dict[str, Any]) -> str:
     ]
     for name, row in r["rows"].items():
         lines.append(f"| {name} | " + " | ".join(fmt(row.get(c)) for c in cols) + " |")
-    lines += _slo_section(r) + _long_tail_section(r) + _pd_section(r) + zero_section(r)
+    lines += slo_section(r) + long_tail_section(r) + pd_section(r) + zero_section(r)
     lines += fair_section(r) + preempt_section(r)
     lines += _reading()
     return "\n".join(lines) + "\n"
-
-
-def _slo_section(r: dict[str, Any]) -> list[str]:
-    """The SLO classes at 120 % load."""
-    lines = [
-        "",
-        "## SLO classes at 120 % load",
-        "",
-        "30 % interactive (TTFT 2 s, TPOT 0.1 s) and 70 % batch (TTFT 600 s, TPOT 1 s) requests, "
-        "16 nodes, 6,000 requests per workload. `priorities`: today's admission with interactive "
-        "high and batch low; `slo_classes`: the default classes (interactive high; batch normal, "
-        "queueing up to its TTFT, routed with queue weight 0.3 and held in the router while its "
-        "best node has more than 0.1 s queued). Attainment is among completed requests.",
-        "",
-        "| workload | run | class | offered | completed | SLO attainment | refused | "
-        "refusals by reason | without Retry-After |",
-        "|---|---|---|---:|---:|---:|---:|---|---:|",
-    ]
-    for name, runs in r["slo_mix"].items():
-        for label in ("priorities", "slo_classes"):
-            for cls, v in runs[label].items():
-                lines.append(
-                    f"| {name} | {label} | {cls} | {v['offered']} | {v['completed']} | "
-                    f"{fmt(v['slo_attainment'])} | {v['refused']} | "
-                    f"{v['refused_by_reason'] or '–'} | {v['refusals_without_retry_after']} |"
-                )
-    return lines
-
-
-def _long_tail_section(r: dict[str, Any]) -> list[str]:
-    """Long requests against short ones (the lane rules)."""
-    hol = r.get("long_tail")
-    if not hol:
-        return []
-    lines = [
-        "",
-        "## Long requests must not block short ones (`long_tail`)",
-        "",
-        f"{hol['nodes']} nodes, {hol['requests']} requests of the `long_tail` workload "
-        "(no sharing; prompts lognormal around 800 tokens up to 32k, answers around 150 "
-        "up to 2k). Short: prompt under 8,192 tokens and answer under 1,024; long: the "
-        "rest. `kvgate`: today's policy without the lane rules; `lanes`: the defaults "
-        "(long requests within half a node's KV, the router's queue with short requests "
-        "first); `lanes_with_node_lane`: plus a lane of nodes for long prompts. Loads are "
-        f"fractions of `capacity_rps` ({hol['capacity_rps']} req/s, a burst's completion "
-        "rate): on this heavy-tailed trace that over-states what the fleet sustains, so "
-        "0.8 is overload and 0.45 is about 80 % of the sustained rate. Ratios are against "
-        "`kvgate` at the same load; throughput is output tokens per second, first arrival "
-        "to last finish.",
-        "",
-        "| load | run | completed | short TTFT p50 | short TTFT p99 | long TTFT p99 | "
-        "long TPOT p99 | output tok/s | short p99 ratio | throughput ratio | "
-        "long TPOT p99 ratio |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, rows in hol.items():
-        if not key.startswith("load_"):
-            continue
-        for label, v in rows.items():
-            lines.append(
-                f"| {key[5:]} | {label} | {v['completed']} | {fmt(v['short_ttft_p50_s'])} | "
-                f"{fmt(v['short_ttft_p99_s'])} | {fmt(v['long_ttft_p99_s'])} | "
-                f"{fmt(v['long_tpot_p99_s'])} | {fmt(v['output_tokens_per_s'])} | "
-                f"{fmt(v.get('short_ttft_p99_ratio'))} | "
-                f"{fmt(v.get('throughput_ratio'))} | "
-                f"{fmt(v.get('long_tpot_p99_ratio'))} |"
-            )
-    return lines
-
-
-def _pd_section(r: dict[str, Any]) -> list[str]:
-    """Prefill/decode disaggregation against colocated serving."""
-    lines = [
-        "",
-        "## Prefill/decode disaggregation against colocated serving",
-        "",
-        "16 engines in every row, 4,000 requests at 70 % of the colocated fleet's capacity, "
-        "`kvgate` policy, KV moved at 100 Gbit/s (128 KiB per token). `mixed_8_4p_4d`: eight "
-        "mixed nodes beside four prefill and four decode nodes; the cost model splits a request "
-        "only when the split costs less (`disaggregated share`).",
-        "",
-        "| workload | fleet | disaggregated share | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | "
-        "SLO attainment | goodput (req/s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, runs in r.get("pd_vs_colocated", {}).items():
-        for label, v in runs.items():
-            if not isinstance(v, dict):
-                continue
-            lines.append(
-                f"| {name} | {label} | {fmt(v['disaggregated_share'])} | "
-                f"{fmt(v['ttft_p50_s'])} | {fmt(v['ttft_p99_s'])} | {fmt(v['tpot_p50_s'])} | "
-                f"{fmt(v['tpot_p99_s'])} | {fmt(v['slo_attainment'])} | "
-                f"{fmt(v['goodput_rps'])} |"
-            )
-    return lines
 
 
 def _reading() -> list[str]:

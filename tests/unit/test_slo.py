@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from admission.core import RejectReason
 from admission.settings import AdmissionSettings, SloClass, Tenant
 from admission.slo import deadline_refusal, expected_ttft_s, held, slo_of
-from analytics.sim.fleetbench import slo_mix
+from analytics.sim.slobench import slo_mix
 
 S = AdmissionSettings()
 GOLD = Tenant(name="gold", priority="high", slo_class="interactive")
