@@ -28,6 +28,7 @@ __all__ = ["Splice", "Trail", "continuation"]
 _LIMITS = ("max_tokens", "max_completion_tokens")
 # streamed fields that are not plain generated text: a stream carrying them is not continued
 _STRUCTURED = ("tool_calls", "function_call", "reasoning_content", "reasoning")
+_PLAIN = frozenset({"role", "content"})  # a delta of text alone
 
 
 def _why_not(p: ParsedRequest) -> str | None:
@@ -94,7 +95,11 @@ class Trail:
             self.why_not = "log probabilities"
         delta = choice.get("delta")
         piece = choice.get("text") if delta is None else delta.get("content")
-        if delta is not None and any(delta.get(k) for k in _STRUCTURED):
+        if (
+            delta is not None
+            and not delta.keys() <= _PLAIN  # (the common delta: no look at each key)
+            and any(delta.get(k) for k in _STRUCTURED)
+        ):
             self.why_not = "tool calls or reasoning"
         if piece:
             self.pieces.append(piece)
