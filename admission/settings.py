@@ -188,9 +188,10 @@ class AdmissionSettings(BaseModel):
     )
     preemption: bool = Field(
         default=True,
-        description="when a queued request of a higher priority would miss its deadline, "
-        "streamed requests of preempt_priorities this router is serving that have not produced "
-        "their first token are ended (503 preempted, with Retry-After) to make room for it",
+        description="when a request of a higher priority would miss its deadline — waiting in "
+        "the admission queue, or behind the prefill queued on its best node — streamed "
+        "requests of preempt_priorities this router is serving that have not produced their "
+        "first token are ended (503 preempted, with Retry-After) to make room or time for it",
     )
     preempt_priorities: list[Priority] = Field(
         default_factory=lambda: list(_SHEDDABLE),

@@ -253,9 +253,9 @@ class SimCluster:
             return None
         adm = self.adm is not None
         ask = Ask(req, r.output_tokens, r.arrival_s, slo, hold_slo=adm, priority=r.priority)
-        shed = self.preemption.on_node if adm and self.preemption.sheddable else None
+        who = self.preemption if adm and self.preemption.sheddable else None
         bs = self.trace.block_size
-        snap = Snapshot(got, matches, now, bs, roles=bool(self.roles), sheddable=shed)
+        snap = Snapshot(got, matches, now, bs, roles=bool(self.roles), preemptible=who)
         d = decide(ask, snap, self.rules)
         if isinstance(d, Held):
             if d.why in ("slo", "fit"):
@@ -272,7 +272,6 @@ class SimCluster:
             turned_away(self, idx, d.rejection, now)
             return None
         # sent: the router's state learns from it (the hot-prefix counter sees every node)
-        self.preemption.making_time(ask, d)  # (the sheddable work that would make it late)
         advice = commit(ask, replace(snap, nodes=views), d, self.rules, self.ledger)
         chosen = d.decision
         assert chosen.chosen is not None

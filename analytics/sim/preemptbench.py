@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+from admission.core import RejectReason
 from admission.settings import AdmissionSettings
 from agents.profile import EngineProfile
 from analytics.sim.admission import Refused
@@ -64,7 +65,7 @@ def _tenant(trace: Trace, done: list[Done], refused: list[Refused], client: str)
         "served": len(mine),
         "refused": sum(1 for r in gone if r.final),
         "refused_by_reason": dict(Counter(str(r.reason) for r in gone if r.final)),
-        "preempted": sum(1 for r in gone if str(r.reason) == "preempted"),
+        "preempted": sum(1 for r in gone if r.reason == RejectReason.PREEMPTED),
         "ttft_p50_s": None if p50 is None else round(p50, 3),
         "ttft_p99_s": None if p99 is None else round(p99, 3),
         "within_2s_of_offered": round(sum(t <= 2.0 for t in ttft) / len(idx), 4) if idx else None,

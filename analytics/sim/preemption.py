@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from admission.core import Rejection
-from admission.preempt import Running, preempted
+from admission.preempt import Running
 from analytics.sim.admission import Refused
 from analytics.sim.arrivals import retry
 from analytics.sim.simcore import DONE, SimSeq
-from router.decision.pipeline import Ask, Routed
 
 if TYPE_CHECKING:
     from analytics.sim.cluster import SimCluster
@@ -31,7 +30,6 @@ class SimPreemption:
         )
         self.seqs: dict[str, tuple[SimSeq, str, float]] = {}  # sheddable: (seq, node, sent at)
         self.now = 0.0  # the event being handled (the cluster sets it)
-        self.count = 0
 
     def sent(self, idx: int, seq: SimSeq, node: str, now: float) -> None:
         if self.sim.requests[idx].priority in self.sheddable:
@@ -72,18 +70,8 @@ class SimPreemption:
         sim.ledger.finish(request_id)
         assert sim.adm is not None
         sim.adm.release(request_id, now)
-        self.count += 1
         idx = int(request_id[1:])
         r = sim.requests[idx]
         refused = Refused(idx, r.priority, rejection.reason, rejection.retry_after_s, now)
         retry(sim, r, idx, sim.attempts.get(idx, 1), refused, now)
         return True
-
-    def making_time(self, ask: Ask, routed: Routed) -> None:
-        """End what routing named to preempt for ``ask`` (as router/flow/preemption.py)."""
-        a = self.sim.cfg.admission
-        if not routed.preempt or a is None:
-            return
-        rej = preempted(ask.priority, ask.slo[1].ttft_s if ask.slo is not None else 0.0, a)
-        for r in routed.preempt:
-            self.preempt(r.request_id, rej)

@@ -35,12 +35,12 @@ and ``proxy`` (kvgate forwards it: every rule).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from admission.core import Rejection, RejectReason, retry_after
-from admission.preempt import Running, deadline_victims
+from admission.preempt import Preemptible, Running, deadline_victims, preempted
 from admission.settings import AdmissionSettings, Priority
 from admission.slo import Slo, expected_ttft_s, held, late_refusal
 from router.decision.disagg import decide_roles
@@ -96,9 +96,9 @@ class Snapshot:
     load_only: bool = False  # degraded feed: no hit claims, least requests
     fit_floor: int = 0  # prompts up to this many tokens fit on every node: no fit pass
     roles: bool = False  # some node has the prefill or decode role
-    # a node's sheddable requests not answered yet (admission/preempt.py), asked only of a
-    # node that would make the request miss its class's TTFT; None: nobody is preempted
-    sheddable: Callable[[str], Sequence[Running]] | None = None
+    # who serves the sheddable requests not answered yet (admission/preempt.py): asked only of
+    # a node that would make the request miss its class's TTFT; None: nobody is preempted
+    preemptible: Preemptible | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,11 +324,7 @@ def _making_time(
     """The sheddable work on ``chosen`` to preempt so that ``ask`` meets its class's TTFT
     there (admission/preempt.py :func:`deadline_victims`); none when there is none to ask
     for, or it would not be enough."""
-    if (
-        snap.sheddable is None
-        or ask.slo is None
-        or ask.priority in rules.admission.preempt_priorities
-    ):
+    if snap.preemptible is None or ask.slo is None:
         return ()
     ttft = expected_ttft_s(components, prefill_weight(rules.policy), ask.request.queue_weight)
     node = next((n for n in sel.nodes if n.node_id == chosen), None)
@@ -336,19 +332,26 @@ def _making_time(
         return ()
     late_s = waited + ttft - ask.slo[1].ttft_s
     rate = prefill_rate(rules.policy, node)
-    running = snap.sheddable(chosen)
+    running = snap.preemptible.on_node(chosen)
     return tuple(deadline_victims(ask.priority, late_s, rate, running, rules.admission))
 
 
 def commit(
     ask: Ask, snap: Snapshot, routed: Routed, rules: Rules, inflight: InflightLedger
 ) -> PrewarmAdvice | None:
-    """``routed`` is sent (``proxy`` and ``gateway`` modes; never a dry run): the fleet counts
-    it (a probing node's probe), the policy learns from it, the lane rules count its prefill,
-    the in-flight ledger holds it from now on, and the hot-prefix counter sees it (advice to
-    pre-warm other engines with its prefix, when it is hot)."""
+    """``routed`` is sent (``proxy`` and ``gateway`` modes; never a dry run): the sheddable
+    work it was routed past is preempted (its clients may come back once such a request could
+    have started), the fleet counts it (a probing node's probe), the policy learns from it,
+    the lane rules count its prefill, the in-flight ledger holds it from now on, and the
+    hot-prefix counter sees it (advice to pre-warm other engines with its prefix, when it is
+    hot)."""
     d, now, req = routed.decision, snap.now, ask.request
     assert d.chosen is not None
+    if routed.preempt and snap.preemptible is not None:
+        wait = ask.slo[1].ttft_s if ask.slo is not None else 0.0
+        rej = preempted(ask.priority, wait, rules.admission)
+        for r in routed.preempt:
+            snap.preemptible.preempt(r.request_id, rej)
     rules.fleet.detector.sent(d.chosen, now)
     rules.policy.commit(req, d, routed.uncached_tokens, now)
     if rules.lanes is not None:

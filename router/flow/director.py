@@ -43,7 +43,6 @@ from router.flow.asks import Gated, queue_weight, route_request
 from router.flow.headers import mint_id
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.offload import OFFLOAD_TOKENS, offloaded
-from router.flow.preemption import preempt_for
 from router.flow.pressure import Pressure
 from router.flow.recorder import Recorder
 from router.flow.refusals import Refusal, rejection_status
@@ -229,9 +228,9 @@ class Director:
         load_only = self.feed.state == "load_only"  # the index is too old to claim hits on
         hashes = ask.request.block_hashes
         matches = {} if load_only else self.views.matches(hashes, now, ask.exact)
-        fit_floor, roles, who = self.views.fit_floor, self.views.roles, self.gate.preemptible
-        shed = None if who is None or ask.mode == "query" else who.on_node  # (a dry run: never)
-        return Snapshot(nodes, matches, now, block_size, load_only, fit_floor, roles, shed)
+        fit_floor, roles = self.views.fit_floor, self.views.roles
+        who = None if ask.mode == "query" else self.gate.preemptible  # (a dry run: never)
+        return Snapshot(nodes, matches, now, block_size, load_only, fit_floor, roles, who)
 
     def _again(self, ask: Ask, g: Gated) -> Snapshot:
         """A waiting request's snapshot now: its candidates still eligible, else its own."""
@@ -245,7 +244,6 @@ class Director:
     def commit(self, ask: Ask, snap: Snapshot, routed: Routed, p: ParsedRequest) -> None:
         """``routed`` is sent: the router's state learns from it (router/decision/pipeline.py),
         and pre-warm advice leaves when its prefix is hot."""
-        preempt_for(ask, routed, self.gate)  # (the sheddable work that would make it late)
         advice = commit(ask, snap, routed, self.rules, self.ledger)
         if routed.canary is not None:
             self.metrics.canary_routed.labels(routed.canary).inc()

@@ -1,7 +1,7 @@
 """This router's side of preemption (admission/preempt.py): the proxied streams of sheddable
 priority that have not produced their first token, and ending one of them for a request of a
 higher class that would otherwise miss its deadline — in the admission queue (the gate asks)
-or on its best node (routing names them: :func:`preempt_for`).
+or on its best node (routing names them, router/decision/pipeline.py's commit ends them).
 
 A flight can be preempted while ``Flight.preempt`` is set: the proxy sets it while such a
 request's engine works on it and no byte has reached the client (router/http/openai.py), so
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from admission.core import Rejection
 from admission.gate import AdmissionGate
-from admission.preempt import Running, preempted
+from admission.preempt import Running
 from router.decision.inflight import InflightLedger
-from router.decision.pipeline import Ask, Routed
 from router.flow.flight import Flights
 from router.metrics import RouterMetrics
 
-__all__ = ["Preemptions", "preempt_for"]
+__all__ = ["Preemptions"]
 
 
 class Preemptions:
@@ -60,16 +59,3 @@ class Preemptions:
         f.preempt = None
         self.metrics.preemptions.labels(f.tenant.priority).inc()
         return True
-
-
-def preempt_for(ask: Ask, routed: Routed, gate: AdmissionGate) -> None:
-    """End what routing named to preempt for ``ask`` (the sheddable work that would make it
-    miss its class's TTFT on its node: router/decision/pipeline.py), before it is sent; the
-    preempted clients may come back once such a request could have started."""
-    who = gate.preemptible
-    if not routed.preempt or who is None:
-        return
-    wait = ask.slo[1].ttft_s if ask.slo is not None else 0.0
-    rej = preempted(ask.priority, wait, gate.settings)
-    for r in routed.preempt:
-        who.preempt(r.request_id, rej)

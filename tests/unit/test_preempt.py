@@ -4,6 +4,7 @@ higher class) and preemption of sheddable work before its first token."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from admission.core import RejectReason
 from admission.preempt import Running, deadline_victims, freed, make_room, preempted, victims
@@ -12,7 +13,8 @@ from admission.settings import DEFAULT_SLO_CLASSES, AdmissionSettings, Priority
 from agents.profile import EngineProfile
 from analytics.sim.simcore import SimCore, SimSeq
 from router.decision.fleet import Fleet
-from router.decision.pipeline import Ask, Refused, Routed, Rules, Snapshot, decide
+from router.decision.inflight import InflightLedger
+from router.decision.pipeline import Ask, Refused, Routed, Rules, Snapshot, commit, decide
 from router.decision.policies import make_policy
 from router.decision.types import RouteRequest
 from router.decision.weights import OutlierSettings, SlowStartSettings
@@ -122,6 +124,9 @@ class Engines:
     def running(self, pool: str) -> list[Running]:
         return list(self._running)
 
+    def on_node(self, node: str) -> list[Running]:
+        return [r for r in self._running if r.node == node]
+
     def preempt(self, request_id: str, rejection: object) -> bool:
         if request_id in self.answered:
             return False
@@ -160,7 +165,8 @@ def test_deadline_victims_save_the_time_the_request_would_be_late() -> None:
 def test_routing_preempts_the_sheddable_work_that_makes_a_request_late_on_its_node() -> None:
     """Its best node has 5 s of prefill queued (1,000 tokens/s), the interactive class wants
     its first token within 2 s: refused early — unless low requests not answered yet on that
-    node hold enough of that queue; then it is routed, naming them to preempt."""
+    node hold enough of that queue; then it is routed, naming them to preempt, and they are
+    ended when it is committed (sent), not when it is only decided."""
     rules = Rules(
         make_policy(RouterSettings(policy="kvgate")),
         Fleet(OutlierSettings(enabled=False), SlowStartSettings(window_s=0)),
@@ -172,19 +178,27 @@ def test_routing_preempts_the_sheddable_work_that_makes_a_request_late_on_its_no
     ask = Ask(req, 16, NOW, slo, priority="high")
     queued = [on("l1", NOW - 3, 3000), on("l2", NOW - 2, 2000), on("l3", NOW - 1, 1000)]
 
-    def snap(sheddable: object) -> Snapshot:
-        return Snapshot([node], {}, NOW, 16, sheddable=sheddable)  # type: ignore[arg-type]
+    def snap(engines: Engines | None) -> Snapshot:
+        return Snapshot([node], {}, NOW, 16, preemptible=engines)
 
-    assert isinstance(decide(ask, snap(None), rules), Refused)
-    got = decide(ask, snap(lambda n: queued if n == "a" else []), rules)
+    assert isinstance(decide(ask, snap(None), rules), Refused)  # (a dry run: nobody to ask)
+    engines = Engines([*queued, Running("elsewhere", "low", 50, NOW, "b", 9000)])
+    got = decide(ask, snap(engines), rules)
     assert isinstance(got, Routed) and got.decision.chosen == "a"
     assert [r.request_id for r in got.preempt] == ["l3", "l2", "l1"][: len(got.preempt)]
     assert sum(r.prefill_tokens for r in got.preempt) >= 3000
+    assert engines.ended == []  # deciding ends nothing
+    commit(ask, snap(engines), got, rules, InflightLedger())
+    assert engines.ended == [r.request_id for r in got.preempt]
     # a low request preempts nobody: it is refused as before
     low = Ask(req, 16, NOW, slo, priority="low")
-    assert isinstance(decide(low, snap(lambda n: queued), rules), Refused)
-    # a dry run or a request with nothing to preempt on its node: refused
-    assert isinstance(decide(ask, snap(lambda n: []), rules), Refused)
+    assert isinstance(decide(low, snap(Engines(queued)), rules), Refused)
+    # nothing to preempt on its node: refused
+    assert isinstance(decide(ask, snap(Engines([])), rules), Refused)
+    # a sheddable class still preempts the classes below it (normal, with normal sheddable too)
+    wider = replace(rules, admission=S.model_copy(update={"preempt_priorities": ["low", "normal"]}))
+    normal = Ask(req, 16, NOW, slo, priority="normal")
+    assert isinstance(decide(normal, snap(Engines(queued)), wider), Routed)
 
 
 def test_the_simulated_engine_drops_a_request_before_its_first_token_only() -> None:
