@@ -4,7 +4,7 @@ higher class that would otherwise miss its deadline — in the admission queue (
 or on its best node (routing names them, router/decision/pipeline.py's commit ends them).
 
 A flight can be preempted while ``Flight.preempt`` is set: the proxy sets it while such a
-request's engine works on it and no byte has reached the client (router/http/openai.py), so
+request's engine works on it and no byte has reached the client (router/http/preemptible.py), so
 the client hears one clean 503 ``preempted`` with Retry-After — never half an answer. Only
 streams are preempted: a non-streamed answer's first token cannot be seen. Requests routed for
 a gateway or by the endpoint picker are the gateway's to end, not this router's."""

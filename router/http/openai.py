@@ -7,13 +7,10 @@ allow-listed non-generating endpoints passed through by model, and a clear 404 f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
-from admission.core import Rejection
 from router.decision.types import NodeView
 from router.feed import FeedWatch
 from router.flow.director import Ask, Director
@@ -34,6 +31,7 @@ from router.http.passthrough import (
     relay,
     request_model,
 )
+from router.http.preemptible import preemptible
 from router.http.prefill import PrefillLeg
 from router.http.probes import TokenChecks
 from router.http.proxy import StallBudget, Whole, end_stream, forward
@@ -77,50 +75,6 @@ def _cuttable(f: Flight, trail: Trail) -> Callable[[Answer | None], None]:
         f.cut = None if up is None else cut
 
     return streaming
-
-
-async def _preemptible(
-    f: Flight,
-    reply: Reply,
-    sending: Coroutine[Any, Any, tuple[Served, Whole | None]],
-    request_id: str,
-    node: NodeView,
-) -> tuple[Served, Whole | None]:
-    """``sending`` (the forward of a sheddable stream), ended when the flight is preempted
-    before any byte reached the client: the engine's connection closes (it aborts the request
-    and frees its KV) and the client gets the typed 503 ``preempted``, with Retry-After."""
-    stop: asyncio.Future[Rejection] = asyncio.get_running_loop().create_future()
-
-    def preempt(rej: Rejection) -> bool:
-        if reply.started or stop.done():
-            return False
-        stop.set_result(rej)
-        return True
-
-    task = asyncio.ensure_future(sending)
-    f.preempt = preempt
-    try:
-        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the client went away
-        task.cancel()
-        raise
-    finally:
-        f.preempt = None
-    if task.done() or reply.started:  # (it answered in the instant it was preempted)
-        return await task
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    rej = stop.result()
-    log.info("%s: preempted on %s: %s", request_id, node.node_id, rej.message)
-    refusal = Refusal.of(rej)
-    headers = (
-        ("X-Kvgate-Node", node.node_id),
-        ("X-Request-Id", request_id),
-        *refusal.headers.items(),
-    )
-    served = Served(status="preempted", http_status=refusal.status, error=rej.message)
-    return served, Whole(refusal.status, refusal.body(), headers=headers)
 
 
 class OpenAiApi:
@@ -336,7 +290,7 @@ class OpenAiApi:
                 on_stream=None if trail is None else _cuttable(f, trail),
             )
             if self._sheddable(t, f, reply):
-                served, whole = await _preemptible(f, reply, sending, t.request_id, node)
+                served, whole = await preemptible(f, reply, sending, t.request_id, node)
             else:
                 served, whole = await sending
             if span is not None:
