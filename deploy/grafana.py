@@ -110,7 +110,8 @@ WHERE $__timeFilter(ts) AND admission = 'admitted' AND {tenant}
 GROUP BY time, reason ORDER BY time"""),
             ),
             "short",
-            "prefix_hit, least_cost, spread, overload_fallback, all_overloaded, session_home.",
+            "prefix_hit, least_cost, spread, overload_fallback, all_overloaded, session_home, "
+            "session_place (a long-context session's first turn, placed by resident contexts).",
             stack=True,
         ),
         Panel(

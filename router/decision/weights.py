@@ -118,6 +118,19 @@ class CostWeights(BaseModel):
     affinity_load_bound: float = Field(
         default=1.25, ge=1, le=100, description="home nodes above this × mean load are skipped"
     )
+    resident_share: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="a session whose prompt needs this share of a node's KV is resident: placed "
+        "by the resident contexts and kept on its holder (router/decision/residency.py; 0: off)",
+    )
+    resident_window_s: float = Field(
+        default=120.0, gt=0, le=86_400, description="a resident session counts for this long"
+    )
+    resident_hold: float = Field(
+        default=0.3, gt=0, le=1, description="share of a resident turn's prompt a holder keeps"
+    )
 
 
 class OutlierSettings(BaseModel):

@@ -114,8 +114,9 @@ def test_a_sessions_home_does_not_outweigh_a_prefix_held_elsewhere() -> None:
     """A session's home gets its bonus only where no other node holds more of the prompt: a
     node holding the prompt's prefix (another bot's system prompt) is worth more than the node
     the session's hash names, or the node its last turn went to, however small the prefill it
-    saves."""
-    nodes = [node(f"n{i}") for i in range(8)]
+    saves. (Chat-sized nodes: a 160-token prompt is far from a resident session's share of
+    their KV.)"""
+    nodes = [node(f"n{i}", kv_blocks_total=10_000) for i in range(8)]
     short = RouteRequest("r", "m", list(range(10)), prompt_tokens=160, max_tokens=8)
     ring = policy().decide(replace(short, session_id="chat-42"), nodes, {}, NOW).chosen
     other = next(n.node_id for n in nodes if n.node_id != ring)
@@ -125,7 +126,7 @@ def test_a_sessions_home_does_not_outweigh_a_prefix_held_elsewhere() -> None:
     assert all(c.components["affinity_s"] == 0.0 for c in d.candidates)
     p = policy()
     take(p, replace(short, session_id="chat-7"), nodes, {})  # its first turn: a home
-    home = p._homes[hash("chat-7")]
+    home = p.sessions.homes[hash("chat-7")]
     other = next(n.node_id for n in nodes if n.node_id != home)
     d = p.decide(replace(short, session_id="chat-7"), nodes, {other: 8}, NOW)
     assert d.chosen == other and d.reason == "prefix_hit"
@@ -174,10 +175,10 @@ def test_a_session_keeps_the_home_its_last_turn_went_to(
     assert first != ring
     assert turn(p, 2, nodes) == first  # the ring's node is free again: the session stays
     assert turn(p, 3, [n for n in nodes if n.node_id != first]) == ring
-    monkeypatch.setattr("router.decision.policies.cost.SESSION_HOMES", 2)
+    monkeypatch.setattr("router.decision.sessionplaces.SESSION_HOMES", 2)
     for i in range(3):  # the least recent sessions are forgotten first
         take(p, RouteRequest(f"o{i}", "m", [], 40, 8, session_id=f"other-{i}"), nodes, {})
-    assert hash("chat-7") not in p._homes and len(p._homes) == 2
+    assert hash("chat-7") not in p.sessions.homes and len(p.sessions.homes) == 2
 
 
 def test_deciding_learns_nothing_only_a_commit_does() -> None:
@@ -189,9 +190,9 @@ def test_deciding_learns_nothing_only_a_commit_does() -> None:
     before = p._avg_uncached
     for _ in range(20):
         p.decide(req, nodes, {}, NOW)
-    assert p._homes == {} and p._avg_uncached == before
+    assert p.sessions.homes == {} and p._avg_uncached == before
     d = take(p, req, nodes, {})
-    assert p._homes == {hash("chat-9"): d.chosen} and p._avg_uncached != before
+    assert p.sessions.homes == {hash("chat-9"): d.chosen} and p._avg_uncached != before
 
 
 def test_heartbeat_load_is_smoothed() -> None:
@@ -240,7 +241,7 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
     )
     matches = {"a": 10, "b": 40}
     take(p, req, nodes, matches)  # smoothing state settles on these heartbeats
-    home: str | None = p._homes[hash("s1")]  # the node of the session's last turn
+    home: str | None = p.sessions.homes[hash("s1")]  # the node of the session's last turn
     if matches.get(home or "", 0) < max(matches.values()):
         home = None  # another node holds more of the prompt: no bonus
     floor = p._congestion(req, nodes, matches)

@@ -40,6 +40,14 @@ once it has seen a few prefills there, else ``prefill_tokens_per_s``):
   the conversation is the stronger pull, and it works across router replicas because it comes
   from the shared index.
 
+**Resident sessions** (router/decision/sessionplaces.py, router/decision/residency.py): a
+session whose prompt takes ``resident_share`` of a node's KV (an agent's long context) is not
+priced turn by turn. Its first turn goes where the resident contexts take the fewest tokens (a
+shared system prompt does not decide where a context that fills a node lives), and its later
+turns stay on the node holding ``resident_hold`` of the prompt, busy or not (a move computes the
+whole context again and evicts other sessions' contexts; the engine queues the turn behind running
+ones that free their KV within a turn).
+
 Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
 noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
 The cheapest node wins. A node over its queue limit, or where the request's new blocks do not fit
@@ -52,18 +60,15 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from router.decision.affinity import HashRing, point
 from router.decision.fit import queues_on_holder
+from router.decision.sessionplaces import SessionPlaces
 from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.decision.weights import CostWeights
 
-__all__ = ["SESSION_HOMES", "CompletionCostPolicy", "index_confidence", "prefill_weight"]
-
-SESSION_HOMES = 100_000  # sessions whose last node a router remembers (least recent go first)
+__all__ = ["CompletionCostPolicy", "index_confidence", "prefill_weight"]
 
 
 def prefill_weight(policy: object) -> float:
@@ -111,9 +116,7 @@ class CompletionCostPolicy(PolicyBase):
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
         self._smooth: dict[str, _Smoothed] = {}
         self._terms_of: dict[str, tuple[NodeView, tuple[float, ...]]] = {}  # _terms, per view
-        self._ring = HashRing(c=w.affinity_load_bound)
-        # session (by its hash: a client's key can be megabytes long) -> node of its last turn
-        self._homes: OrderedDict[int, str] = OrderedDict()
+        self.sessions = SessionPlaces(w)  # where its sessions live
         self.record_candidates = record_candidates
 
     def set_weights_from(self, raw: Mapping[str, object]) -> None:
@@ -122,7 +125,7 @@ class CompletionCostPolicy(PolicyBase):
         self.w = w
         self.weights_version = w.version
         self._terms_of.clear()  # the confidence terms depend on the weights
-        self._ring = HashRing(c=w.affinity_load_bound)
+        self.sessions.reweigh(w)
 
     def _smoothed(self, n: NodeView) -> _Smoothed:
         s = self._smooth.get(n.node_id)
@@ -335,24 +338,9 @@ class CompletionCostPolicy(PolicyBase):
         now: float,
     ) -> RouteDecision:
         total_blocks = max(1, len(request.block_hashes))
-        session = request.session_id
-        home = None
-        if session is not None and self.w.session_affinity_s > 0:
-            home = self._homes.get(hash(session))
-            if home is None and request.parent_session_id is not None:  # a subagent
-                home = self._homes.get(hash(request.parent_session_id))
-            longest = max(matches.values(), default=0)
-            if home is None or not any(n.node_id == home for n in nodes):
-                # the ring's node only where nothing holds any of the prompt: a node holding
-                # its prefix is worth more than a node its hash names
-                home = None
-                if not longest:
-                    home = self._ring.home(
-                        point(session),
-                        {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes},
-                    )
-            elif matches.get(home, 0) < longest:
-                home = None  # the last turn's node holds less of this prompt than another
+        home = (
+            self.sessions.home(request, nodes, matches) if self.w.session_affinity_s > 0 else None
+        )
         # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
@@ -368,7 +356,10 @@ class CompletionCostPolicy(PolicyBase):
         best_i = next((i for _, _, i in scored if not over(nodes[i])), None)
         longest_node = max(matches, key=mget, default=None)  # type: ignore[arg-type]
         longest = mget(longest_node, 0) if longest_node is not None else 0
-        if best_i is None:
+        resident = self.sessions.resident(request, nodes, matches, now, over, self.w)
+        if resident is not None:
+            best_i, reason = resident
+        elif best_i is None:
             best_i, reason = scored[0][2], "all_overloaded"
         else:
             best_hit = mget(nodes[best_i].node_id, 0)
@@ -401,14 +392,4 @@ class CompletionCostPolicy(PolicyBase):
         if decision.chosen is None:
             return
         self._avg_uncached += self.w.prefill_ewma * (uncached_tokens - self._avg_uncached)
-        session = request.session_id
-        if session is not None and self.w.session_affinity_s > 0:
-            self._remember(hash(session), decision.chosen)
-
-    def _remember(self, session: int, node: str) -> None:
-        """``node`` is where ``session``'s last turn went (at most SESSION_HOMES sessions)."""
-        homes = self._homes
-        homes[session] = node
-        homes.move_to_end(session)
-        if len(homes) > SESSION_HOMES:
-            homes.popitem(last=False)
+        self.sessions.commit(request, decision.chosen, now, self.w)

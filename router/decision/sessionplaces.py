@@ -1,0 +1,95 @@
+"""Where the cost policy's sessions live (router/decision/policies/cost.py): the node of each
+session's last turn (soft affinity, and the consistent-hash home of a session no node holds any
+of), and the resident long-context sessions (router/decision/residency.py). A router's own
+memory, learned only from requests it routed (:meth:`SessionPlaces.commit`), never from dry
+runs."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+
+from router.decision.affinity import HashRing, point
+from router.decision.residency import Residency, ResidencyRules
+from router.decision.types import NodeView, RouteRequest
+from router.decision.weights import CostWeights
+
+__all__ = ["SESSION_HOMES", "SessionPlaces"]
+
+SESSION_HOMES = 100_000  # sessions whose last node a router remembers (least recent go first)
+
+
+class SessionPlaces:
+    def __init__(self, w: CostWeights) -> None:
+        self.ring = HashRing(c=w.affinity_load_bound)
+        # session (by its hash: a client's key can be megabytes long) -> node of its last turn
+        self.homes: OrderedDict[int, str] = OrderedDict()
+        self.residency = Residency()
+
+    def reweigh(self, w: CostWeights) -> None:
+        self.ring = HashRing(c=w.affinity_load_bound)
+
+    def home(
+        self, request: RouteRequest, nodes: Sequence[NodeView], matches: Mapping[str, int]
+    ) -> str | None:
+        """The node that gets the session's affinity bonus: its last turn's node while it is a
+        candidate and no other node holds more of this prompt; for a session never seen, the
+        node of consistent hashing with bounded loads where no node holds any of the prompt."""
+        session = request.session_id
+        if session is None:
+            return None
+        home = self.homes.get(hash(session))
+        if home is None and request.parent_session_id is not None:  # a subagent
+            home = self.homes.get(hash(request.parent_session_id))
+        longest = max(matches.values(), default=0)
+        if home is None or not any(n.node_id == home for n in nodes):
+            # the ring's node only where nothing holds any of the prompt: a node holding its
+            # prefix is worth more than a node its hash names
+            if longest:
+                return None
+            return self.ring.home(
+                point(session), {n.node_id: float(n.running + n.waiting + n.pending) for n in nodes}
+            )
+        return None if matches.get(home, 0) < longest else home
+
+    def resident(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+        over: Callable[[NodeView], bool],
+        w: CostWeights,
+    ) -> tuple[int, str] | None:
+        """A resident session's node (its index in ``nodes``) and reason: its first turn placed
+        by the resident contexts, a later one (or a subagent's first) kept on the holder of
+        enough of its prompt; None where the cost decides."""
+        session = request.session_id
+        rules = ResidencyRules(w.resident_share, w.resident_window_s, w.resident_hold)
+        if session is None or not Residency.applies(rules, request.prompt_tokens, nodes):
+            return None
+        self.residency.expire(now, rules.window_s)
+        homes, parent = self.homes, request.parent_session_id
+        if hash(session) in homes or (parent is not None and hash(parent) in homes):
+            need = -(-request.prompt_tokens // nodes[0].block_size)
+            node, reason = Residency.keep(nodes, matches, need, rules.hold), "prefix_hit"
+        else:
+            node, reason = self.residency.place(nodes, matches, over), "session_place"
+        if node is None:
+            return None
+        return next(i for i, n in enumerate(nodes) if n is node), reason
+
+    def commit(self, request: RouteRequest, node: str, now: float, w: CostWeights) -> None:
+        """``request`` went to ``node``: the node of its session's last turn, and where its
+        context lives."""
+        if request.session_id is None:
+            return
+        session = hash(request.session_id)
+        if w.session_affinity_s > 0 or w.resident_share > 0:
+            homes = self.homes
+            homes[session] = node
+            homes.move_to_end(session)
+            if len(homes) > SESSION_HOMES:
+                homes.popitem(last=False)
+        if w.resident_share > 0:
+            self.residency.commit(session, node, request.prompt_tokens, now)
