@@ -50,7 +50,9 @@ def redis_client(s: RedisSettings) -> Redis:
     if s.sentinel_password is not None:
         sentinel_kwargs["password"] = s.sentinel_password.get_secret_value()
     hosts = [(h, int(p)) for h, _, p in (x.rpartition(":") for x in s.sentinels)]
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    # typed from redis-py 8.2 on, untyped before: called through Any to check under both
+    make_sentinel: Any = Sentinel
+    sentinel = make_sentinel(hosts, sentinel_kwargs=sentinel_kwargs)
     client: Redis = sentinel.master_for(
         s.sentinel_service,
         connection_pool_class=_BlockingSentinelPool,

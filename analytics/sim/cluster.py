@@ -192,12 +192,14 @@ class SimCluster:
         with a view), every arrival, the fleet operations, the autoscaler's first decision."""
         self.t_start = self.requests[0].arrival_s if self.trace.requests else 0.0
         self.push(self.t_start, "heartbeat", None)
-        # closed loop: a session's later turn is sent when the turn before it ends (arrivals.py)
+        # closed loop: a session's later turn is sent when the turn before it ends, and a
+        # session waiting for another when that one's last turn ends (arrivals.py)
         self.follower: dict[int, int] = {}
         last: dict[str, int] = {}
         for i, r in enumerate(self.trace.requests):
-            if self.trace.closed_loop and r.think_s is not None and r.session_id in last:
-                self.follower[last[r.session_id]] = i
+            after = r.session_id if r.after_session is None else r.after_session
+            if self.trace.closed_loop and r.think_s is not None and after in last:
+                self.follower[last[after]] = i
             else:
                 self.push(r.arrival_s, "arrive", i)
             if r.session_id is not None:

@@ -53,6 +53,9 @@ class TraceRequest:
     # a session's later turn: how long after the previous turn's answer it is sent (a tool
     # call, the user reading); replayed in closed loop (Trace.closed_loop) it arrives then
     think_s: float | None = None
+    # in closed loop, a session's first turn that waits for another session to end (a client
+    # running a fixed number of sessions at once): sent ``think_s`` after that one's last turn
+    after_session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,10 @@ One run, the same simulated engines for every target:
 * ``kvgate`` (``kvgate-w<N>`` for each ``--workers`` count): the full path — authentication,
   admission against the cluster budget in Redis, routing on the tables, the relay, and the decision
   and outcome records to Kafka;
+* ``kvgate-epp``: kvgate's endpoint picker, driven as Envoy drives it (:mod:`tests.benchmarks.
+  eppclient`); ``bare-epp``: an ext_proc server on the same gRPC library that answers the same
+  exchange and does nothing else (:mod:`tests.benchmarks.bareepp`): the floor of a picker in
+  Python, its CPU measured at the rate kvgate's picker is;
 * ``sglang``: sglang-router ``cache_aware`` (Rust).
 
 **Max rate.** Poisson arrivals of short streamed completions (4 tokens: the engine work is small,
@@ -151,6 +155,23 @@ async def run_rate(
     }
 
 
+async def wait_tcp(address: str, timeout_s: float = 30.0) -> None:
+    """Until ``host:port`` accepts a connection."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return
+
+
 def sustained(point: dict[str, Any]) -> bool:
     """Nothing failed, and what was sent completed at ≥ 95 % of the rate it was sent at (the
     requests finished within about 5 % more time than they took to send)."""
@@ -281,12 +302,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )
         port_of["kvgate-epp"] = port
         targets.append(Target("kvgate-epp", [f"127.0.0.1:{epp_port}"], epp_proc, epp.send))
+        # the floor of a picker in Python: the same exchange answered and nothing else
+        port = free_port()
+        hosts = [e.removeprefix("http://").rstrip("/") for e in engines]
+        bare_epp_argv = [sys.executable, "-m", "tests.benchmarks.bareepp", "--port", str(port)]
+        bare_epp = sup.spawn_argv("bare-epp", [*bare_epp_argv, *hosts])
+        targets.append(Target("bare-epp", [f"127.0.0.1:{port}"], bare_epp, epp.send))
         port = free_port()
         launch = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
         launch += ["--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines]
         sgl = sup.spawn_argv("sglang-router", launch)
         targets.append(Target("sglang", [f"http://127.0.0.1:{port}"], sgl))
         for t in targets[1:]:
+            if t.name == "bare-epp":
+                await wait_tcp(t.urls[0])
+                continue
             if t.send is not None:  # the picker: its router's HTTP listener says when
                 await wait_http(f"http://127.0.0.1:{port_of[t.name]}/ready")
                 continue
@@ -308,6 +338,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             result["targets"][t.name] = entry
         for t in targets[1:]:
             best = result["targets"][t.name]["max_rps"]
+            # the bare picker at the rate kvgate's picker is measured at (CPU per request
+            # falls with the rate: batching amortizes), so that the two compare
+            picker = result["targets"].get("kvgate-epp", {}).get("at_half_rate")
+            if t.name == "bare-epp" and picker is not None:
+                best = 2 * picker["rate_rps"]
             if best > 0:
                 half = await added_latency(t, direct, best / 2, args)
                 result["targets"][t.name]["at_half_rate"] = half
@@ -338,6 +373,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     cpu, sgl_cpu = half.get("cpu_ms_per_request"), sgl_half.get("cpu_ms_per_request")
     epp_half = t.get("kvgate-epp", {}).get("at_half_rate") or {}
     epp_cpu = epp_half.get("cpu_ms_per_request")
+    bare_epp_half = t.get("bare-epp", {}).get("at_half_rate") or {}
+    bare_epp_cpu = bare_epp_half.get("cpu_ms_per_request")
     return {
         "kvgate_max_rps": kv["max_rps"],
         "sglang_max_rps": sglang,
@@ -351,6 +388,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "sglang_added_ttft_p50_ms": sgl_p50,
         "epp_cpu_ms_per_request": epp_cpu,
         "epp_max_rps": t.get("kvgate-epp", {}).get("max_rps"),
+        "bare_epp_cpu_ms_per_request": bare_epp_cpu,
+        "epp_over_bare_epp_cpu": round(epp_cpu / bare_epp_cpu, 2)
+        if epp_cpu is not None and bare_epp_cpu
+        else None,
         "targets_met": {
             "kvgate_cpu_le_1.5ms_and_1.6x_sglang": cpu is not None
             and sgl_cpu is not None
@@ -435,7 +476,11 @@ proxies and the client): compare within this run.
   back through the exchange): kvgate's CPU per request
   **{_cpu(report.get("epp_cpu_ms_per_request"))} ms** (≤ 1.0 ms:
   **{yes[met.get("epp_cpu_le_1ms", False)]}**); its max rate measures the Python client, which
-  does Envoy's share too.
+  does Envoy's share too. The floor of a picker on Python's gRPC (`bare-epp`,
+  `tests/benchmarks/bareepp.py`: the same exchange on grpcio's asyncio server, every message
+  answered and nothing else done, measured at the rate kvgate's picker was):
+  **{_cpu(report.get("bare_epp_cpu_ms_per_request"))} ms** per request; kvgate's picker costs
+  **{report.get("epp_over_bare_epp_cpu") or "—"}×** that.
 
 {TABLE_HEADER}
 {chr(10).join(rows)}

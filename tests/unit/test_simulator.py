@@ -241,6 +241,31 @@ def test_closed_loop_sends_a_sessions_next_turn_after_the_last_one_ends() -> Non
     assert [d.request.session_id for d in done] == ["h"] and done[0].request.arrival_s == 1.0
 
 
+def test_a_client_running_sessions_at_once_starts_one_as_another_ends() -> None:
+    """AIPerf's ``--concurrency``: with two slots the third session starts when the first
+    session's last turn ends, not at its recorded time; the second slot's sessions run
+    meanwhile."""
+    from dataclasses import replace
+
+    from analytics.sim.agenticbench import _concurrent
+
+    def session(sid: str, at: float, base: int) -> tuple[TraceRequest, ...]:
+        return (
+            replace(req(at, range(base, base + 10), out=20), session_id=sid),
+            replace(req(at, range(base, base + 12), out=8), session_id=sid, think_s=1.0),
+        )
+
+    trace = Trace("t", 16, session("a", 0.0, 0) + session("b", 0.0, 100) + session("c", 9.0, 200))
+    cfg = SimConfig(nodes=2, profile=PROFILE)
+    done = simulate(_concurrent(trace, 2).looped(), seed_policy(), cfg)
+    first = {d.request.session_id: d for d in done if len(d.request.block_hashes) == 10}
+    last = {d.request.session_id: d for d in done if len(d.request.block_hashes) == 12}
+    assert len(done) == 6
+    assert first["c"].request.arrival_s == pytest.approx(last["a"].finish_s)  # not at 9.0
+    assert first["a"].request.arrival_s == first["b"].request.arrival_s == 0.0
+    assert last["a"].finish_s < 9.0
+
+
 def test_agentic_metrics_count_tokens_per_gpu_and_per_user() -> None:
     from analytics.sim.agenticbench import agentic_metrics
     from analytics.sim.simconfig import Done
