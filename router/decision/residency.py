@@ -26,22 +26,16 @@ the simulator alike) and calls :meth:`Residency.commit` for every routed request
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.decision.types import NodeView
 
-__all__ = ["Residency", "ResidencyRules"]
+__all__ = ["Residency"]
 
 RESIDENT_SESSIONS = 100_000  # sessions a router tracks (least recent go first)
-
-
-@dataclass(frozen=True, slots=True)
-class ResidencyRules:
-    share: float  # of a node's KV blocks a prompt needs to be resident (0: never)
-    window_s: float  # a session without a turn for this long no longer counts on its node
-    hold: float  # the share of the prompt a holder must hold to keep a later turn
 
 
 @dataclass(slots=True)
@@ -67,15 +61,12 @@ class Residency:
         return self._tokens[node]
 
     @staticmethod
-    def applies(rules: ResidencyRules, prompt_tokens: int, nodes: Sequence[NodeView]) -> bool:
-        """Whether a prompt of ``prompt_tokens`` is resident-sized on the largest of ``nodes``."""
-        if rules.share <= 0 or not nodes:
-            return False
-        largest = max(n.kv_blocks_total * n.block_size for n in nodes)
-        return largest > 0 and prompt_tokens >= rules.share * largest
-
-    def known(self, session: int) -> bool:
-        return session in self._sessions
+    def threshold(share: float, nodes: Sequence[NodeView]) -> float:
+        """The prompt tokens from which a session is resident: ``share`` of the largest of
+        ``nodes``' KV (never, where ``share`` is 0 or there are no nodes)."""
+        if share <= 0 or not nodes:
+            return math.inf
+        return share * max(n.kv_blocks_total * n.block_size for n in nodes)
 
     def expire(self, now: float, window_s: float) -> None:
         """Sessions without a turn for ``window_s`` leave their node's count."""

@@ -6,11 +6,12 @@ runs."""
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from router.decision.affinity import HashRing, point
-from router.decision.residency import Residency, ResidencyRules
+from router.decision.residency import Residency
 from router.decision.types import NodeView, RouteRequest
 from router.decision.weights import CostWeights
 
@@ -25,6 +26,9 @@ class SessionPlaces:
         # session (by its hash: a client's key can be megabytes long) -> node of its last turn
         self.homes: OrderedDict[int, str] = OrderedDict()
         self.residency = Residency()
+        # the prompt tokens from which a session is resident, on the nodes of the last decision
+        # (commit follows its request's decision: only resident turns are counted)
+        self.resident_from = math.inf
 
     def reweigh(self, w: CostWeights) -> None:
         self.ring = HashRing(c=w.affinity_load_bound)
@@ -65,14 +69,16 @@ class SessionPlaces:
         by the resident contexts, a later one (or a subagent's first) kept on the holder of
         enough of its prompt; None where the cost decides."""
         session = request.session_id
-        rules = ResidencyRules(w.resident_share, w.resident_window_s, w.resident_hold)
-        if session is None or not Residency.applies(rules, request.prompt_tokens, nodes):
+        if session is None:
             return None
-        self.residency.expire(now, rules.window_s)
+        self.resident_from = Residency.threshold(w.resident_share, nodes)
+        if request.prompt_tokens < self.resident_from:
+            return None
+        self.residency.expire(now, w.resident_window_s)
         homes, parent = self.homes, request.parent_session_id
         if hash(session) in homes or (parent is not None and hash(parent) in homes):
             need = -(-request.prompt_tokens // nodes[0].block_size)
-            node, reason = Residency.keep(nodes, matches, need, rules.hold), "prefix_hit"
+            node, reason = Residency.keep(nodes, matches, need, w.resident_hold), "prefix_hit"
         else:
             node, reason = self.residency.place(nodes, matches, over), "session_place"
         if node is None:
@@ -91,5 +97,5 @@ class SessionPlaces:
             homes.move_to_end(session)
             if len(homes) > SESSION_HOMES:
                 homes.popitem(last=False)
-        if w.resident_share > 0:
+        if request.prompt_tokens >= self.resident_from:
             self.residency.commit(session, node, request.prompt_tokens, now)

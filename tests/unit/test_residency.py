@@ -4,7 +4,7 @@ contexts already living on each node, and kept on the node holding their context
 from dataclasses import replace
 
 from router.decision.policies.cost import CompletionCostPolicy
-from router.decision.residency import Residency, ResidencyRules
+from router.decision.residency import Residency
 from router.decision.types import NodeView, RouteRequest
 from router.decision.weights import CostWeights
 from tests.factories import node_view, take
@@ -48,13 +48,23 @@ def test_the_count_follows_turns_moves_and_quiet_sessions() -> None:
 
 
 def test_only_prompts_that_take_a_share_of_a_node_are_resident() -> None:
-    w = CostWeights()
-    rules = ResidencyRules(w.resident_share, w.resident_window_s, w.resident_hold)
+    share = CostWeights().resident_share
     nodes = [agent_node("a")]
     capacity = BLOCKS * 512
-    assert Residency.applies(rules, int(0.11 * capacity), nodes)
-    assert not Residency.applies(rules, int(0.09 * capacity), nodes)
-    assert not Residency.applies(replace(rules, share=0.0), capacity, nodes)
+    assert int(0.11 * capacity) >= Residency.threshold(share, nodes)
+    assert int(0.09 * capacity) < Residency.threshold(share, nodes)
+    assert Residency.threshold(0.0, nodes) == Residency.threshold(share, []) == float("inf")
+
+
+def test_a_chat_turn_of_a_session_is_not_counted_as_resident() -> None:
+    """Short turns of sessions get homes, never a share of a node's resident tokens."""
+    p = policy()
+    nodes = [agent_node("a"), agent_node("b")]
+    chat = take(p, turn("chat", 2, "c1"), nodes, {}).chosen
+    assert chat is not None and p.sessions.homes[hash("chat")] == chat
+    assert len(p.sessions.residency) == 0
+    agent = take(p, turn("agent", 110, "a1"), nodes, {}).chosen
+    assert agent is not None and p.sessions.residency.tokens_on(agent) == 110 * 512
 
 
 def test_new_sessions_spread_by_their_contexts_not_by_the_shared_system_prompt() -> None:
