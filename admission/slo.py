@@ -75,7 +75,8 @@ def expected_ttft_s(
     if "queue_s" not in components or "prefill_s" not in components:
         return None
     queue = components["queue_s"] / queue_weight if queue_weight > 0 else 0.0
-    return queue + components["prefill_s"] / max(prefill_weight, 1e-9)
+    pulled = components.get("pull_s", 0.0)  # a prefix's KV loaded from another node first
+    return queue + pulled + components["prefill_s"] / max(prefill_weight, 1e-9)
 
 
 def held(slo: Slo | None, components: Mapping[str, float], queue_weight: float) -> bool:

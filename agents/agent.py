@@ -294,6 +294,7 @@ class NodeAgent:
                     role=s.role,
                     kv_link_gbps=s.kv_link_gbps,
                     retention_hints=s.retention_hints,
+                    kv_pull=s.kv_pull,
                     draining=self.draining,
                 )
                 self._hb_seq += 1

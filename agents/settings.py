@@ -148,6 +148,14 @@ class AgentSettings(BaseModel):
         "kvgate's simulated engine): routers then ask it to keep a session's prefix between "
         "its turns",
     )
+    kv_pull: bool = Field(
+        default=False,
+        description="the engine's KV connector gives and takes a prefix: it keeps a prefix "
+        "sent with kv_transfer_params do_remote_decode for another engine, and a request with "
+        "do_remote_prefill loads the blocks the params list and computes the rest (kvgate's "
+        "simulated engine with kv_transfer; vLLM with a connector that loads a partial prefix, "
+        "docs/engines.md): routers may pull a busy holder's prefix to it",
+    )
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="the node's labels, e.g. {zone: eu-1a, gpu: h100}: requests and tenants "

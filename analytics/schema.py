@@ -235,6 +235,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "ALTER TABLE {db}.outcomes ADD COLUMN IF NOT EXISTS resumes UInt8 DEFAULT 0",
         ],
     ),
+    (
+        9,
+        "pulls: the node a prompt's prefix KV was loaded from, and its blocks, on decisions",
+        [
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS pull_node Nullable(String)",
+            "ALTER TABLE {db}.decisions ADD COLUMN IF NOT EXISTS pull_blocks UInt32 DEFAULT 0",
+        ],
+    ),
 ]
 
 

@@ -264,6 +264,14 @@ class RouterMetrics:
             ["lane"],
             registry=self.registry,
         )
+        self.kv_pulls = Counter(
+            "kvgate_router_kv_pulls",
+            "Requests sent to a node that loads their prefix's KV from its holder "
+            "(router/decision/pull.py), by outcome of the holder's leg: ok (the KV was offered), "
+            "fallback (the node computed the prompt itself)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.disaggregated = Counter(
             "kvgate_router_disaggregated",
             "Requests split over a prefill and a decode node, by outcome of the prefill leg: "

@@ -102,6 +102,8 @@ def decision_record(
         chosen_node=d.chosen,
         reason=d.reason,
         prefill_node=d.prefill,
+        pull_node=d.pull,
+        pull_blocks=d.pull_blocks,
         candidates=[
             CandidateScore(
                 node_id=c.node_id,

@@ -164,6 +164,14 @@ class Heartbeat(Message):
         description="the engine keeps a finished request's KV for its agent_hint's "
         "cache_control.ttl: routers ask it to keep an agent session's prefix between turns",
     )
+    kv_pull: bool = Field(
+        default=False,
+        description="the engine gives and takes a prefix's KV through its KV connector (a "
+        "prefix sent with kv_transfer_params do_remote_decode is kept for another engine; a "
+        "request with do_remote_prefill loads the blocks listed and computes the rest): "
+        "routers may send a request to it and have it pull the prefix from its holder, or "
+        "have another pull from it",
+    )
     adapters: list[AdapterName] = Field(
         default_factory=list,
         max_length=256,
@@ -291,6 +299,12 @@ class Decision(Message):
         default=None,
         description="disaggregated: the node that computed the prompt's KV (chosen_node decodes)",
     )
+    pull_node: str | None = Field(
+        default=None,
+        description="a pull: the node chosen_node loaded the prompt's first pull_blocks blocks "
+        "of KV from (router/decision/pull.py)",
+    )
+    pull_blocks: int = Field(default=0, ge=0, le=1 << 24)
     candidates: list[CandidateScore] = Field(default_factory=list)
     index_age_s: float | None = None
     decision_us: float = Field(ge=0)

@@ -30,6 +30,7 @@ from analytics.sim.bench_targets import (
     targets,
 )
 from analytics.sim.coldstart import cold_start
+from analytics.sim.onecache import one_cache, one_cache_targets
 from analytics.sim.replay import bounds_at, capacity_rps, open_trace, replay_trace
 from analytics.sim.simconfig import SimConfig
 from router.decision.policies import POLICIES, TUNING_GRID, grid_points
@@ -135,8 +136,9 @@ def bench_routing(
         for r in tracked(pool.map(_one, more), len(more), "tuned peers"):
             results.append({**r, "policy": r["policy"] + TUNED})
         cold = cold_start(sources, nodes, policies, pool)
+        bounds = _bounds(sources, loads, caps)
+        single = one_cache(pool, sources, nodes, caps, bounds, results)
     speed = _speed(sources, nodes, caps)
-    bounds = _bounds(sources, loads, caps)
     report = {
         "command": command,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -145,12 +147,16 @@ def bench_routing(
         "wall_s": round(time.time() - started),
         "nodes": nodes,
         "capacity_rps": {open_trace(s, limit=lim).name: caps[s] for s, lim in sources},
-        "targets": targets(results) + conversation_targets(results, bounds) + speed_targets(speed),
+        "targets": targets(results)
+        + conversation_targets(results, bounds)
+        + speed_targets(speed)
+        + one_cache_targets(single),
         "tuning": tuning,
         "bounds": bounds,
         "sim_requests_per_min_alone": speed,
         "results": results,
         "cold_start": cold,
+        "one_cache": single,
     }
     write_report(report, out_dir)
     return report
@@ -233,11 +239,13 @@ def reuse(
     everyone = sorted({r["policy"] for r in results if not r["policy"].endswith(TUNED)})
     with ProcessPoolExecutor(jobs) as pool:
         report["cold_start"] = cold_start(ran, report["nodes"], everyone, pool)
-    report["bounds"] = _bounds(ran, loads, caps)
+        report["bounds"] = _bounds(ran, loads, caps)
+        report["one_cache"] = one_cache(pool, ran, report["nodes"], caps, report["bounds"], results)
     report["targets"] = (
         targets(results)
         + conversation_targets(results, report["bounds"])
         + speed_targets(report["sim_requests_per_min_alone"])
+        + one_cache_targets(report["one_cache"])
     )
     report["reused"] = {
         "command": command,

@@ -16,6 +16,7 @@ from analytics.sim.bench_targets import (
     run_params,
 )
 from analytics.sim.coldstart import cold_markdown
+from analytics.sim.onecache import one_cache_markdown
 
 __all__ = ["KEYS", "SPEED_RUNS", "fmt", "write_report"]
 
@@ -207,6 +208,7 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
             lines.append(f"| {r['policy']} | " + " | ".join(fmt(r.get(k)) for k in KEYS) + " |")
         lines.append("")
     lines += cold_markdown(report.get("cold_start"), fmt)
+    lines += one_cache_markdown(report.get("one_cache"), fmt)
     alone = report["sim_requests_per_min_alone"]
     lines += [
         "## Simulator speed",

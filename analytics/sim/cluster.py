@@ -25,16 +25,9 @@ from agents.kvcache import CacheEvent
 from analytics.autoscale import make_autoscaler
 from analytics.sim.admission import Refused, SimAdmission
 from analytics.sim.arrivals import ended, on_arrive, on_fail, pump, turned_away
-from analytics.sim.enginesteps import (
-    catch_up,
-    cut_run,
-    on_kv,
-    on_run_ended,
-    on_step,
-    on_warm,
-    start_step,
-)
+from analytics.sim.enginesteps import catch_up, cut_run, on_run_ended, on_step, on_warm, start_step
 from analytics.sim.fleetctl import control, operate
+from analytics.sim.legs import leg_done, on_kv, send
 from analytics.sim.preemption import SimPreemption
 from analytics.sim.scaleroom import SimScaleRoom
 from analytics.sim.simconfig import (
@@ -122,8 +115,8 @@ class SimCluster:
         self.faults = dict(cfg.faults)
         self.labels = {node: frozenset(pairs) for node, pairs in cfg.node_labels}
         self.roles = dict(cfg.roles)
-        # disaggregated requests between their prefill and decode legs: prefill seq id -> (the
-        # request's index, its decode node, its decode seq, the prefill node's cached tokens)
+        # requests between their two legs (analytics/sim/legs.py): first leg's seq id -> (the
+        # request's index, the second leg's node, its seq, the blocks a pull brings; 0: P/D)
         self.split: dict[str, tuple[int, str, SimSeq, int]] = {}
         self.prefill_reuse: dict[str, int] = {}  # decode seq id -> what the prefill node cached
         # the autoscaler's state: nodes loading their model (join pending), nodes draining after
@@ -288,20 +281,7 @@ class SimCluster:
         self.meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             self.waited[rid] = queue_wait_s
-        if chosen.prefill is not None:  # the prompt is computed on the prefill node first
-            pre = self.by_id[chosen.prefill]
-            pid = f"{rid}/p"
-            hit = matches.get(pre.node_id, 0) * self.trace.block_size
-            self.ledger.dispatch(pid, pre.node_id, now, max(0, r.prompt_tokens - hit))
-            self.split[pid] = (idx, target.node_id, seq, 0)
-            self.add(
-                pre,
-                SimSeq(pid, r.prompt_tokens, 1, all_hashes(r, idx, self.trace.block_size)),
-                now,
-            )
-        else:
-            self.add(target, seq, now)
-            self.preemption.sent(idx, seq, target.node_id, now)
+        send(self, idx, seq, chosen, matches, now)
         if advice is not None:
             self.stats["prewarm_advice"] += 1
             self.push(now + self.cfg.prewarm_delay_s, "warm", (advice, r.block_hashes))
@@ -318,9 +298,9 @@ class SimCluster:
         if self.lane_queue:
             self.lane_queue.release(lambda item: self.dispatch(item[0], now, item[1], queued=True))
 
-    def add(self, n: SimNode, seq: SimSeq, now: float) -> None:
+    def add(self, n: SimNode, seq: SimSeq, now: float, first: bool = False) -> None:
         cut_run(self, n, now)
-        n.core.add(seq)
+        n.core.add(seq, first)
         if not n.busy:
             start_step(self, n, now)
 
@@ -328,17 +308,7 @@ class SimCluster:
         n.busy = False
         released = False
         for seq in finished:
-            if seq.request_id in self.split:  # a prefill leg: its KV goes to the decode node
-                idx, dnode, dseq, _ = self.split.pop(seq.request_id)
-                self.ledger.finish(seq.request_id)
-                r = self.requests[idx]
-                moved = (
-                    r.prompt_tokens
-                    * self.profile.kv_bytes_per_token
-                    * 8
-                    / (self.cfg.kv_link_gbps * 1e9)
-                )
-                self.push(now + moved, "kv", (dnode, dseq, seq.cached_tokens))
+            if leg_done(self, seq, now):  # a first leg: its KV goes to the second's node
                 continue
             if seq.request_id not in self.meta:  # a warm-up request
                 continue
@@ -409,6 +379,7 @@ class SimCluster:
                     n.node_id in self.fleet.drained,
                     self.started.get(n.node_id),
                     self.roles.get(n.node_id, "mixed"),
+                    self.cfg.kv_pull,
                 )
                 if n.node_id in self.labels:
                     n.view = replace(n.view, labels=self.labels[n.node_id])

@@ -1,7 +1,7 @@
 """The simulated engines' steps in virtual time, for a :class:`~analytics.sim.cluster.SimCluster`:
 a node starts a step or a decode run (several steps at once, cut short when a request arrives),
-its KV events go to the index late, and the events that end steps and runs, that bring a
-disaggregated prompt's KV to its decode node, or that load a hot prefix, are handled here."""
+its KV events go to the index late, and the events that end steps and runs, or that load a hot
+prefix, are handled here (a prompt's KV crossing between engines: analytics/sim/legs.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ __all__ = [
     "catch_up",
     "cut_run",
     "drain",
-    "on_kv",
     "on_run_ended",
     "on_step",
     "on_warm",
@@ -68,17 +67,6 @@ def cut_run(sim: SimCluster, n: SimNode, now: float) -> None:
         n.run = DecodeRun(n.run_applied, run.first_s, run.grow_s)
         n.gen += 1
         sim.push(n.run_start + run.elapsed(n.run_applied), "run", (n.node_id, n.gen))
-
-
-def on_kv(sim: SimCluster, now: float, data: object) -> None:
-    """A prompt's KV arrived at its decode node: it decodes from there."""
-    dnode, dseq, reused = cast(tuple[str, SimSeq, int], data)
-    n = sim.by_id[dnode]
-    r = sim.requests[int(dseq.request_id[1:])]
-    cut_run(sim, n, now)
-    n.core.receive(list(r.block_hashes)[: max(0, (r.prompt_tokens - 1) // sim.trace.block_size)])
-    sim.prefill_reuse[dseq.request_id] = reused  # the prefix cache's share: the prefill's
-    sim.add(n, dseq, now)
 
 
 def on_warm(sim: SimCluster, now: float, data: object) -> None:

@@ -66,6 +66,7 @@ class SimConfig:
     roles: tuple[tuple[str, str], ...] = ()  # (node, prefill | decode); others are mixed
     kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
+    kv_pull: bool = False  # engines give and take a prefix's KV (router/decision/pull.py)
     placement: Placement = FREE  # every request's required and preferred labels
     # the router's candidate cap (router.max_queue): nodes with more waiting are skipped
     max_queue: int = RouterSettings.model_fields["max_queue"].default

@@ -119,10 +119,15 @@ class SimCore:
         self.preemptions_total = 0
 
     # --- requests ------------------------------------------------------------------------
-    def add(self, seq: SimSeq) -> None:
+    def add(self, seq: SimSeq, first: bool = False) -> None:
+        """``seq`` waits for its turn (``first``: ahead of every waiting request, as vLLM's
+        priority scheduling takes a request of a higher priority)."""
         if len(seq.hashes) < (seq.n_prompt + seq.max_tokens - 1) // self.bs:
             raise ValueError(f"{seq.request_id}: hashes must cover every full block")
-        self.waiting.append(seq)
+        if first:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def abort(self, seq: SimSeq, now: float) -> bool:
         """End a request whose first token has not come out by ``now``: waiting, prefilling,
@@ -144,14 +149,14 @@ class SimCore:
         seq.state = DONE
         return True
 
-    def receive(self, hashes: list[int]) -> int:
+    def receive(self, hashes: list[int], parent: int | None = None) -> int:
         """Prompt blocks whose KV arrives from a prefill engine (disaggregated prefill): cached
         here, unreferenced, as :meth:`agents.scheduler.EngineCore.receive`; none when the cache
         has no room. Returns the blocks stored."""
         if not hashes or not self.cache.can_allocate(len(hashes)):
             return 0
         self.cache.allocate(len(hashes))
-        self.cache.commit(hashes, None, ())
+        self.cache.commit(hashes, parent, ())
         self.cache.release(hashes, 0)
         return len(hashes)
 

@@ -39,6 +39,7 @@ def node_view(
     draining: bool = False,
     started_at: float | None = None,
     role: str = "mixed",
+    kv_pull: bool = False,
 ) -> NodeView:
     c = n.core
     return NodeView(
@@ -57,6 +58,7 @@ def node_view(
         lease_s=lease_s,
         started_at=started_at,
         role=role,
+        kv_pull=kv_pull,
     )
 
 

@@ -29,8 +29,8 @@ lane rules' prefill mix, the in-flight ledger and hot-prefix counts. Time is alw
 
 Modes (NVIDIA Dynamo's query-only / tracked): ``query`` (a dry run: no holds, never
 committed), ``gateway`` (a gateway or the endpoint picker forwards the request itself and waits
-for the answer: no P/D split, no lane rules, no holds — it gets the best node now or a refusal)
-and ``proxy`` (kvgate forwards it: every rule).
+for the answer: no P/D split, no pull, no lane rules, no holds — it gets the best node now or a
+refusal) and ``proxy`` (kvgate forwards it: every rule).
 """
 
 from __future__ import annotations
@@ -260,6 +260,8 @@ def _choose(
         )
     else:
         d = rules.policy.decide(req, sel.nodes, matches, now)
+    if d.pull is not None and ask.mode == "gateway":  # only the proxy runs a pull's two legs
+        d = replace(d, reason="spread", pull=None, pull_blocks=0)
     if d.chosen is None:
         return d
     reason = rules.fleet.reason(d.reason, d.chosen, sel, matches)
@@ -308,7 +310,8 @@ def _go(
     # a decode node of a split request computes none of the prompt: its KV arrives
     hit = matches.get(d.chosen, 0)
     block_size = snap.block_size
-    uncached = 0 if d.prefill is not None else max(0, ask.request.prompt_tokens - hit * block_size)
+    held = max(hit, d.pull_blocks)  # a pull brings the prefix's KV, the node computes the rest
+    uncached = 0 if d.prefill is not None else max(0, ask.request.prompt_tokens - held * block_size)
     return Routed(d, facts, uncached, sel.canary, victims)
 
 

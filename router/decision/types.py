@@ -62,6 +62,7 @@ class NodeView:
     kv_blocks_admissible: int | None = None  # its heartbeat's (None: from total and used)
     max_model_len: int | None = None  # its engine's context limit, if known
     retention_hints: bool = False  # its engine keeps a session's KV when asked (agent_hint)
+    kv_pull: bool = False  # its engine gives and takes a prefix's KV (router/decision/pull.py)
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -131,6 +132,7 @@ class NodeView:
             self.kv_blocks_admissible,
             self.max_model_len,
             self.retention_hints,
+            self.kv_pull,
         )
 
 
@@ -167,6 +169,10 @@ class RouteDecision:
     reason: str
     candidates: tuple[Candidate, ...]
     prefill: str | None = None  # disaggregated: the node that prefills (``chosen`` decodes)
+    # a pull: ``chosen`` loads the first ``pull_blocks`` blocks of the prompt (those it lacks)
+    # from this node's KV before it computes the rest
+    pull: str | None = None
+    pull_blocks: int = 0
     weights_version: int | None = (
         None  # a canary's weights decided it (router/decision/policies/canary.py)
     )

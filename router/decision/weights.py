@@ -131,6 +131,17 @@ class CostWeights(BaseModel):
     resident_hold: float = Field(
         default=0.3, gt=0, le=1, description="share of a resident turn's prompt a holder keeps"
     )
+    kv_pull: bool = Field(
+        default=True,
+        description="price loading a prefix's KV from the node holding it, where both engines "
+        "can (router/decision/pull.py; false: compute it or go to its holder)",
+    )
+    pull_overhead_s: float = Field(
+        default=0.02,
+        ge=0,
+        le=60,
+        description="a pull's fixed time before the KV moves (the holder's answer, the handshake)",
+    )
 
 
 class OutlierSettings(BaseModel):

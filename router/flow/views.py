@@ -108,6 +108,7 @@ class ClusterView:
                     role=hb.role,
                     kv_link_gbps=hb.kv_link_gbps,
                     retention_hints=hb.retention_hints,
+                    kv_pull=hb.kv_pull,
                 )
                 cache[hb.node_id] = (hb, view)
                 self._fit_floors[hb.node_id] = fit_floor_tokens(view)

@@ -117,6 +117,8 @@ class AdminApi:
                 "chosen_node": d.chosen,
                 "endpoint": endpoint,
                 "reason": d.reason,
+                "pull_node": d.pull,
+                "pull_blocks": d.pull_blocks,
                 "prompt_tokens": rreq.prompt_tokens,
                 "prompt_blocks": len(rreq.block_hashes),
                 "block_size": block_size,
@@ -130,6 +132,7 @@ class AdminApi:
                         "hit_blocks": c.hit_blocks,
                         "kv_used_ratio": c.kv_used_ratio,
                         "queue_len": c.queue_len,
+                        "components": c.components,
                     }
                     for c in d.candidates
                 ],

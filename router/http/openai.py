@@ -160,6 +160,8 @@ class OpenAiApi:
         sent = p
         if decision.prefill is not None:  # disaggregated: the prompt's KV comes from P
             sent = await self.prefill.run(t.request_id, p, g, decision.prefill, ask.request)
+        elif decision.pull is not None:  # the prefix's KV comes from its holder
+            sent = await self.prefill.pull(t.request_id, p, g, decision.pull, decision.pull_blocks)
         served = Served()
         failed: list[str] = []
         reroutes = resumes = 0

@@ -1,8 +1,14 @@
-"""Disaggregated prefill, the first leg of a request the pipeline split (router/decision/
-disagg.py): the prefill node computes the prompt (vLLM's flow: one token, not streamed, KV kept
-for a remote decode) while a second reservation holds that KV; the decode node then gets the
-request with the prefill node's transfer params. A leg that fails leaves the request unchanged:
-the decode node computes the prompt itself."""
+"""The first leg of a request whose KV crosses between engines, through their KV connector:
+
+* disaggregated prefill (router/decision/disagg.py): the prefill node computes the prompt
+  (vLLM's flow: one token, not streamed, KV kept for a remote decode) while a second
+  reservation holds that KV; the decode node then gets the request with the prefill node's
+  transfer params;
+* a pull (router/decision/pull.py): the node holding the prompt's prefix gets the prefix's
+  token ids the same way (it computes one token: the rest is cached there) and the chosen node
+  gets the request with the holder's params — it loads the prefix and computes the rest.
+
+A leg that fails leaves the request unchanged: the chosen node computes the prompt itself."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from admission.gate import AdmissionGate
 from router.decision.disagg import decode_body, prefill_body, valid_transfer_params
 from router.decision.inflight import InflightLedger
 from router.decision.outlier import Failure
+from router.decision.pull import pull_body
 from router.decision.types import RouteRequest
 from router.flow.asks import Gated
 from router.flow.director import Director
@@ -89,7 +96,9 @@ class PrefillLeg:
         hit = self.views.matches(rreq.block_hashes, now, p.exact_tokens).get(prefill, 0)
         self.ledger.dispatch(key, prefill, now, max(0, rreq.prompt_tokens - hit * g.block_size))
         try:
-            params, failure = await self._post(request_id, pnode.endpoint, pnode.engine_headers, p)
+            params, failure = await self._post(
+                request_id, pnode.endpoint, pnode.engine_headers, p.path, prefill_body(p.body)
+            )
         finally:
             self.ledger.finish(key)
             if extra:
@@ -106,17 +115,54 @@ class PrefillLeg:
         self.metrics.disaggregated.labels("ok").inc()
         return replace(p, body=decode_body(p.body, params))
 
+    async def pull(
+        self, request_id: str, p: ParsedRequest, g: Gated, holder: str, blocks: int
+    ) -> ParsedRequest:
+        """The first leg of a pull (router/decision/pull.py): ``holder`` is asked for the KV of
+        the prompt's first ``blocks`` blocks (their token ids, one token, kept for a remote
+        engine); the request for the chosen node, with the holder's transfer params — or as it
+        is when the leg failed (the node computes the prompt: the same answer, later)."""
+        hnode = next((n for n in g.nodes if n.node_id == holder), None)
+        prefix = p.tokens[: blocks * g.block_size]
+        if hnode is None or not p.exact_tokens or not prefix:  # its blocks are not the engine's
+            self.metrics.kv_pulls.labels("fallback").inc()
+            return p
+        key = f"{request_id}/pull"
+        self.ledger.dispatch(key, holder, time.time(), 0)
+        try:
+            params, failure = await self._post(
+                request_id,
+                hnode.endpoint,
+                hnode.engine_headers,
+                "/v1/completions",
+                pull_body(p.body, p.model, prefix),
+            )
+        finally:
+            self.ledger.finish(key)
+        self.director.observe(holder, failure)
+        if params is None:
+            log.warning("%s: %s gave no KV to pull; the prompt is computed", request_id, holder)
+            self.metrics.kv_pulls.labels("fallback").inc()
+            return p
+        self.metrics.kv_pulls.labels("ok").inc()
+        return replace(p, body=decode_body(p.body, params))
+
     async def _post(
-        self, request_id: str, endpoint: str, engine_headers: dict[str, str], p: ParsedRequest
+        self,
+        request_id: str,
+        endpoint: str,
+        engine_headers: dict[str, str],
+        path: str,
+        body: dict[str, Any],
     ) -> tuple[dict[str, Any] | None, Failure | None]:
-        """The prefill request: the engine's transfer params (None: none usable) and how the
+        """A first leg's request: the engine's transfer params (None: none usable) and how the
         node failed, if it did."""
         try:
             async with (
                 asyncio.timeout(self.settings.prefill_timeout_s),
                 self.upstream.session.post(
-                    endpoint.rstrip("/") + p.path,
-                    data=orjson.dumps(prefill_body(p.body)),
+                    endpoint.rstrip("/") + path,
+                    data=orjson.dumps(body),
                     headers={
                         "Content-Type": "application/json",
                         "X-Request-Id": request_id,

@@ -49,7 +49,13 @@ POLICIES: dict[str, Callable[[RouterSettings], Policy]] = {
     "llmd_weighted": lambda s: LlmdWeightedPolicy(**s.policy_params),
     "vllm_prefix_aware": lambda s: VllmStackPrefixAwarePolicy(**s.policy_params),
     "vllm_kv_aware": lambda s: VllmStackKvAwarePolicy(**s.policy_params),
-    "kvgate": lambda s: CompletionCostPolicy(s.cost, s.max_kv_used_ratio, s.max_queue),
+    "kvgate": lambda s: CompletionCostPolicy(
+        s.cost,
+        s.max_kv_used_ratio,
+        s.max_queue,
+        kv_bytes_per_token=s.kv_bytes_per_token,
+        kv_link_gbps=s.kv_link_gbps,
+    ),
 }
 # the peers' parameters a tuned variant searches (docs/baselines.md, "Tuned peers"); the first
 # value of each is the peer's default

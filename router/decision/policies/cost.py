@@ -61,9 +61,10 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.decision.fit import queues_on_holder
+from router.decision.pull import PullSource, pull_s, pull_source
 from router.decision.sessionplaces import SessionPlaces
 from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.decision.weights import CostWeights
@@ -107,9 +108,17 @@ class CompletionCostPolicy(PolicyBase):
     name = "kvgate"
 
     def __init__(
-        self, w: CostWeights, max_kv_used_ratio: float, max_queue: int, record_candidates: int = 8
+        self,
+        w: CostWeights,
+        max_kv_used_ratio: float,
+        max_queue: int,
+        record_candidates: int = 8,
+        kv_bytes_per_token: int = 131_072,
+        kv_link_gbps: float = 100.0,
     ) -> None:
         self.w = w
+        self.kv_bytes_per_token = kv_bytes_per_token  # a pull's bytes (router/decision/pull.py)
+        self.kv_link_gbps = kv_link_gbps  # the link of nodes that do not say theirs
         self.weights_version = w.version
         self.max_kv_used_ratio = max_kv_used_ratio
         self.max_queue = max_queue
@@ -171,17 +180,24 @@ class CompletionCostPolicy(PolicyBase):
         return floor * max(0.0, 1.0 - request.prefix_share * len(nodes) / max(1, holders))
 
     def cost(
-        self, request: RouteRequest, n: NodeView, hit: int, floor: float = 0.0
+        self,
+        request: RouteRequest,
+        n: NodeView,
+        hit: int,
+        floor: float = 0.0,
+        src: PullSource | None = None,
     ) -> dict[str, float]:
         """The components of the expected completion cost of ``request`` on ``n`` (seconds);
-        ``floor``: the queued requests its prefill delays (:meth:`_congestion`)."""
+        ``floor``: the queued requests its prefill delays (:meth:`_congestion`); ``src``: the
+        node a pull would read the prefix from (:meth:`_pull`)."""
         w = self.w
         s = self._smoothed(n)
         bs = n.block_size
         conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s)
         hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
-        uncached = request.prompt_tokens - hit_tokens
         rate = n.prefill_tokens_per_s or w.prefill_tokens_per_s  # learned, else configured
+        pulled, moved_s = self._pull(request, n, hit_tokens, src, s.running, floor, 1.0 / rate)
+        uncached = request.prompt_tokens - hit_tokens - pulled
         prefill_s = uncached / rate
         queued = max(float(n.prefill_backlog_tokens), (s.waiting + n.pending) * self._avg_uncached)
         batch = s.running + n.pending + 1
@@ -197,8 +213,56 @@ class CompletionCostPolicy(PolicyBase):
             "stall_s": prefill_s * s.running * w.interference,
             "congestion_s": prefill_s * floor * w.congestion,
             "kv_s": w.kv_pressure_s * max(0.0, after - w.kv_soft_limit),
+            "pull_s": moved_s,
             "confidence": conf,
         }
+
+    def _pull(
+        self,
+        request: RouteRequest,
+        n: NodeView,
+        hit_tokens: float,
+        src: PullSource | None,
+        running: float,
+        floor: float,
+        inv_rate: float,
+    ) -> tuple[float, float]:
+        """The prompt tokens a pull from ``src`` brings to ``n`` and the seconds it takes, when
+        loading them costs less than computing them there ((0, 0) otherwise): the prefill of
+        those tokens, weighted as :meth:`cost` weighs a prefill, against :func:`pull_s`."""
+        if src is None or not n.kv_pull or src.node_id == n.node_id:
+            return 0.0, 0.0
+        w = self.w
+        gain = min(max(0, request.prompt_tokens - 1), src.blocks * n.block_size) - hit_tokens
+        if gain <= 0:
+            return 0.0, 0.0
+        links = [g for g in (n.kv_link_gbps, src.link_gbps) if g]
+        link = min(links) if links else self.kv_link_gbps
+        moved = pull_s(gain, self.kv_bytes_per_token, link, w.pull_overhead_s) + src.wait_s
+        computed = (
+            gain * inv_rate * (w.prefill_weight + running * w.interference + floor * w.congestion)
+        )
+        return (gain, moved) if moved < computed else (0.0, 0.0)
+
+    def _source(self, nodes: Sequence[NodeView], matches: Mapping[str, int]) -> PullSource | None:
+        """Where a pull reads the prompt's prefix (router/decision/pull.py), with the time until
+        it answers: the prefill it is computing now — what this router sent it that has no first
+        token yet, less what its heartbeat says is still waiting (the answer skips those)."""
+        src = pull_source(nodes, matches)
+        if src is None:
+            return None
+        view = next(n for n in nodes if n.node_id == src.node_id)
+        inv, _, _, _, backlog, queued, *_ = self._terms(view)
+        running = max(0.0, backlog - queued * self._avg_uncached)
+        return replace(src, wait_s=running * (inv or 1.0 / self.w.prefill_tokens_per_s))
+
+    def pull_for(
+        self, request: RouteRequest, n: NodeView, hit: int, src: PullSource | None, floor: float
+    ) -> int:
+        """The leading blocks of the prompt ``n`` would hold after a pull from ``src`` for
+        ``request`` (0: no pull)."""
+        parts = self.cost(request, n, hit, floor, src)
+        return src.blocks if src is not None and parts["pull_s"] > 0 else 0
 
     def _total(
         self, request: RouteRequest, n: NodeView, hit: int, home: str | None, floor: float = 0.0
@@ -242,6 +306,7 @@ class CompletionCostPolicy(PolicyBase):
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         rot: int = 0,
+        src: PullSource | None = None,
     ) -> list[tuple[float, int, int]]:
         """Per node of ``nodes``, (the sum of :meth:`cost`'s components for ``request`` there,
         its place in the tie order rotated by ``rot``, its index) — without building the
@@ -276,11 +341,17 @@ class CompletionCostPolicy(PolicyBase):
             hit = mget(node, 0)
             hit_tokens = min(last, hit * bs) * conf if hit else 0.0
             waiting_tokens = queued * avg_uncached
+            pulled, moved_s = (
+                self._pull(request, n, hit_tokens, src, running, floor, inv)
+                if src is not None and n.kv_pull
+                else (0.0, 0.0)
+            )
             total = (
                 (backlog if backlog > waiting_tokens else waiting_tokens) * inv * queue_weight
-                + (prompt - hit_tokens)
+                + (prompt - hit_tokens - pulled)
                 * inv
                 * (prefill_weight + running * interference + congestion)
+                + moved_s
                 + decode_base
                 + per_seq * batch
                 + per_ctx * ctx
@@ -322,31 +393,30 @@ class CompletionCostPolicy(PolicyBase):
         home: str | None,
         total: int,
         floor: float,
+        src: PullSource | None = None,
     ) -> Candidate:
-        parts = self.cost(request, n, hit, floor)
+        parts = self.cost(request, n, hit, floor, src)
         parts["affinity_s"] = -self.w.session_affinity_s if n.node_id == home else 0.0
         score = -sum(v for k, v in parts.items() if k != "confidence")
         return Candidate(
             n.node_id, score, hit, hit / total, n.kv_used_ratio, n.queue_len, n.healthy, parts
         )
 
-    def choose(
+    def _pick(
         self,
         request: RouteRequest,
         nodes: Sequence[NodeView],
         matches: Mapping[str, int],
         now: float,
-    ) -> RouteDecision:
-        total_blocks = max(1, len(request.block_hashes))
-        home = (
-            self.sessions.home(request, nodes, matches) if self.w.session_affinity_s > 0 else None
-        )
-        # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
-        # several routers do not pile onto the same node
-        rot = zlib.crc32(request.request_id.encode())
-        floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
+        home: str | None,
+        floor: float,
+        rot: int,
+        src: PullSource | None,
+    ) -> tuple[list[tuple[float, int, int]], int, str]:
+        """The nodes scored in order, the chosen one's index and the reason (``src``: where a
+        pull would read the prefix; None: no pull priced)."""
         mget = matches.get
-        scored = self._scores(request, home, floor, nodes, matches, rot)
+        scored = self._scores(request, home, floor, nodes, matches, rot, src)
         scored.sort()
         prompt = request.prompt_tokens
 
@@ -371,17 +441,45 @@ class CompletionCostPolicy(PolicyBase):
                 reason = "overload_fallback"
             else:
                 reason = "spread"
+        return scored, best_i, reason
+
+    def choose(
+        self,
+        request: RouteRequest,
+        nodes: Sequence[NodeView],
+        matches: Mapping[str, int],
+        now: float,
+    ) -> RouteDecision:
+        total_blocks = max(1, len(request.block_hashes))
+        home = (
+            self.sessions.home(request, nodes, matches) if self.w.session_affinity_s > 0 else None
+        )
+        # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
+        # several routers do not pile onto the same node
+        rot = zlib.crc32(request.request_id.encode())
+        floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
+        src = self._source(nodes, matches) if self.w.kv_pull and matches else None
+        scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, None)
+        if src is not None and reason in ("spread", "overload_fallback"):
+            # the holder is not chosen: loading its prefix may beat computing it again
+            scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, src)
+        else:
+            src = None  # priced only where the holder is passed over
+        mget = matches.get
         best = nodes[best_i]
+        pull = self.pull_for(request, best, mget(best.node_id, 0), src, floor) if src else 0
         # the decision record keeps the best few candidates with their components
         keep = [i for _, _, i in scored[: self.record_candidates]]
         if best_i not in keep:
             keep.append(best_i)
         cands = tuple(
             self._candidate(
-                request, nodes[i], matches.get(nodes[i].node_id, 0), home, total_blocks, floor
+                request, nodes[i], matches.get(nodes[i].node_id, 0), home, total_blocks, floor, src
             )
             for i in keep
         )
+        if pull and src is not None:
+            return RouteDecision(best.node_id, "kv_pull", cands, pull=src.node_id, pull_blocks=pull)
         return RouteDecision(best.node_id, reason, cands)
 
     def commit(

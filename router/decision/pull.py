@@ -1,0 +1,89 @@
+"""The cluster as one cache: a node loads a prefix's KV from the node that holds it instead of
+computing it again (pure).
+
+When the node holding a prompt's longest prefix has seconds of prefill queued and another node
+has room, the choice used to be between waiting on the holder (a hit) and computing the prefix
+again where there is room (a ``spread``: better tail latency, a lower hit rate). A third choice
+prices the move: the node with room gets the request and first *pulls* the prefix's KV from
+the holder through the engines' KV connector — the holder answers one short request that keeps
+the blocks for the transfer (it skips its queue: it computes nothing new), and the KV crosses
+the link between the two engines. For Llama-3.1-8B a token's KV is 128 KiB: a 4,000-token
+prefix is ~512 MiB, ~40 ms over a 100 Gb/s link, against ~250 ms to compute it on an H100.
+
+The completion-cost policy (router/decision/policies/cost.py) prices it per node: the prefill
+of the tokens the pull brings is replaced by :func:`pull_s` (the holder's answer, then the bytes
+over the slower of the two links). Only nodes whose engines say they can give and take KV
+(``NodeView.kv_pull``, from their agents' heartbeats) pull or are pulled from; a pull that
+fails or times out falls back to computing the prompt where it was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from router.decision.types import NodeView
+
+__all__ = ["PullSource", "pull_body", "pull_s", "pull_source"]
+
+
+@dataclass(frozen=True, slots=True)
+class PullSource:
+    node_id: str
+    blocks: int  # leading blocks of the prompt it holds
+    link_gbps: float | None  # its KV link (None: the router's default)
+    # until it answers: the prompts it is computing go first (an engine schedules its running
+    # requests' prefill chunks before a request it takes ahead of its queue)
+    wait_s: float = 0.0
+
+
+def pull_source(nodes: Sequence[NodeView], matches: Mapping[str, int]) -> PullSource | None:
+    """The node a pull would read a prompt's prefix from: among the healthy nodes that give
+    KV, the one holding the longest prefix (ties: the least queued). None when none holds
+    any."""
+    best: NodeView | None = None
+    depth = 0
+    for n in nodes:
+        if not n.kv_pull or not n.healthy:
+            continue
+        got = matches.get(n.node_id, 0)
+        if got > depth or (got and got == depth and best and n.queue_len < best.queue_len):
+            best, depth = n, got
+    if best is None or depth == 0:
+        return None
+    return PullSource(best.node_id, depth, best.kv_link_gbps)
+
+
+def pull_s(
+    tokens: float,
+    kv_bytes_per_token: int,
+    link_gbps: float,
+    overhead_s: float,
+) -> float:
+    """Seconds until ``tokens`` tokens of KV have arrived: the holder's answer (``overhead_s``)
+    and the bytes over the link."""
+    return overhead_s + tokens * kv_bytes_per_token * 8 / (link_gbps * 1e9)
+
+
+def pull_body(body: Mapping[str, Any], model: str, prefix: Sequence[int]) -> dict[str, Any]:
+    """What the holder gets for a pull: the prefix's token ids as a completion of one token,
+    not streamed, its KV kept for a remote engine (``do_remote_decode``, vLLM's disaggregated
+    flow), with the client's ``cache_salt`` (the prefix's blocks are hashed from it)."""
+    out: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prefix),
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        },
+    }
+    if isinstance(body.get("cache_salt"), str):
+        out["cache_salt"] = body["cache_salt"]
+    return out
