@@ -210,6 +210,15 @@ class RouterSettings(BaseModel):
     prefill_timeout_s: float = Field(
         default=60.0, gt=0, description="the prefill leg's limit; then the decode node computes"
     )
+    pull_priority: int | None = Field(
+        default=None,
+        ge=-(1 << 31),
+        le=(1 << 31) - 1,
+        description="the priority a pull's leg asks its holder for (vLLM's request priority, "
+        "lower first, for engines started with --scheduling-policy priority): the holder answers "
+        "after the prompts it is computing, ahead of its queue; None: the leg waits in the "
+        "holder's queue like any request, and the cost counts that queue (router/decision/pull.py)",
+    )
     hold_poll_s: float = Field(
         default=0.05, gt=0, le=5, description="how often a held request looks again"
     )

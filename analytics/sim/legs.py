@@ -5,8 +5,9 @@ the link between two engines —
 * **disaggregated prefill** (``RouteDecision.prefill``): the prefill node computes the prompt
   (one token), its KV moves to the decode node, which decodes from it;
 * **a pull** (``RouteDecision.pull``, router/decision/pull.py): the node holding the prefix
-  answers a one-token request for it ahead of its queue (vLLM's priority scheduling; it
-  computes nothing new while it still holds the blocks), the prefix's KV moves to the chosen
+  answers a one-token request for it — in its queue, or ahead of it with
+  ``router.pull_priority`` (vLLM's priority scheduling; ``SimConfig.pull_first``) — computing
+  nothing new while it still holds the blocks; the prefix's KV moves to the chosen
   node, which computes the rest of the prompt. Blocks the chosen node has no room for are not
   received (it computes them: the fallback of a failed transfer), and the blocks it receives
   are stored in its cache and announced as KV events like any it computed.
@@ -59,7 +60,7 @@ def send(
         sim.split[pid] = (idx, target.node_id, seq, blocks)
         sim.stats["kv_pulls"] = sim.stats.get("kv_pulls", 0) + 1
         leg = SimSeq(pid, blocks * bs, 1, list(r.block_hashes[:blocks]))
-        sim.add(src, leg, now, first=True)
+        sim.add(src, leg, now, first=sim.cfg.pull_first)
     else:
         sim.add(target, seq, now)
         sim.preemption.sent(idx, seq, target.node_id, now)

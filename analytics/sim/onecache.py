@@ -14,6 +14,7 @@ from analytics.progress import tracked
 from analytics.sim.bench_targets import BASELINES, TUNED
 from analytics.sim.replay import open_trace, replay_trace
 from analytics.sim.simconfig import SimConfig
+from router.settings import RouterSettings
 
 __all__ = [
     "ONE_CACHE",
@@ -27,11 +28,18 @@ ONE_CACHE = ("conversation", "mooncake_fast25_synthetic_trace")
 ONE_CACHE_LOADS = (0.8, 1.0)
 
 
-def _pulling(args: tuple[str, int | None, int, float, float]) -> dict[str, Any]:
-    source, limit, nodes, load, cap = args
+PULL_PRIORITY = -1  # router.pull_priority: holders answer a pull ahead of their queue
+
+
+def _pulling(args: tuple[str, int | None, int, float, float, bool]) -> dict[str, Any]:
+    source, limit, nodes, load, cap, priority = args
     trace = open_trace(source, limit=limit)
     cfg = replace(SimConfig(), kv_pull=True)
-    return replay_trace(trace, nodes=nodes, policy="kvgate", load=load, capacity=cap, cfg=cfg)
+    settings = RouterSettings(policy="kvgate", pull_priority=PULL_PRIORITY if priority else None)
+    return {
+        **replay_trace(trace, nodes=nodes, policy=settings, load=load, capacity=cap, cfg=cfg),
+        "pull_priority": priority,
+    }
 
 
 def one_cache(
@@ -45,14 +53,16 @@ def one_cache(
     """workload → load → kvgate's figures with pulls beside the references (``results``: the
     benchmark's runs, for the best baseline; ``bounds``: its TTFT floors)."""
     work = [
-        (s, lim, nodes, load, caps[s])
+        (s, lim, nodes, load, caps[s], priority)
         for s, lim in sources
         if open_trace(s, limit=lim).name in ONE_CACHE
         for load in ONE_CACHE_LOADS
+        for priority in (True, False)
     ]
     runs = list(tracked(pool.map(_pulling, work), len(work), "one cache (pulls)"))
+    queued = {(r["trace"], r["load"]): r for r in runs if not r["pull_priority"]}
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in runs:
+    for r in (r for r in runs if r["pull_priority"]):
         trace, load = r["trace"], r["load"]
         base = [
             b
@@ -76,15 +86,23 @@ def one_cache(
             "best_baseline_p50_s": round(best["ttft_p50_s"], 4) if best else None,
             "best_baseline": best["policy"] if best else None,
             "pulls": r["reasons"].get("kv_pull", 0),
-            "without_pulls": {
-                "reuse": round(without["hit_rate"], 4),
-                "ttft_p99_s": round(without["ttft_p99_s"], 4),
-                "ttft_p50_s": round(without["ttft_p50_s"], 4),
-            }
-            if without
-            else None,
+            "pull_priority": PULL_PRIORITY,
+            # the same with holders that answer a pull in their queue (no pull_priority)
+            "in_holders_queue": _brief(queued.get((trace, load))),
+            "without_pulls": _brief(without),
         }
     return out
+
+
+def _brief(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {
+        "reuse": round(r["hit_rate"], 4),
+        "ttft_p99_s": round(r["ttft_p99_s"], 4),
+        "ttft_p50_s": round(r["ttft_p50_s"], 4),
+        "pulls": r["reasons"].get("kv_pull", 0),
+    }
 
 
 def one_cache_targets(section: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -143,21 +161,27 @@ def one_cache_markdown(
         "",
         "kvgate on engines that give and take a prefix's KV (router/decision/pull.py): a "
         "request its cost sends away from a busy holder loads the holder's prefix instead of "
-        "computing it again. `reuse`: prompt tokens served from cache, local or pulled; "
-        "`without`: the same policy on engines that cannot pull (the main tables).",
+        "computing it again; holders answer a pull ahead of their queue "
+        f"(`router.pull_priority` {PULL_PRIORITY}). `reuse`: prompt tokens served from cache, "
+        "local or pulled; `in queue`: the same with holders that answer a pull in their queue "
+        "(no `pull_priority`); `without`: the same policy on engines that cannot pull (the "
+        "main tables).",
         "",
         "| workload | load | reuse | pooled LRU | TTFT p99 | floor p99 | TTFT p50 | "
-        "best baseline p50 | pulls | without: reuse, p99, p50 |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "best baseline p50 | pulls | in queue: reuse, p99, p50, pulls | without: reuse, p99, "
+        "p50 |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for trace, loads in sorted(section.items()):
         for load, s in sorted(loads.items()):
             w = s.get("without_pulls") or {}
             without = ", ".join(fmt(w.get(k)) for k in ("reuse", "ttft_p99_s", "ttft_p50_s"))
+            q = s.get("in_holders_queue") or {}
+            queue = ", ".join(fmt(q.get(k)) for k in ("reuse", "ttft_p99_s", "ttft_p50_s", "pulls"))
             lines.append(
                 f"| {trace} | {load} | {fmt(s['reuse'])} | {fmt(s['pooled_lru_bound'])} | "
                 f"{fmt(s['ttft_p99_s'])} | {fmt(s['ttft_floor_p99_s'])} | {fmt(s['ttft_p50_s'])} "
                 f"| {s['best_baseline']} {fmt(s['best_baseline_p50_s'])} | {s['pulls']} | "
-                f"{without} |"
+                f"{queue} | {without} |"
             )
     return [*lines, ""]

@@ -67,6 +67,7 @@ class SimConfig:
     kv_link_gbps: float = 100.0  # KV transfer between engines (disaggregated prefill)
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     kv_pull: bool = False  # engines give and take a prefix's KV (router/decision/pull.py)
+    pull_first: bool = False  # a pull's leg goes ahead of the holder's queue (pull_priority)
     placement: Placement = FREE  # every request's required and preferred labels
     # the router's candidate cap (router.max_queue): nodes with more waiting are skipped
     max_queue: int = RouterSettings.model_fields["max_queue"].default
@@ -146,6 +147,7 @@ def with_router(cfg: SimConfig, router: RouterSettings) -> SimConfig:
         recent_prefill_ttl_s=router.recent_prefill_ttl_s,
         pending_prefixes=router.pending_prefixes,
         fit_hold_s=router.fit_hold_s,
+        pull_first=router.pull_priority is not None,
     )
 
 

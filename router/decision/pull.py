@@ -66,10 +66,13 @@ def pull_s(
     return overhead_s + tokens * kv_bytes_per_token * 8 / (link_gbps * 1e9)
 
 
-def pull_body(body: Mapping[str, Any], model: str, prefix: Sequence[int]) -> dict[str, Any]:
+def pull_body(
+    body: Mapping[str, Any], model: str, prefix: Sequence[int], priority: int | None = None
+) -> dict[str, Any]:
     """What the holder gets for a pull: the prefix's token ids as a completion of one token,
     not streamed, its KV kept for a remote engine (``do_remote_decode``, vLLM's disaggregated
-    flow), with the client's ``cache_salt`` (the prefix's blocks are hashed from it)."""
+    flow), with the client's ``cache_salt`` (the prefix's blocks are hashed from it) and
+    ``priority`` when one is configured (router.pull_priority)."""
     out: dict[str, Any] = {
         "model": model,
         "prompt": list(prefix),
@@ -86,4 +89,6 @@ def pull_body(body: Mapping[str, Any], model: str, prefix: Sequence[int]) -> dic
     }
     if isinstance(body.get("cache_salt"), str):
         out["cache_salt"] = body["cache_salt"]
+    if priority is not None:
+        out["priority"] = priority
     return out

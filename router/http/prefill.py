@@ -135,7 +135,7 @@ class PrefillLeg:
                 hnode.endpoint,
                 hnode.engine_headers,
                 "/v1/completions",
-                pull_body(p.body, p.model, prefix),
+                pull_body(p.body, p.model, prefix, self.settings.pull_priority),
             )
         finally:
             self.ledger.finish(key)

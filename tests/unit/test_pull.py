@@ -6,14 +6,17 @@ from dataclasses import replace
 
 import pytest
 
+from admission.settings import AdmissionSettings
 from agents.profile import EngineProfile
 from analytics.sim.cluster import SimCluster
 from analytics.sim.simconfig import Done, SimConfig
 from analytics.sim.traces import Trace, TraceRequest
+from router.decision.fleet import Fleet
+from router.decision.pipeline import Ask, Routed, Rules, Snapshot, decide
 from router.decision.policies.cost import CompletionCostPolicy
-from router.decision.pull import pull_s, pull_source
+from router.decision.pull import pull_body, pull_s, pull_source
 from router.decision.types import NodeView, PolicyBase, RouteDecision, RouteRequest
-from router.decision.weights import CostWeights
+from router.decision.weights import CostWeights, OutlierSettings, SlowStartSettings
 from tests.factories import node_view
 from tests.unit.test_policy import NOW
 
@@ -21,8 +24,11 @@ W = CostWeights()
 LONG = RouteRequest("r1", "m", list(range(250)), prompt_tokens=4_000, max_tokens=16)
 
 
-def policy(**over: object) -> CompletionCostPolicy:
-    return CompletionCostPolicy(W.model_copy(update=over), max_kv_used_ratio=0.9, max_queue=8)
+def policy(skips_queue: bool = True, **over: object) -> CompletionCostPolicy:
+    """The cost policy; ``skips_queue``: pulls ask holders for priority (router.pull_priority)."""
+    return CompletionCostPolicy(
+        W.model_copy(update=over), 0.9, max_queue=8, pull_skips_queue=skips_queue
+    )
 
 
 def big(nid: str, **kw: object) -> NodeView:
@@ -59,6 +65,13 @@ def test_a_busy_holder_s_prefix_is_pulled_where_there_is_room() -> None:
     rate = W.prefill_tokens_per_s
     assert parts["prefill_s"] == pytest.approx(W.prefill_weight * (4_000 - 240 * 16) / rate)
     assert parts["pull_s"] == pytest.approx(pull_s(240 * 16, 131_072, 100.0, W.pull_overhead_s))
+
+
+def test_without_priority_the_pull_waits_in_the_holder_s_queue() -> None:
+    """A leg that does not go ahead of the holder's queue answers after it: the ~0.65 s queued
+    there make computing the prefix on the idle node cheaper."""
+    d = policy(skips_queue=False).decide(LONG, [big("a"), busy_holder()], {"b": 240}, NOW)
+    assert (d.chosen, d.reason, d.pull) == ("a", "spread", None)
 
 
 def test_no_pull_where_an_engine_cannot_or_the_holder_is_free() -> None:
@@ -150,3 +163,31 @@ def test_a_transfer_without_room_falls_back_to_computing() -> None:
     assert done["r2"].node == "node-01"
     assert done["r2"].cached_tokens == 0
     assert sim.stats["kv_pulled_blocks"] == 0
+
+
+def test_the_pipeline_sends_a_pull_only_from_the_proxy() -> None:
+    """The proxy runs the pull's two legs (its uncached tokens: the part no node holds); a dry
+    run shows it; a gateway, which forwards the request itself, gets the same node without it."""
+    r = Rules(
+        policy(),
+        Fleet(OutlierSettings(enabled=False), SlowStartSettings(window_s=0)),
+        AdmissionSettings(),
+    )
+    snap = Snapshot([big("a"), busy_holder()], {"b": 240}, NOW, 16)
+    for mode in ("proxy", "query"):
+        got = decide(Ask(LONG, 16, NOW, mode=mode), snap, r)
+        assert isinstance(got, Routed) and got.decision.pull == "b"
+        assert got.uncached_tokens == 4_000 - 240 * 16
+    got = decide(Ask(LONG, 16, NOW, mode="gateway"), snap, r)
+    assert isinstance(got, Routed) and got.decision.chosen == "a"
+    assert (got.decision.pull, got.decision.reason, got.uncached_tokens) == (None, "spread", 4_000)
+
+
+def test_the_holder_s_request_is_the_prefix_s_token_ids_kept_for_a_remote_engine() -> None:
+    body = {"model": "m", "prompt": "text", "cache_salt": "tenant-a", "stream": True, "n": 3}
+    leg = pull_body(body, "m", [5, 6, 7], priority=-1)
+    assert leg["prompt"] == [5, 6, 7] and leg["max_tokens"] == 1 and leg["stream"] is False
+    assert leg["kv_transfer_params"]["do_remote_decode"] is True
+    assert (leg["cache_salt"], leg["priority"]) == ("tenant-a", -1)
+    assert "n" not in leg  # nothing else of the client's request
+    assert "priority" not in pull_body(body, "m", [5])

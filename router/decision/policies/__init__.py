@@ -55,6 +55,7 @@ POLICIES: dict[str, Callable[[RouterSettings], Policy]] = {
         s.max_queue,
         kv_bytes_per_token=s.kv_bytes_per_token,
         kv_link_gbps=s.kv_link_gbps,
+        pull_skips_queue=s.pull_priority is not None,
     ),
 }
 # the peers' parameters a tuned variant searches (docs/baselines.md, "Tuned peers"); the first

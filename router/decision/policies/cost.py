@@ -115,8 +115,10 @@ class CompletionCostPolicy(PolicyBase):
         record_candidates: int = 8,
         kv_bytes_per_token: int = 131_072,
         kv_link_gbps: float = 100.0,
+        pull_skips_queue: bool = False,
     ) -> None:
         self.w = w
+        self.pull_skips_queue = pull_skips_queue  # a pull's leg goes ahead of the holder's queue
         self.kv_bytes_per_token = kv_bytes_per_token  # a pull's bytes (router/decision/pull.py)
         self.kv_link_gbps = kv_link_gbps  # the link of nodes that do not say theirs
         self.weights_version = w.version
@@ -246,15 +248,18 @@ class CompletionCostPolicy(PolicyBase):
 
     def _source(self, nodes: Sequence[NodeView], matches: Mapping[str, int]) -> PullSource | None:
         """Where a pull reads the prompt's prefix (router/decision/pull.py), with the time until
-        it answers: the prefill it is computing now — what this router sent it that has no first
-        token yet, less what its heartbeat says is still waiting (the answer skips those)."""
+        it answers: its prefill queue as :meth:`cost` counts it (what this router sent it that
+        has no first token yet, or its waiting requests × the average uncached prompt) — or,
+        when the leg goes ahead of the queue (``pull_skips_queue``), only the prefill it is
+        computing now (that backlog less what its heartbeat says is still waiting)."""
         src = pull_source(nodes, matches)
         if src is None:
             return None
         view = next(n for n in nodes if n.node_id == src.node_id)
         inv, _, _, _, backlog, queued, *_ = self._terms(view)
-        running = max(0.0, backlog - queued * self._avg_uncached)
-        return replace(src, wait_s=running * (inv or 1.0 / self.w.prefill_tokens_per_s))
+        waiting = queued * self._avg_uncached
+        ahead = max(0.0, backlog - waiting) if self.pull_skips_queue else max(backlog, waiting)
+        return replace(src, wait_s=ahead * (inv or 1.0 / self.w.prefill_tokens_per_s))
 
     def pull_for(
         self, request: RouteRequest, n: NodeView, hit: int, src: PullSource | None, floor: float
