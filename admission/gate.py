@@ -9,7 +9,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -77,6 +77,9 @@ class AdmissionGate:
         self.held: dict[str, Reservation] = {}  # what this router reserved and still holds
         self.queues = AdmissionQueues(settings)
         self.node_blocks: dict[str, list[int]] = {}  # pool -> KV blocks per node, last seen
+        # pool -> KV blocks per node now (the router's views), for the queue's pump: a node that
+        # joins or leaves changes what queued requests may take before another request arrives
+        self.capacity: Callable[[float], Mapping[str, list[int]]] | None = None
         self.estimator = OutputEstimator(
             quantile=settings.output_quantile, min_samples=settings.output_min_samples
         )

@@ -96,8 +96,12 @@ class Waiters:
                             queue_wait_s=max(0.0, now - gone.enqueued_at),
                         )
                     )
-            for pool in self.gate.queues.pools():
-                b = await self.gate.budget(pool, self.gate.node_blocks.get(pool, []), now)
+            pools = list(self.gate.queues.pools())
+            capacity = self.gate.capacity
+            now_blocks = capacity(now) if capacity is not None and pools else {}
+            for pool in pools:
+                blocks = now_blocks.get(pool, self.gate.node_blocks.get(pool, []))
+                b = await self.gate.budget(pool, blocks, now)
                 while (head := self.gate.queues.admissible(pool, b, now)) is not None:
                     t = head.tenant or self.gate.settings.anonymous
                     t_blocks, t_slots, why = await self.gate.tenant_limits(t, pool, b, 1.0, now)

@@ -15,6 +15,7 @@ from admission.reservations import ReservationStore
 from admission.settings import AdmissionSettings
 from admission.storm import StormStore
 from router.decision.calibrate import TokenCalibration
+from router.decision.candidates import budget_nodes
 from router.decision.fleet import Fleet
 from router.decision.hotprefix import HotPrefixes
 from router.decision.inflight import InflightLedger
@@ -186,6 +187,7 @@ def build_router(
         s, gate, flights, ledger, views, queue, calibration, recorder, metrics, sessions
     )
     gate.preemptible = Preemptions(flights, gate, ledger, metrics)
+    gate.capacity = lambda now: budget_nodes(views.nodes(now), now)
     loops = Loops(s, router_id, gate, flights, external, views, upstream)
     loops.tokenizers = TokenizerDiscovery(s, reader.tokenizations)
     prefill = PrefillLeg(s, upstream, gate, views, ledger, director, metrics)

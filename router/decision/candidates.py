@@ -113,9 +113,15 @@ def budget(
 
 def budget_totals(views: Sequence[NodeView], now: float) -> dict[str, int]:
     """Every (pool, model) budget's KV blocks: its healthy, undrained, live nodes'."""
-    out: dict[str, int] = {}
+    return {key: sum(blocks) for key, blocks in budget_nodes(views, now).items()}
+
+
+def budget_nodes(views: Sequence[NodeView], now: float) -> dict[str, list[int]]:
+    """Every (pool, model) budget's healthy, undrained, live nodes' KV blocks, a node each (a
+    budget whose nodes are all gone: none)."""
+    out: dict[str, list[int]] = {}
     for v in views:
-        key = budget_key(v.pool, v.model)
-        ok = v.healthy and not v.draining and v.alive(now)
-        out[key] = out.get(key, 0) + (v.kv_blocks_total if ok else 0)
+        blocks = out.setdefault(budget_key(v.pool, v.model), [])
+        if v.healthy and not v.draining and v.alive(now):
+            blocks.append(v.kv_blocks_total)
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
+import orjson
 from pydantic import BaseModel
 
 from deploy.procs import Supervisor, free_port
@@ -161,6 +162,35 @@ def kvgate_cli(supervisor: Supervisor, *argv: str) -> subprocess.CompletedProces
         text=True,
         timeout=60,
     )
+
+
+async def streamed_completion(
+    url: str, prompt: str | list[int], rid: str, max_tokens: int = 8
+) -> tuple[str, dict[str, Any]]:
+    """A streamed completion through the router at ``url``: the node that answered and the
+    usage of its last chunk (the stream must end with ``[DONE]``)."""
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    usage: dict[str, Any] = {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + "/v1/completions", json=body, headers={"X-Request-Id": rid}) as r,
+    ):
+        assert r.status == 200, await r.text()
+        node = r.headers["X-Kvgate-Node"]
+        text = await r.text()
+    assert text.rstrip().endswith("data: [DONE]")
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            chunk = orjson.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    return node, usage
 
 
 def long_prompt(tag: str, words: int = 200) -> str:

@@ -8,7 +8,6 @@ prompt itself and the client still gets its answer."""
 from __future__ import annotations
 
 import aiohttp
-import orjson
 import pytest
 
 from deploy.procs import Supervisor
@@ -17,36 +16,18 @@ from streams.schemas import Decision
 from streams.settings import KafkaSettings
 from streams.topics import DECISIONS
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt, metric, read_topic
+from tests.integration.cluster import (
+    Cluster,
+    get,
+    long_prompt,
+    metric,
+    read_topic,
+    streamed_completion,
+)
 
 pytestmark = pytest.mark.integration
 
 CONNECTOR = {"KVGATE_ENGINE__KV_TRANSFER": "true"}
-
-
-async def stream(url: str, prompt: str, rid: str) -> tuple[str, dict[str, int]]:
-    body = {
-        "model": MODEL,
-        "prompt": prompt,
-        "max_tokens": 8,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    usage: dict[str, int] = {}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(url + "/v1/completions", json=body, headers={"X-Request-Id": rid}) as r,
-    ):
-        assert r.status == 200, await r.text()
-        node = r.headers["X-Kvgate-Node"]
-        text = await r.text()
-    assert text.rstrip().endswith("data: [DONE]")
-    for line in text.splitlines():
-        if line.startswith("data: {"):
-            chunk = orjson.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-    return node, usage
 
 
 async def test_prefill_on_one_node_decode_on_another(
@@ -61,7 +42,7 @@ async def test_prefill_on_one_node_decode_on_another(
     await c.wait_ready("router", 2)
     prompt = long_prompt("disaggregated", 600)
 
-    node, usage = await stream(url, prompt, "pd-1")
+    node, usage = await streamed_completion(url, prompt, "pd-1")
     assert node == "d1"
     prompt_tokens = usage["prompt_tokens"]
     # the decode node computed only the last, partial block: the rest arrived from p1
@@ -82,7 +63,7 @@ async def test_prefill_on_one_node_decode_on_another(
     async with aiohttp.ClientSession() as http:
         async with http.post(prefill + "/kvgate/fault", json={"fault": "error"}) as r:
             assert r.status == 200
-    node, usage = await stream(url, long_prompt("fallback", 600), "pd-2")
+    node, usage = await streamed_completion(url, long_prompt("fallback", 600), "pd-2")
     assert node == "d1" and usage["prompt_tokens_details"]["cached_tokens"] == 0
     assert await metric(url, 'kvgate_router_disaggregated_total{outcome="fallback"}') == 1
 

@@ -11,7 +11,6 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from deploy.procs import Supervisor
@@ -20,7 +19,15 @@ from streams.schemas import Decision
 from streams.settings import KafkaSettings
 from streams.topics import DECISIONS
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, metric, post, read_topic
+from tests.integration.cluster import (
+    MODEL,
+    Cluster,
+    get,
+    metric,
+    post,
+    read_topic,
+    streamed_completion,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,27 +40,7 @@ Q = list(range(3_000, 4_200))  # 75 more
 async def complete(url: str, prompt: list[int], rid: str, max_tokens: int = 8) -> dict[str, Any]:
     """A streamed completion of token ids (exact tokens: their blocks are the engines'); its
     node and usage."""
-    body = {
-        "model": MODEL,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    usage: dict[str, Any] = {}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(url + "/v1/completions", json=body, headers={"X-Request-Id": rid}) as r,
-    ):
-        assert r.status == 200, await r.text()
-        node = r.headers["X-Kvgate-Node"]
-        text = await r.text()
-    assert text.rstrip().endswith("data: [DONE]")
-    for line in text.splitlines():
-        if line.startswith("data: {"):
-            chunk = orjson.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
+    node, usage = await streamed_completion(url, prompt, rid, max_tokens)
     return {"node": node, "usage": usage}
 
 

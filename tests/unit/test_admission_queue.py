@@ -183,3 +183,28 @@ def test_a_resuming_session_queues_ahead_of_new_requests_for_a_bounded_time() ->
     for item in (at("a", 0.0), at("r", 0.1, True)):
         off.offer(item, b, item.enqueued_at)
     assert off.admissible("default", room, 0.1).request_id == "a"  # type: ignore[union-attr]
+
+
+async def test_a_node_that_joins_admits_the_queue_without_another_request() -> None:
+    """The queue's pump reads each budget's nodes as the router sees them now (the gate's
+    ``capacity``): a waiter queued at the red watermark of one 100-block node is admitted once
+    a second node joins, though no request arrived or ended since."""
+    s = AdmissionSettings(learn_output=False, queue_poll_s=10.0)
+    gate = AdmissionGate(s, "rt", lambda ev: asyncio.sleep(0))
+    normal = Tenant(name="chat", priority="normal")
+    nodes: dict[str, list[int]] = {"default": [100]}
+    gate.capacity = lambda now: nodes
+    for i in range(15):
+        assert (
+            await gate_admit(gate, f"r{i}", normal, 64, 16, 16, "default", [100], now=1.0)
+        ).admitted
+    waiting = asyncio.create_task(
+        gate_admit(gate, "late", normal, 64, 16, 16, "default", [100], now=1.0)
+    )
+    await asyncio.sleep(0.01)
+    await gate.pump(now=1.5)
+    assert not waiting.done()  # still one node
+    nodes["default"] = [100, 100]  # a node joins
+    await gate.pump(now=2.0)
+    v = await asyncio.wait_for(waiting, 1.0)
+    assert v.admitted and v.queue_wait_s == pytest.approx(1.0)
