@@ -39,6 +39,7 @@ __all__ = [
     "fit_floor_tokens",
     "node_admissible_blocks",
     "node_capacity_blocks",
+    "over_limits",
     "queues_on_holder",
 ]
 
@@ -51,6 +52,28 @@ def queues_on_holder(new_blocks: int, cached_blocks: int, total_blocks: int) -> 
     """Whether a request that holds ``cached_blocks`` of its prompt on a node and needs
     ``new_blocks`` more goes there even when the node has no room now (see the module)."""
     return cached_blocks > 0 and new_blocks <= QUEUE_SHARE * total_blocks
+
+
+def over_limits(
+    n: NodeView, prompt_tokens: int, hit: int, max_queue: int, max_kv_used_ratio: float
+) -> bool:
+    """``n`` is over its limits for a request of ``prompt_tokens`` that hits ``hit`` blocks
+    there: more than ``max_queue`` waiting, or the request's new prompt blocks (what it does
+    not hit there) do not fit under ``max_kv_used_ratio`` of the node's KV. A hit needs few new
+    blocks: a node whose running requests fill its KV still takes the requests that share their
+    prefix (the engine schedules them as blocks free, :func:`queues_on_holder`), where a ratio
+    test would send them to a node that must prefill the whole prompt and evict for it — the
+    miss that fills that node next."""
+    if n.queue_len > max_queue:
+        return True
+    total = n.kv_blocks_total
+    if total <= 0:
+        return n.kv_used_ratio >= max_kv_used_ratio
+    bs = n.block_size
+    new = -(-max(1, prompt_tokens - hit * bs) // bs)
+    if queues_on_holder(new, hit, total):  # it waits there for its few blocks
+        return False
+    return n.kv_blocks_used + new > max_kv_used_ratio * total
 
 
 def node_admissible_blocks(n: NodeView) -> int:

@@ -50,7 +50,7 @@ from router.decision.holdqueue import UNKNOWN
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
 from router.decision.inflight import InflightLedger
 from router.decision.lanes import LaneFacts, Lanes, lane_facts, may_wait
-from router.decision.policies.cost import prefill_rate, prefill_weight
+from router.decision.policies.terms import prefill_rate, prefill_weight
 from router.decision.types import Candidate, NodeView, Policy, RouteDecision, RouteRequest
 
 __all__ = [

@@ -20,12 +20,13 @@ fails or times out falls back to computing the prompt where it was sent.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from router.decision.types import NodeView
+from router.decision.weights import CostWeights
 
-__all__ = ["PullSource", "pull_body", "pull_s", "pull_source"]
+__all__ = ["PullSource", "answering", "priced", "pull_body", "pull_s", "pull_source"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,45 @@ def pull_s(
     """Seconds until ``tokens`` tokens of KV have arrived: the holder's answer (``overhead_s``)
     and the bytes over the link."""
     return overhead_s + tokens * kv_bytes_per_token * 8 / (link_gbps * 1e9)
+
+
+def answering(
+    src: PullSource, backlog_tokens: float, waiting_tokens: float, rate: float, skips_queue: bool
+) -> PullSource:
+    """``src`` with the time until it answers a pull: its prefill queue (this router's prompts
+    there without a first token, or its waiting requests' tokens, the larger) at ``rate`` —
+    or, when the leg goes ahead of its queue (router.pull_priority), only the prefill it is
+    computing now (that backlog less what is still waiting)."""
+    if skips_queue:
+        ahead = max(0.0, backlog_tokens - waiting_tokens)
+    else:
+        ahead = max(backlog_tokens, waiting_tokens)
+    return replace(src, wait_s=ahead / rate)
+
+
+def priced(
+    prompt_tokens: int,
+    n: NodeView,
+    hit_tokens: float,
+    src: PullSource,
+    slowdown: float,
+    inv_rate: float,
+    w: CostWeights,
+    kv_bytes_per_token: int,
+    default_link_gbps: float,
+) -> tuple[float, float]:
+    """The prompt tokens a pull from ``src`` brings to ``n`` (which holds ``hit_tokens`` of the
+    prompt) and the seconds until they are there, when that is less than computing them on
+    ``n`` as the cost weighs a prefill (``prefill_weight`` + ``slowdown``: the stall and
+    congestion terms per second of prefill, at ``inv_rate`` seconds a token); else (0, 0)."""
+    gain = min(max(0, prompt_tokens - 1), src.blocks * n.block_size) - hit_tokens
+    if gain <= 0:
+        return 0.0, 0.0
+    links = [g for g in (n.kv_link_gbps, src.link_gbps) if g]
+    link = min(links) if links else default_link_gbps
+    moved = pull_s(gain, kv_bytes_per_token, link, w.pull_overhead_s) + src.wait_s
+    computed = gain * inv_rate * (w.prefill_weight + slowdown)
+    return (gain, moved) if moved < computed else (0.0, 0.0)
 
 
 def pull_body(

@@ -40,20 +40,18 @@ once it has seen a few prefills there, else ``prefill_tokens_per_s``):
   the conversation is the stronger pull, and it works across router replicas because it comes
   from the shared index.
 
-**Resident sessions** (router/decision/sessionplaces.py, router/decision/residency.py): a
-session whose prompt takes ``resident_share`` of a node's KV (an agent's long context) is not
-priced turn by turn. Its first turn goes where the resident contexts take the fewest tokens (a
-shared system prompt does not decide where a context that fills a node lives), and its later
-turns stay on the node holding ``resident_hold`` of the prompt, busy or not (a move computes the
-whole context again and evicts other sessions' contexts; the engine queues the turn behind running
-ones that free their KV within a turn).
+**Resident sessions** (an agent's context that fills a share of a node's KV) are placed and kept
+by their own rules, not priced turn by turn: router/decision/sessionplaces.py, residency.py.
 
 Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
 noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
 The cheapest node wins. A node over its queue limit, or where the request's new blocks do not fit
 under its KV limit, is only chosen when every node is; when
 the node holding the longest prefix is not chosen, the reason says why (``overload_fallback``
-when it is over its limits, ``spread`` when load made another node cheaper).
+when it is over its limits, ``spread`` when load made another node cheaper). Where the holder is
+passed over and both engines can, the nodes are priced again with a **pull** (``pull_s``: the
+holder's answer and the bytes over the link, instead of the prefill of what it brings,
+router/decision/pull.py); a node that pulls is chosen with the reason ``kv_pull``.
 """
 
 from __future__ import annotations
@@ -61,39 +59,16 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from router.decision.fit import queues_on_holder
-from router.decision.pull import PullSource, pull_s, pull_source
+from router.decision.fit import over_limits
+from router.decision.policies.terms import index_confidence
+from router.decision.pull import PullSource, answering, priced, pull_source
 from router.decision.sessionplaces import SessionPlaces
 from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.decision.weights import CostWeights
 
-__all__ = ["CompletionCostPolicy", "index_confidence", "prefill_weight"]
-
-
-def prefill_weight(policy: object) -> float:
-    """The weight a policy's cost puts on prefill (1 for policies without a cost model): what
-    turns its ``prefill_s`` component back into seconds."""
-    w = getattr(policy, "w", None)
-    return float(getattr(w, "prefill_weight", 1.0))
-
-
-def prefill_rate(policy: object, n: NodeView) -> float | None:
-    """The prefill rate a policy's cost counts ``n``'s queue in (tokens per second): learned
-    or reported for the node, else the policy's configured one (None: no cost model)."""
-    w = getattr(policy, "w", None)
-    configured = getattr(w, "prefill_tokens_per_s", None)
-    return n.prefill_tokens_per_s or (float(configured) if configured else None)
-
-
-def index_confidence(n: NodeView, grace_s: float, tau_s: float) -> float:
-    """How far a prefix hit on ``n`` can be trusted: 1 when the index holds every KV batch the
-    node announced, or has been behind for less than ``grace_s`` (normal pipeline lag);
-    otherwise decaying with how long the index has been behind."""
-    if n.kv_index_gap <= 0 or n.kv_index_age_s <= grace_s:
-        return 1.0
-    return math.exp(-(n.kv_index_age_s - grace_s) / tau_s)
+__all__ = ["CompletionCostPolicy"]
 
 
 @dataclass(slots=True)
@@ -229,37 +204,36 @@ class CompletionCostPolicy(PolicyBase):
         floor: float,
         inv_rate: float,
     ) -> tuple[float, float]:
-        """The prompt tokens a pull from ``src`` brings to ``n`` and the seconds it takes, when
-        loading them costs less than computing them there ((0, 0) otherwise): the prefill of
-        those tokens, weighted as :meth:`cost` weighs a prefill, against :func:`pull_s`."""
+        """The prompt tokens a pull from ``src`` brings to ``n`` and its seconds, where it
+        costs less than computing them there (router/decision/pull.py :func:`priced`)."""
         if src is None or not n.kv_pull or src.node_id == n.node_id:
             return 0.0, 0.0
         w = self.w
-        gain = min(max(0, request.prompt_tokens - 1), src.blocks * n.block_size) - hit_tokens
-        if gain <= 0:
-            return 0.0, 0.0
-        links = [g for g in (n.kv_link_gbps, src.link_gbps) if g]
-        link = min(links) if links else self.kv_link_gbps
-        moved = pull_s(gain, self.kv_bytes_per_token, link, w.pull_overhead_s) + src.wait_s
-        computed = (
-            gain * inv_rate * (w.prefill_weight + running * w.interference + floor * w.congestion)
+        slowdown = running * w.interference + floor * w.congestion
+        return priced(
+            request.prompt_tokens,
+            n,
+            hit_tokens,
+            src,
+            slowdown,
+            inv_rate,
+            w,
+            self.kv_bytes_per_token,
+            self.kv_link_gbps,
         )
-        return (gain, moved) if moved < computed else (0.0, 0.0)
 
     def _source(self, nodes: Sequence[NodeView], matches: Mapping[str, int]) -> PullSource | None:
-        """Where a pull reads the prompt's prefix (router/decision/pull.py), with the time until
-        it answers: its prefill queue as :meth:`cost` counts it (what this router sent it that
-        has no first token yet, or its waiting requests × the average uncached prompt) — or,
-        when the leg goes ahead of the queue (``pull_skips_queue``), only the prefill it is
-        computing now (that backlog less what its heartbeat says is still waiting)."""
+        """Where a pull reads the prompt's prefix, with the time until it answers
+        (router/decision/pull.py :func:`answering`): the holder's queue as :meth:`cost` counts
+        it, or only the prefill it is computing when the leg goes ahead of its queue."""
         src = pull_source(nodes, matches)
         if src is None:
             return None
         view = next(n for n in nodes if n.node_id == src.node_id)
         inv, _, _, _, backlog, queued, *_ = self._terms(view)
+        rate = 1.0 / inv if inv else self.w.prefill_tokens_per_s
         waiting = queued * self._avg_uncached
-        ahead = max(0.0, backlog - waiting) if self.pull_skips_queue else max(backlog, waiting)
-        return replace(src, wait_s=ahead * (inv or 1.0 / self.w.prefill_tokens_per_s))
+        return answering(src, backlog, waiting, rate, self.pull_skips_queue)
 
     def pull_for(
         self, request: RouteRequest, n: NodeView, hit: int, src: PullSource | None, floor: float
@@ -373,22 +347,8 @@ class CompletionCostPolicy(PolicyBase):
         return out
 
     def _over(self, n: NodeView, prompt_tokens: int, hit: int) -> bool:
-        """Over its limits for this request: more than ``max_queue`` waiting, or the request's
-        new prompt blocks (what it does not hit there) do not fit under ``max_kv_used_ratio`` of
-        the node's KV. A hit needs few new blocks: a node whose running requests fill its KV
-        still takes the requests that share their prefix (the engine schedules them as blocks
-        free), where a ratio test would send them to a node that must prefill the whole prompt
-        and evict for it — the miss that fills that node next."""
-        if n.queue_len > self.max_queue:
-            return True
-        total = n.kv_blocks_total
-        if total <= 0:
-            return n.kv_used_ratio >= self.max_kv_used_ratio
-        bs = n.block_size
-        new = -(-max(1, prompt_tokens - hit * bs) // bs)
-        if queues_on_holder(new, hit, total):  # it waits there for its few blocks
-            return False
-        return n.kv_blocks_used + new > self.max_kv_used_ratio * total
+        """Over its limits for this request (router/decision/fit.py :func:`over_limits`)."""
+        return over_limits(n, prompt_tokens, hit, self.max_queue, self.max_kv_used_ratio)
 
     def _candidate(
         self,
