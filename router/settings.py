@@ -210,6 +210,14 @@ class RouterSettings(BaseModel):
     prefill_timeout_s: float = Field(
         default=60.0, gt=0, description="the prefill leg's limit; then the decode node computes"
     )
+    pull_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        description="a pull's leg limit (the holder's answer): then the chosen node computes the "
+        "prompt — a pull is worth tens of milliseconds, a holder that takes longer is not waited "
+        "for as long as a prefill leg",
+    )
     pull_priority: int | None = Field(
         default=None,
         ge=-(1 << 31),

@@ -97,7 +97,12 @@ class PrefillLeg:
         self.ledger.dispatch(key, prefill, now, max(0, rreq.prompt_tokens - hit * g.block_size))
         try:
             params, failure = await self._post(
-                request_id, pnode.endpoint, pnode.engine_headers, p.path, prefill_body(p.body)
+                request_id,
+                pnode.endpoint,
+                pnode.engine_headers,
+                p.path,
+                prefill_body(p.body),
+                self.settings.prefill_timeout_s,
             )
         finally:
             self.ledger.finish(key)
@@ -136,6 +141,7 @@ class PrefillLeg:
                 hnode.engine_headers,
                 "/v1/completions",
                 pull_body(p.body, p.model, prefix, self.settings.pull_priority),
+                self.settings.pull_timeout_s,
             )
         finally:
             self.ledger.finish(key)
@@ -154,12 +160,13 @@ class PrefillLeg:
         engine_headers: dict[str, str],
         path: str,
         body: dict[str, Any],
+        timeout_s: float,
     ) -> tuple[dict[str, Any] | None, Failure | None]:
         """A first leg's request: the engine's transfer params (None: none usable) and how the
         node failed, if it did."""
         try:
             async with (
-                asyncio.timeout(self.settings.prefill_timeout_s),
+                asyncio.timeout(timeout_s),
                 self.upstream.session.post(
                     endpoint.rstrip("/") + path,
                     data=orjson.dumps(body),

@@ -3,11 +3,13 @@ connectors give and take a prefix. n1 holds a prefix and is nearly out of KV (a 
 decodes there), so kvgate sends the next request sharing the prefix to n2 — which loads the
 prefix's KV from n1 instead of computing it: n2's usage reports it as cached tokens, its KV
 events reach the router's index, and the decision names n1 as the pull's source. When n1's leg
-fails, n2 computes what it does not hold and the client still gets its answer."""
+fails or hangs (given up after router.pull_timeout_s), n2 computes what it does not hold and the
+client still gets its answer."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -35,6 +37,7 @@ CONNECTOR = {"KVGATE_ENGINE__KV_TRANSFER": "true"}
 PULLS = {"KVGATE_AGENT__KV_PULL": "true"}
 P = list(range(1_000, 2_200))  # 75 blocks of 16 tokens
 Q = list(range(3_000, 4_200))  # 75 more
+U = list(range(10_000, 12_496))  # 156 more
 
 
 async def complete(url: str, prompt: list[int], rid: str, max_tokens: int = 8) -> dict[str, Any]:
@@ -63,11 +66,9 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
     assert first["node"] == "n1"
     c.add_engine("n2", engine_env=CONNECTOR, agent_env=PULLS)
     await c.wait_ready("router", 2)
-    # P + Q + 2,496 tokens of its own, 150 tokens out: 306 to 316 of n1's 330 blocks while
-    # it runs (it goes where P is)
-    long = asyncio.create_task(
-        complete(url, P + Q + list(range(10_000, 12_496)), "pull-long", max_tokens=150)
-    )
+    # P + Q + U, 250 tokens out: 306 to 322 of n1's 330 blocks while it runs (it goes where P
+    # is), for ~13 s
+    long = asyncio.create_task(complete(url, P + Q + U, "pull-long", max_tokens=250))
     # n1's heartbeats show its KV nearly full; the router smooths what it sees of them over
     # its decisions (dry runs here)
     for _ in range(8):
@@ -97,6 +98,17 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
     assert got["node"] == "n2"
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P)  # its own copy
     assert await metric(url, 'kvgate_router_kv_pulls_total{outcome="fallback"}') == 1
+    # n1 hangs: the leg is given up after router.pull_timeout_s (2 s), not the prefill leg's
+    # 60 s; n2 computes the 800 tokens of U it lacks
+    async with aiohttp.ClientSession() as http:
+        async with http.post(n1 + "/kvgate/fault", json={"fault": "hang"}) as r:
+            assert r.status == 200
+    started = time.monotonic()
+    got = await complete(url, P + Q + U[:800] + list(range(7_000, 7_008)), "pull-3")
+    assert 2.0 <= time.monotonic() - started < 10.0
+    assert got["node"] == "n2"
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P + Q)
+    assert await metric(url, 'kvgate_router_kv_pulls_total{outcome="fallback"}') == 2
     async with aiohttp.ClientSession() as http:
         async with http.post(n1 + "/kvgate/fault", json={"fault": "none"}) as r:
             assert r.status == 200
@@ -106,12 +118,13 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
         kafka_settings,
         DECISIONS,
         Decision,
-        lambda ds: {"pull-1", "pull-2"} <= {d.client_request_id for d in ds},
+        lambda ds: {"pull-1", "pull-2", "pull-3"} <= {d.client_request_id for d in ds},
     )
     by = {d.client_request_id: d for d in decisions}
     assert (by["pull-1"].chosen_node, by["pull-1"].reason) == ("n2", "kv_pull")
     assert (by["pull-1"].pull_node, by["pull-1"].pull_blocks) == ("n1", len(P) // 16)
     assert (by["pull-2"].pull_node, by["pull-2"].pull_blocks) == ("n1", len(P + Q) // 16)
+    assert (by["pull-3"].pull_node, by["pull-3"].pull_blocks) == ("n1", len(P + Q) // 16 + 50)
 
     async def released() -> bool:
         s = await get(url, "/v1/kvgate/state")
