@@ -36,6 +36,7 @@ __all__ = [
     "decode_body",
     "plan_pd",
     "prefill_body",
+    "remote_decode_params",
     "split_roles",
     "transfer_s",
     "valid_transfer_params",
@@ -186,6 +187,19 @@ def colocated_cost(d: RouteDecision) -> float | None:
     return -c.score
 
 
+def remote_decode_params() -> dict[str, Any]:
+    """The ``kv_transfer_params`` of a first leg (vLLM's disaggregated flow): compute, keep the
+    KV for a remote engine, answer with where it is."""
+    return {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+
+
 def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """The request P gets: the prompt, one token, not streamed, KV kept for a remote decode
     (vLLM's disaggregated flow; min_tokens are D's to honour)."""
@@ -194,14 +208,7 @@ def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in body.items()
         if k not in ("stream_options", "min_tokens", "min_completion_tokens")
     }
-    out["kv_transfer_params"] = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-    }
+    out["kv_transfer_params"] = remote_decode_params()
     out["stream"] = False
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from router.decision.disagg import remote_decode_params
 from router.decision.types import NodeView
 from router.decision.weights import CostWeights
 
@@ -118,14 +119,7 @@ def pull_body(
         "prompt": list(prefix),
         "max_tokens": 1,
         "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        },
+        "kv_transfer_params": remote_decode_params(),
     }
     if isinstance(body.get("cache_salt"), str):
         out["cache_salt"] = body["cache_salt"]

@@ -38,6 +38,12 @@ PULLS = {"KVGATE_AGENT__KV_PULL": "true"}
 P = list(range(1_000, 2_200))  # 75 blocks of 16 tokens
 Q = list(range(3_000, 4_200))  # 75 more
 U = list(range(10_000, 12_496))  # 156 more
+# one node admits a request that fills it (the long one, before n2 joins)
+ROOMY = {
+    "KVGATE_ADMISSION__SAFETY_FACTOR": "1.0",
+    "KVGATE_ADMISSION__YELLOW_WATERMARK": "0.98",
+    "KVGATE_ADMISSION__RED_WATERMARK": "0.99",
+}
 
 
 async def complete(url: str, prompt: list[int], rid: str, max_tokens: int = 8) -> dict[str, Any]:
@@ -60,15 +66,14 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
         agent_env=PULLS,
     )
     c.add_worker()
-    url = c.add_router("router")
+    url = c.add_router("router", env=ROOMY)
     await c.wait_ready("router", 1)
     first = await complete(url, P, "pull-0")
     assert first["node"] == "n1"
+    # P + Q + U, 300 tokens out: 306 to 325 of n1's 330 blocks while it runs, for ~15 s
+    long = asyncio.create_task(complete(url, P + Q + U, "pull-long", max_tokens=300))
     c.add_engine("n2", engine_env=CONNECTOR, agent_env=PULLS)
     await c.wait_ready("router", 2)
-    # P + Q + U, 250 tokens out: 306 to 322 of n1's 330 blocks while it runs (it goes where P
-    # is), for ~13 s
-    long = asyncio.create_task(complete(url, P + Q + U, "pull-long", max_tokens=250))
     # n1's heartbeats show its KV nearly full; the router smooths what it sees of them over
     # its decisions (dry runs here)
     for _ in range(8):
