@@ -50,7 +50,8 @@ def pull_source(nodes: Sequence[NodeView], matches: Mapping[str, int]) -> PullSo
         if not n.kv_pull or not n.healthy:
             continue
         got = matches.get(n.node_id, 0)
-        if got > depth or (got and got == depth and best and n.queue_len < best.queue_len):
+        tie = got and got == depth and best is not None and n.queue_len < best.queue_len
+        if got > depth or tie:
             best, depth = n, got
     if best is None or depth == 0:
         return None

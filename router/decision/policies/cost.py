@@ -43,15 +43,15 @@ once it has seen a few prefills there, else ``prefill_tokens_per_s``):
 **Resident sessions** (an agent's context that fills a share of a node's KV) are placed and kept
 by their own rules, not priced turn by turn: router/decision/sessionplaces.py, residency.py.
 
-Load signals from heartbeats are smoothed (EWMA per node, updated once per heartbeat) so that
-noisy samples do not make decisions ping-pong; the router's own in-flight work is added exactly.
-The cheapest node wins. A node over its queue limit, or where the request's new blocks do not fit
-under its KV limit, is only chosen when every node is; when
-the node holding the longest prefix is not chosen, the reason says why (``overload_fallback``
-when it is over its limits, ``spread`` when load made another node cheaper). Where the holder is
-passed over and both engines can, the nodes are priced again with a **pull** (``pull_s``: the
-holder's answer and the bytes over the link, instead of the prefill of what it brings,
-router/decision/pull.py); a node that pulls is chosen with the reason ``kv_pull``.
+Load signals from heartbeats are smoothed (EWMA per node, router/decision/policies/smoothing.py)
+so that noisy samples do not make decisions ping-pong; the router's own in-flight work is added
+exactly. The cheapest node wins. A node over its queue limit, or where the request's new blocks
+do not fit under its KV limit, is only chosen when every node is; when the node holding the
+longest prefix is not chosen, the reason says why (``overload_fallback`` when it is over its
+limits, ``spread`` when load made another node cheaper). Where the holder is passed over and
+both engines can, the nodes are priced again with a **pull** (``pull_s``: the holder's answer
+and the bytes over the link, instead of the prefill of what it brings, router/decision/pull.py);
+a node that pulls is chosen with the reason ``kv_pull``.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from router.decision.fit import over_limits
+from router.decision.policies.smoothing import LoadSmoother
 from router.decision.policies.terms import index_confidence
 from router.decision.pull import PullSource, answering, priced, pull_source
 from router.decision.sessionplaces import SessionPlaces
@@ -69,14 +69,6 @@ from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision
 from router.decision.weights import CostWeights
 
 __all__ = ["CompletionCostPolicy"]
-
-
-@dataclass(slots=True)
-class _Smoothed:
-    heartbeat_ts: float
-    running: float
-    waiting: float
-    kv_used: float
 
 
 class CompletionCostPolicy(PolicyBase):
@@ -100,7 +92,7 @@ class CompletionCostPolicy(PolicyBase):
         self.max_kv_used_ratio = max_kv_used_ratio
         self.max_queue = max_queue
         self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
-        self._smooth: dict[str, _Smoothed] = {}
+        self._smooth = LoadSmoother()  # heartbeats, smoothed per node
         self._terms_of: dict[str, tuple[NodeView, tuple[float, ...]]] = {}  # _terms, per view
         self.sessions = SessionPlaces(w)  # where its sessions live
         self.record_candidates = record_candidates
@@ -112,19 +104,6 @@ class CompletionCostPolicy(PolicyBase):
         self.weights_version = w.version
         self._terms_of.clear()  # the confidence terms depend on the weights
         self.sessions.reweigh(w)
-
-    def _smoothed(self, n: NodeView) -> _Smoothed:
-        s = self._smooth.get(n.node_id)
-        if s is None:
-            s = _Smoothed(n.heartbeat_ts, n.running, n.waiting, n.kv_blocks_used)
-            self._smooth[n.node_id] = s
-        elif n.heartbeat_ts > s.heartbeat_ts:
-            a = self.w.load_ewma
-            s.heartbeat_ts = n.heartbeat_ts
-            s.running += a * (n.running - s.running)
-            s.waiting += a * (n.waiting - s.waiting)
-            s.kv_used += a * (n.kv_blocks_used - s.kv_used)
-        return s
 
     def saturation(self, nodes: Sequence[NodeView]) -> float:
         """Requests queued on the least queued of ``nodes`` (waiting there, smoothed, and this
@@ -168,7 +147,7 @@ class CompletionCostPolicy(PolicyBase):
         ``floor``: the queued requests its prefill delays (:meth:`_congestion`); ``src``: the
         node a pull would read the prefix from (:meth:`_pull`)."""
         w = self.w
-        s = self._smoothed(n)
+        s = self._smooth.of(n, self.w.load_ewma)
         bs = n.block_size
         conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s)
         hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
@@ -257,7 +236,7 @@ class CompletionCostPolicy(PolicyBase):
         got = self._terms_of.get(n.node_id)
         if got is not None and got[0] is n:
             return got[1]
-        s = self._smoothed(n)
+        s = self._smooth.of(n, self.w.load_ewma)
         w = self.w
         bs = n.block_size
         learned = n.prefill_tokens_per_s
@@ -423,13 +402,12 @@ class CompletionCostPolicy(PolicyBase):
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
         floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
-        src = self._source(nodes, matches) if self.w.kv_pull and matches else None
         scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, None)
-        if src is not None and reason in ("spread", "overload_fallback"):
-            # the holder is not chosen: loading its prefix may beat computing it again
+        src = None  # a pull is priced only where the holder is passed over
+        if self.w.kv_pull and reason in ("spread", "overload_fallback"):
+            src = self._source(nodes, matches)
+        if src is not None:  # loading the holder's prefix may beat computing it again
             scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, src)
-        else:
-            src = None  # priced only where the holder is passed over
         mget = matches.get
         best = nodes[best_i]
         pull = self.pull_for(request, best, mget(best.node_id, 0), src, floor) if src else 0
