@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChatRequestSpec", "shared_prompt_chat"]
+__all__ = ["ChatRequestSpec", "shared_prompt_chat", "words"]
 
 _WORDS = (
     "account billing invoice refund shipping order delivery password login router cache token "
@@ -22,8 +22,9 @@ class ChatRequestSpec:
     body: dict[str, Any]
 
 
-def _text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(words))
+def words(rng: random.Random, count: int) -> str:
+    """``count`` words of the support vocabulary, drawn by ``rng``."""
+    return " ".join(rng.choice(_WORDS) for _ in range(count))
 
 
 def shared_prompt_chat(
@@ -44,7 +45,7 @@ def shared_prompt_chat(
     """
     rng = random.Random(seed)
     systems = [
-        f"You are support bot {b}. " + _text(random.Random(seed * 1000 + b), system_words)
+        f"You are support bot {b}. " + words(random.Random(seed * 1000 + b), system_words)
         for b in range(bots)
     ]
     t = 0.0
@@ -61,7 +62,7 @@ def shared_prompt_chat(
                 "model": model,
                 "messages": [
                     {"role": "system", "content": systems[bot]},
-                    {"role": "user", "content": _text(rng, rng.randint(*user_words))},
+                    {"role": "user", "content": words(rng, rng.randint(*user_words))},
                 ],
                 "max_tokens": rng.randint(*max_tokens),
                 "stream": True,

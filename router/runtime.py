@@ -94,6 +94,7 @@ def _rules(settings: RouterSettings, policy: Policy, fleet: Fleet, gate: Admissi
         kv_bytes_per_token=settings.kv_bytes_per_token,
         kv_link_gbps=settings.kv_link_gbps,
         fit_hold_s=settings.fit_hold_s,
+        fit_queue=settings.fit_overflow == "queue",
     )
 
 

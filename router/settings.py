@@ -81,8 +81,15 @@ class RouterSettings(BaseModel):
         default=10.0,
         ge=0,
         description="a proxied request whose KV fits on no node now waits in the router up to "
-        "this long (from its arrival) for a node to have room, as an engine would queue it; "
-        "then 503 no_fit_now (0: at once; gateways and the endpoint picker are never held)",
+        "this long (from its arrival) for a node to have room; then fit_overflow says what "
+        "becomes of it (gateways and the endpoint picker are never held: 503 no_fit_now)",
+    )
+    fit_overflow: Literal["queue", "refuse"] = Field(
+        default="queue",
+        description="a proxied request still without room after fit_hold_s: queue, sent to the "
+        "node nearest to room, whose engine queues it until its running requests free the "
+        "blocks (as vLLM does; requests arriving later cannot take that room first); refuse, "
+        "503 no_fit_now with Retry-After",
     )
     pending_prefixes: bool = Field(
         default=True,

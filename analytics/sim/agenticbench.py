@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.progress import status
-from analytics.sim.bench_report import fmt
+from analytics.sim.agenticreport import agentic_markdown
 from analytics.sim.cluster import simulate
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, SimConfig, acting_on
@@ -182,6 +182,24 @@ def _versus(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def _live(path: Path) -> dict[str, Any] | None:
+    """The live comparison's agentic workload (``livepeer.json``, its own command and date):
+    the same sessions scaled down, through kvgate's router and sglang-router on simulated
+    engines; None where it has not run."""
+    if not path.exists():
+        return None
+    got = json.loads(path.read_text()).get("workloads", {}).get("agentic")
+    if not got:
+        return None
+    keep = ("command", "date", "agentic", "num_gpu_blocks", "prefill_tokens_per_s", "duration_s")
+    return {
+        **{k: got.get(k) for k in keep},
+        "repetitions": len(got.get("repetitions", ())),
+        "medians": got.get("medians", {}),
+        "checks": got.get("checks", []),
+    }
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(float(r[key]) for r in runs))
 
@@ -229,6 +247,7 @@ def bench_agentic(
     }
     best_hit = max(PEERS, key=lambda p: med[p]["hit_rate"])
     best_ttft = min(PEERS, key=lambda p: med[p]["ttft_p99_s"])
+    live = _live(out_dir / "livepeer.json")
     cpu_path = out_dir / "longprompt.json"
     cpu = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
     results: dict[str, float | None] = {
@@ -272,99 +291,9 @@ def bench_agentic(
             "runs": at_concurrency,
         },
         "larger_kv": larger,
+        "live": live,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "agentic.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "agentic.md").write_text(_markdown(report))
+    (out_dir / "agentic.md").write_text(agentic_markdown(report))
     return report
-
-
-def _markdown(r: dict[str, Any]) -> str:
-    keys = ("tok_s_per_gpu", "tok_s_per_user", "hit_rate", "ttft_p50_s", "ttft_p99_s", "refused")
-    head = (
-        "| router | "
-        + " | ".join(keys)
-        + " | spread of tok/s/GPU |\n|---|"
-        + "---:|" * (len(keys) + 1)
-    )
-    rows = []
-    for p, m in r["median"].items():
-        gpu = [run["tok_s_per_gpu"] for run in r["runs"][p]]
-        rows.append(
-            f"| {p} | "
-            + " | ".join(fmt(int(m[k]) if k == "refused" else m[k]) for k in keys)
-            + f" | {fmt(min(gpu))}–{fmt(max(gpu))} |"
-        )
-    sat = r["all_sessions_at_once"]
-    sat_rows = "\n".join(
-        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |" for p, m in sat["runs"].items()
-    )
-    conc = r["at_concurrency"]
-    conc_rows = "\n".join(
-        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |" for p, m in conc["runs"].items()
-    )
-    larger_rows = "\n".join(
-        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |"
-        for p, m in r["larger_kv"]["runs"].items()
-    )
-    crit = "\n".join(
-        f"| `{k}` | {fmt(r[k])} | {r['targets'][k]} | {'met' if r['met'][k] else '**not met**'} |"
-        for k in TARGETS
-    )
-    return f"""# Agentic coding sessions
-
-Command: `{r["command"]}`
-
-Machine: {r["machine"]}; date {r["date"]}; {r["wall_s"]} s of wall time.
-
-AIPerf's agentic-coding trace (`traces/{r["trace"]}`:
-100 sessions, 2,018 turns, contexts of 62k–200k tokens) on {r["nodes"]} simulated H100s
-(Llama-3.1-8B), replayed in **closed loop**: a session's next turn is sent its recorded delay
-after the previous turn ends, so faster serving moves more tokens through the same GPUs. Session
-*k* starts at *k* / {r["sessions_per_s"]} s: the rate whose turns offer {r["load"]:.0%} of the
-cluster's measured capacity ({r["capacity_rps"]} requests/s; AIPerf's trace starts every session
-at 0). Medians of {len(next(iter(r["runs"].values())))} repetitions (from the second on, each
-start moved by up to 0.4 of the spacing); every run is
-in `agentic.json`. kvgate runs as live at its defaults (pending prefixes, its memory of recent
-prefills, pre-warming, the fit hold); peers at their defaults; the best peer is the one with the
-highest hit rate
-(`{r["best_peer"]["hit_rate"]}`) and the one with the lowest TTFT p99
-(`{r["best_peer"]["ttft_p99_s"]}`).
-
-{head}
-{chr(10).join(rows)}
-
-| criterion | value | target | |
-|---|---:|---|---|
-{crit}
-
-At 80 % load the sessions' own pace bounds the work (a turn waits for its tool), so every
-router moves about the same tokens per GPU; what differs is how fast each turn is served (tokens
-per user, TTFT). Saturated — AIPerf's own schedule, all 100 sessions at once, one run each —
-throughput is where routing shows: kvgate / round-robin tokens per GPU
-{fmt(sat["tok_s_per_gpu_vs_rr"])}, per user {fmt(sat["tok_s_per_user_vs_rr"])}:
-
-{head}
-{sat_rows}
-
-The same load read as AIPerf reads it — {conc["sessions_at_once"]} sessions at once, a new one
-started as soon as one ends (`--concurrency {conc["sessions_at_once"]}`; one run each): kvgate /
-round-robin tokens per GPU {fmt(conc["tok_s_per_gpu_vs_rr"])}, per user
-{fmt(conc["tok_s_per_user_vs_rr"])}; hit rate against the best peer's
-{fmt(conc["hit_vs_best_peer"])}, TTFT p99 against the best peer's
-{fmt(conc["ttft_p99_vs_best_peer"])}:
-
-{head}
-{conc_rows}
-
-How much of this is the KV the contexts fight over: the same sessions at {r["load"]:.0%} load
-on engines with an H200's memory ({r["larger_kv"]["kv_blocks_per_engine"]} KV blocks of 16
-tokens each instead of the H100's; step times left at the H100's; capacity measured again,
-{r["larger_kv"]["capacity_rps"]} requests/s; one run each):
-
-{head}
-{larger_rows}
-
-`router_cpu_ms_per_request_100k` is measured live (`{r["router_cpu_command"]}`,
-`longprompt.md`): a 100k-token chat request through the router's whole path.
-"""

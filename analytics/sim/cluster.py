@@ -163,6 +163,7 @@ class SimCluster:
             kv_bytes_per_token=profile.kv_bytes_per_token,
             kv_link_gbps=cfg.kv_link_gbps,
             fit_hold_s=cfg.fit_hold_s,
+            fit_queue=cfg.fit_queue,
         )
         self.adm = (
             SimAdmission(

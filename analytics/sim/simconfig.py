@@ -51,6 +51,8 @@ class SimConfig:
     pending_prefixes: bool = False
     # a request whose KV fits nowhere now waits for room (router.fit_hold_s; 0: refused at once)
     fit_hold_s: float = RouterSettings.model_fields["fit_hold_s"].default
+    # … then the engine's queue on the node nearest to room (router.fit_overflow; False: 503)
+    fit_queue: bool = RouterSettings.model_fields["fit_overflow"].default == "queue"
     # the agents measured the engines' prefill rate and heartbeats carry it (agents/probe.py,
     # agent.prefill_probe): the profile's rate; off: routers know only what they learn
     prefill_probe: bool = True
@@ -147,6 +149,7 @@ def with_router(cfg: SimConfig, router: RouterSettings) -> SimConfig:
         recent_prefill_ttl_s=router.recent_prefill_ttl_s,
         pending_prefixes=router.pending_prefixes,
         fit_hold_s=router.fit_hold_s,
+        fit_queue=router.fit_overflow == "queue",
         pull_first=router.pull_priority is not None,
     )
 

@@ -37,6 +37,7 @@ __all__ = [
     "Fit",
     "fit",
     "fit_floor_tokens",
+    "nearest",
     "node_admissible_blocks",
     "node_capacity_blocks",
     "over_limits",
@@ -136,3 +137,26 @@ def fit(nodes: Sequence[NodeView], prompt_tokens: int, matches: Mapping[str, int
         elif ok and kept is not None:
             kept.append(n)
     return Fit(list(nodes) if kept is None else kept, ever, largest_now, largest_ever)
+
+
+def nearest(
+    nodes: Sequence[NodeView], prompt_tokens: int, matches: Mapping[str, int]
+) -> list[NodeView]:
+    """Of ``nodes`` that could ever hold the prompt, those nearest to having room for it now
+    (the fewest new blocks short of what they can admit, ties all kept): where a request that
+    fits nowhere now waits the least in the engine's queue. ``nodes`` itself where none could."""
+    best: list[NodeView] = []
+    least = math.inf
+    for n in nodes:
+        need = -(-prompt_tokens // n.block_size)
+        total = n.kv_blocks_total
+        if need > total - math.ceil(FIT_WATERMARK * total) or (
+            n.max_model_len is not None and prompt_tokens >= n.max_model_len
+        ):
+            continue
+        short = need - min(need, matches.get(n.node_id, 0)) - node_admissible_blocks(n)
+        if short < least:
+            best, least = [n], short
+        elif short == least:
+            best.append(n)
+    return best or list(nodes)

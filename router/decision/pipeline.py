@@ -44,7 +44,7 @@ from admission.preempt import Preemptible, Running, deadline_victims, preempted
 from admission.settings import AdmissionSettings, Priority
 from admission.slo import Slo, expected_ttft_s, held, late_refusal
 from router.decision.disagg import decide_roles
-from router.decision.fit import fit
+from router.decision.fit import fit, nearest
 from router.decision.fleet import Fleet, Selection
 from router.decision.holdqueue import UNKNOWN
 from router.decision.hotprefix import HotPrefixes, PrewarmAdvice
@@ -119,6 +119,8 @@ class Rules:
     # proxy mode: a request whose KV fits on no node now waits up to this long (since it
     # arrived, at most half its lease) for one to have room, then is refused (0: at once)
     fit_hold_s: float = 0.0
+    # past the hold: the engine's queue on the node nearest to room (False: 503 no_fit_now)
+    fit_queue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +215,16 @@ def decide(ask: Ask, snap: Snapshot, rules: Rules) -> Decision:
             return _refused("too_large", ask, rules)
         if not fitted.nodes:
             refused = _refused("no_fit_now", ask, rules)
-            if ask.mode == "proxy" and waited < min(rules.fit_hold_s, lease_half):
+            if ask.mode != "proxy":
+                return refused
+            if waited < min(rules.fit_hold_s, lease_half):
                 return Held("fit", UNKNOWN, refused)  # until a node has room
-            return refused
-        if len(fitted.nodes) < len(sel.nodes):
+            if not rules.fit_queue:
+                return refused
+            # the engine queues it until its running requests free the room (as vLLM does):
+            # later requests cannot take that room first, as they can from the router's hold
+            sel = replace(sel, nodes=nearest(sel.nodes, req.prompt_tokens, matches))
+        elif len(fitted.nodes) < len(sel.nodes):
             sel = replace(sel, nodes=fitted.nodes)
     d = _choose(ask, snap, rules, sel, matches)
     go = _go(ask, rules, d, facts, sel, matches, snap, waited)

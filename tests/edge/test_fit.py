@@ -48,7 +48,8 @@ def test_a_full_holder_keeps_the_requests_that_need_few_new_blocks_there() -> No
 async def test_routing_admission_and_metrics_follow_the_fit() -> None:
     prompt = list(range(1, 1501))  # 1,500 tokens: 94 blocks
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
-    async with edge(blocks=200, router={"fit_hold_s": 0}) as e:  # refused at once
+    # refused at once
+    async with edge(blocks=200, router={"fit_hold_s": 0, "fit_overflow": "refuse"}) as e:
         full = {"kv_blocks_used": 150}  # 48 blocks left on each: the cluster has 96
         e.overrides = {"n1": full, "n2": full}
         await asyncio.sleep(0.5)
@@ -102,10 +103,11 @@ def test_a_prompt_within_every_floor_fits_everywhere() -> None:
 
 async def test_a_request_that_fits_nowhere_now_waits_for_room_then_goes() -> None:
     """Proxied, a request whose KV fits on no node now waits in the router (``fit_hold_s``) as
-    an engine would queue it, and goes once a node has room; past the hold it is the 503."""
+    an engine would queue it, and goes once a node has room; past the hold it is the 503 where
+    ``fit_overflow`` is ``refuse``."""
     prompt = list(range(1, 1501))
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
-    async with edge(blocks=200, router={"fit_hold_s": 1.5}) as e:
+    async with edge(blocks=200, router={"fit_hold_s": 1.5, "fit_overflow": "refuse"}) as e:
         full = {"kv_blocks_used": 150}
         e.overrides = {"n1": full, "n2": full}
         await asyncio.sleep(0.5)
@@ -124,4 +126,21 @@ async def test_a_request_that_fits_nowhere_now_waits_for_room_then_goes() -> Non
         await freeing
         assert status == 200, out
         assert headers["X-Kvgate-Node"] == "n2"
+        assert await e.reservations() == 0
+
+
+async def test_past_its_hold_a_request_goes_to_the_engine_queue_nearest_to_room() -> None:
+    """At the defaults (``fit_overflow: queue``), a request still without room after its hold
+    goes to the node nearest to having it, whose engine queues it until its running requests
+    free the blocks (as vLLM does), instead of a 503 that requests arriving later would have
+    taken the room from."""
+    prompt = list(range(1, 1501))  # 94 blocks
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+    async with edge(blocks=200, router={"fit_hold_s": 0.5}) as e:
+        e.overrides = {"n1": {"kv_blocks_used": 160}, "n2": {"kv_blocks_used": 140}}
+        await asyncio.sleep(0.5)
+        status, out, headers = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
+        assert status == 200, out
+        assert headers["X-Kvgate-Node"] == "n2"  # 58 blocks short there, 78 on n1
+        assert [d.chosen_node for d in e.decisions()] == ["n2"]
         assert await e.reservations() == 0

@@ -67,6 +67,7 @@ class Case:
     load_only: bool = False
     roles: bool = False
     fit_hold_s: float = 0.0
+    fit_queue: bool = False
     want: tuple[str, str | None, str] = ("routed", "a", "prefix_hit")  # kind, node, reason
 
 
@@ -96,6 +97,29 @@ CASES = [
         req=request(prompt_tokens=50 * 16, blocks=50),
         fit_hold_s=10.0,
         want=("held", "fit", "fit"),
+    ),
+    Case(
+        "no node has room now: past its hold, the engine's queue on the node nearest to room",
+        [node_view("a", used=95), node_view("b", used=92), node_view("c", used=96)],
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        fit_queue=True,
+        want=("routed", "b", "all_overloaded"),
+    ),
+    Case(
+        "no node has room now: nearest counts the prefix a node holds",
+        [node_view("a", used=95), node_view("b", used=92)],
+        {"a": 10},
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        fit_queue=True,
+        want=("routed", "a", "all_overloaded"),
+    ),
+    Case(
+        "no node has room now: a gateway is refused at once even where the engine would queue",
+        [node_view("a", used=95), node_view("b", used=95)],
+        req=request(prompt_tokens=50 * 16, blocks=50),
+        fit_queue=True,
+        mode="gateway",
+        want=("refused", None, "no_fit_now"),
     ),
     Case(
         "no node has room now: a gateway is refused at once",
@@ -171,7 +195,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_decide(case: Case) -> None:
-    r = rules(case.policy, lanes=case.lanes, fit_hold_s=case.fit_hold_s)
+    r = rules(case.policy, lanes=case.lanes, fit_hold_s=case.fit_hold_s, fit_queue=case.fit_queue)
     ask = Ask(case.req, 16, NOW, case.slo, case.hold_slo, case.mode)
     for n in case.nodes:  # every node big enough for the fit cases
         n.kv_blocks_total = 100
