@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from router.decision.fit import fit
+from router.decision.fit import fit, nearest
 from router.decision.types import NodeView
 from tests.edgekit import MODEL, bearer, edge
 from tests.factories import node_view
@@ -75,6 +75,20 @@ async def test_routing_admission_and_metrics_follow_the_fit() -> None:
         assert f'kvgate_router_fit_tokens{{model="{MODEL}",pool="default",when="ever"}} 3168.0' in (
             text
         )
+
+
+def test_nearest_is_the_fewest_blocks_short_among_nodes_that_could_ever_hold_it() -> None:
+    prompt = 100 * 16
+    small = _view("small", 90, 0)  # could never hold 100 blocks, however empty
+    limited = _view("limited", 400, 390, max_model_len=1000)  # its context limit is shorter
+    a = _view("a", 200, 150)  # 48 admissible: 52 short
+    b = _view("b", 200, 0, kv_blocks_admissible=30)  # 70 short…
+    assert [n.node_id for n in nearest([small, limited, a, b], prompt, {})] == ["a"]
+    # … unless it holds the prompt's first 30 blocks: 40 short
+    assert [n.node_id for n in nearest([a, b], prompt, {"b": 30})] == ["b"]
+    twin = _view("twin", 200, 150)
+    assert [n.node_id for n in nearest([a, twin], prompt, {})] == ["a", "twin"]  # ties kept
+    assert nearest([small], prompt, {}) == [small]  # none could: the nodes as given
 
 
 def test_a_prompt_within_every_floor_fits_everywhere() -> None:
