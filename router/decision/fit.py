@@ -149,8 +149,7 @@ def nearest(
     least = math.inf
     for n in nodes:
         need = -(-prompt_tokens // n.block_size)
-        total = n.kv_blocks_total
-        if need > total - math.ceil(FIT_WATERMARK * total) or (
+        if need > node_capacity_blocks(n) or (
             n.max_model_len is not None and prompt_tokens >= n.max_model_len
         ):
             continue

@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from analytics.sim.metrics import pct
 from analytics.workloads import words
 from streams.tokenization import approx_tokenize
 
@@ -218,12 +219,8 @@ def agentic_figures(
     """Per run: tokens per second per engine and per user, TTFT, end to end, turns."""
     ok = [r for r in results if r["ok"]]
     speeds = [r["output_tokens"] / r["decode_s"] for r in ok if r["output_tokens"] > 1]
-    ttft = sorted(r["ttft_s"] for r in ok)
-    e2e = sorted(r["e2e_s"] for r in ok)
-
-    def pct(v: list[float], q: float) -> float | None:
-        return v[min(len(v) - 1, int(q * len(v)))] if v else None
-
+    ttft = [r["ttft_s"] for r in ok]
+    e2e = [r["e2e_s"] for r in ok]
     return {
         "turns": len(ok),
         "tok_s_per_gpu": sum(r["output_tokens"] for r in ok) / span_s / engines,
