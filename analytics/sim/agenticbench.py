@@ -35,6 +35,7 @@ from typing import Any
 from analytics.progress import status
 from analytics.sim.agenticreport import agentic_markdown
 from analytics.sim.cluster import simulate
+from analytics.sim.metrics import pct
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, SimConfig, acting_on
 from analytics.sim.traces import Trace, TraceRequest
@@ -52,11 +53,6 @@ TARGETS = {
     "ttft_p99_vs_best_peer": ("<=", 0.9),
     "router_cpu_ms_per_request_100k": ("<=", 200.0),
 }
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, float | int]:
@@ -80,8 +76,8 @@ def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, fl
         "tok_s_per_gpu": round(output / max(1e-9, end - start) / nodes, 2),
         "tok_s_per_user": round(statistics.median(speeds), 2) if speeds else 0.0,
         "hit_rate": round(sum(d.cached_tokens for d in done) / max(1, prompt), 4),
-        "ttft_p50_s": round(_pct(ttft, 0.5), 3),
-        "ttft_p99_s": round(_pct(ttft, 0.99), 3),
+        "ttft_p50_s": round(pct(ttft, 0.5) or 0.0, 3),
+        "ttft_p99_s": round(pct(ttft, 0.99) or 0.0, 3),
     }
 
 
@@ -168,6 +164,42 @@ def _larger_kv(
     }
 
 
+PULL_PRIORITY = -1  # as the one-cache section: holders answer a pull ahead of their queue
+
+
+def _with_pulls(
+    started: Trace,
+    concurrent: Trace,
+    base: SimConfig,
+    nodes: int,
+    open_runs: dict[str, dict[str, Any]],
+    conc_runs: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """kvgate on engines that give and take a prefix's KV (router/decision/pull.py): a turn
+    moved off a session's home that has no room for the rest of its context loads what the
+    home holds instead of computing it again. The other routers never pull: their runs
+    (``open_runs``: the first repetition's; ``conc_runs``) are the comparison."""
+    cfg = replace(base, kv_pull=True)
+    settings = RouterSettings(policy="kvgate", pull_priority=PULL_PRIORITY)
+    out: dict[str, Any] = {
+        "what": "kvgate on engines whose KV connectors give and take a prefix's KV (pulls; "
+        f"router.pull_priority {PULL_PRIORITY}), against the same runs of the other routers "
+        "(they never pull); one run each",
+    }
+    for name, trace, others in (
+        ("open_loop", started, open_runs),
+        ("at_concurrency", concurrent, conc_runs),
+    ):
+        with status(f"agentic: kvgate with pulls, {name}"):
+            done = simulate(trace, make_policy(settings), acting_on(cfg, settings))
+        run = {
+            **agentic_metrics(done, len(trace.requests), nodes),
+            "pulls": sum(d.reason == "kv_pull" for d in done),
+        }
+        out[name] = {**_versus({**others, "kvgate": run}), "kvgate": run}
+    return out
+
+
 def _versus(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     """kvgate against round-robin and the best peers, in one set of figures per router (a
     run's, or the medians over the repetitions)."""
@@ -241,6 +273,14 @@ def bench_agentic(
         with status(f"agentic: {policy}, {slots} sessions at once"):
             at_concurrency[policy] = _run(_concurrent(trace, slots), policy, base, nodes)
     larger = _larger_kv(trace, open_loop, base, load, nodes)
+    pulls = _with_pulls(
+        _started(trace, sessions_per_s, 0),
+        _concurrent(trace, slots),
+        base,
+        nodes,
+        {p: rs[0] for p, rs in runs.items()},
+        at_concurrency,
+    )
     med = {
         p: {k: _median(rs, k) for k in rs[0] if k != "seed" and isinstance(rs[0][k], int | float)}
         for p, rs in runs.items()
@@ -291,6 +331,7 @@ def bench_agentic(
             "runs": at_concurrency,
         },
         "larger_kv": larger,
+        "with_pulls": pulls,
         "live": live,
     }
     out_dir.mkdir(parents=True, exist_ok=True)

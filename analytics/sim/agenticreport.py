@@ -95,9 +95,35 @@ tokens each instead of the H100's; step times left at the H100's; capacity measu
 {head}
 {larger_rows}
 
+{_pulls_markdown(r.get("with_pulls"), keys)}
 `router_cpu_ms_per_request_100k` is measured live (`{r["router_cpu_command"]}`,
 `longprompt.md`): a 100k-token chat request through the router's whole path.
 {_live_markdown(r.get("live"))}"""
+
+
+def _pulls_markdown(pulls: dict[str, Any] | None, keys: tuple[str, ...]) -> str:
+    """The ``with_pulls`` runs: kvgate where engines give and take a prefix's KV."""
+    if not pulls:
+        return ""
+    rows = "\n".join(
+        f"| {name} | {fmt(p['kvgate']['pulls'])} | "
+        + " | ".join(fmt(p["kvgate"][k]) for k in keys)
+        + f" | {fmt(p['tok_s_per_gpu_vs_rr'])} | {fmt(p['hit_vs_best_peer'])} | "
+        f"{fmt(p['ttft_p99_vs_best_peer'])} |"
+        for name in ("open_loop", "at_concurrency")
+        if (p := pulls.get(name))
+    )
+    return f"""On engines whose KV connectors give and take a prefix's KV (`docs/engines.md`,
+"Pulling a prefix's KV"), a turn moved off a home with no room left for the rest of its context
+loads what the home holds over the link instead of computing it again (router/decision/pull.py; the
+holder answers ahead of its queue, `router.pull_priority` -1). kvgate alone changes (the others
+never pull; their runs above are the comparison: the open loop's first repetition, and the
+sessions-at-once runs); one run each:
+
+| run | pulls | {" | ".join(keys)} | tok/s/GPU vs RR | hit vs best peer | p99 vs best peer |
+|---|---:|{"---:|" * len(keys)}---:|---:|---:|
+{rows}
+"""
 
 
 def _live_markdown(live: dict[str, Any] | None) -> str:

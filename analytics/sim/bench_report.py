@@ -156,7 +156,10 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
         "time travel (a block counts only once an idle engine could have computed it: compressed "
         "chat sessions send the next turn before the previous answer can exist); "
         "`hit_bound_pooled_lru` what one LRU cache with the whole cluster's KV memory would "
-        "reach.",
+        "reach, also without time travel (a block enters it when it could have been "
+        "computed, as for `hit_bound_causal`; until 2026-12-04 every block of a request "
+        "entered at its arrival, so a turn found an answer not written yet and the bound "
+        "could exceed the causal one).",
         "",
         "The baselines are copies of peer routers' policies; docs/baselines.md says what each "
         "source does, what the copy does, every difference, and how the copies' numbers moved "

@@ -93,7 +93,13 @@ def run_metrics(
             else None
         ),
         "hit_bound_pooled_lru": (
-            pooled_lru_bound(arrivals, block_size, cache_blocks_per_node * nodes)
+            pooled_lru_bound(
+                arrivals,
+                block_size,
+                cache_blocks_per_node * nodes,
+                prefill_tokens_per_s,
+                step_s,
+            )
             if cache_blocks_per_node
             else None
         ),

@@ -8,6 +8,7 @@ own (no sharing), a control case for routing.
 from __future__ import annotations
 
 import csv
+import heapq
 import json
 import math
 import random
@@ -341,23 +342,51 @@ def ttft_floors(requests: Sequence[TraceRequest], profile: EngineProfile) -> lis
 
 
 def pooled_lru_bound(
-    requests: Sequence[TraceRequest], block_size: int, capacity_blocks: int
+    requests: Sequence[TraceRequest],
+    block_size: int,
+    capacity_blocks: int,
+    prefill_tokens_per_s: float | None = None,
+    step_s: float | None = None,
 ) -> float:
     """The hit rate of one LRU cache holding the whole cluster's KV memory
     (``capacity_blocks``): what perfect routing could reach without a bigger cache. Each
-    request looks up its prompt's leading blocks, then its prompt and answer blocks become the
-    most recently used."""
+    request looks up its prompt's leading blocks, which become the most recently used.
+
+    With ``prefill_tokens_per_s`` and ``step_s``, without time travel (as
+    :func:`causal_hit_bound`): a request's prompt blocks enter the cache when it could have
+    prefilled them and its answer blocks when the decode steps filling them could have run, so
+    a follow-up turn arriving before the previous answer could exist does not find it. Without
+    them every block enters at its request's arrival: a turn finds an answer that was not
+    written yet (chat sessions compressed to a high load), which no cluster of engines can."""
+    causal = bool(prefill_tokens_per_s and step_s)
     cache: OrderedDict[int, None] = OrderedDict()
-    hit = total = 0
-    for r in requests:
+    due: list[tuple[float, int, int]] = []  # (when a block enters, order, block)
+    order = hit = total = 0
+
+    def enter(h: int) -> None:
+        cache[h] = None
+        cache.move_to_end(h)
+        while len(cache) > capacity_blocks:
+            cache.popitem(last=False)
+
+    for r in sorted(requests, key=lambda x: x.arrival_s) if causal else requests:
+        while due and due[0][0] <= r.arrival_s:
+            enter(heapq.heappop(due)[2])
         total += r.prompt_tokens
         for h in r.block_hashes:
             if h not in cache:
                 break
             hit += block_size
-        for h in (*r.block_hashes, *r.output_block_hashes):
-            cache[h] = None
             cache.move_to_end(h)
-        while len(cache) > capacity_blocks:
-            cache.popitem(last=False)
+        if not causal:
+            for h in (*r.block_hashes, *r.output_block_hashes):
+                enter(h)
+            continue
+        assert prefill_tokens_per_s and step_s
+        prefilled = r.arrival_s + r.prompt_tokens / prefill_tokens_per_s
+        ready: dict[int, float] = {h: prefilled for h in r.block_hashes}
+        _answer_ready(ready, r, block_size, prefilled, step_s)
+        for h, at in ready.items():
+            order += 1
+            heapq.heappush(due, (at, order, h))
     return hit / total if total else 0.0

@@ -253,6 +253,9 @@ def _choose(
     moved it."""
     now = snap.now
     req = _with_share(ask.request, rules, matches, now)
+    givers = _givers(snap.nodes, sel.nodes, matches)
+    if givers:
+        req = replace(req, givers=givers)
     if snap.load_only and rules.fallback is not None:
         d = rules.fallback.decide(req, sel.nodes, {}, now)
     elif snap.roles:
@@ -274,6 +277,23 @@ def _choose(
         return d
     reason = rules.fleet.reason(d.reason, d.chosen, sel, matches)
     return d if reason == d.reason else replace(d, reason=reason)
+
+
+def _givers(
+    nodes: Sequence[NodeView], candidates: Sequence[NodeView], matches: Mapping[str, int]
+) -> tuple[NodeView, ...]:
+    """The healthy nodes that can give KV and hold more of the prompt than every candidate
+    but are not candidates themselves (no room for it, or past their limits): a pull may read
+    its prefix from them (router/decision/pull.py) — a node too full to run a request can still
+    hand over what it holds."""
+    if not matches:
+        return ()
+    best = max((matches.get(n.node_id, 0) for n in candidates), default=0)
+    held = {node for node, got in matches.items() if got > best}
+    if not held:
+        return ()
+    held -= {n.node_id for n in candidates}
+    return tuple(n for n in nodes if n.node_id in held and n.kv_pull and n.healthy)
 
 
 def _with_share(

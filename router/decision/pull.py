@@ -14,7 +14,9 @@ The completion-cost policy (router/decision/policies/cost.py) prices it per node
 of the tokens the pull brings is replaced by :func:`pull_s` (the holder's answer, then the bytes
 over the slower of the two links). Only nodes whose engines say they can give and take KV
 (``NodeView.kv_pull``, from their agents' heartbeats) pull or are pulled from; a pull that
-fails or times out falls back to computing the prompt where it was sent.
+fails or times out falls back to computing the prompt where it was sent. The holder need not be
+a candidate to run the request: one without room for the rest of a long context still gives
+what it holds (``RouteRequest.givers``, set by the pipeline).
 """
 
 from __future__ import annotations

@@ -149,6 +149,10 @@ class RouteRequest:
     # (router/decision/hotprefix.py; set by the pipeline's decide())
     prefix_share: float = 0.0
     parent_session_id: str | None = None  # a subagent's: it starts at its parent's home
+    # nodes that hold more of its prefix than any candidate but may not run it (no room, over
+    # their limits): a pull may still read the prefix from them (router/decision/pull.py; set
+    # by the pipeline's decide())
+    givers: Sequence[NodeView] = ()
 
 
 @dataclass(slots=True)  # treated as immutable

@@ -133,3 +133,49 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
         return bool(s["reservations"] == 0 and s["inflight"] == 0)
 
     await wait_until(released, 20, "every reservation released", 0.2)
+
+
+async def test_a_holder_without_room_for_the_request_gives_its_prefix(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    """n1 holds a long context (P + Q + U, its long request decoding there) and has no room
+    for a request that continues it with 100 new blocks: the fit filter leaves only n2, which
+    loads the 306 blocks from n1 — a node too full to run the request still gives what it
+    holds — instead of computing them."""
+    await ensure_topics(kafka_settings)
+    c = Cluster(supervisor)
+    c.add_engine(
+        "n1",
+        num_gpu_blocks=330,
+        engine_env={**CONNECTOR, "KVGATE_ENGINE__PROFILE__STEP_BASE_S": "0.05"},
+        agent_env=PULLS,
+    )
+    c.add_worker()
+    url = c.add_router("router", env=ROOMY)
+    await c.wait_ready("router", 1)
+    long = asyncio.create_task(complete(url, P + Q + U, "give-long", max_tokens=300))
+    c.add_engine("n2", engine_env=CONNECTOR, agent_env=PULLS)
+    await c.wait_ready("router", 2)
+    for _ in range(8):
+        await asyncio.sleep(0.25)
+        await post(url, "/v1/kvgate/decide", {"model": MODEL, "prompt": [7] * 32})
+    assert not long.done()
+
+    got = await complete(url, P + Q + U + list(range(20_000, 21_600)), "give-1")
+    assert got["node"] == "n2"
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P + Q + U)
+    assert await metric(url, 'kvgate_router_kv_pulls_total{outcome="ok"}') == 1
+    await long
+    decisions = await read_topic(
+        kafka_settings,
+        DECISIONS,
+        Decision,
+        lambda ds: "give-1" in {d.client_request_id for d in ds},
+    )
+    d = next(d for d in decisions if d.client_request_id == "give-1")
+    assert (d.chosen_node, d.reason, d.pull_node, d.pull_blocks) == (
+        "n2",
+        "kv_pull",
+        "n1",
+        len(P + Q + U) // 16,
+    )

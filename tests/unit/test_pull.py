@@ -183,6 +183,30 @@ def test_the_pipeline_sends_a_pull_only_from_the_proxy() -> None:
     assert (got.decision.pull, got.decision.reason, got.uncached_tokens) == (None, "spread", 4_000)
 
 
+def test_a_holder_with_no_room_for_the_request_still_gives_its_prefix() -> None:
+    """A long context whose holder has no room left for the rest of it (the fit filter passes
+    it over) is pulled from that holder to the node with room rather than computed there from
+    the start: a node too full to run a request can still hand over what it holds."""
+    r = Rules(
+        policy(),
+        Fleet(OutlierSettings(enabled=False), SlowStartSettings(window_s=0)),
+        AdmissionSettings(),
+    )
+    ctx = RouteRequest("r1", "m", list(range(500)), prompt_tokens=8_000, max_tokens=16)
+    full = big("b", used=1_900)  # 100 free blocks: not the 260 the rest of the prompt needs
+    snap = Snapshot([big("a"), full], {"b": 240}, NOW, 16)
+    got = decide(Ask(ctx, 16, NOW, mode="proxy"), snap, r)
+    assert isinstance(got, Routed)
+    assert (got.decision.chosen, got.decision.reason) == ("a", "kv_pull")
+    assert (got.decision.pull, got.decision.pull_blocks) == ("b", 240)
+    assert got.uncached_tokens == 8_000 - 240 * 16
+    # an engine that cannot give: computed from the start where there is room
+    snap = Snapshot([big("a"), replace(full, kv_pull=False)], {"b": 240}, NOW, 16)
+    got = decide(Ask(ctx, 16, NOW, mode="proxy"), snap, r)
+    assert isinstance(got, Routed) and got.decision.chosen == "a"
+    assert (got.decision.pull, got.uncached_tokens) == (None, 8_000)
+
+
 def test_the_holder_s_request_is_the_prefix_s_token_ids_kept_for_a_remote_engine() -> None:
     body = {"model": "m", "prompt": "text", "cache_salt": "tenant-a", "stream": True, "n": 3}
     leg = pull_body(body, "m", [5, 6, 7], priority=-1)

@@ -145,6 +145,30 @@ def test_causal_bound_counts_only_blocks_that_could_exist() -> None:
     assert causal_hit_bound([first, at_once], bs, 1000.0, 0.01) == 0.0
 
 
+def test_pooled_lru_bound_without_time_travel() -> None:
+    """One LRU cache of the cluster's KV finds a follow-up turn's previous answer only once it
+    could have been written (the causal bound's timing); without rates it enters at arrival."""
+    from analytics.sim.traces import TraceRequest, causal_hit_bound, pooled_lru_bound
+
+    bs = 16
+    first = TraceRequest(0.0, 32, 32, (1, 2), output_block_hashes=(3, 4))
+    early = TraceRequest(0.1, 64, 8, (1, 2, 3, 4))  # prompt ready, answer not yet
+    late = TraceRequest(1.0, 64, 8, (1, 2, 3, 4))
+    for turn in (early, late):
+        reqs = [first, turn]
+        assert pooled_lru_bound(reqs, bs, 100) == 64 / 96  # answers found before they exist
+        causal = pooled_lru_bound(reqs, bs, 100, 1000.0, 0.01)
+        assert causal == causal_hit_bound(reqs, bs, 1000.0, 0.01)
+    assert pooled_lru_bound([first, early], bs, 100, 1000.0, 0.01) == 32 / 96
+    # a cache of two blocks keeps the answer written last, not the prompt the turn starts with
+    assert pooled_lru_bound([first, late], bs, 2, 1000.0, 0.01) == 0.0
+    other = TraceRequest(0.05, 32, 1, (9,))  # touched after the first's prompt was cached
+    third = TraceRequest(2.0, 32, 1, (1, 2))
+    # capacity 3: 1, 2 (at 0.032), 9 (0.082), then the answer 3 (0.192) evicts 1
+    assert pooled_lru_bound([first, other, third], bs, 3, 1000.0, 0.01) == 0.0
+    assert pooled_lru_bound([first, other, third], bs, 100, 1000.0, 0.01) == 32 / 96
+
+
 def test_conversation_workload_grows_long_sessions_that_reuse_their_prefix() -> None:
     from analytics.sim.workloads import make_workload
 

@@ -403,9 +403,9 @@ class CompletionCostPolicy(PolicyBase):
         rot = zlib.crc32(request.request_id.encode())
         floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
         scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, None)
-        src = None  # a pull is priced only where the holder is passed over
-        if self.w.kv_pull and reason in ("spread", "overload_fallback"):
-            src = self._source(nodes, matches)
+        src = None  # a pull is priced only where the holder is passed over, or not a candidate
+        if self.w.kv_pull and (reason in ("spread", "overload_fallback") or request.givers):
+            src = self._source((*nodes, *request.givers), matches)
         if src is not None:  # loading the holder's prefix may beat computing it again
             scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, src)
         mget = matches.get
