@@ -286,7 +286,7 @@ def _givers(
     but are not candidates themselves (no room for it, or past their limits): a pull may read
     its prefix from them (router/decision/pull.py) — a node too full to run a request can still
     hand over what it holds."""
-    if not matches:
+    if not matches or len(candidates) == len(nodes):  # candidates are a subset of nodes
         return ()
     best = max((matches.get(n.node_id, 0) for n in candidates), default=0)
     held = {node for node, got in matches.items() if got > best}
