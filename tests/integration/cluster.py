@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from deploy.procs import Supervisor, free_port
 from streams.codec import decode
 from streams.kafka import make_consumer
+from streams.schemas import Decision
 from streams.settings import KafkaSettings
-from streams.topics import TopicSpec
+from streams.topics import DECISIONS, TopicSpec
 from tests.conftest import wait_until
 
 M = TypeVar("M", bound=BaseModel)
@@ -218,3 +219,14 @@ async def read_topic(
     finally:
         await consumer.stop()
     return out
+
+
+async def decision_of(kafka: KafkaSettings, client_request_id: str) -> Decision:
+    """The decision record of the request the client sent as ``client_request_id``."""
+    decisions = await read_topic(
+        kafka,
+        DECISIONS,
+        Decision,
+        lambda ds: client_request_id in {d.client_request_id for d in ds},
+    )
+    return next(d for d in decisions if d.client_request_id == client_request_id)

@@ -23,6 +23,7 @@ from tests.conftest import wait_until
 from tests.integration.cluster import (
     MODEL,
     Cluster,
+    decision_of,
     get,
     metric,
     post,
@@ -52,12 +53,14 @@ async def complete(url: str, prompt: list[int], rid: str, max_tokens: int = 8) -
     return {"node": node, "usage": usage}
 
 
-async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
-    supervisor: Supervisor, kafka_settings: KafkaSettings
-) -> None:
+async def _n1_full(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, name: str, first: tuple[int, ...] = ()
+) -> tuple[str, str, asyncio.Task[dict[str, Any]]]:
+    """n1 (330 blocks, slow steps) alone with a worker and a router, ``first`` completed
+    there, then a long request (P + Q + U, 300 tokens out: 306 to 325 of n1's 330 blocks for
+    ~15 s) running on it when n2 joins: n1's URL, the router's, the long request."""
     await ensure_topics(kafka_settings)
     c = Cluster(supervisor)
-    # n1: 330 blocks, slow steps (its long request keeps its KV full for ~8 s)
     n1 = c.add_engine(
         "n1",
         num_gpu_blocks=330,
@@ -67,10 +70,10 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
     c.add_worker()
     url = c.add_router("router", env=ROOMY)
     await c.wait_ready("router", 1)
-    first = await complete(url, P, "pull-0")
-    assert first["node"] == "n1"
-    # P + Q + U, 300 tokens out: 306 to 325 of n1's 330 blocks while it runs, for ~15 s
-    long = asyncio.create_task(complete(url, P + Q + U, "pull-long", max_tokens=300))
+    if first:
+        got = await complete(url, list(first), f"{name}-0")
+        assert got["node"] == "n1"
+    long = asyncio.create_task(complete(url, P + Q + U, f"{name}-long", max_tokens=300))
     c.add_engine("n2", engine_env=CONNECTOR, agent_env=PULLS)
     await c.wait_ready("router", 2)
     # n1's heartbeats show its KV nearly full; the router smooths what it sees of them over
@@ -79,6 +82,13 @@ async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
         await asyncio.sleep(0.25)
         await post(url, "/v1/kvgate/decide", {"model": MODEL, "prompt": [7] * 32})
     assert not long.done()
+    return n1, url, long
+
+
+async def test_a_busy_holder_s_prefix_is_pulled_and_a_failed_pull_is_computed(
+    supervisor: Supervisor, kafka_settings: KafkaSettings
+) -> None:
+    n1, url, long = await _n1_full(supervisor, kafka_settings, "pull", first=tuple(P))
 
     got = await complete(url, P + list(range(5_000, 5_008)), "pull-1")
     assert got["node"] == "n2"
@@ -142,37 +152,14 @@ async def test_a_holder_without_room_for_the_request_gives_its_prefix(
     for a request that continues it with 100 new blocks: the fit filter leaves only n2, which
     loads the 306 blocks from n1 — a node too full to run the request still gives what it
     holds — instead of computing them."""
-    await ensure_topics(kafka_settings)
-    c = Cluster(supervisor)
-    c.add_engine(
-        "n1",
-        num_gpu_blocks=330,
-        engine_env={**CONNECTOR, "KVGATE_ENGINE__PROFILE__STEP_BASE_S": "0.05"},
-        agent_env=PULLS,
-    )
-    c.add_worker()
-    url = c.add_router("router", env=ROOMY)
-    await c.wait_ready("router", 1)
-    long = asyncio.create_task(complete(url, P + Q + U, "give-long", max_tokens=300))
-    c.add_engine("n2", engine_env=CONNECTOR, agent_env=PULLS)
-    await c.wait_ready("router", 2)
-    for _ in range(8):
-        await asyncio.sleep(0.25)
-        await post(url, "/v1/kvgate/decide", {"model": MODEL, "prompt": [7] * 32})
-    assert not long.done()
+    _, url, long = await _n1_full(supervisor, kafka_settings, "give")
 
     got = await complete(url, P + Q + U + list(range(20_000, 21_600)), "give-1")
     assert got["node"] == "n2"
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P + Q + U)
     assert await metric(url, 'kvgate_router_kv_pulls_total{outcome="ok"}') == 1
     await long
-    decisions = await read_topic(
-        kafka_settings,
-        DECISIONS,
-        Decision,
-        lambda ds: "give-1" in {d.client_request_id for d in ds},
-    )
-    d = next(d for d in decisions if d.client_request_id == "give-1")
+    d = await decision_of(kafka_settings, "give-1")
     assert (d.chosen_node, d.reason, d.pull_node, d.pull_blocks) == (
         "n2",
         "kv_pull",

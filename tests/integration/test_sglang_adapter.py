@@ -10,10 +10,8 @@ import pytest
 
 from deploy.procs import Supervisor
 from streams.kafka import ensure_topics
-from streams.schemas import Decision
 from streams.settings import KafkaSettings
-from streams.topics import DECISIONS
-from tests.integration.cluster import MODEL, Cluster, get, long_prompt, post, read_topic
+from tests.integration.cluster import MODEL, Cluster, decision_of, get, long_prompt, post
 
 pytestmark = pytest.mark.integration
 
@@ -37,12 +35,6 @@ async def test_sglang_node_routes_on_an_approximate_index(
 
     status, _ = await post(router, "/v1/completions", body, {"X-Request-Id": "sg-2"})
     assert status == 200
-    decisions = await read_topic(
-        kafka_settings,
-        DECISIONS,
-        Decision,
-        lambda ds: "sg-2" in {x.client_request_id for x in ds},
-    )
-    second = next(x for x in decisions if x.client_request_id == "sg-2")
+    second = await decision_of(kafka_settings, "sg-2")
     cand = next(x for x in second.candidates if x.node_id == "s1")
     assert cand.approximate_index and cand.hit_blocks > 0
