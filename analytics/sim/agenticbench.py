@@ -36,6 +36,7 @@ from analytics.progress import status
 from analytics.sim.agenticreport import agentic_markdown
 from analytics.sim.cluster import simulate
 from analytics.sim.metrics import pct
+from analytics.sim.onecache import PULL_PRIORITY
 from analytics.sim.replay import capacity_rps, open_trace
 from analytics.sim.simconfig import Done, SimConfig, acting_on
 from analytics.sim.traces import Trace, TraceRequest
@@ -139,6 +140,15 @@ def _run(trace: Trace, policy: str, cfg: SimConfig, nodes: int) -> dict[str, flo
     return agentic_metrics(done, len(trace.requests), nodes)
 
 
+def _each_once(trace: Trace, cfg: SimConfig, nodes: int, what: str) -> dict[str, Any]:
+    """One run of every router on ``trace`` (``what``: the run's name in the progress line)."""
+    out: dict[str, Any] = {}
+    for policy in POLICIES:
+        with status(f"agentic: {policy}, {what}"):
+            out[policy] = _run(trace, policy, cfg, nodes)
+    return out
+
+
 def _larger_kv(
     trace: Trace, open_loop: Trace, base: SimConfig, load: float, nodes: int
 ) -> dict[str, Any]:
@@ -151,10 +161,7 @@ def _larger_kv(
     )
     big = replace(base, profile=profile)
     cap, rate = _session_rate(open_loop, big, load)
-    out: dict[str, Any] = {}
-    for policy in POLICIES:
-        with status(f"agentic: {policy}, larger KV"):
-            out[policy] = _run(_started(trace, rate, 0), policy, big, nodes)
+    out = _each_once(_started(trace, rate, 0), big, nodes, "larger KV")
     return {
         "what": f"{load:.0%} load on engines with {LARGER_KV_GIB} GiB (an H200's memory; "
         "H100 step times), one run each",
@@ -162,9 +169,6 @@ def _larger_kv(
         "capacity_rps": round(cap, 4),
         "runs": out,
     }
-
-
-PULL_PRIORITY = -1  # as the one-cache section: holders answer a pull ahead of their queue
 
 
 def _with_pulls(
@@ -261,17 +265,11 @@ def bench_agentic(
             runs.setdefault(policy, []).append({"seed": rep, **got})
     # AIPerf's own schedule: all 100 sessions at once (its concurrency 100), the cluster
     # saturated; one run each (nothing to jitter)
-    saturated: dict[str, dict[str, Any]] = {}
-    for policy in POLICIES:
-        with status(f"agentic: {policy}, all sessions at once"):
-            saturated[policy] = _run(trace, policy, base, nodes)
+    saturated = _each_once(trace, base, nodes, "all sessions at once")
     # AIPerf's way of loading a cluster: a number of sessions at once (here the load's share
     # of the trace's sessions), a new one started as one ends; one run each
     slots = max(1, round(load * len({r.session_id for r in trace.requests})))
-    at_concurrency: dict[str, dict[str, Any]] = {}
-    for policy in POLICIES:
-        with status(f"agentic: {policy}, {slots} sessions at once"):
-            at_concurrency[policy] = _run(_concurrent(trace, slots), policy, base, nodes)
+    at_concurrency = _each_once(_concurrent(trace, slots), base, nodes, f"{slots} at once")
     larger = _larger_kv(trace, open_loop, base, load, nodes)
     pulls = _with_pulls(
         _started(trace, sessions_per_s, 0),

@@ -126,6 +126,35 @@ def _tuning_markdown(tuning: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def _results_markdown(report: dict[str, Any]) -> list[str]:
+    """A table per workload and load: every policy's row, lowest TTFT p99 first."""
+    lines: list[str] = []
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for r in report["results"]:
+        groups.setdefault((r["trace"], r["load"]), []).append(r)
+    bounds = report.get("bounds") or {}
+    for (trace, load), rows in groups.items():
+        cap = rows[0]["capacity_rps"]
+        b = bounds.get(trace, {}).get(str(load))
+        floor = (
+            f"; TTFT floor p50 {fmt(b['ttft_floor_p50_s'])} s, p99 {fmt(b['ttft_floor_p99_s'])} "
+            f"s, SLO bound {fmt(b['slo_bound'])}"
+            if b
+            else ""
+        )
+        lines += [
+            f"## {trace}, load {load} (capacity {cap:.1f} req/s, {rows[0]['requests']} "
+            f"requests{floor})",
+            "",
+            "| policy | " + " | ".join(KEYS) + " |",
+            "|---|" + "---:|" * len(KEYS),
+        ]
+        for r in sorted(rows, key=lambda x: x["ttft_p99_s"] or 0):
+            lines.append(f"| {r['policy']} | " + " | ".join(fmt(r.get(k)) for k in KEYS) + " |")
+        lines.append("")
+    return lines
+
+
 def _markdown(report: dict[str, Any], plots: list[str]) -> str:
     lines = [
         "# Routing benchmark (virtual-time simulation)",
@@ -187,29 +216,7 @@ def _markdown(report: dict[str, Any], plots: list[str]) -> str:
         )
     lines += _tuning_markdown(report.get("tuning") or {})
     lines += ["", *[f"![{p}]({p})" for p in plots], ""]
-    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
-    for r in report["results"]:
-        groups.setdefault((r["trace"], r["load"]), []).append(r)
-    bounds = report.get("bounds") or {}
-    for (trace, load), rows in groups.items():
-        cap = rows[0]["capacity_rps"]
-        b = bounds.get(trace, {}).get(str(load))
-        floor = (
-            f"; TTFT floor p50 {fmt(b['ttft_floor_p50_s'])} s, p99 {fmt(b['ttft_floor_p99_s'])} "
-            f"s, SLO bound {fmt(b['slo_bound'])}"
-            if b
-            else ""
-        )
-        lines += [
-            f"## {trace}, load {load} (capacity {cap:.1f} req/s, {rows[0]['requests']} "
-            f"requests{floor})",
-            "",
-            "| policy | " + " | ".join(KEYS) + " |",
-            "|---|" + "---:|" * len(KEYS),
-        ]
-        for r in sorted(rows, key=lambda x: x["ttft_p99_s"] or 0):
-            lines.append(f"| {r['policy']} | " + " | ".join(fmt(r.get(k)) for k in KEYS) + " |")
-        lines.append("")
+    lines += _results_markdown(report)
     lines += cold_markdown(report.get("cold_start"), fmt)
     lines += one_cache_markdown(report.get("one_cache"), fmt)
     alone = report["sim_requests_per_min_alone"]

@@ -19,6 +19,7 @@ from router.settings import RouterSettings
 __all__ = [
     "ONE_CACHE",
     "ONE_CACHE_LOADS",
+    "PULL_PRIORITY",
     "one_cache",
     "one_cache_markdown",
     "one_cache_targets",
