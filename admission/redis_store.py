@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from admission.exceptions import AdmissionError, StoreReset
 from admission.redis_batch import ScriptBatcher
 from admission.reservations import GUARDED, TENANT_LIMIT, Reservation, ReserveAsk
+from admission.resp import ScriptLink
 
 __all__ = ["RedisReservations"]
 
@@ -139,14 +140,20 @@ def _parse(rid: str, value: bytes | str) -> Reservation:
 
 class RedisReservations:
     def __init__(
-        self, client: Redis, prefix: str, drain_window_s: float = 30.0, bucket_s: float = 5.0
+        self,
+        client: Redis,
+        prefix: str,
+        drain_window_s: float = 30.0,
+        bucket_s: float = 5.0,
     ) -> None:
         self.r = client
         self.prefix = prefix
         self.drain_window_s = drain_window_s
         self.bucket_s = bucket_s
         self._reserve = client.register_script(_RESERVE)
-        self.batch = ScriptBatcher(client)  # reservations and releases of one loop turn
+        # reservations and releases of one loop turn, in one round trip: on a connection of
+        # their own (admission/resp.py), or through redis-py where that cannot serve
+        self.batch: ScriptLink | ScriptBatcher = ScriptLink.of(client) or ScriptBatcher(client)
         self._release = client.register_script(_RELEASE)
         self._restore = client.register_script(_RESTORE)
         self._lead = client.register_script(_LEAD)
@@ -231,6 +238,11 @@ class RedisReservations:
             ],
         )
         return None if value is None else _parse(rid, value)
+
+    async def aclose(self) -> None:
+        """Send the calls gathered and close the scripts' connection (the client is the
+        caller's to close)."""
+        await self.batch.aclose()
 
     async def renew(self, rid: str, expires_at: float) -> Reservation | None:
         try:

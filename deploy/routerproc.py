@@ -55,7 +55,7 @@ def _stores(
     shared = RedisReservations(client, prefix)
     store = FailoverReservations(shared, s.admission.store_down_share)
     storm = FailoverStorm(RedisStormStore(client, prefix), store)
-    return store, storm, SharedRates(RedisRates(client, prefix), store), client
+    return store, storm, SharedRates(RedisRates(client, prefix), store), (client, shared)
 
 
 def router_process(s: Settings) -> Router:
@@ -66,7 +66,7 @@ def router_process(s: Settings) -> Router:
     replica = TableReplica(
         s.kafka, s.worker, "kvgate-router-replica", feed_stale_s=s.router.feed_stale_s
     )
-    store, storm_store, rates, redis_client = _stores(s)
+    store, storm_store, rates, redis_handles = _stores(s)
     router = build_router(
         s.router, replica, bus, make_policy(s.router), s.admission, store, storm_store
     )
@@ -116,8 +116,10 @@ def router_process(s: Settings) -> Router:
         await control.stop()
         await replica.stop()
         await bus.stop()
-        if redis_client is not None:
-            await redis_client.aclose()
+        if redis_handles is not None:
+            client, shared = redis_handles
+            await shared.aclose()
+            await client.aclose()
 
     router.app.on_startup.insert(0, start)
     router.app.on_cleanup.append(stop)
