@@ -8,7 +8,10 @@ observer can see is returned as a :class:`CacheEvent` so that the engine can pub
 A request released with a retention hint (``hold_until``: an agent session between turns)
 leaves its blocks *held*: unreferenced and reusable like any cached block, but evicted only when
 no ordinary unreferenced block is left — a hold yields to running work, it never makes an
-allocation fail — and ordinary again once its time is past (:meth:`KvCache.expire`).
+allocation fail — and ordinary again once its time is past (:meth:`KvCache.expire`). Among
+held blocks the least recently released go first, as in the LRU: a hold's end says how long
+to protect a session, not which session returns first (ordered by their ends, the holds given
+while the router's learned bound moved evicted newer sessions before older ones).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 __all__ = ["AllCleared", "BlockRemoved", "BlockStored", "CacheEvent", "KvCache", "OutOfBlocks"]
 
@@ -117,8 +121,8 @@ class KvCache:
                 h, _ = self._lru.popitem(last=False)
                 del self._refs[h]
                 removed.append(h)
-            if len(removed) < evict:  # holds yield: the soonest to expire go first
-                for h in sorted(self._held, key=self._held.__getitem__)[: evict - len(removed)]:
+            if len(removed) < evict:  # holds yield: the least recently released go first
+                for h in list(islice(self._held, evict - len(removed))):
                     del self._held[h]
                     del self._refs[h]
                     removed.append(h)

@@ -32,6 +32,7 @@ from analytics.sim.preemption import SimPreemption
 from analytics.sim.scaleroom import SimScaleRoom
 from analytics.sim.simconfig import (
     MODEL,
+    SESSION_KIND,
     Done,
     FleetOp,
     ScalePoint,
@@ -51,7 +52,9 @@ from router.decision.lanes import Lanes
 from router.decision.pipeline import Ask, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.pipeline import Refused as NotRouted
 from router.decision.recent import PendingPrefixes, RecentPrefills, known_matches
+from router.decision.turngap import TurnGaps
 from router.decision.types import Policy, RouteRequest
+from router.settings import RouterSettings
 from streams.prefix_index import PrefixIndex
 
 __all__ = ["SimCluster", "simulate"]
@@ -132,6 +135,16 @@ class SimCluster:
         cfg, policy, profile = self.cfg, self.policy, self.profile
         policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
         self.hot = HotPrefixes()
+        # agent sessions' inter-turn gaps: a session's finished turn keeps its KV that long
+        # (router.session_retention; the live router's core, router/decision/turngap.py)
+        self.gaps = (
+            TurnGaps(
+                default_s=RouterSettings.model_fields["session_hold_default_s"].default,
+                ceiling_s=RouterSettings.model_fields["session_hold_max_s"].default,
+            )
+            if cfg.session_retention
+            else None
+        )
         ttl = cfg.recent_prefill_ttl_s
         self.recent = RecentPrefills(ttl) if ttl > 0 else None
         self.index = PrefixIndex()
@@ -279,6 +292,8 @@ class SimCluster:
         seq = SimSeq(
             rid, r.prompt_tokens, r.output_tokens, all_hashes(r, idx, self.trace.block_size)
         )
+        if self.gaps is not None and r.session_id is not None:  # the engine's retention hint
+            seq.retain_s = self.gaps.hold_s(SESSION_KIND, now)
         self.meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             self.waited[rid] = queue_wait_s
@@ -335,6 +350,8 @@ class SimCluster:
                 )
             )
             self.remaining -= 1
+            if self.gaps is not None and r.session_id is not None:
+                self.gaps.ended(r.session_id, SESSION_KIND, now)
             ended(self, int(seq.request_id[1:]), now)
         if released:
             pump(self, now)

@@ -52,7 +52,7 @@ def catch_up(sim: SimCluster, n: SimNode, now: float) -> None:
         return
     upto = min(run.steps, run.steps_done(now - n.run_start) + 1)
     if upto > n.run_applied:
-        n.finishing += n.core.advance_decode(upto - n.run_applied)
+        n.finishing += n.core.advance_decode(upto - n.run_applied, now)
         n.run_applied = upto
         drain(sim, n, now)
 

@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 MODEL = "sim"
+SESSION_KIND = ("", MODEL)  # the (tenant, model) whose inter-turn gaps the sessions teach
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,9 @@ class SimConfig:
     disaggregation: bool = True  # split requests over prefill and decode nodes when both exist
     kv_pull: bool = False  # engines give and take a prefix's KV (router/decision/pull.py)
     pull_first: bool = False  # a pull's leg goes ahead of the holder's queue (pull_priority)
+    # agent sessions' KV kept on their node between turns for the learned gap
+    # (router.session_retention: router/decision/turngap.py, the engines' retention hints)
+    session_retention: bool = False
     placement: Placement = FREE  # every request's required and preferred labels
     # the router's candidate cap (router.max_queue): nodes with more waiting are skipped
     max_queue: int = RouterSettings.model_fields["max_queue"].default
@@ -151,6 +155,7 @@ def with_router(cfg: SimConfig, router: RouterSettings) -> SimConfig:
         fit_hold_s=router.fit_hold_s,
         fit_queue=router.fit_overflow == "queue",
         pull_first=router.pull_priority is not None,
+        session_retention=router.session_retention,
     )
 
 

@@ -54,6 +54,7 @@ class SimSeq:
         "out",
         "rank",
         "request_id",
+        "retain_s",
         "state",
     )
 
@@ -71,6 +72,7 @@ class SimSeq:
         self.off = 0  # while decoding: tokens = off + clock at the start of a step
         self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self.first_token_s: float | None = None
+        self.retain_s = 0.0  # a retention hint: its blocks held this long after it ends
 
     @property
     def finished(self) -> bool:
@@ -111,6 +113,7 @@ class SimCore:
         self.decoding = 0
         self.sum_off = 0
         self.clock = 0  # steps taken
+        self.now = 0.0  # the time of the step being applied (retention holds count from it)
         self._next_rank = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -175,6 +178,8 @@ class SimCore:
         p = self.profile
         c = self.clock
         cache = self.cache
+        self.now = now
+        cache.expire(now)  # holds past their time become ordinary cached blocks
         grow = self.buckets[(1 - c) % self.bs]
         if len(grow) <= cache.free_blocks:
             if grow:
@@ -248,10 +253,14 @@ class SimCore:
         first = p.step_time_s(n, self.sum_off + n * c, 0)
         return DecodeRun(steps, first, p.step_per_context_token_s * n)
 
-    def advance_decode(self, steps: int) -> list[SimSeq]:
-        """Apply ``steps`` steps of a planned run; returns the requests that finished."""
+    def advance_decode(self, steps: int, now: float | None = None) -> list[SimSeq]:
+        """Apply ``steps`` steps of a planned run (``now``: the time of the last of them);
+        returns the requests that finished."""
         finished: list[SimSeq] = []
         cache = self.cache
+        if now is not None:
+            self.now = now
+            cache.expire(now)
         buckets = self.buckets
         bs = self.bs
         for c in range(self.clock, self.clock + steps):
@@ -329,19 +338,24 @@ class SimCore:
         """Free finished requests' blocks (``c_next``: the clock after their last step)."""
         for seq in finished:
             if seq.state == DECODE:
-                self._leave_decode(seq, c_next)
+                self._leave_decode(seq, c_next, retain=True)
             else:
-                self.cache.release(seq.hashes[: seq.held], seq.anon)
+                self.cache.release(seq.hashes[: seq.held], seq.anon, self._hold(seq))
                 del self.prefilling[seq.rank]
             del self.running[seq.rank]
             seq.state = DONE
 
-    def _leave_decode(self, seq: SimSeq, c: int, grown: int = 0) -> None:
-        """Materialize a decoder at clock ``c`` (step start) and release its blocks."""
+    def _hold(self, seq: SimSeq) -> float | None:
+        """Until when a finished request's blocks are held (its retention hint), or None."""
+        return self.now + seq.retain_s if seq.retain_s > 0 else None
+
+    def _leave_decode(self, seq: SimSeq, c: int, grown: int = 0, retain: bool = False) -> None:
+        """Materialize a decoder at clock ``c`` (step start) and release its blocks (held for
+        its retention hint when it ``retain``: it finished)."""
         tokens = seq.off + c
         held = (tokens - 1) // self.bs
         cap = _ceil_div(tokens - 1, self.bs) + grown
-        self.cache.release(seq.hashes[:held], cap - held)
+        self.cache.release(seq.hashes[:held], cap - held, self._hold(seq) if retain else None)
         del self.buckets[seq.off % self.bs][seq.rank]
         self.decoding -= 1
         self.sum_off -= seq.off
@@ -373,10 +387,12 @@ class SimCore:
         return decode_seqs, context
 
     def _preempt(self, seq: SimSeq, c: int, grown: int) -> None:
+        # a preempted session's turn is held like a finished one: it comes back first, and
+        # ordinary blocks are the first evicted while holds are on
         if seq.state == DECODE:
-            self._leave_decode(seq, c, grown)
+            self._leave_decode(seq, c, grown, retain=True)
         else:
-            self.cache.release(seq.hashes[: seq.held], seq.anon)
+            self.cache.release(seq.hashes[: seq.held], seq.anon, self._hold(seq))
             del self.prefilling[seq.rank]
         del self.running[seq.rank]
         seq.state = WAITING

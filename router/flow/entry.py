@@ -88,7 +88,7 @@ class Entry:
         hint where its engine takes one, and as token ids where the engine's tokenizer has
         agreed with the router's on the model (the engine need not tokenize it again)."""
         if self.sessions is not None:
-            p = self.sessions.hinted(p, tenant, node)
+            p = self.sessions.hinted(p, tenant, node, time.time())
         if self.reader.settings.forward_token_ids and self.reader.tokencheck.agrees(p.model):
             p = as_token_ids(p)
         return p

@@ -45,11 +45,12 @@ class SessionKeeper:
             self.resumed_held += 1
         return hold
 
-    def hinted(self, p: ParsedRequest, tenant: str, node: NodeView) -> ParsedRequest:
-        """``p`` as sent to ``node``: with a retention hint where its engine takes one."""
+    def hinted(self, p: ParsedRequest, tenant: str, node: NodeView, now: float) -> ParsedRequest:
+        """``p`` as sent to ``node`` at ``now``: with a retention hint where its engine takes
+        one."""
         if not self.enabled or p.session_id is None or not node.retention_hints:
             return p
-        ttl = round(self.gaps.bound((tenant, p.model)), 1)
+        ttl = round(self.gaps.hold_s((tenant, p.model), now), 1)
         hint = {"session_id": p.session_id, "cache_control": {"type": "ephemeral", "ttl": ttl}}
         return replace(p, body={**p.body, "agent_hint": hint})
 
@@ -63,7 +64,7 @@ class SessionKeeper:
         kind = (tenant, p.model)
         self.gaps.ended(p.session_id, kind, now)
         blocks = (p.prompt_tokens_total + output_tokens) // self.block_size
-        hold = Hold(p.session_id, node, blocks, now + self.gaps.bound(kind))
+        hold = Hold(p.session_id, node, blocks, now + self.gaps.hold_s(kind, now))
         self.paused.pause(hold)
         return hold
 

@@ -127,3 +127,54 @@ def test_a_session_paused_again_keeps_its_new_hold() -> None:
     assert paused.expire(20.0) == [] and len(paused) == 1001
     assert [h.session for h in paused.expire(60.0)] == ["a"]
     assert len(paused.expire(100.5)) == 1 and len(paused) == 999
+
+
+def test_holds_end_in_the_order_they_began_while_the_bound_falls() -> None:
+    """The learned bound drops (the default before enough gaps, then short tool calls): the
+    holds given still end in about the order they began — the bound falls at most
+    ``fall_per_s`` per second — and reach the learned bound; a rise takes at once."""
+    gaps = TurnGaps(min_samples=4, default_s=60.0, floor_s=1.0, fall_per_s=0.1)
+    now, ends = 0.0, []
+    for _ in range(200):  # 2-3 s tool calls: the bound learned is a few seconds
+        gaps.ended("s", KIND, now)
+        now += 2.5
+        gaps.began("s", KIND, now)
+        ends.append(now + gaps.hold_s(KIND, now))
+    assert ends == sorted(ends)  # a hold given later never ends earlier
+    assert gaps.hold_s(KIND, now + 1e4) == gaps.bound(KIND) < 5.0  # it got there
+    for _ in range(40):  # the tools got slow: the bound rises, and the holds with it at once
+        gaps.ended("s", KIND, now)
+        now += 90.0
+        gaps.began("s", KIND, now)
+    assert gaps.hold_s(KIND, now) == gaps.bound(KIND) >= 90.0
+
+
+def test_held_blocks_yield_least_recently_released_first() -> None:
+    """Among held blocks the engine evicts the session released longest ago, whatever the
+    ends of their holds: a hold says how long a session is protected, not who returns first."""
+    cache = KvCache(num_blocks=4, block_size=4)
+    for h, until in ((1, 500.0), (2, 100.0)):  # the older session got the longer hold
+        cache.allocate(2)
+        cache.commit([h * 10, h * 10 + 1], None, list(range(8)))
+        cache.release([h * 10, h * 10 + 1], 0, hold_until=until)
+    cache.allocate(2)  # room for one more: a session goes, the older one
+    assert cache.match_prefix([10, 11]) == 0 and cache.match_prefix([20, 21]) == 2
+
+
+def test_the_simulator_keeps_a_finished_turn_for_its_hint() -> None:
+    """The simulated engine of `kvgate bench`: a finished turn with a retention hint is held
+    for it (from its end), then ordinary again."""
+    from analytics.sim.simcore import SimCore, SimSeq
+
+    core = SimCore(EngineProfile(num_gpu_blocks_override=64, block_size=4))
+    seq = SimSeq("t1", 40, 2, list(range(1, 12)))
+    seq.retain_s = 30.0
+    core.add(seq)
+    now = 0.0
+    while not seq.finished:
+        now += core.step(now).duration_s
+    assert core.cache.held_blocks == 10  # the prompt's full blocks and the answer's
+    core.step(now + 29.0)
+    assert core.cache.held_blocks == 10
+    core.step(now + 31.0)
+    assert core.cache.held_blocks == 0 and core.cache.match_prefix(list(range(1, 11))) == 10

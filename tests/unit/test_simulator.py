@@ -300,3 +300,23 @@ def test_agentic_metrics_count_tokens_per_gpu_and_per_user() -> None:
     assert m["tok_s_per_gpu"] == pytest.approx(150 / 21 / 2, abs=0.01)
     assert m["tok_s_per_user"] == pytest.approx((10.0 + 50 / 15) / 2, abs=0.01)
     assert m["hit_rate"] == pytest.approx(80 / 320) and m["refused"] == 1
+
+
+@pytest.mark.parametrize("retention", [True, False])
+def test_a_paused_session_keeps_its_context_through_other_traffic(retention: bool) -> None:
+    """kvgate's retention hints in the simulator (router.session_retention): a session's turn
+    ends with its context held on its engine for the learned gap (the default before any gap
+    is seen), so one-off requests filling the engine during the tool call evict around it;
+    without, they evict it and the next turn computes it again."""
+    from dataclasses import replace
+
+    small = EngineProfile(num_gpu_blocks_override=80, block_size=16)
+    first = replace(req(0.0, range(40), out=16), session_id="s")
+    then = replace(req(0.0, range(41), out=8), session_id="s", think_s=15.0)
+    others = tuple(req(2.0 + i * 0.5, range(1000 + 20 * i, 1010 + 20 * i)) for i in range(20))
+    trace = Trace("t", 16, (first, *others, then)).looped()
+    done = simulate(
+        trace, seed_policy(), SimConfig(nodes=1, profile=small, session_retention=retention)
+    )
+    second = next(d for d in done if d.request.session_id == "s" and d.request.think_s)
+    assert second.cached_tokens == (40 * 16 if retention else 0)
