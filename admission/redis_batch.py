@@ -24,12 +24,9 @@ class ScriptBatcher(Batching):
     def __init__(self, client: Redis, max_batch: int = 128) -> None:
         super().__init__(max_batch)
         self.client = client
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def _send(self, batch: list[ScriptCall]) -> None:
-        task = asyncio.get_running_loop().create_task(self._round_trip(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._round_trip(batch))
 
     async def _round_trip(self, batch: list[ScriptCall]) -> None:
         if len(batch) == 1:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -49,6 +49,7 @@ class Batching:
         self.max_batch = max_batch
         self._pending: list[ScriptCall] = []
         self._soon: asyncio.Handle | None = None  # a flush at the end of this loop turn
+        self._tasks: set[asyncio.Task[None]] = set()  # round trips under way
         self.round_trips = 0
         self.calls = 0
 
@@ -58,12 +59,14 @@ class Batching:
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append((script, keys, args, fut))
         if len(self._pending) >= self.max_batch:
-            self._flush()
+            self.flush()
         elif self._soon is None:
-            self._soon = loop.call_soon(self._flush)
+            self._soon = loop.call_soon(self.flush)
         return await fut
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what is gathered (at the end of the loop turn, when a batch is full, at
+        shutdown)."""
         if self._soon is not None:
             self._soon.cancel()
             self._soon = None
@@ -76,9 +79,11 @@ class Batching:
     def _send(self, batch: list[ScriptCall]) -> None:
         raise NotImplementedError
 
-    def flush(self) -> None:
-        """Send what is gathered now (shutdown)."""
-        self._flush()
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """A round trip as a task of its own, kept until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 def fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
@@ -109,11 +114,15 @@ class _Resp(asyncio.Protocol):
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
 
+    @property
+    def usable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
 
     def send(self, commands: list[bytes], waiters: list[_Waiter]) -> None:
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or not self.usable:
             exc = RedisConnectionError("Redis connection closed")
             for w in waiters:
                 fail(w.fut, exc)
@@ -207,7 +216,6 @@ class ScriptLink(Batching):
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self._conn: _Resp | None = None
         self._connecting: asyncio.Task[_Resp] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def of(cls, client: Redis, max_batch: int = 128) -> ScriptLink | None:
@@ -230,12 +238,10 @@ class ScriptLink(Batching):
 
     def _send(self, batch: list[ScriptCall]) -> None:
         conn = self._conn
-        if conn is not None and conn.transport is not None and not conn.transport.is_closing():
+        if conn is not None and conn.usable:
             self._write(conn, batch)
-            return
-        task = asyncio.get_running_loop().create_task(self._send_connected(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        else:
+            self._spawn(self._send_connected(batch))
 
     def _write(self, conn: _Resp, batch: list[ScriptCall]) -> None:
         now = time.monotonic()
@@ -263,7 +269,7 @@ class ScriptLink(Batching):
         """The connection, opened (and authenticated) by the first caller that finds none."""
         if self._connecting is None or self._connecting.done():
             conn = self._conn
-            if conn is not None and conn.transport is not None and not conn.transport.is_closing():
+            if conn is not None and conn.usable:
                 return conn
             self._connecting = asyncio.get_running_loop().create_task(self._open())
         return await asyncio.shield(self._connecting)

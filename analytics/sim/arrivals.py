@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, cast
 
 from admission.core import Rejection
 from analytics.sim.admission import Refused
-from analytics.sim.simconfig import SESSION_KIND
 from analytics.sim.traces import TraceRequest
 
 if TYPE_CHECKING:
@@ -79,9 +78,8 @@ def on_arrive(sim: SimCluster, now: float, data: object, kind: str = "arrive") -
     sim.attempts[idx] = attempt
     if kind == "arrive":
         sim.seen["arrivals"] += 1
-        session = sim.requests[idx].session_id
-        if sim.gaps is not None and session is not None:  # the gap since its last turn
-            sim.gaps.began(session, SESSION_KIND, now)
+        if sim.sessions is not None:  # the gap since its session's last turn
+            sim.sessions.began(sim.requests[idx].session_id, now)
     if kind != "scaled" and sim.scale_room.holds(idx, attempt, now):
         return
     if sim.adm is None:

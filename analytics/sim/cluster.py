@@ -32,7 +32,6 @@ from analytics.sim.preemption import SimPreemption
 from analytics.sim.scaleroom import SimScaleRoom
 from analytics.sim.simconfig import (
     MODEL,
-    SESSION_KIND,
     Done,
     FleetOp,
     ScalePoint,
@@ -42,6 +41,7 @@ from analytics.sim.simconfig import (
 )
 from analytics.sim.simcore import SimCore, SimSeq
 from analytics.sim.simnode import SimNode, all_hashes, fold, node_view
+from analytics.sim.simsessions import SimSessions
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.candidates import candidates
 from router.decision.fleet import Fleet
@@ -52,9 +52,7 @@ from router.decision.lanes import Lanes
 from router.decision.pipeline import Ask, Held, Routed, Rules, Snapshot, commit, decide
 from router.decision.pipeline import Refused as NotRouted
 from router.decision.recent import PendingPrefixes, RecentPrefills, known_matches
-from router.decision.turngap import TurnGaps
 from router.decision.types import Policy, RouteRequest
-from router.settings import RouterSettings
 from streams.prefix_index import PrefixIndex
 
 __all__ = ["SimCluster", "simulate"]
@@ -135,16 +133,7 @@ class SimCluster:
         cfg, policy, profile = self.cfg, self.policy, self.profile
         policy.record_candidates = 0  # decisions are not logged here: only the chosen node counts
         self.hot = HotPrefixes()
-        # agent sessions' inter-turn gaps: a session's finished turn keeps its KV that long
-        # (router.session_retention; the live router's core, router/decision/turngap.py)
-        self.gaps = (
-            TurnGaps(
-                default_s=RouterSettings.model_fields["session_hold_default_s"].default,
-                ceiling_s=RouterSettings.model_fields["session_hold_max_s"].default,
-            )
-            if cfg.session_retention
-            else None
-        )
+        self.sessions = SimSessions.of(cfg)  # retention hints (router.session_retention)
         ttl = cfg.recent_prefill_ttl_s
         self.recent = RecentPrefills(ttl) if ttl > 0 else None
         self.index = PrefixIndex()
@@ -292,8 +281,8 @@ class SimCluster:
         seq = SimSeq(
             rid, r.prompt_tokens, r.output_tokens, all_hashes(r, idx, self.trace.block_size)
         )
-        if self.gaps is not None and r.session_id is not None:  # the engine's retention hint
-            seq.retain_s = self.gaps.hold_s(SESSION_KIND, now)
+        if self.sessions is not None:  # the engine's retention hint
+            seq.retain_s = self.sessions.hint_s(r.session_id, now)
         self.meta[rid] = (r, target.node_id, chosen.reason, matches.get(target.node_id, 0))
         if queue_wait_s is not None:
             self.waited[rid] = queue_wait_s
@@ -350,8 +339,8 @@ class SimCluster:
                 )
             )
             self.remaining -= 1
-            if self.gaps is not None and r.session_id is not None:
-                self.gaps.ended(r.session_id, SESSION_KIND, now)
+            if self.sessions is not None:
+                self.sessions.ended(r.session_id, now)
             ended(self, int(seq.request_id[1:]), now)
         if released:
             pump(self, now)

@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 MODEL = "sim"
-SESSION_KIND = ("", MODEL)  # the (tenant, model) whose inter-turn gaps the sessions teach
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +73,8 @@ class SimConfig:
     # agent sessions' KV kept on their node between turns for the learned gap
     # (router.session_retention: router/decision/turngap.py, the engines' retention hints)
     session_retention: bool = False
+    session_hold_default_s: float = RouterSettings.model_fields["session_hold_default_s"].default
+    session_hold_max_s: float = RouterSettings.model_fields["session_hold_max_s"].default
     placement: Placement = FREE  # every request's required and preferred labels
     # the router's candidate cap (router.max_queue): nodes with more waiting are skipped
     max_queue: int = RouterSettings.model_fields["max_queue"].default
@@ -156,6 +157,8 @@ def with_router(cfg: SimConfig, router: RouterSettings) -> SimConfig:
         fit_queue=router.fit_overflow == "queue",
         pull_first=router.pull_priority is not None,
         session_retention=router.session_retention,
+        session_hold_default_s=router.session_hold_default_s,
+        session_hold_max_s=router.session_hold_max_s,
     )
 
 
