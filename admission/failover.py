@@ -32,17 +32,12 @@ from admission.exceptions import AdmissionError, StoreReset
 from admission.reservations import InProcessReservations, Reservation, ReservationStore, ReserveAsk
 from admission.storm import InProcessStormStore, StormStore
 
-__all__ = ["FailoverReservations", "FailoverStorm", "routers_writing"]
+__all__ = ["FailoverReservations", "FailoverStorm"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_MISSED_RELEASES = 100_000  # beyond: the reconciler drops the rest (closed on the ledger)
-
-
-def routers_writing(writers: dict[str, float], me: str, now: float, window_s: float) -> int:
-    """How many routers wrote reservation events within ``window_s`` (this one counted)."""
-    return len({r for r, ts in writers.items() if now - ts <= window_s} | {me})
 
 
 class _Down(Exception):
@@ -289,6 +284,12 @@ class FailoverReservations:
 
     async def lead(self, who: str, ttl_s: float) -> bool:
         return await self.shared.lead(who, ttl_s)
+
+    async def leader(self) -> str | None:
+        return await self.shared.leader()
+
+    async def present(self, who: str, now: float, window_s: float) -> int:
+        return await self.shared.present(who, now, window_s)
 
     async def held_here(self) -> tuple[int, int]:
         """KV blocks and slots of every reservation this router holds (all pools)."""

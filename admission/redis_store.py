@@ -105,6 +105,14 @@ end
 return 0
 """
 
+# a router is here: its newest time in a sorted set; those not seen within the window leave it
+_PRESENT = """
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return redis.call('ZCARD', KEYS[1])
+"""
+
 _RELEASE = (
     _FIELDS
     + """
@@ -157,6 +165,7 @@ class RedisReservations:
         self._release = client.register_script(_RELEASE)
         self._restore = client.register_script(_RESTORE)
         self._lead = client.register_script(_LEAD)
+        self._present = client.register_script(_PRESENT)
         self._renew = client.register_script(_RENEW)
 
     async def _run(self, script: Any, keys: list[str], args: list[str | int]) -> Any:
@@ -331,14 +340,17 @@ class RedisReservations:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         return bool(done)
 
-    async def generation(self) -> str | None:
+    async def _text(self, key: str) -> str | None:
         try:
-            value = await self.r.get(f"{self.prefix}:generation")
+            value = await self.r.get(f"{self.prefix}:{key}")
         except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc
         if value is None:
             return None
         return value.decode() if isinstance(value, bytes) else str(value)
+
+    async def generation(self) -> str | None:
+        return await self._text("generation")
 
     async def mark_generation(self, generation: str) -> None:
         try:
@@ -351,5 +363,15 @@ class RedisReservations:
             return bool(
                 await self._lead(keys=[f"{self.prefix}:reconciler"], args=[who, int(ttl_s * 1000)])
             )
+        except (RedisError, OSError) as exc:
+            raise AdmissionError(f"reservation store unavailable: {exc}") from exc
+
+    async def leader(self) -> str | None:
+        return await self._text("reconciler")
+
+    async def present(self, who: str, now: float, window_s: float) -> int:
+        args: list[str | int] = [who, repr(now), repr(now - window_s), int(window_s * 1000)]
+        try:
+            return int(await self._present(keys=[f"{self.prefix}:routers"], args=args))
         except (RedisError, OSError) as exc:
             raise AdmissionError(f"reservation store unavailable: {exc}") from exc

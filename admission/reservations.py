@@ -91,6 +91,8 @@ class ReservationStore(Protocol):
     async def generation(self) -> str | None: ...
     async def mark_generation(self, generation: str) -> None: ...
     async def lead(self, who: str, ttl_s: float) -> bool: ...
+    async def leader(self) -> str | None: ...
+    async def present(self, who: str, now: float, window_s: float) -> int: ...
 
 
 @dataclass(slots=True)
@@ -221,3 +223,13 @@ class InProcessReservations:
     async def lead(self, who: str, ttl_s: float) -> bool:
         """Whether ``who`` is the one reconciler for this store (always, in process)."""
         return True
+
+    async def leader(self) -> str | None:
+        """Who reconciles this store now (None: nobody holds the lead; in process, the
+        router that owns the store leads whenever it asks)."""
+        return None
+
+    async def present(self, who: str, now: float, window_s: float) -> int:
+        """``who`` is here at ``now``; how many routers use this store (seen within
+        ``window_s``): one, in process."""
+        return 1

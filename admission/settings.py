@@ -214,8 +214,8 @@ class AdmissionSettings(BaseModel):
         le=1,
         description="while the shared reservation store (Redis) cannot be reached, a router "
         "admits up to this share of the budget on its own (what it already holds counted), "
-        "and tells the store once it answers again; unset: 1 / the routers that wrote to the "
-        "ledger in the last 10 minutes, so that together they stay within the budget; 0: "
+        "and tells the store once it answers again; unset: 1 / the routers that used the "
+        "store in the last 10 minutes, so that together they stay within the budget; 0: "
         "refuse meanwhile (503 store_unavailable)",
     )
     rate_window_s: float = Field(
@@ -242,6 +242,12 @@ class AdmissionSettings(BaseModel):
         default=10.0,
         gt=0,
         description="how long a difference between ledger and store may last before it is fixed",
+    )
+    reconcile_standby_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a router follows the ledger while it reconciles or nobody does, and this "
+        "long after; then it stops (only the reconciling router reads every router's events)",
     )
     min_retry_after_s: float = Field(default=1.0, gt=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)

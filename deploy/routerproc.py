@@ -18,7 +18,7 @@ import signal
 import time
 from typing import Any
 
-from admission.failover import FailoverReservations, FailoverStorm, routers_writing
+from admission.failover import FailoverReservations, FailoverStorm
 from admission.rates import RateStore
 from admission.reconciler import Reconciler
 from admission.reservations import ReservationStore
@@ -35,7 +35,6 @@ from streams.replica import TableReplica
 __all__ = ["router_process", "run_router", "worker_settings"]
 
 log = logging.getLogger(__name__)
-ROUTERS_SEEN_S = 600.0  # routers that wrote to the ledger this recently share the budget
 
 
 def _stores(
@@ -84,11 +83,11 @@ def router_process(s: Settings) -> Router:
         s.admission.reconcile_interval_s,
         s.admission.reconcile_grace_s,
         sole_owner=s.admission.backend == "inproc",
+        standby_s=s.admission.reconcile_standby_s,
     )
     router.loops.control, router.loops.reconciler = control, reconciler
-    if isinstance(store, FailoverReservations):  # its share: 1 / the routers writing the ledger
-        me = router.router_id
-        store.routers = lambda: routers_writing(ledger.writers, me, time.time(), ROUTERS_SEEN_S)
+    if isinstance(store, FailoverReservations):  # its share: 1 / the routers using the store
+        store.routers = lambda: reconciler.routers_seen
 
     async def freeze_when_caught_up() -> None:
         # the index is a few large containers; keeping them out of the cyclic GC's scans
@@ -103,8 +102,7 @@ def router_process(s: Settings) -> Router:
         await bus.start()
         await replica.start()
         await control.start()
-        if s.admission.enabled:
-            await ledger.start()
+        if s.admission.enabled:  # the reconciler follows the ledger while it may lead
             await reconciler.start()
         freeze.append(asyncio.create_task(freeze_when_caught_up()))
 

@@ -43,11 +43,18 @@ class Background:
             else:
                 return
 
+    @property
+    def running(self) -> bool:
+        """Started and not stopped (or finished) since."""
+        return self._task is not None and not self._task.done()
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._supervised())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        self.failing = None  # stopped: not failing
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task

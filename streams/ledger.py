@@ -97,7 +97,10 @@ class LedgerReplica(TablesThenInput):
         self.writers: dict[str, float] = {}  # router id -> its newest ledger event (live input)
 
     def _reset(self) -> None:
+        # a rebuild (a start, or after losing Kafka) reads the ledger again: until it is caught
+        # up, the book is not the ledger (the reconciler waits)
         self.book = LedgerBook(self.book.closed_memory_s)
+        self.caught_up.clear()
 
     def _describe(self) -> str:
         return f"{len(self.book.open)} open reservations"

@@ -18,7 +18,7 @@ primary is killed -9. Measured:
 * ``peak_held_blocks``: the most KV blocks both routers' reservations held together at once
   (each router's ``held_blocks`` gauge, sampled every 0.2 s), against ``budget_blocks`` (the
   engines' KV), the burst's limit (``burst_limit_blocks``) and the ``share`` each router took
-  while the store was away (1 / the routers writing the ledger: unset in their settings).
+  while the store was away (1 / the routers using the store: unset in their settings).
   ``over_limit_share`` is how far past its limit the burst went, as a share of the budget;
   ``within_share`` says it stayed within the per-router share;
 * the burst's and the probes' answers (router 5xx, refusals by type, with and without

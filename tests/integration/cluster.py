@@ -154,6 +154,14 @@ async def get(url: str, path: str) -> Any:
         return await r.json(content_type=None)
 
 
+async def ledger_open(*urls: str) -> int | None:
+    """Open reservations on the ledger, as the routers at ``urls`` that follow it (the one
+    reconciling, and any standing by) fold it; None when none of them follows it."""
+    counts = [(await get(u, "/v1/kvgate/state"))["reconciler"]["ledger_open"] for u in urls]
+    known = [c for c in counts if c is not None]
+    return max(known) if known else None
+
+
 def kvgate_cli(supervisor: Supervisor, *argv: str) -> subprocess.CompletedProcess[str]:
     """``kvgate ARGV`` with the cluster's environment (its Kafka, its keys)."""
     return subprocess.run(

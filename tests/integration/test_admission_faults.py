@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from typing import Any, cast
 
 import aiohttp
@@ -17,6 +18,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from admission.redis_store import RedisReservations
+from admission.reservations import Reservation
 from deploy.procs import Supervisor, free_port
 from streams.kafka import ensure_topics
 from streams.ledger import LedgerReplica
@@ -24,7 +27,7 @@ from streams.schemas import LedgerEvent
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import LEDGER
 from tests.conftest import REDIS, wait_until
-from tests.integration.cluster import MODEL, Cluster, get, post, read_topic
+from tests.integration.cluster import MODEL, Cluster, get, ledger_open, post, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
@@ -108,6 +111,71 @@ async def test_killed_router_leases_expire_with_compensation_events(
         )
     finally:
         await table.stop()
+
+
+async def test_a_killed_reconciler_is_replaced_by_a_router_that_follows_the_ledger_then(
+    supervisor: Supervisor, kafka_settings: KafkaSettings, worker_settings: WorkerSettings
+) -> None:
+    """Only the reconciling router follows the ledger; kill -9 it and the other one starts
+    following, takes the lease once caught up and reconciles (a reservation in the store that
+    the ledger never saw gets its ``reserve`` event from the new reconciler)."""
+    await ensure_topics(kafka_settings)
+    supervisor.env.update(
+        {
+            "KVGATE_ADMISSION__BACKEND": "redis",
+            "KVGATE_REDIS__URL": REDIS,
+            "KVGATE_ADMISSION__RECONCILE_INTERVAL_S": "0.5",
+            "KVGATE_ADMISSION__RECONCILE_GRACE_S": "2",
+            "KVGATE_ADMISSION__RECONCILE_STANDBY_S": "2",
+        }
+    )
+    c = Cluster(supervisor)
+    c.add_engine("n1")
+    c.add_worker()
+    for name in ("router-a", "router-b"):
+        c.add_router(name)
+    for name in ("router-a", "router-b"):
+        await c.wait_ready(name, 1)
+    client = Redis.from_url(REDIS)
+    prefix = f"kvgate:{kafka_settings.namespace}"
+
+    async def following() -> dict[str, bool]:
+        states = {n: await get(u, "/v1/kvgate/state") for n, u in c.routers.items()}
+        return {n: s["reconciler"]["following_ledger"] for n, s in states.items()}
+
+    async def one_follows() -> bool:
+        return sorted((await following()).values()) == [False, True]
+
+    try:
+        await wait_until(one_follows, 20, "the router not reconciling to stop following", 0.25)
+        leader = (await client.get(f"{prefix}:reconciler") or b"").decode()
+        assert (await following())[leader], leader
+        other = ({"router-a", "router-b"} - {leader}).pop()
+        state = await get(c.routers[other], "/v1/kvgate/state")
+        assert state["reconciler"]["ledger_open"] is None
+        assert state["reconciler"]["routers_seen"] == 2
+        supervisor.kill(leader, signal.SIGKILL)
+
+        async def took_over() -> bool:
+            return (await client.get(f"{prefix}:reconciler") or b"").decode() == other
+
+        await wait_until(took_over, 30, "the other router to take the reconciler's lease", 0.25)
+        state = await get(c.routers[other], "/v1/kvgate/state")
+        assert state["reconciler"]["following_ledger"]
+        ghost = Reservation("ghost-1", "default:" + MODEL, 3, 1, time.time() + 600)
+        assert await RedisReservations(client, prefix).restore(ghost)
+        events = await read_topic(
+            kafka_settings,
+            LEDGER,
+            LedgerEvent,
+            lambda evs: any(e.reservation_id == "ghost-1" for e in evs),
+            30,
+        )
+        adopted = [e for e in events if e.reservation_id == "ghost-1"]
+        assert [(e.kind, e.router_id) for e in adopted] == [("reserve", other)]
+        assert (adopted[0].cause or "").startswith("reconciler")
+    finally:
+        await client.aclose()
 
 
 async def _true(value: bool) -> bool:
@@ -202,8 +270,8 @@ async def test_redis_restarted_empty_reconciler_restores_inflight_reservations(
 
     async def released() -> bool:
         s = await state()
-        rec = s["reconciler"]
-        return s["reservations"] == 0 and s["reserved_kv_blocks"] == 0 and rec["ledger_open"] == 0
+        empty = s["reservations"] == 0 and s["reserved_kv_blocks"] == 0
+        return empty and await ledger_open(front, other) == 0
 
     await wait_until(released, 15, "the restored reservations to be released", 0.25)
     # nothing was fixed by compensation: the restored reservations were released by their router

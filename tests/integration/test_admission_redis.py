@@ -173,6 +173,22 @@ async def test_redis_store_renews_a_held_lease_only(redis_store: RedisReservatio
     assert await store.renew("a", 300.0) is None  # expired: not brought back
 
 
+async def test_redis_store_names_its_reconciler_and_counts_its_routers(
+    redis_store: RedisReservations,
+) -> None:
+    store = redis_store
+    assert await store.leader() is None
+    assert await store.lead("router-a", 5.0)
+    assert not await store.lead("router-b", 5.0)
+    assert await store.leader() == "router-a"
+    assert await store.present("router-a", 1000.0, 600.0) == 1
+    assert await store.present("router-b", 1100.0, 600.0) == 2
+    assert await store.present("router-a", 1200.0, 600.0) == 2  # the same router again
+    # router-b was last here at 1100: out of the window at 1701, router-a (1200) still in it
+    assert await store.present("router-c", 1701.0, 600.0) == 2
+    assert 0 < await store.r.pttl(f"{store.prefix}:routers") <= 600_000
+
+
 @pytest.mark.parametrize("scenario", [concurrency_and_kv_share, fair_share_when_contended])
 async def test_tenant_quotas_in_redis(
     scenario: Callable[[RedisReservations], Awaitable[None]], redis_store: RedisReservations

@@ -23,7 +23,7 @@ from streams.schemas import Decision, LedgerEvent
 from streams.settings import KafkaSettings, WorkerSettings
 from streams.topics import DECISIONS, LEDGER
 from tests.conftest import wait_until
-from tests.integration.cluster import MODEL, Cluster, get, post, read_topic
+from tests.integration.cluster import MODEL, Cluster, ledger_open, post, read_topic
 from tests.sentinelset import SentinelSet
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
@@ -109,8 +109,7 @@ async def test_a_sentinel_failover_keeps_admitting_and_leaks_nothing(
         await asyncio.gather(*calls, return_exceptions=True)
 
     async def released() -> bool:
-        s = await get(b, "/v1/kvgate/state")
-        return held() == 0 and s["reconciler"]["ledger_open"] == 0
+        return held() == 0 and await ledger_open(a, b) == 0
 
     await wait_until(released, 20, "every reservation released", 0.25)
     events = await read_topic(kafka_settings, LEDGER, LedgerEvent, lambda evs: len(evs) >= 22)

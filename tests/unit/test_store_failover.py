@@ -11,7 +11,7 @@ from typing import Literal
 import pytest
 
 from admission.exceptions import AdmissionError
-from admission.failover import FailoverReservations, FailoverStorm, routers_writing
+from admission.failover import FailoverReservations, FailoverStorm
 from admission.gate import AdmissionGate
 from admission.reservations import InProcessReservations, Reservation, ReserveAsk
 from admission.settings import AdmissionSettings, Tenant
@@ -195,10 +195,7 @@ async def test_share_zero_refuses_while_the_store_is_away() -> None:
     assert not store.degraded
 
 
-def test_the_default_share_is_one_over_the_routers_writing_the_ledger() -> None:
-    writers = {"r1": 100.0, "r2": 590.0, "r3": 650.0, "old": 10.0}
-    assert routers_writing(writers, "r1", 700.0, 600.0) == 3
-    assert routers_writing({}, "me", 700.0, 600.0) == 1
+def test_the_default_share_is_one_over_the_routers_using_the_store() -> None:
     store = FailoverReservations(Flaky(), None, routers=lambda: 4)
     assert store.share == 0.25
 
