@@ -6,10 +6,11 @@ One router serves short streamed completions at ``--rate`` over two simulated en
 stand a second router that serves nothing and does not reconcile (it stops following the ledger
 once its standby is over), and a bare ledger follower: :class:`streams.ledger.LedgerReplica`
 alone in a process, what every router paid before, whether it reconciled or not. Measured: the
-CPU each of the three spends per request the first one serves, over ``--rounds`` windows of
-``--duration`` s (medians, and the spread).
+CPU each of the three spends per second at two rates, rounds of ``--duration`` s interleaved
+(medians, and the spread), and from them the marginal CPU per request: what one more request a
+second adds to each (a follower also has a fixed cost, its fetches, whatever the rate).
 
-    python -m tests.benchmarks.ledgerfollow [--rate 300] [--duration 10] [--rounds 5]
+    python -m tests.benchmarks.ledgerfollow [--rates 100,400] [--duration 10] [--rounds 4]
 
 Writes ``docs/benchmarks/ledgerfollow.json``. With R routers sharing a cluster's traffic, the
 follower's figure was paid R times per request before, once now.
@@ -87,48 +88,67 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         client = aioredis.Redis.from_url(RedisSettings().url)
         await run_rate([urls["serving"]], 20.0, 2.0, 1)
         await asyncio.sleep(8.0)
-        leader = (await client.get(f"kvgate:{namespace}:reconciler") or b"").decode()
+        held = await client.get(f"kvgate:{namespace}:reconciler")
+        leader = held.decode() if isinstance(held, bytes) else str(held)
         await client.aclose()
         following = {n: await _following(u) for n, u in urls.items()}
-        await run_rate([urls["serving"]], args.rate, 3.0, 2)  # warm
-        per_req: dict[str, list[float]] = {name: [] for name in procs}
+        await run_rate([urls["serving"]], max(args.rates), 3.0, 2)  # warm
+        # CPU per second of each process at each rate, rounds interleaved over the rates
+        per_s: dict[float, dict[str, list[float]]] = {
+            rate: {name: [] for name in procs} for rate in args.rates
+        }
+        served: dict[float, list[float]] = {rate: [] for rate in args.rates}
         errors = 0
         for r in range(args.rounds):
-            before = {n: cpu_s(p.pid) for n, p in procs.items()}
-            out = await run_rate([urls["serving"]], args.rate, args.duration, 10 + r)
-            after = {n: cpu_s(p.pid) for n, p in procs.items()}
-            served = max(1, out["requests"] - out["errors"])
-            errors += out["errors"]
-            for n in procs:
-                per_req[n].append((after[n] - before[n]) * 1e3 / served)
-            print(r, {n: round(v[-1], 4) for n, v in per_req.items()}, flush=True)
+            for rate in args.rates if r % 2 == 0 else args.rates[::-1]:
+                before = {n: cpu_s(p.pid) for n, p in procs.items()}
+                t0 = time.monotonic()
+                out = await run_rate([urls["serving"]], rate, args.duration, 10 + r)
+                wall = time.monotonic() - t0
+                after = {n: cpu_s(p.pid) for n, p in procs.items()}
+                errors += out["errors"]
+                served[rate].append((out["requests"] - out["errors"]) / wall)
+                for n in procs:
+                    per_s[rate][n].append((after[n] - before[n]) * 1e3 / wall)
+                print(r, rate, {n: round(v[-1], 2) for n, v in per_s[rate].items()}, flush=True)
     finally:
         sup.stop_all()
-    med = {n: statistics.median(v) for n, v in per_req.items()}
+    lo, hi = min(args.rates), max(args.rates)
+    med = {rate: {n: statistics.median(v) for n, v in by.items()} for rate, by in per_s.items()}
+    rps = {rate: statistics.median(v) for rate, v in served.items()}
+    # the marginal cost: what one more request a second adds, from the two rates' medians
+    marginal = {n: (med[hi][n] - med[lo][n]) / (rps[hi] - rps[lo]) for n in med[hi]}
     return {
-        "rate_rps": args.rate,
+        "rates_rps": args.rates,
+        "served_rps": {str(k): round(v, 1) for k, v in rps.items()},
         "rounds": args.rounds,
         "duration_s": args.duration,
         "errors": errors,
         "reconciling_router": leader,
         "following_ledger": following,
-        "cpu_ms_per_request": {n: round(v, 4) for n, v in med.items()},
-        "cpu_ms_per_request_spread": {
-            n: [round(min(v), 4), round(max(v), 4)] for n, v in per_req.items()
+        "cpu_ms_per_s": {
+            str(rate): {n: round(v, 2) for n, v in by.items()} for rate, by in med.items()
         },
-        # what a router that does not reconcile no longer pays, per request of the cluster,
-        # against what the serving router spends on the request itself
-        "follow_share_of_serving": round(med["follower"] / med["serving"], 3),
-        "standing_share_of_serving": round(med["standing"] / med["serving"], 3),
+        "cpu_ms_per_s_spread": {
+            str(rate): {n: [round(min(v), 2), round(max(v), 2)] for n, v in by.items()}
+            for rate, by in per_s.items()
+        },
+        "marginal_cpu_ms_per_request": {n: round(v, 4) for n, v in marginal.items()},
+        # what a router that does not reconcile no longer pays for each request the cluster
+        # serves, against what the serving router spends on one
+        "follow_share_of_serving": round(marginal["follower"] / marginal["serving"], 3),
+        "standing_share_of_serving": round(marginal["standing"] / marginal["serving"], 3),
     }
 
 
 def cli() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--follow", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--rate", type=float, default=300.0)
+    ap.add_argument(
+        "--rates", type=lambda v: [float(x) for x in v.split(",")], default=[100.0, 400.0]
+    )
     ap.add_argument("--duration", type=float, default=10.0)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     from router.serve import event_loop_factory
 
