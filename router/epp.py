@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,9 +45,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DESTINATION",
+    "GATEWAY_KEY_METADATA",
     "EndpointPicker",
     "EppParts",
     "EppServer",
+    "epp_parts",
     "host_port",
     "serve_epp",
 ]
@@ -64,67 +66,68 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """The ext_proc service. A stream is the gateway's: with ``router.epp_keys`` set, it
     must carry one in its gRPC metadata (``x-kvgate-gateway-key``, Envoy's ``grpc_service``
     ``initial_metadata``), checked before anything of it is read; at most
-    ``router.epp_max_streams`` streams at once."""
+    ``router.epp_max_streams`` streams at once. The same on either transport
+    (``router.epp_transport``; router/eppnative.py serves it on kvgate's own HTTP/2)."""
 
     def __init__(self, parts: EppParts) -> None:
         self.parts = parts
         self.streams = 0
 
-    def _unauthorized(self, context: Any) -> str | None:
+    def refusal(self, key: str | bytes | None) -> tuple[grpc.StatusCode, str] | None:
+        """Why a stream presenting gateway key ``key`` is not served (None: it is)."""
         keys = self.parts.settings.epp_keys
-        if not keys:
-            return None
-        metadata = context.invocation_metadata() or ()
-        given = next((v for k, v in metadata if k == GATEWAY_KEY_METADATA), None)
-        if isinstance(given, bytes):
-            given = given.decode("utf-8", "replace")
-        if match_key(keys, given) is None:
-            return f"a gateway key is required ({GATEWAY_KEY_METADATA} in the stream's metadata)"
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "replace")
+        if keys and match_key(keys, key) is None:
+            why = f"a gateway key is required ({GATEWAY_KEY_METADATA} in the stream's metadata)"
+            return grpc.StatusCode.UNAUTHENTICATED, why
+        if self.streams >= self.parts.settings.epp_max_streams:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, "too many ext_proc streams"
         return None
 
-    async def Process(
-        self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
-    ) -> AsyncIterator[ep.ProcessingResponse]:
-        why = self._unauthorized(context)
-        if why is None and self.streams >= self.parts.settings.epp_max_streams:
-            code, why = grpc.StatusCode.RESOURCE_EXHAUSTED, "too many ext_proc streams"
-        elif why is not None:
-            code = grpc.StatusCode.UNAUTHENTICATED
-        if why is not None:
-            # the stream ends with this status, nothing read (an abort raised inside the
-            # generator could end it as INTERNAL while the client was still writing)
-            context.set_code(code)
-            context.set_details(why)
-            return
+    @contextlib.asynccontextmanager
+    async def exchange(self) -> AsyncIterator[Exchange]:
+        """One stream's exchange; whatever it still holds when the stream ends is released."""
         self.streams += 1
         ex = Exchange(self.parts)
         try:
-            async for req in request_iterator:
-                for resp in await ex.on(req):
-                    yield resp
+            yield ex
         finally:
             self.streams -= 1
             await asyncio.shield(ex.close())
 
+    async def Process(
+        self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        metadata = context.invocation_metadata() or ()
+        refused = self.refusal(next((v for k, v in metadata if k == GATEWAY_KEY_METADATA), None))
+        if refused is not None:
+            # the stream ends with this status, nothing read (an abort raised inside the
+            # generator could end it as INTERNAL while the client was still writing)
+            context.set_code(refused[0])
+            context.set_details(refused[1])
+            return
+        async with self.exchange() as ex:
+            async for req in request_iterator:
+                for resp in await ex.on(req):
+                    yield resp
+
 
 @dataclass
 class EppServer:
-    server: grpc.aio.Server
     port: int
+    _close: Callable[[float], Awaitable[None]]
     _health: asyncio.Task[None]
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self._health.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._health
-        await self.server.stop(grace_s)
+        await self._close(grace_s)
 
 
-async def serve_epp(router: Router, host: str, port: int) -> EppServer:
-    """Start ``router``'s EPP and the gRPC health services (``liveness`` always serving;
-    ``readiness`` and the ext_proc service while the router is ready) on ``host:port`` (0: any
-    free port)."""
-    parts = EppParts(
+def epp_parts(router: Router) -> EppParts:
+    return EppParts(
         router.settings,
         router.entry,
         router.external,
@@ -139,6 +142,15 @@ async def serve_epp(router: Router, host: str, port: int) -> EppServer:
             router.settings.block_size,
         ),
     )
+
+
+async def serve_epp(
+    router: Router, host: str, port: int, transport: str | None = None
+) -> EppServer:
+    """Start ``router``'s EPP and the gRPC health services (``liveness`` always serving;
+    ``readiness`` and the ext_proc service while the router is ready) on ``host:port`` (0: any
+    free port), on ``transport`` (None: the one ``router.epp_transport`` names)."""
+    parts = epp_parts(router)
     if not router.settings.epp_keys:
         log.warning(
             "the endpoint picker asks no gateway key (router.epp_keys is empty): anything "
@@ -146,23 +158,36 @@ async def serve_epp(router: Router, host: str, port: int) -> EppServer:
             host,
             port,
         )
-    server = grpc.aio.server()
-    ep_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(parts), server)
-    checker = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    picker = EndpointPicker(parts)
     serving, not_serving = (
         health_pb2.HealthCheckResponse.SERVING,
         health_pb2.HealthCheckResponse.NOT_SERVING,
     )
-    await checker.set("liveness", serving)
+    if (transport or router.settings.epp_transport) == "native":
+        from router.eppnative import serve_native
+
+        bound, close, set_health = await serve_native(picker, host, port)
+    else:
+        bound, close, set_health = await _serve_grpcio(picker, host, port)
+    await set_health("liveness", serving)
 
     async def follow() -> None:
         while True:
             state = serving if parts.loops.ready(time.time()) else not_serving
             for name in HEALTH_SERVICES[1:]:
-                await checker.set(name, state)
+                await set_health(name, state)
             await asyncio.sleep(1.0)
 
+    return EppServer(bound, close, asyncio.create_task(follow()))
+
+
+async def _serve_grpcio(
+    picker: EndpointPicker, host: str, port: int
+) -> tuple[int, Callable[[float], Awaitable[None]], Callable[[str, int], Awaitable[None]]]:
+    server = grpc.aio.server()
+    ep_grpc.add_ExternalProcessorServicer_to_server(picker, server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
-    return EppServer(server, bound, asyncio.create_task(follow()))
+    return bound, server.stop, checker.set

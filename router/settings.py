@@ -261,6 +261,11 @@ class RouterSettings(BaseModel):
         "one it picked (the next-best nodes the request can go to unchanged), in order: a "
         "gateway with retries tries them when the first fails, and tells which one served",
     )
+    epp_transport: Literal["grpcio", "native"] = Field(
+        default="grpcio",
+        description="the endpoint picker's gRPC server: grpcio's asyncio server, or kvgate's own "
+        "HTTP/2 (router/h2.py: a fraction of grpcio's CPU per request; plain text only)",
+    )
     epp_max_streams: int = Field(
         default=1024,
         ge=1,

@@ -23,6 +23,7 @@ from streams.topics import OUTCOMES
 from tests.edgekit import GATEWAY, Edge, edge
 
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+start_picker: Any = serve_epp  # what picker_on starts the picker with (tests: on_transport)
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
@@ -122,6 +123,19 @@ async def upstream(dest: str, path: str, body: bytes) -> tuple[int, list[bytes]]
         return r.status, [chunk async for chunk in r.content.iter_any()]
 
 
+TRANSPORTS = ("grpcio", "native")  # the picker's gRPC servers (router.epp_transport)
+
+
+def on_transport(transport: str) -> Any:
+    """``serve_epp`` on ``transport`` (tests run the picker's tests on each)."""
+    from router import epp
+
+    async def serve(router: Any, host: str, port: int) -> EppServer:
+        return await epp.serve_epp(router, host, port, transport)
+
+    return serve
+
+
 @contextlib.asynccontextmanager
 async def picker_on(
     admission: dict[str, Any] | None = None, router: dict[str, Any] | None = None, **kw: Any
@@ -130,7 +144,7 @@ async def picker_on(
     channel to it."""
     settings = {"epp_keys": {GATEWAY: "gw-a"}, **(router or {})}
     async with edge(admission=admission, router=settings, **kw) as e:
-        server = await serve_epp(e.router, "127.0.0.1", 0)
+        server = await start_picker(e.router, "127.0.0.1", 0)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
         try:
             yield e, channel, server

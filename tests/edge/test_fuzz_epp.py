@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from router.epp import EppServer, serve_epp
 from tests.edgekit import GATEWAY, MODEL, Edge, LoopThread, edge
+from tests.eppkit import TRANSPORTS
 
 MODES = [
     processing_mode_pb2.ProcessingMode.NONE,
@@ -47,8 +48,8 @@ TYPED = {
 }
 
 
-@pytest.fixture(scope="module")
-def live() -> Iterator[tuple[LoopThread, Edge, EppServer, Any]]:
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def live(request: pytest.FixtureRequest) -> Iterator[tuple[LoopThread, Edge, EppServer, Any]]:
     lt = LoopThread()
     cm = edge(
         blocks=4000,
@@ -58,7 +59,7 @@ def live() -> Iterator[tuple[LoopThread, Edge, EppServer, Any]]:
     e = lt.run(cm.__aenter__())
 
     async def start() -> tuple[EppServer, Any]:
-        server = await serve_epp(e.router, "127.0.0.1", 0)
+        server = await serve_epp(e.router, "127.0.0.1", 0, request.param)
         return server, grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
 
     server, channel = lt.run(start())
