@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything kvgate needs on a fresh Debian machine, idempotently:
-# Java 17 and Maven (for the Kafka jars), redis-server, a Python 3.11 virtualenv in .venv with
+# Java 17 and Maven (for the Kafka jars), redis-server, nghttp2's client, a Python 3.11 virtualenv in .venv with
 # kvgate and its dev tools, Helm and the Go modules of the deployment validators, and the Kafka
 # broker jars resolved from Maven Central.
 set -euo pipefail
@@ -23,6 +23,8 @@ need_apt=()
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+# nghttp2's client: the endpoint picker's own HTTP/2 is tested against another implementation
+command -v nghttp >/dev/null || need_apt+=(nghttp2-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
   step "system packages (${need_apt[*]})"
   if [ "$(id -u)" != 0 ]; then

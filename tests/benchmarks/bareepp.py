@@ -2,7 +2,7 @@
 (grpcio, the library kvgate's picker runs on, on uvloop as kvgate's router) that does nothing
 a picker does beyond answering every message of the exchange.
 
-    python -m tests.benchmarks.bareepp --port P HOST:PORT [HOST:PORT ...]
+    python -m tests.benchmarks.bareepp [--native] --port P HOST:PORT [HOST:PORT ...]
 
 It answers the request headers, then the body with the next engine (round-robin) as the
 destination (header and ``envoy.lb`` metadata, the EPP protocol's), then each response message
@@ -59,6 +59,33 @@ class BarePicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
 
+async def serve_native(port: int, engines: list[str]) -> None:
+    """The same answers on kvgate's own HTTP/2 (router/h2.py, router/eppnative.py's framing)."""
+    from router.eppnative import GrpcCall
+    from router.h2 import H2Connection, H2Stream
+
+    picker = BarePicker(engines)
+
+    def on_stream(stream: H2Stream) -> GrpcCall:
+        call = GrpcCall(stream, 1 << 22)
+
+        async def requests() -> AsyncIterator[ep.ProcessingRequest]:
+            while (message := await call.recv()) is not None:
+                yield ep.ProcessingRequest.FromString(message)
+
+        async def run() -> None:
+            async for resp in picker.Process(requests(), None):
+                call.send(resp.SerializeToString())
+            call.finish()
+
+        call.task = asyncio.create_task(run())
+        return call
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: H2Connection(on_stream), "127.0.0.1", port)
+    await server.serve_forever()
+
+
 async def serve(port: int, engines: list[str]) -> None:
     server = grpc.aio.server()
     ep_grpc.add_ExternalProcessorServicer_to_server(BarePicker(engines), server)
@@ -70,12 +97,13 @@ async def serve(port: int, engines: list[str]) -> None:
 def cli() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--native", action="store_true", help="on kvgate's own HTTP/2")
     ap.add_argument("engines", nargs="+", help="host:port of each engine")
     args = ap.parse_args()
     from router.serve import event_loop_factory
 
     with asyncio.Runner(loop_factory=event_loop_factory("auto")) as runner:
-        runner.run(serve(args.port, args.engines))
+        runner.run((serve_native if args.native else serve)(args.port, args.engines))
 
 
 if __name__ == "__main__":

@@ -302,6 +302,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )
         port_of["kvgate-epp"] = port
         targets.append(Target("kvgate-epp", [f"127.0.0.1:{epp_port}"], epp_proc, epp.send))
+        # the same picker on kvgate's own HTTP/2 (router.epp_transport: native)
+        port, epp_port = free_port(), free_port()
+        native_proc = sup.spawn(
+            "kvgate-epp-native",
+            "router",
+            "--port",
+            str(port),
+            env={
+                "KVGATE_ADMISSION__BACKEND": "redis",
+                "KVGATE_ROUTER__EPP_PORT": str(epp_port),
+                "KVGATE_ROUTER__EPP_TRANSPORT": "native",
+                "KVGATE_ROUTER__EPP_KEYS": json.dumps({EPP_KEY: "bench-gateway"}),
+            },
+        )
+        port_of["kvgate-epp-native"] = port
+        targets.append(
+            Target("kvgate-epp-native", [f"127.0.0.1:{epp_port}"], native_proc, epp.send)
+        )
         # the floor of a picker in Python: the same exchange answered and nothing else
         port = free_port()
         hosts = [e.removeprefix("http://").rstrip("/") for e in engines]
@@ -309,12 +327,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         bare_epp = sup.spawn_argv("bare-epp", [*bare_epp_argv, *hosts])
         targets.append(Target("bare-epp", [f"127.0.0.1:{port}"], bare_epp, epp.send))
         port = free_port()
+        native_argv = [*bare_epp_argv[:-2], "--native", "--port", str(port), *hosts]
+        bare_native = sup.spawn_argv("bare-epp-native", native_argv)
+        targets.append(Target("bare-epp-native", [f"127.0.0.1:{port}"], bare_native, epp.send))
+        port = free_port()
         launch = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
         launch += ["--port", str(port), "--policy", "cache_aware", "--worker-urls", *engines]
         sgl = sup.spawn_argv("sglang-router", launch)
         targets.append(Target("sglang", [f"http://127.0.0.1:{port}"], sgl))
         for t in targets[1:]:
-            if t.name == "bare-epp":
+            if t.name.startswith("bare-epp"):
                 await wait_tcp(t.urls[0])
                 continue
             if t.send is not None:  # the picker: its router's HTTP listener says when
@@ -340,8 +362,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             best = result["targets"][t.name]["max_rps"]
             # the bare picker at the rate kvgate's picker is measured at (CPU per request
             # falls with the rate: batching amortizes), so that the two compare
-            picker = result["targets"].get("kvgate-epp", {}).get("at_half_rate")
-            if t.name == "bare-epp" and picker is not None:
+            kin = {"bare-epp": "kvgate-epp", "bare-epp-native": "kvgate-epp-native"}
+            picker = result["targets"].get(kin.get(t.name, ""), {}).get("at_half_rate")
+            if picker is not None:
                 best = 2 * picker["rate_rps"]
             if best > 0:
                 half = await added_latency(t, direct, best / 2, args)
@@ -375,6 +398,12 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     epp_cpu = epp_half.get("cpu_ms_per_request")
     bare_epp_half = t.get("bare-epp", {}).get("at_half_rate") or {}
     bare_epp_cpu = bare_epp_half.get("cpu_ms_per_request")
+    native_cpu = (t.get("kvgate-epp-native", {}).get("at_half_rate") or {}).get(
+        "cpu_ms_per_request"
+    )
+    bare_native_cpu = (t.get("bare-epp-native", {}).get("at_half_rate") or {}).get(
+        "cpu_ms_per_request"
+    )
     return {
         "kvgate_max_rps": kv["max_rps"],
         "sglang_max_rps": sglang,
@@ -392,6 +421,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "epp_over_bare_epp_cpu": round(epp_cpu / bare_epp_cpu, 2)
         if epp_cpu is not None and bare_epp_cpu
         else None,
+        # the picker on kvgate's own HTTP/2 (router.epp_transport: native), and that floor
+        "epp_native_cpu_ms_per_request": native_cpu,
+        "epp_native_max_rps": t.get("kvgate-epp-native", {}).get("max_rps"),
+        "bare_epp_native_cpu_ms_per_request": bare_native_cpu,
         "targets_met": {
             "kvgate_cpu_le_1.5ms_and_1.6x_sglang": cpu is not None
             and sgl_cpu is not None
@@ -399,6 +432,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             and cpu <= 1.6 * sgl_cpu,
             "kvgate_vs_sglang": sglang > 0 and kv["max_rps"] >= sglang,
             "epp_cpu_le_1ms": epp_cpu is not None and epp_cpu <= 1.0,
+            "epp_native_cpu_le_1ms": native_cpu is not None and native_cpu <= 1.0,
             "added_p50_le_sglang": added_p50 is not None
             and sgl_p50 is not None
             and added_p50 <= sgl_p50,
@@ -481,6 +515,10 @@ proxies and the client): compare within this run.
   answered and nothing else done, measured at the rate kvgate's picker was):
   **{_cpu(report.get("bare_epp_cpu_ms_per_request"))} ms** per request; kvgate's picker costs
   **{report.get("epp_over_bare_epp_cpu") or "—"}×** that.
+* The same picker on kvgate's own HTTP/2 (`kvgate-epp-native`, `router.epp_transport: native`):
+  **{_cpu(report.get("epp_native_cpu_ms_per_request"))} ms** per request (≤ 1.0 ms:
+  **{yes[met.get("epp_native_cpu_le_1ms", False)]}**); the bare picker on it
+  (`bare-epp-native`): **{_cpu(report.get("bare_epp_native_cpu_ms_per_request"))} ms**.
 
 {TABLE_HEADER}
 {chr(10).join(rows)}
