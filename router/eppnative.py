@@ -231,7 +231,9 @@ async def serve_native(
     connections: list[H2Connection] = []
 
     def connection() -> H2Connection:
-        conn = H2Connection(on_stream, settings.epp_max_streams)
+        # past epp_max_streams the picker answers RESOURCE_EXHAUSTED itself (as on grpcio);
+        # HTTP/2 refuses a stream only well beyond
+        conn = H2Connection(on_stream, settings.epp_max_streams + 64)
         connections[:] = [c for c in connections if not c.closed]
         connections.append(conn)
         return conn

@@ -261,8 +261,8 @@ class H2Connection(asyncio.Protocol):
             if flags & END_STREAM and s.handler is not None:
                 s.handler.data(s, b"", True)
             return
-        if sid <= self.last_stream:
-            raise StreamsError(PROTOCOL_ERROR, f"stream {sid} opened out of order")
+        if sid <= self.last_stream:  # a stream this side has ended: its late trailers
+            return
         self.last_stream = sid
         s = H2Stream(self, sid, headers)
         if len(self.streams) >= self.max_streams:
