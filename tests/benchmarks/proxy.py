@@ -287,39 +287,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 env={"KVGATE_ADMISSION__BACKEND": "redis"},  # what several routers share
             )
             targets.append(Target(f"kvgate-w{n}", [f"http://127.0.0.1:{port}"], proc))
-        # the endpoint picker: kvgate's share when Envoy proxies (the ext_proc exchange)
-        port, epp_port = free_port(), free_port()
-        epp_proc = sup.spawn(
-            "kvgate-epp",
-            "router",
-            "--port",
-            str(port),
-            env={
-                "KVGATE_ADMISSION__BACKEND": "redis",
-                "KVGATE_ROUTER__EPP_PORT": str(epp_port),
-                "KVGATE_ROUTER__EPP_KEYS": json.dumps({EPP_KEY: "bench-gateway"}),
-            },
-        )
-        port_of["kvgate-epp"] = port
-        targets.append(Target("kvgate-epp", [f"127.0.0.1:{epp_port}"], epp_proc, epp.send))
-        # the same picker on kvgate's own HTTP/2 (router.epp_transport: native)
-        port, epp_port = free_port(), free_port()
-        native_proc = sup.spawn(
-            "kvgate-epp-native",
-            "router",
-            "--port",
-            str(port),
-            env={
-                "KVGATE_ADMISSION__BACKEND": "redis",
-                "KVGATE_ROUTER__EPP_PORT": str(epp_port),
-                "KVGATE_ROUTER__EPP_TRANSPORT": "native",
-                "KVGATE_ROUTER__EPP_KEYS": json.dumps({EPP_KEY: "bench-gateway"}),
-            },
-        )
-        port_of["kvgate-epp-native"] = port
-        targets.append(
-            Target("kvgate-epp-native", [f"127.0.0.1:{epp_port}"], native_proc, epp.send)
-        )
+        # the endpoint picker: kvgate's share when Envoy proxies (the ext_proc exchange), on
+        # grpcio's server and on kvgate's own HTTP/2 (router.epp_transport: native)
+        for name, transport in (("kvgate-epp", "grpcio"), ("kvgate-epp-native", "native")):
+            port, epp_port = free_port(), free_port()
+            picker_proc = sup.spawn(
+                name,
+                "router",
+                "--port",
+                str(port),
+                env={
+                    "KVGATE_ADMISSION__BACKEND": "redis",
+                    "KVGATE_ROUTER__EPP_PORT": str(epp_port),
+                    "KVGATE_ROUTER__EPP_TRANSPORT": transport,
+                    "KVGATE_ROUTER__EPP_KEYS": json.dumps({EPP_KEY: "bench-gateway"}),
+                },
+            )
+            port_of[name] = port
+            targets.append(Target(name, [f"127.0.0.1:{epp_port}"], picker_proc, epp.send))
         # the floor of a picker in Python: the same exchange answered and nothing else
         port = free_port()
         hosts = [e.removeprefix("http://").rstrip("/") for e in engines]
