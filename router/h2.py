@@ -38,6 +38,7 @@ DEFAULT_WINDOW, DEFAULT_FRAME = 65_535, 16_384
 MAX_WINDOW = (1 << 31) - 1
 RECV_WINDOW = 1 << 20  # what a stream (and the connection, per stream) may send unconsumed
 MAX_HEADER_LIST = 64 << 10
+PREFACE_TIMEOUT_S = 10.0
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -67,12 +68,15 @@ class StreamHandler(Protocol):
 class H2Stream:
     """One request stream: its headers, and what this side sends on it."""
 
-    __slots__ = ("conn", "done", "handler", "headers", "id", "pending", "recv", "sent", "window")
+    __slots__ = (
+        "conn", "done", "handler", "headers", "id", "pending", "recv", "room", "sent", "window",
+    )  # fmt: skip
 
     def __init__(self, conn: H2Connection, sid: int, headers: list[tuple[str, str]]) -> None:
         self.conn, self.id, self.headers = conn, sid, headers
         self.window = conn.peer_window  # what the client lets this side send on it
         self.recv = 0  # bytes received and consumed since the last grant
+        self.room = RECV_WINDOW  # what the client may still send on it (its receive window)
         self.sent = False  # response headers sent
         self.done = False  # ended (either side): nothing more is sent
         self.pending: deque[tuple[bytes, bool]] = deque()  # DATA waiting for a window
@@ -123,6 +127,8 @@ class H2Connection(asyncio.Protocol):
         self.peer_frame = DEFAULT_FRAME
         self.send_window = DEFAULT_WINDOW  # the connection's, for what this side sends
         self.recv_unacked = 0  # DATA received and consumed, not granted again yet
+        self.recv_window = RECV_WINDOW * 16  # what the client may still send on the connection
+        self._no_preface: asyncio.TimerHandle | None = None
         self.headers_open: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
         self.out: list[bytes] = []
         self._flush_scheduled = False
@@ -134,9 +140,19 @@ class H2Connection(asyncio.Protocol):
         settings = struct.pack(">HIHIHI", 3, self.max_streams, 4, RECV_WINDOW, 6, MAX_HEADER_LIST)
         grant = struct.pack(">I", RECV_WINDOW * 16 - DEFAULT_WINDOW)
         self.transport.write(frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, grant))
+        # a connection that never says it speaks HTTP/2 is not kept open
+        self._no_preface = asyncio.get_running_loop().call_later(
+            PREFACE_TIMEOUT_S, self._preface_late
+        )
+
+    def _preface_late(self) -> None:
+        if not self.preface and not self.closed:
+            self._goaway(PROTOCOL_ERROR, f"no connection preface within {PREFACE_TIMEOUT_S} s")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._no_preface is not None:
+            self._no_preface.cancel()
         for s in list(self.streams.values()):
             self._reset(s)
 
@@ -280,6 +296,12 @@ class H2Connection(asyncio.Protocol):
             raise StreamsError(PROTOCOL_ERROR, "DATA on stream 0")
         s = self.streams.get(sid)
         size = len(payload)
+        # the windows this side granted bound what it holds: past them is the client's fault
+        if size > self.recv_window or (s is not None and size > s.room):
+            raise StreamsError(FLOW_CONTROL_ERROR, f"{size} bytes of DATA past the window")
+        self.recv_window -= size
+        if s is not None:
+            s.room -= size
         chunk = self._unpad(flags, payload)
         if s is None or s.handler is None:  # a stream ended here: its window goes back at once
             self.recv_unacked += size
@@ -297,10 +319,12 @@ class H2Connection(asyncio.Protocol):
     def _grant(self, s: H2Stream | None, recv: int) -> None:
         if self.recv_unacked >= RECV_WINDOW // 2:
             self.out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.recv_unacked)))
+            self.recv_window += self.recv_unacked
             self.recv_unacked = 0
             self.flush_soon()
         if s is not None and recv >= RECV_WINDOW // 2 and not s.done:
             self.out.append(frame(WINDOW_UPDATE, 0, s.id, struct.pack(">I", recv)))
+            s.room += recv
             s.recv = 0
             self.flush_soon()
 

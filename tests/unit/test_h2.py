@@ -209,3 +209,43 @@ def test_response_header_blocks_decode_on_any_connection() -> None:
         assert Decoder().decode(block) == [(":status", "200"), ("grpc-status", "0")]
     d = Decoder()
     assert d.decode(block) == d.decode(block)
+
+
+async def test_data_past_the_granted_windows_ends_the_connection() -> None:
+    """What a client sends is bounded by the windows granted: 1 MiB a stream until consumed."""
+    p = Peer()
+    p.send(PREFACE + frame(SETTINGS, 0, 0))
+    p.open(1)
+    chunk = b"d" * 16_384
+    for _ in range(64):  # exactly the stream's 1 MiB: taken (nothing consumed, nothing granted)
+        p.send(frame(DATA, 0, 1, chunk))
+    assert not p.transport.closed and p.streams[1].room == 0
+    p.out()
+    p.send(frame(DATA, 0, 1, b"x"))
+    goaway = [f for f in p.out() if f[0] == GOAWAY]
+    assert goaway and struct.unpack(">II", goaway[0][3])[1] == 3  # FLOW_CONTROL_ERROR
+    assert p.transport.closed
+
+
+async def test_consuming_grants_the_window_again() -> None:
+    p = Peer()
+    p.send(PREFACE + frame(SETTINGS, 0, 0))
+    p.open(1)
+    s = p.streams[1]
+    for _ in range(64):
+        p.send(frame(DATA, 0, 1, b"d" * 16_384))
+    p.out()
+    s.consumed(1 << 20)
+    await asyncio.sleep(0)
+    updates = [f for f in p.out() if f[0] == WINDOW_UPDATE]
+    assert {(f[2], struct.unpack(">I", f[3])[0]) for f in updates} == {(0, 1 << 20), (1, 1 << 20)}
+    p.send(frame(DATA, 0, 1, b"more"))
+    assert not p.transport.closed
+
+
+async def test_a_connection_without_the_preface_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("router.h2.PREFACE_TIMEOUT_S", 0.01)
+    p = Peer()
+    p.send(PREFACE[:5])
+    await asyncio.sleep(0.05)
+    assert p.transport.closed
