@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
 from router.epp import GATEWAY_KEY_METADATA, EndpointPicker
-from router.h2 import H2Connection, H2Stream, encode_headers
+from router.h2 import H2Connection, H2Stream
+from router.h2frames import encode_headers
 
 __all__ = ["GrpcCall", "HealthStates", "serve_native"]
 

@@ -11,7 +11,8 @@ import struct
 import pytest
 from hpack import Decoder, Encoder
 
-from router.h2 import (
+from router.h2 import H2Connection, H2Stream
+from router.h2frames import (
     DATA,
     GOAWAY,
     HEADERS,
@@ -20,8 +21,7 @@ from router.h2 import (
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
-    H2Connection,
-    H2Stream,
+    encode_headers,
     frame,
 )
 
@@ -202,8 +202,6 @@ async def test_protocol_errors_end_the_connection_with_goaway(data: bytes, code:
 
 
 def test_response_header_blocks_decode_on_any_connection() -> None:
-    from router.h2 import encode_headers
-
     block = encode_headers([(":status", "200"), ("grpc-status", "0")])
     for _ in range(2):  # the same bytes twice: nothing indexed, the table unchanged
         assert Decoder().decode(block) == [(":status", "200"), ("grpc-status", "0")]
