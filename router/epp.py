@@ -85,16 +85,26 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return grpc.StatusCode.RESOURCE_EXHAUSTED, "too many ext_proc streams"
         return None
 
+    def open(self) -> Exchange:
+        """A stream's exchange (counted among the open streams until :meth:`closed`)."""
+        self.streams += 1
+        return Exchange(self.parts)
+
+    def closed(self, ex: Exchange) -> Awaitable[None] | None:
+        """The stream of ``ex`` ended: what releases whatever it still holds (None: nothing)."""
+        self.streams -= 1
+        return ex.close() if ex.holds() else None
+
     @contextlib.asynccontextmanager
     async def exchange(self) -> AsyncIterator[Exchange]:
         """One stream's exchange; whatever it still holds when the stream ends is released."""
-        self.streams += 1
-        ex = Exchange(self.parts)
+        ex = self.open()
         try:
             yield ex
         finally:
-            self.streams -= 1
-            await asyncio.shield(ex.close())
+            release = self.closed(ex)
+            if release is not None:
+                await asyncio.shield(release)
 
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any

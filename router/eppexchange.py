@@ -58,6 +58,10 @@ __all__ = ["DP_RANK_HEADER", "EppParts", "Exchange"]
 log = logging.getLogger(__name__)
 
 DP_RANK_HEADER = "x-data-parallel-rank"  # vLLM's: which rank of a data-parallel engine serves
+# the answers that carry nothing but "go on" (never changed once made)
+HEADERS_CONTINUE = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+RESPONSE_HEADERS_CONTINUE = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+BODY_CONTINUE = ep.ProcessingResponse(response_body=ep.BodyResponse())
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,15 @@ class Exchange:
     picked: list[NodeView] = field(default_factory=list)  # the pick, then its fallbacks
 
     async def on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        """The answers to one message of the stream."""
+        out = self.at_once(req)
+        return out if out is not None else await self.later(req)
+
+    def at_once(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse] | None:
+        """The answers to ``req`` where no waiting is needed; None where :meth:`later` gives
+        them (the request routed, the response finished). Most messages of an exchange — the
+        headers before a body, the response's headers and chunks — are answered here, on the
+        transport's own turn."""
         hint = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
         if hint is not None and SUBSET in hint.fields:  # the data plane narrows the choice
             values = hint.fields[SUBSET].list_value.values
@@ -122,7 +135,7 @@ class Exchange:
                 return [immediate(200, orjson.dumps(listed), {"x-request-id": rid})]
             self.passthrough = path in PASSTHROUGH
             if req.request_headers.end_of_stream:  # no body to route by
-                return await self._pass() if self.passthrough else await self._route()
+                return None
             if self.request_body_mode == FULL_DUPLEX:
                 return []  # the headers are answered once the body is in
             if self.request_body_mode != BUFFERED:
@@ -135,7 +148,7 @@ class Exchange:
                         {},
                     )
                 ]
-            return [ep.ProcessingResponse(request_headers=ep.HeadersResponse())]
+            return [HEADERS_CONTINUE]
         if kind == "request_body":
             self.body.append(req.request_body.body)
             self.body_bytes += len(req.request_body.body)
@@ -144,9 +157,7 @@ class Exchange:
                 return [immediate(413, error_json(f"the body is over {limit} bytes"), {})]
             if len(self.body) > MAX_BODY_CHUNKS:
                 return [immediate(413, error_json("request body in too many pieces"), {})]
-            if not req.request_body.end_of_stream:
-                return []
-            return await self._pass() if self.passthrough else await self._route()
+            return None if req.request_body.end_of_stream else []
         if kind == "request_trailers":
             return [ep.ProcessingResponse(request_trailers=ep.TrailersResponse())]
         if kind == "response_headers":
@@ -154,37 +165,42 @@ class Exchange:
             h = header_map(req.response_headers)
             with contextlib.suppress(ValueError):
                 self.watch.status = int(h.get(":status", "0"))
-            out = [ep.ProcessingResponse(response_headers=ep.HeadersResponse())]
-            if req.response_headers.end_of_stream:
-                await self._finish()
-            return out
+            return None if req.response_headers.end_of_stream else [RESPONSE_HEADERS_CONTINUE]
         if kind == "response_body":
             chunk = req.response_body
             first = self.watch.first_token_s is None
             self.watch.chunk(chunk.body, time.time())
             if first and self.watch.first_token_s is not None and self.request_id is not None:
                 self.parts.external.first_token(self.request_id)  # its prefill is done
-            if self.response_body_mode == FULL_DUPLEX:
-                out = ep.ProcessingResponse(
-                    response_body=ep.BodyResponse(
-                        response=ep.CommonResponse(
-                            body_mutation=ep.BodyMutation(
-                                streamed_response=ep.StreamedBodyResponse(
-                                    body=chunk.body, end_of_stream=chunk.end_of_stream
-                                )
-                            )
-                        )
-                    )
-                )
-            else:
-                out = ep.ProcessingResponse(response_body=ep.BodyResponse())
-            if chunk.end_of_stream:
-                await self._finish()
-            return [out]
+            return None if chunk.end_of_stream else [self._body_answer(chunk)]
         if kind == "response_trailers":
-            await self._finish()
-            return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
+            return None
         return []
+
+    async def later(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        """The answers :meth:`at_once` left (it has seen ``req``): the request routed (or
+        passed through) once all of it is in, the exchange finished with its response."""
+        kind = req.WhichOneof("request")
+        if kind in ("request_headers", "request_body"):
+            return await self._pass() if self.passthrough else await self._route()
+        await self._finish()
+        if kind == "response_headers":
+            return [RESPONSE_HEADERS_CONTINUE]
+        if kind == "response_body":
+            return [self._body_answer(req.response_body)]
+        return [ep.ProcessingResponse(response_trailers=ep.TrailersResponse())]
+
+    def _body_answer(self, chunk: ep.HttpBody) -> ep.ProcessingResponse:
+        if self.response_body_mode != FULL_DUPLEX:
+            return BODY_CONTINUE
+        streamed = ep.StreamedBodyResponse(body=chunk.body, end_of_stream=chunk.end_of_stream)
+        return ep.ProcessingResponse(
+            response_body=ep.BodyResponse(
+                response=ep.CommonResponse(
+                    body_mutation=ep.BodyMutation(streamed_response=streamed)
+                )
+            )
+        )
 
     async def _route(self) -> list[ep.ProcessingResponse]:
         raw = b"".join(self.body)
@@ -356,6 +372,10 @@ class Exchange:
             cached if isinstance(cached, int) else None,
             prompt if isinstance(prompt, int) else None,
         )
+
+    def holds(self) -> bool:
+        """Whether anything is still held for the exchange (released by :meth:`close`)."""
+        return self.passed is not None or (not self.done and self.request_id is not None)
 
     async def close(self) -> None:
         """The gRPC stream ended: whatever is still held is released (as cancelled)."""

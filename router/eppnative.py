@@ -14,7 +14,10 @@ import asyncio
 import contextlib
 import logging
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -22,10 +25,11 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
 from router.epp import GATEWAY_KEY_METADATA, EndpointPicker
+from router.eppexchange import Exchange
 from router.h2 import H2Connection, H2Stream
 from router.h2frames import encode_headers
 
-__all__ = ["GrpcCall", "HealthStates", "serve_native"]
+__all__ = ["ExchangeCall", "GrpcCall", "HealthStates", "serve_native"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +39,13 @@ WATCH = "/grpc.health.v1.Health/Watch"
 RESPONSE_HEADERS = encode_headers([(":status", "200"), ("content-type", "application/grpc")])
 
 
+OK_TRAILERS = encode_headers([("grpc-status", "0")])
+
+
 def _status(code: grpc.StatusCode, message: str, headers_sent: bool) -> bytes:
     """The trailers (or, nothing sent yet, a trailers-only response) with gRPC's status."""
+    if headers_sent and code is grpc.StatusCode.OK and not message:
+        return OK_TRAILERS
     pairs = [] if headers_sent else [(":status", "200"), ("content-type", "application/grpc")]
     pairs.append(("grpc-status", str(code.value[0])))
     if message:
@@ -84,10 +93,18 @@ class GrpcCall:
                 return
             if len(buf) < 5 + size:
                 break
-            self._queue.put_nowait((bytes(buf[5 : 5 + size]), 5 + size))
+            message = bytes(buf[5 : 5 + size])
             del buf[: 5 + size]
+            self.arrived(message, 5 + size)
+            if self.finished:
+                return
         if end:
-            self._queue.put_nowait(None)
+            self.arrived(None, 0)
+
+    def arrived(self, message: bytes | None, size: int) -> None:
+        """One message (``size`` bytes of the stream's DATA), or None: the client half-closed.
+        Here, queued for :meth:`recv`."""
+        self._queue.put_nowait(None if message is None else (message, size))
 
     def reset(self, stream: H2Stream) -> None:
         """The client cancelled the call (or the connection is gone)."""
@@ -101,9 +118,13 @@ class GrpcCall:
         if item is None:
             return None
         message, size = item
+        self.taken(size)
+        return message
+
+    def taken(self, size: int) -> None:
+        """A message of ``size`` bytes is no longer held here."""
         self.held -= size
         self._grant()
-        return message
 
     def _grant(self) -> None:
         if self.owed and self.held <= self.hold_limit:
@@ -163,26 +184,141 @@ class HealthStates:
             await changed.wait()
 
 
-async def _process(picker: EndpointPicker, call: GrpcCall) -> None:
-    refused = picker.refusal(call.stream.header(GATEWAY_KEY_METADATA))
-    if refused is not None:
-        # answered once the client's first message is in (discarded unread) or a second has
-        # passed: a status overtaking a client's first write makes gRPC's clients report the
-        # failed write (INTERNAL) instead of it
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(call.recv(), 1.0)
-        call.finish(*refused)
-        return
-    async with picker.exchange() as ex:
-        while (message := await call.recv()) is not None:
-            try:
-                req = ep.ProcessingRequest.FromString(message)
-            except DecodeError:
-                call.fail(grpc.StatusCode.INVALID_ARGUMENT, "a message that is not ext_proc's")
-                return
-            for resp in await ex.on(req):
-                call.send(resp.SerializeToString())
-    call.finish()
+class ExchangeCall(GrpcCall):
+    """One ext_proc stream. Each message is answered as it arrives, on the connection's own
+    turn, where no waiting is needed (:meth:`Exchange.at_once`: the request's headers, the
+    response's headers and chunks — most of an exchange); what waits (the route, the finish)
+    runs in a task, and what arrives meanwhile is answered after it, in order. Whatever the
+    exchange still holds when the stream ends is released before its status is sent."""
+
+    def __init__(
+        self, stream: H2Stream, max_message: int, picker: EndpointPicker, calls: OpenCalls
+    ) -> None:
+        super().__init__(stream, max_message)
+        self.picker, self.calls = picker, calls
+        self.backlog: deque[tuple[bytes | None, int]] = deque()
+        self.ex: Exchange | None = None
+        self.ending: tuple[grpc.StatusCode, str] | None = None  # the status, once it ends
+        self.refused = picker.refusal(stream.header(GATEWAY_KEY_METADATA))
+        self.timer: asyncio.TimerHandle | None = None
+        calls.add(self)
+        if self.refused is not None:
+            # answered once the client's first message is in (discarded unread) or a second
+            # has passed: a status overtaking a client's first write makes gRPC's clients
+            # report the failed write (INTERNAL) instead of it
+            self.timer = asyncio.get_running_loop().call_later(1.0, self._end, *self.refused)
+        else:
+            self.ex = picker.open()
+
+    def arrived(self, message: bytes | None, size: int) -> None:
+        if self.ending is not None:  # the call has ended: what still comes is dropped
+            self.taken(size)
+        elif self.task is not None or self.backlog:  # after what is being answered
+            self.backlog.append((message, size))
+        else:
+            self._answer(message, size)
+
+    def _answer(self, message: bytes | None, size: int) -> None:
+        self.taken(size)
+        if self.refused is not None:
+            self._end(*self.refused)
+            return
+        if message is None:  # the client is done: so is the call
+            self._end(grpc.StatusCode.OK, "")
+            return
+        try:
+            req = ep.ProcessingRequest.FromString(message)
+        except DecodeError:
+            self._end(grpc.StatusCode.INVALID_ARGUMENT, "a message that is not ext_proc's")
+            return
+        assert self.ex is not None
+        try:
+            out = self.ex.at_once(req)
+        except Exception:
+            log.exception("the endpoint picker's call failed")
+            self._end(grpc.StatusCode.INTERNAL, "kvgate's endpoint picker failed")
+            return
+        if out is None:
+            self._work(self._later(self.ex, req))
+        else:
+            for resp in out:
+                self.send(resp.SerializeToString())
+
+    async def _later(self, ex: Exchange, req: ep.ProcessingRequest) -> None:
+        for resp in await ex.later(req):
+            self.send(resp.SerializeToString())
+
+    def _work(self, work: Coroutine[Any, Any, None]) -> None:
+        self.task = asyncio.create_task(self._run(work))
+        self.calls.tasks.add(self.task)
+        self.task.add_done_callback(self.calls.tasks.discard)
+
+    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            self._end(grpc.StatusCode.CANCELLED, "cancelled")
+        except Exception:
+            log.exception("the endpoint picker's call failed")
+            self._end(grpc.StatusCode.INTERNAL, "kvgate's endpoint picker failed")
+        self.task = None
+        if self.ending is not None:
+            self._end(*self.ending)
+        while self.backlog and self.task is None and self.ending is None:
+            self._answer(*self.backlog.popleft())
+
+    def _end(self, code: grpc.StatusCode, message: str) -> None:
+        """The call ends with this status: once no task runs, the exchange is released (in a
+        task where it holds anything), then the status is sent."""
+        if self.ending is None:
+            self.ending = (code, message)
+            self.backlog.clear()
+            if self.timer is not None:
+                self.timer.cancel()
+        if self.task is not None:
+            return  # its end comes back here
+        ex, self.ex = self.ex, None
+        release = None if ex is None else self.picker.closed(ex)
+        if release is not None:
+            self._work(self._released(release))
+            return
+        self.finish(*self.ending)
+        self.calls.discard(self)
+
+    async def _released(self, release: Awaitable[None]) -> None:
+        await asyncio.shield(release)
+
+    def reset(self, stream: H2Stream) -> None:
+        """The client cancelled the call (or the connection is gone)."""
+        self.finished = True
+        self.cancel()
+
+    def cancel(self) -> None:
+        """End the call now (as CANCELLED where it was still open)."""
+        self.fail(grpc.StatusCode.CANCELLED, "cancelled")
+
+    def fail(self, code: grpc.StatusCode, message: str) -> None:
+        if self.task is not None and self.ending is None:
+            self.task.cancel()
+        self._end(code, message)
+
+
+@dataclass
+class OpenCalls:
+    """The exchanges open on a server, and the tasks working for them."""
+
+    open: set[ExchangeCall] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    none_open: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, call: ExchangeCall) -> None:
+        self.open.add(call)
+        self.none_open.clear()
+
+    def discard(self, call: ExchangeCall) -> None:
+        self.open.discard(call)
+        if not self.open:
+            self.none_open.set()
 
 
 async def _run(call: GrpcCall, body: Awaitable[None]) -> None:
@@ -205,19 +341,20 @@ async def serve_native(
     health = HealthStates()
     settings = picker.parts.settings
     max_message = max(settings.max_body_bytes, 1 << 20) + (64 << 10)
-    calls: set[asyncio.Task[None]] = set()
+    calls: set[asyncio.Task[None]] = set()  # the health service's
+    exchanges = OpenCalls()
 
     def on_stream(stream: H2Stream) -> GrpcCall | None:
-        call = GrpcCall(stream, max_message)
         path = stream.header(":path")
         ctype = stream.header("content-type") or ""
         if stream.header(":method") != "POST" or not ctype.startswith("application/grpc"):
-            call.finish(grpc.StatusCode.INVALID_ARGUMENT, "not a gRPC request")
+            GrpcCall(stream, 0).finish(grpc.StatusCode.INVALID_ARGUMENT, "not a gRPC request")
             return None
-        body: Awaitable[None]
         if path == PROCESS:
-            body = _process(picker, call)
-        elif path == CHECK:
+            return ExchangeCall(stream, max_message, picker, exchanges)
+        call = GrpcCall(stream, max_message)
+        body: Awaitable[None]
+        if path == CHECK:
             body = health.check(call)
         elif path == WATCH:
             body = health.watch(call)
@@ -245,12 +382,14 @@ async def serve_native(
 
     async def stop(grace_s: float) -> None:
         server.close()
-        if calls:
+        if exchanges.open:  # they may finish
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), grace_s)
+                await asyncio.wait_for(exchanges.none_open.wait(), grace_s)
+        for call in list(exchanges.open):
+            call.cancel()
         for task in list(calls):
             task.cancel()
-        await asyncio.gather(*calls, return_exceptions=True)
+        await asyncio.gather(*calls, *exchanges.tasks, return_exceptions=True)
         for conn in connections:
             conn.close()
 

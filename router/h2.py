@@ -134,6 +134,7 @@ class H2Connection(asyncio.Protocol):
         self.headers_open: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
         self.out: list[bytes] = []
         self._flush_scheduled = False
+        self._reading = False  # in data_received: what is answered goes in its one write
         self.closed = False
 
     # --- the transport ----------------------------------------------------------------------
@@ -164,7 +165,7 @@ class H2Connection(asyncio.Protocol):
             self._goaway(0, "the server stops")
 
     def flush_soon(self) -> None:
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._reading:  # (a read flushes at its end)
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
@@ -175,10 +176,13 @@ class H2Connection(asyncio.Protocol):
         self.out.clear()
 
     def data_received(self, data: bytes) -> None:
+        self._reading = True
         try:
             self._frames(self.buf + data if self.buf else data)
         except StreamsError as exc:
             self._goaway(exc.code, str(exc))
+        finally:
+            self._reading = False
         self.flush()
 
     def _goaway(self, code: int, why: str) -> None:
