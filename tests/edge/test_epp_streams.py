@@ -92,6 +92,7 @@ async def test_a_stream_reset_while_routing_leaves_nothing_held(
         if i % 2:
             await envoy.read()
         envoy.call.cancel()
+
     async def settled() -> bool:
         return len(outcomes(e)) == len(e.decisions()) and await e.reservations() == 0
 
