@@ -49,6 +49,7 @@ __all__ = [
     "EndpointPicker",
     "EppParts",
     "EppServer",
+    "ended",
     "epp_parts",
     "host_port",
     "serve_epp",
@@ -119,8 +120,18 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return
         async with self.exchange() as ex:
             async for req in request_iterator:
-                for resp in await ex.on(req):
+                answers = await ex.on(req)
+                for resp in answers:
                     yield resp
+                if ended(answers):
+                    return
+
+
+def ended(answers: list[ep.ProcessingResponse]) -> bool:
+    """Whether these answers end the exchange: an immediate response (a refusal, or an answer
+    the picker gives itself) is the stream's last — the data plane sends nothing more on it,
+    and the stream ends here even where a client would leave it open."""
+    return any(a.HasField("immediate_response") for a in answers)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
-from router.epp import GATEWAY_KEY_METADATA, EndpointPicker
+from router.epp import GATEWAY_KEY_METADATA, EndpointPicker, ended
 from router.eppexchange import Exchange
 from router.h2 import H2Connection, H2Stream
 from router.h2frames import encode_headers
@@ -241,28 +241,33 @@ class ExchangeCall(GrpcCall):
         if out is None:
             self._work(self._later(self.ex, req))
         else:
-            for resp in out:
-                self.send(resp.SerializeToString())
+            self._reply(out)
 
     async def _later(self, ex: Exchange, req: ep.ProcessingRequest) -> None:
-        for resp in await ex.later(req):
+        self._reply(await ex.later(req))
+
+    def _reply(self, answers: list[ep.ProcessingResponse]) -> None:
+        for resp in answers:
             self.send(resp.SerializeToString())
+        if ended(answers):
+            self._end(grpc.StatusCode.OK, "")
 
     def _work(self, work: Coroutine[Any, Any, None]) -> None:
-        self.task = asyncio.create_task(self._run(work))
+        self.task = asyncio.create_task(work)
         self.calls.tasks.add(self.task)
-        self.task.add_done_callback(self.calls.tasks.discard)
+        self.task.add_done_callback(self._worked)
 
-    async def _run(self, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except asyncio.CancelledError:
-            self._end(grpc.StatusCode.CANCELLED, "cancelled")
-        except Exception:
-            log.exception("the endpoint picker's call failed")
-            self._end(grpc.StatusCode.INTERNAL, "kvgate's endpoint picker failed")
+    def _worked(self, task: asyncio.Task[None]) -> None:
+        # (a callback, not the task's own code: a task cancelled before it ever ran has run
+        # none of it)
+        self.calls.tasks.discard(task)
         self.task = None
-        if self.ending is not None:
+        if task.cancelled():
+            self._end(grpc.StatusCode.CANCELLED, "cancelled")
+        elif (exc := task.exception()) is not None:
+            log.error("the endpoint picker's call failed", exc_info=exc)
+            self._end(grpc.StatusCode.INTERNAL, "kvgate's endpoint picker failed")
+        elif self.ending is not None:
             self._end(*self.ending)
         while self.backlog and self.task is None and self.ending is None:
             self._answer(*self.backlog.popleft())

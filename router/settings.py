@@ -262,9 +262,9 @@ class RouterSettings(BaseModel):
         "gateway with retries tries them when the first fails, and tells which one served",
     )
     epp_transport: Literal["grpcio", "native"] = Field(
-        default="grpcio",
-        description="the endpoint picker's gRPC server: grpcio's asyncio server, or kvgate's own "
-        "HTTP/2 (router/h2.py: a fraction of grpcio's CPU per request; plain text only)",
+        default="native",
+        description="the endpoint picker's gRPC server: kvgate's own HTTP/2 (router/h2.py; "
+        "about 0.6 of grpcio's CPU per request), or grpcio's asyncio server; plain text on both",
     )
     epp_max_streams: int = Field(
         default=1024,

@@ -33,53 +33,56 @@ class BarePicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, engines: list[str]) -> None:
         self._turn = itertools.cycle(engines)
 
+    def answer(self, req: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+        kind = req.WhichOneof("request")
+        if kind == "request_body":
+            if not req.request_body.end_of_stream:
+                return None
+            dest = next(self._turn)
+            mutation = ep.HeaderMutation(set_headers=[set_header(DESTINATION, dest)])
+            return ep.ProcessingResponse(
+                request_body=ep.BodyResponse(response=ep.CommonResponse(header_mutation=mutation)),
+                dynamic_metadata=destination(dest),
+            )
+        if kind == "request_headers":
+            return ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+        if kind == "response_headers":
+            return ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+        if kind == "response_body":
+            return ep.ProcessingResponse(response_body=ep.BodyResponse())
+        if kind == "response_trailers":
+            return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+        return None
+
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
     ) -> AsyncIterator[ep.ProcessingResponse]:
         async for req in request_iterator:
-            kind = req.WhichOneof("request")
-            if kind == "request_body":
-                if not req.request_body.end_of_stream:
-                    continue
-                dest = next(self._turn)
-                mutation = ep.HeaderMutation(set_headers=[set_header(DESTINATION, dest)])
-                yield ep.ProcessingResponse(
-                    request_body=ep.BodyResponse(
-                        response=ep.CommonResponse(header_mutation=mutation)
-                    ),
-                    dynamic_metadata=destination(dest),
-                )
-            elif kind == "request_headers":
-                yield ep.ProcessingResponse(request_headers=ep.HeadersResponse())
-            elif kind == "response_headers":
-                yield ep.ProcessingResponse(response_headers=ep.HeadersResponse())
-            elif kind == "response_body":
-                yield ep.ProcessingResponse(response_body=ep.BodyResponse())
-            elif kind == "response_trailers":
-                yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+            resp = self.answer(req)
+            if resp is not None:
+                yield resp
 
 
 async def serve_native(port: int, engines: list[str]) -> None:
-    """The same answers on kvgate's own HTTP/2 (router/h2.py, router/eppnative.py's framing)."""
+    """The same answers on kvgate's own HTTP/2 (router/h2.py, router/eppnative.py's framing),
+    each as its message arrives (as kvgate's picker answers those that need no waiting)."""
     from router.eppnative import GrpcCall
     from router.h2 import H2Connection, H2Stream
 
     picker = BarePicker(engines)
 
+    class BareCall(GrpcCall):
+        def arrived(self, message: bytes | None, size: int) -> None:
+            self.taken(size)
+            if message is None:
+                self.finish()
+                return
+            resp = picker.answer(ep.ProcessingRequest.FromString(message))
+            if resp is not None:
+                self.send(resp.SerializeToString())
+
     def on_stream(stream: H2Stream) -> GrpcCall:
-        call = GrpcCall(stream, 1 << 22)
-
-        async def requests() -> AsyncIterator[ep.ProcessingRequest]:
-            while (message := await call.recv()) is not None:
-                yield ep.ProcessingRequest.FromString(message)
-
-        async def run() -> None:
-            async for resp in picker.Process(requests(), None):
-                call.send(resp.SerializeToString())
-            call.finish()
-
-        call.task = asyncio.create_task(run())
-        return call
+        return BareCall(stream, 1 << 22)
 
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: H2Connection(on_stream), "127.0.0.1", port)

@@ -88,6 +88,7 @@ class EppClient:
                 refused = picked.immediate_response
                 reason = orjson.loads(refused.body or b"{}").get("error", {}).get("type", "")
                 self.errors[f"refused {refused.status.code} {reason}"] += 1
+                call.cancel()  # as Envoy's filter ends the stream
                 return None
             answer = picked.request_body.response
             dest = {

@@ -7,7 +7,6 @@ back through the processor."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -318,29 +317,28 @@ async def test_a_stream_routes_one_request_only(picker: tuple[Edge, Any, EppServ
     peer may) is refused: it would hold a second reservation, and the first would stay held
     until its lease ran out."""
     e, channel, _ = picker
-    envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), BUFFERED, BUFFERED)
     body = orjson.dumps(completion())
-    await envoy.send(request_headers=request_headers())
-    assert (await envoy.read()).HasField("request_headers")
-    await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
-    assert (await envoy.read()).HasField("request_body")  # routed
     for again in (
         ep.ProcessingRequest(request_headers=request_headers()),
         ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)),
     ):
+        envoy = Envoy(ep_grpc.ExternalProcessorStub(channel), BUFFERED, BUFFERED)
+        await envoy.send(request_headers=request_headers())
+        assert (await envoy.read()).HasField("request_headers")
+        await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+        assert (await envoy.read()).HasField("request_body")  # routed
         await envoy.call.write(again)
         answer = await envoy.read()
         assert answer.immediate_response.status.code == 400
-    assert await e.reservations() == 1
-    await envoy.call.done_writing()
-    with contextlib.suppress(grpc.aio.AioRpcError):
-        while await envoy.call.read() is not grpc.aio.EOF:
-            pass
+        # the refusal ends the stream, and with it the request it routed: released, not
+        # left held until its lease ran out
+        assert await envoy.call.code() == grpc.StatusCode.OK
 
-    async def released() -> bool:
-        return await e.reservations() == 0
+        async def released() -> bool:
+            return await e.reservations() == 0
 
-    await wait_until(released, 5, "the stream's one reservation released")
+        await wait_until(released, 5, "the stream's one reservation released")
+    assert [o.status for o in outcomes(e)] == ["cancelled", "cancelled"]
 
 
 async def test_a_messages_request_is_routed_as_its_chat_and_its_events_read() -> None:

@@ -4,6 +4,7 @@ and one still open when the picker stops, leave nothing held."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,25 +80,37 @@ async def test_messages_sent_ahead_are_answered_in_order(
     assert out.status == "ok" and out.output_tokens == 4
 
 
-async def test_a_stream_reset_while_routing_leaves_nothing_held(
-    picker: tuple[Edge, Any, Any],
-) -> None:
-    e, channel, _ = picker
-    stub = ep_grpc.ExternalProcessorStub(channel)
-    for i in range(8):  # reset at different points of the route
-        envoy = Envoy(stub, BUFFERED, BUFFERED)
-        await envoy.send(request_headers=request_headers())
-        body = orjson.dumps(completion(f"reset {i} " * 40))
-        await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
-        if i % 2:
-            await envoy.read()
-        envoy.call.cancel()
+async def test_a_stream_reset_while_routing_leaves_nothing_held() -> None:
+    """Reset before its route has begun, during it, after it: each stream's reservation is
+    released and the stream no longer counts against ``router.epp_max_streams``."""
+    async with picker_on(admission={"tenants": TENANTS}, router={"epp_max_streams": 2}) as p:
+        e, channel, _ = p
+        stub = ep_grpc.ExternalProcessorStub(channel)
+        for i in range(12):
+            envoy = Envoy(stub, BUFFERED, BUFFERED)
+            await envoy.send(request_headers=request_headers())
+            body = orjson.dumps(completion(f"reset {i} " * 40))
+            await envoy.send(request_body=ep.HttpBody(body=body, end_of_stream=True))
+            if i % 3 == 1:
+                await asyncio.sleep(0)
+            elif i % 3 == 2:
+                await envoy.read()
+            envoy.call.cancel()
+        await _settled(e)
+        for _ in range(3):  # the streams reset are not counted open any more
+            envoy = Envoy(stub, BUFFERED, BUFFERED)
+            await envoy.send(request_headers=request_headers())
+            assert (await envoy.read()).HasField("request_headers")
+            await envoy.call.done_writing()
+            assert await envoy.call.code() == grpc.StatusCode.OK
+
+
+async def _settled(e: Edge) -> None:
 
     async def settled() -> bool:
         return len(outcomes(e)) == len(e.decisions()) and await e.reservations() == 0
 
     await wait_until(settled, 10, "every routed request released and its outcome recorded")
-    assert await e.reservations() == 0
     assert {o.status for o in outcomes(e)} <= {"cancelled"}
 
 
@@ -126,3 +139,22 @@ async def test_a_stream_open_when_the_picker_stops_is_released(transport: str) -
         # (grpcio's server ends its streams as UNAVAILABLE)
         code = await envoy.call.code()
         assert code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+
+
+async def test_an_immediate_response_ends_the_stream(picker: tuple[Edge, Any, Any]) -> None:
+    """Refused (or answered by the picker itself), the stream is over: it ends with OK even
+    where the client would leave it open, and counts no more against the picker's streams."""
+    e, channel, _ = picker
+    stub = ep_grpc.ExternalProcessorStub(channel)
+    envoy = Envoy(stub, BUFFERED, BUFFERED)
+    await envoy.send(request_headers=request_headers("sk-nobody"))
+    assert (await envoy.read()).immediate_response.status.code == 401
+    assert await envoy.call.read() is grpc.aio.EOF
+    assert await envoy.call.code() == grpc.StatusCode.OK
+    models = Envoy(stub, BUFFERED, BUFFERED)
+    await models.send(
+        request_headers=headers((":method", "GET"), (":path", "/v1/models"), end=True)
+    )
+    assert (await models.read()).immediate_response.status.code == 200
+    assert await models.call.code() == grpc.StatusCode.OK
+    assert await e.reservations() == 0
