@@ -65,6 +65,8 @@ fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 (cd deploy/compose/check && go mod download)
 (cd deploy/helm/check && go mod download)
+# a gRPC client on grpc-go: the endpoint picker's own HTTP/2 is tested against it too
+(cd tests/interop/grpcgo && go mod download)
 # Helm, built from its Go module (the chart's lint and template tests run it)
 helm_version=v3.22.0
 bin="${KVGATE_LOCAL:-$repo/.local}/bin"

@@ -2,17 +2,14 @@
 Go implementation: grpc-go's own HTTP/2 transport, HPACK encoder (dynamic table, Huffman) and
 flow control (its windows sized by bandwidth-delay probes), as Go gateways and Envoy's Go
 control planes speak it. tests/interop/grpcgo is a small client on it, built here with the
-machine's ``go``: health checks; many ext_proc streams at once on one connection, each sent
-whole before its first answer is read; messages larger than either side's windows both ways;
-a stream without the gateway's key."""
+machine's ``go`` (deploy/setup.sh installs it): health checks; many ext_proc streams at once
+on one connection, each sent whole before its first answer is read; messages larger than
+either side's windows both ways; a stream without the gateway's key."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +17,17 @@ import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from tests.deploykit import go_build
 from tests.edgekit import GATEWAY, Edge, completion, edge
 from tests.eppkit import BUFFERED, FULL_DUPLEX, destination, headers, outcomes, request_headers
 
-GO = shutil.which("go")
 SOURCE = Path(__file__).parents[1] / "interop" / "grpcgo"
-pytestmark = pytest.mark.skipif(GO is None, reason="go (the Go toolchain) not installed")
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The client, built from tests/interop/grpcgo (its modules as go.sum pins them)."""
-    out = tmp_path_factory.mktemp("grpcgo") / "grpcgo"
-    env = {**os.environ, "GOFLAGS": "-mod=readonly"}
-    built = subprocess.run(
-        [str(GO), "build", "-o", str(out), "."],
-        cwd=SOURCE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr
-    return out
+    return go_build(SOURCE, tmp_path_factory.mktemp("grpcgo") / "grpcgo")
 
 
 async def _run(client: Path, port: int, *args: str, plan: Any = None) -> Any:
