@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +91,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.streams += 1
         return Exchange(self.parts)
 
-    def closed(self, ex: Exchange) -> Awaitable[None] | None:
+    def closed(self, ex: Exchange) -> Coroutine[Any, Any, None] | None:
         """The stream of ``ex`` ended: what releases whatever it still holds (None: nothing)."""
         self.streams -= 1
         return ex.close() if ex.holds() else None

@@ -284,14 +284,11 @@ class ExchangeCall(GrpcCall):
             return  # its end comes back here
         ex, self.ex = self.ex, None
         release = None if ex is None else self.picker.closed(ex)
-        if release is not None:
-            self._work(self._released(release))
+        if release is not None:  # (its task is never cancelled: ``ending`` is set)
+            self._work(release)
             return
         self.finish(*self.ending)
         self.calls.discard(self)
-
-    async def _released(self, release: Awaitable[None]) -> None:
-        await asyncio.shield(release)
 
     def reset(self, stream: H2Stream) -> None:
         """The client cancelled the call (or the connection is gone)."""

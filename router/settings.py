@@ -264,7 +264,7 @@ class RouterSettings(BaseModel):
     epp_transport: Literal["grpcio", "native"] = Field(
         default="native",
         description="the endpoint picker's gRPC server: kvgate's own HTTP/2 (router/h2.py; "
-        "about 0.6 of grpcio's CPU per request), or grpcio's asyncio server; plain text on both",
+        "about half grpcio's CPU per request), or grpcio's asyncio server; plain text on both",
     )
     epp_max_streams: int = Field(
         default=1024,

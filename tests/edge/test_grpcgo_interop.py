@@ -17,6 +17,7 @@ import orjson
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from router.epp import EppServer, serve_epp
 from tests.deploykit import go_build
 from tests.edgekit import GATEWAY, Edge, completion, edge
 from tests.eppkit import BUFFERED, FULL_DUPLEX, destination, headers, outcomes, request_headers
@@ -79,9 +80,7 @@ def _exchange(i: int) -> list[ep.ProcessingRequest]:
     ]
 
 
-async def _native(e: Edge) -> Any:
-    from router.epp import serve_epp
-
+async def _native(e: Edge) -> EppServer:
     return await serve_epp(e.router, "127.0.0.1", 0, "native")
 
 
