@@ -90,7 +90,11 @@ def plan_reconcile(
         if expires is None:
             expires = entry.ts + lease_s
         if expires <= now:
-            plan.compensate.append((entry, "lease ran out; its close was never recorded"))
+            # the store's sweep (any router's) records each expiry it makes: that event has the
+            # grace to reach the ledger before the reconciler records one more (a store that
+            # came back empty swept nothing)
+            if store_reset or now - expires >= grace_s:
+                plan.compensate.append((entry, "lease ran out; its close was never recorded"))
         elif sole_owner is not None and rid not in own and now - entry.ts >= grace_s:
             plan.compensate.append((entry, f"not held by {sole_owner}, the only router"))
         elif store_reset:

@@ -115,6 +115,20 @@ def test_a_lost_release_is_closed_only_after_the_grace() -> None:
     assert [e.reservation_id for e, _ in third.compensate] == ["a"]
 
 
+def test_a_swept_lease_is_closed_only_after_its_expire_event_had_the_grace() -> None:
+    """A sweep removes a lapsed reservation from the store and records its expiry; a pass
+    that runs before that event is read must not record a second one."""
+    book = LedgerBook()
+    book.apply(reserve("a", 100.0), 100.0)
+    lapsed = 100.0 + LEASE
+    assert len(plan(book, {}, lapsed + 0.01)) == 0  # just swept: its event is on its way
+    book.apply(close("a", lapsed, "expire"), lapsed + 0.2)
+    assert len(plan(book, {}, lapsed + GRACE)) == 0
+    book.apply(reserve("b", 100.0), 100.0)  # swept by a router that died before recording it
+    p = plan(book, {}, lapsed + GRACE)
+    assert [e.reservation_id for e, _ in p.compensate] == ["b"]
+
+
 def test_release_event_arriving_clears_the_suspicion() -> None:
     book = LedgerBook()
     book.apply(reserve("a", 100.0), 100.0)
