@@ -111,7 +111,9 @@ GROUP BY time, reason ORDER BY time"""),
             ),
             "short",
             "prefix_hit, least_cost, spread, overload_fallback, all_overloaded, session_home, "
-            "session_place (a long-context session's first turn, placed by resident contexts), "
+            "session_place (a long-context session's first turn, or one whose context was "
+            "evicted, placed where resident contexts leave it room), session_overflow (no node "
+            "has room: to the node most committed), "
             "kv_pull (its prefix's KV loaded from the busy node holding it).",
             stack=True,
         ),

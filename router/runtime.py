@@ -178,7 +178,7 @@ def build_router(
     )
     upstream = Upstream(s)
     tokens = TokenChecks(upstream, reader, tokencheck, metrics)
-    sessions = SessionKeeper(s)
+    sessions = SessionKeeper(s, canary)
     external = ExternalRequests(
         s, gate, director, flights, ledger, views, recorder, queue, calibration, tokens.check
     )

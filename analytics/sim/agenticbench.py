@@ -16,9 +16,11 @@ Per router and repetition (the simulator's seed; from the second repetition on e
 start moves by up to 0.4 of the spacing): output tokens per second per GPU (completed requests'
 output over the time from the first arrival to the last answer, per engine), tokens per second
 per user (the median request's output over its decode time), the prefix-cache hit rate (cached
-prompt tokens over prompt tokens), TTFT p50 / p99, and what was refused. The criteria (issue:
-agentic traffic) compare medians over the repetitions; ``router_cpu_ms_per_request_100k`` is the
-live measurement of ``docs/benchmarks/longprompt.json`` (its own command).
+prompt tokens over prompt tokens), TTFT p50 / p99, the sessions whose turns' median TTFT is over
+30 s (``slow_sessions``: who the tail is — a few sessions or everyone), and what was refused.
+The criteria (issue: agentic traffic) compare medians over the repetitions;
+``router_cpu_ms_per_request_100k`` is the live measurement of
+``docs/benchmarks/longprompt.json`` (its own command).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ TARGETS = {
 }
 
 
+SLOW_SESSION_S = 30.0  # a session whose turns' median TTFT is longer is counted as slow
+
+
 def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, float | int]:
     """What a run gave its users and its GPUs (see the module's docstring)."""
     if not done:
@@ -70,6 +75,10 @@ def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, fl
     ]
     ttft = [d.first_token_s - d.request.arrival_s for d in done]
     prompt = sum(d.request.prompt_tokens for d in done)
+    per_session: dict[str | None, list[float]] = {}
+    for d, t in zip(done, ttft, strict=True):
+        per_session.setdefault(d.request.session_id, []).append(t)
+    slow = sum(statistics.median(ts) > SLOW_SESSION_S for ts in per_session.values())
     return {
         "completed": len(done),
         "refused": requests - len(done),
@@ -79,6 +88,7 @@ def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, fl
         "hit_rate": round(sum(d.cached_tokens for d in done) / max(1, prompt), 4),
         "ttft_p50_s": round(pct(ttft, 0.5) or 0.0, 3),
         "ttft_p99_s": round(pct(ttft, 0.99) or 0.0, 3),
+        "slow_sessions": slow,
     }
 
 

@@ -10,7 +10,15 @@ __all__ = ["agentic_markdown"]
 
 
 def agentic_markdown(r: dict[str, Any]) -> str:
-    keys = ("tok_s_per_gpu", "tok_s_per_user", "hit_rate", "ttft_p50_s", "ttft_p99_s", "refused")
+    keys = (
+        "tok_s_per_gpu",
+        "tok_s_per_user",
+        "hit_rate",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "slow_sessions",
+        "refused",
+    )
     head = (
         "| router | "
         + " | ".join(keys)
@@ -22,7 +30,9 @@ def agentic_markdown(r: dict[str, Any]) -> str:
         gpu = [run["tok_s_per_gpu"] for run in r["runs"][p]]
         rows.append(
             f"| {p} | "
-            + " | ".join(fmt(int(m[k]) if k == "refused" else m[k]) for k in keys)
+            + " | ".join(
+                fmt(int(m[k]) if k in ("refused", "slow_sessions") else m[k]) for k in keys
+            )
             + f" | {fmt(min(gpu))}–{fmt(max(gpu))} |"
         )
     sat = r["all_sessions_at_once"]
@@ -67,6 +77,15 @@ highest hit rate
 | criterion | value | target | |
 |---|---:|---|---|
 {crit}
+
+The sessions alive need about twice the KV the cluster has, so some contexts cannot be kept
+whatever the routing. kvgate places a long-context session where resident contexts leave it
+room, and where no node has room on the node most committed already (`cost.resident_fill`,
+router/decision/residency.py): the other nodes keep their contexts whole (hit rate, tokens per
+user and TTFT p50 follow), and the sessions that overflowed wait in that node's queue — the
+TTFT tail, and `slow_sessions` (sessions whose turns' median TTFT is over 30 s) says how many
+they are. A cache-first router does the same by accident (the node its first turns go to holds
+the excess); a router spreading load spreads the misses over every session instead.
 
 At 80 % load the sessions' own pace bounds the work (a turn waits for its tool), so every
 router moves about the same tokens per GPU; what differs is how fast each turn is served (tokens

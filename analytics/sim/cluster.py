@@ -339,8 +339,10 @@ class SimCluster:
                 )
             )
             self.remaining -= 1
-            if self.sessions is not None:
-                self.sessions.ended(r.session_id, now)
+            if self.sessions is not None:  # the session pauses: held on its node
+                until = self.sessions.ended(r.session_id, now)
+                if until is not None and r.session_id is not None:
+                    self.policy.paused(r.session_id, node, now, until)
             ended(self, int(seq.request_id[1:]), now)
         if released:
             pump(self, now)

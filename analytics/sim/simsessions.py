@@ -29,6 +29,10 @@ class SimSessions:
         """The retention hint of a turn sent at ``now`` (0: none)."""
         return 0.0 if session is None else self.gaps.hold_s(KIND, now)
 
-    def ended(self, session: str | None, now: float) -> None:
-        if session is not None:
-            self.gaps.ended(session, KIND, now)
+    def ended(self, session: str | None, now: float) -> float | None:
+        """A turn ended at ``now``: until when its session's prefix is held (None: no session),
+        as the live router's SessionKeeper.ended."""
+        if session is None:
+            return None
+        self.gaps.ended(session, KIND, now)
+        return now + self.gaps.hold_s(KIND, now)

@@ -65,24 +65,31 @@ class SessionPlaces:
         over: Callable[[NodeView], bool],
         w: CostWeights,
     ) -> tuple[int, str] | None:
-        """A resident session's node (its index in ``nodes``) and reason: its first turn placed
-        by the resident contexts, a later one (or a subagent's first) kept on the holder of
-        enough of its prompt; None where the cost decides."""
+        """A resident session's node (its index in ``nodes``) and reason: a later turn (or a
+        subagent's first) kept on the node holding its context (``prefix_hit``); a first turn,
+        or a turn whose context no node holds any more, placed where resident contexts leave
+        room for it (``session_place``) or, where none does, on the node most committed
+        (``session_overflow``: router/decision/residency.py); None where the cost decides."""
         session = request.session_id
         if session is None:
             return None
         self.resident_from = Residency.threshold(w.resident_share, nodes)
         if request.prompt_tokens < self.resident_from:
             return None
-        self.residency.expire(now, w.resident_window_s)
-        homes, parent = self.homes, request.parent_session_id
-        if hash(session) in homes or (parent is not None and hash(parent) in homes):
+        self.residency.expire(now)
+        key, parent = hash(session), request.parent_session_id
+        if key in self.homes or (parent is not None and hash(parent) in self.homes):
             need = -(-request.prompt_tokens // nodes[0].block_size)
-            node, reason = Residency.keep(nodes, matches, need, w.resident_hold), "prefix_hit"
-        else:
-            node, reason = self.residency.place(nodes, matches, over), "session_place"
-        if node is None:
+            kept = Residency.keep(nodes, matches, need, w.resident_hold)
+            if kept is not None:
+                return next(i for i, n in enumerate(nodes) if n is kept), "prefix_hit"
+        placed = self.residency.place(
+            nodes, matches, over, request.prompt_tokens, w.resident_fill, key
+        )
+        if placed is None:
             return None
+        node, overflowed = placed
+        reason = "session_overflow" if overflowed else "session_place"
         return next(i for i, n in enumerate(nodes) if n is node), reason
 
     def commit(self, request: RouteRequest, node: str, now: float, w: CostWeights) -> None:
@@ -98,4 +105,10 @@ class SessionPlaces:
             if len(homes) > SESSION_HOMES:
                 homes.popitem(last=False)
         if request.prompt_tokens >= self.resident_from:
-            self.residency.commit(session, node, request.prompt_tokens, now)
+            self.residency.commit(session, node, request.prompt_tokens, now + w.resident_window_s)
+
+    def paused(self, session_id: str, node: str, now: float, until: float, w: CostWeights) -> None:
+        """A turn of ``session_id`` ended on ``node`` at ``now``, its prefix held there until
+        ``until``: a resident session counts there for the window from its turn's end or for
+        its hold, whichever is longer."""
+        self.residency.pause(hash(session_id), node, max(until, now + w.resident_window_s))

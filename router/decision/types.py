@@ -216,6 +216,11 @@ class Policy(Protocol):
         computed there): what the policy learns from it."""
         ...
 
+    def paused(self, session_id: str, node: str, now: float, until: float) -> None:
+        """A turn of ``session_id`` ended on ``node``: the session pauses (a tool runs), its
+        context worth keeping there until ``until`` (router/decision/turngap.py)."""
+        ...
+
 
 class PolicyBase:
     """Shared by every policy: no eligible node → no decision; otherwise ``choose``."""
@@ -248,6 +253,9 @@ class PolicyBase:
         self, request: RouteRequest, decision: RouteDecision, uncached_tokens: int, now: float
     ) -> None:
         """Nothing to learn (policies with state of their own override it)."""
+
+    def paused(self, session_id: str, node: str, now: float, until: float) -> None:
+        """Nothing to learn (policies that place sessions override it)."""
 
 
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:

@@ -131,6 +131,15 @@ class CostWeights(BaseModel):
     resident_hold: float = Field(
         default=0.3, gt=0, le=1, description="share of a resident turn's prompt a holder keeps"
     )
+    resident_fill: float = Field(
+        default=1.0,
+        ge=0,
+        le=4,
+        description="a resident session is placed on a node whose resident contexts and its "
+        "prompt stay within this share of the node's KV; where none has room it overflows to "
+        "the node most committed (router/decision/residency.py; 0: the fewest resident tokens, "
+        "no room asked)",
+    )
     kv_pull: bool = Field(
         default=True,
         description="price loading a prefix's KV from the node holding it, where both engines "

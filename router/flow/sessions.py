@@ -4,10 +4,11 @@ pure cores).
 A session's turn arriving (admission) learns the gap since its last turn and ends its hold; a
 turn leaving its node (the proxy's, the gateway's or the endpoint picker's end of a request)
 starts a hold for the learned bound: the session's prefix on that node, as many blocks as its
-prompt and output took. A turn sent to an engine whose agent says it takes retention hints
-carries one (``agent_hint``: the session and ``cache_control.ttl``, the bound), so the engine
-keeps the prefix for the gap instead of evicting it first; a client's own ``agent_hint`` never
-reaches an engine (router/parse.py drops it).
+prompt and output took; the routing policy learns of it (a resident session counts on its node
+while it pauses: router/decision/residency.py). A turn sent to an engine whose agent says it
+takes retention hints carries one (``agent_hint``: the session and ``cache_control.ttl``, the
+bound), so the engine keeps the prefix for the gap instead of evicting it first; a client's own
+``agent_hint`` never reaches an engine (router/parse.py drops it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from router.decision.turngap import Hold, PausedSessions, TurnGaps
-from router.decision.types import NodeView
+from router.decision.types import NodeView, Policy
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
 
@@ -23,8 +24,9 @@ __all__ = ["SessionKeeper"]
 
 
 class SessionKeeper:
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(self, settings: RouterSettings, policy: Policy | None = None) -> None:
         self.enabled = settings.session_retention
+        self.policy = policy  # told of each pause: where its resident sessions live
         self.block_size = settings.block_size
         self.gaps = TurnGaps(
             default_s=settings.session_hold_default_s, ceiling_s=settings.session_hold_max_s
@@ -66,6 +68,8 @@ class SessionKeeper:
         blocks = (p.prompt_tokens_total + output_tokens) // self.block_size
         hold = Hold(p.session_id, node, blocks, now + self.gaps.hold_s(kind, now))
         self.paused.pause(hold)
+        if self.policy is not None:
+            self.policy.paused(p.session_id, node, now, hold.until)
         return hold
 
     def expire(self, now: float) -> None:

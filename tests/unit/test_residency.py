@@ -7,6 +7,9 @@ from router.decision.policies.cost import CompletionCostPolicy
 from router.decision.residency import Residency
 from router.decision.types import NodeView, RouteRequest
 from router.decision.weights import CostWeights
+from router.flow.sessions import SessionKeeper
+from router.parse import parse_request
+from router.settings import RouterSettings
 from tests.factories import node_view, take
 
 NOW = 1000.0
@@ -36,15 +39,55 @@ def policy(**over: object) -> CompletionCostPolicy:
 
 def test_the_count_follows_turns_moves_and_quiet_sessions() -> None:
     r = Residency(limit=3)
-    r.commit(1, "a", 50_000, NOW)
-    r.commit(2, "a", 70_000, NOW + 1)
-    r.commit(1, "b", 60_000, NOW + 2)  # session 1 moved: it leaves a
+    r.commit(1, "a", 50_000, NOW + 100)
+    r.commit(2, "a", 70_000, NOW + 101)
+    r.commit(1, "b", 60_000, NOW + 102)  # session 1 moved: it leaves a
     assert (r.tokens_on("a"), r.tokens_on("b")) == (70_000, 60_000)
-    r.expire(NOW + 100, window_s=98.5)  # session 2 quiet since NOW + 1
+    r.expire(NOW + 101.5)  # session 2's time ran out (its end never came back)
     assert (r.tokens_on("a"), r.tokens_on("b"), len(r)) == (0, 60_000, 1)
     for s in (3, 4, 5):  # over the bound: the least recent goes
-        r.commit(s, "c", 1_000, NOW + 100)
+        r.commit(s, "c", 1_000, NOW + 200)
     assert len(r) == 3 and r.tokens_on("b") == 0 and r.tokens_on("c") == 3_000
+
+
+def test_a_paused_session_counts_on_its_node_for_its_hold() -> None:
+    """A turn's end extends the session's time on its node (the hold, or the window from
+    the end); it never shortens it, and a pause reported from a node the session has left
+    changes nothing."""
+    r = Residency()
+    r.commit(1, "a", 50_000, NOW + 120)  # routed at NOW, the window 120 s
+    r.pause(1, "a", NOW + 400)  # its turn ended: held until NOW + 400
+    r.pause(1, "a", NOW + 200)  # an earlier end does not shorten it
+    r.pause(1, "b", NOW + 900)  # not where it lives
+    r.expire(NOW + 399)
+    assert r.tokens_on("a") == 50_000
+    r.expire(NOW + 400)
+    assert r.tokens_on("a") == 0 and len(r) == 0
+    r.pause(1, "a", NOW + 500)  # gone: a pause does not bring it back
+    assert len(r) == 0
+
+
+def test_a_session_goes_where_it_has_room_and_overflows_to_the_most_committed() -> None:
+    capacity = BLOCKS * 512
+    r = Residency()
+    r.commit(1, "a", int(0.7 * capacity), NOW + 120)
+    r.commit(2, "b", int(0.5 * capacity), NOW + 120)
+    r.commit(3, "c", int(0.6 * capacity), NOW + 120)
+    nodes = [agent_node("a"), agent_node("b"), agent_node("c")]
+
+    def free(_: NodeView) -> bool:
+        return False
+
+    need = int(0.45 * capacity)  # fits on b only
+    assert r.place(nodes, {}, free, need, 1.0) == (nodes[1], False)
+    # no node has room: the most committed takes it, the others keep their contexts
+    assert r.place(nodes, {}, free, int(0.6 * capacity), 1.0) == (nodes[0], True)
+    # fill 0: no room asked, the fewest resident tokens
+    assert r.place(nodes, {}, free, int(0.6 * capacity), 0.0) == (nodes[1], False)
+    # a session's own context does not count against its room where it lives
+    assert r.place(nodes, {}, free, int(0.75 * capacity), 1.0, session=1) == (nodes[0], False)
+    # a node over its limits is left out while another is not
+    assert r.place(nodes, {}, lambda n: n.node_id == "b", need, 1.0) == (nodes[0], True)
 
 
 def test_only_prompts_that_take_a_share_of_a_node_are_resident() -> None:
@@ -98,15 +141,37 @@ def test_a_later_turn_stays_on_its_context_when_the_holder_is_busy() -> None:
         assert (d.chosen, d.reason) == (want, reason)
 
 
-def test_a_later_turn_whose_context_is_gone_goes_by_the_cost() -> None:
-    """Below ``resident_hold`` of the prompt held anywhere (the context was evicted), nothing
-    is kept: the cost decides as for any request."""
+def test_a_later_turn_whose_context_is_gone_is_placed_again() -> None:
+    """Its home evicted the context: what it still holds is the prefix every session shares,
+    which other nodes hold as deep. The turn is placed as a first turn is (room first), not
+    sent to the first of those holders."""
     p = policy()
-    nodes = [agent_node("a", waiting=6, running=3, prefill_backlog_tokens=1_000_000)]
-    nodes.append(agent_node("b"))
-    take(p, turn("agent", 180, "t1"), nodes[:1], {})
-    d = p.decide(turn("agent", 200, "t2"), nodes, {"a": 20}, NOW)
-    assert d.chosen == "b" and d.reason == "spread"
+    nodes = [agent_node("a"), agent_node("b"), agent_node("c")]
+    take(p, turn("agent", 180, "t1"), nodes, {})
+    home = p.sessions.homes[hash("agent")]
+    others = [n.node_id for n in nodes if n.node_id != home]
+    take(p, turn("other", 400, "t2"), [n for n in nodes if n.node_id == others[0]], {})
+    shared = {n.node_id: 40 for n in nodes}  # the system prompt, on every node
+    d = p.decide(turn("agent", 200, "t3"), nodes, shared, NOW)
+    # the home has room (its own context no longer counts against it), the other with 400
+    # blocks resident has less
+    assert (d.chosen, d.reason) == (home, "session_place")
+    # below resident_hold everywhere (nothing but the shared prefix): placed too
+    d = p.decide(turn("agent", 200, "t4"), nodes, {others[1]: 20}, NOW)
+    assert d.reason == "session_place"
+
+
+def test_sessions_beyond_the_clusters_kv_overflow_to_one_node() -> None:
+    """Three nodes each hold about two 400-block contexts: the seventh session goes to the
+    node most committed already, not onto one whose contexts still fit."""
+    p = policy()
+    nodes = [agent_node(f"n{i}") for i in range(3)]
+    placed = [take(p, turn(f"s{i}", 400, f"r{i}"), nodes, {}) for i in range(6)]
+    assert {d.reason for d in placed} == {"session_place"}
+    assert sorted(d.chosen or "" for d in placed) == ["n0", "n0", "n1", "n1", "n2", "n2"]
+    p.sessions.residency.commit(hash("s0"), "n0", 430 * 512, NOW + 120)  # s0's context grew
+    d = take(p, turn("s6", 400, "r6"), nodes, {})
+    assert (d.chosen, d.reason) == ("n0", "session_overflow")
 
 
 def test_a_subagent_starts_where_its_parent_lives() -> None:
@@ -117,3 +182,21 @@ def test_a_subagent_starts_where_its_parent_lives() -> None:
     sub = replace(turn("sub-1", 160, "t2"), parent_session_id="parent")
     d = p.decide(sub, nodes, {parent_node: 150}, NOW)
     assert d.chosen == parent_node and d.reason == "prefix_hit"
+
+
+def test_the_end_of_a_turn_reaches_the_policy_through_the_session_keeper() -> None:
+    """The live router's end of a turn (SessionKeeper.ended: the proxy, the gateway and the
+    endpoint picker call it) tells the policy: a resident session counts on its node for its
+    hold, past the window from its routing."""
+    p = policy(resident_window_s=30.0)
+    nodes = [agent_node("a"), agent_node("b")]
+    node = take(p, turn("agent", 150, "t1"), nodes, {}).chosen
+    assert node is not None
+    keeper = SessionKeeper(RouterSettings(session_hold_default_s=600.0), p)
+    body = b'{"model": "m", "prompt": "x", "session_id": "agent"}'
+    hold = keeper.ended(parse_request(body, False, 16), "t", node, True, 10, NOW + 20)
+    assert hold is not None and hold.until == NOW + 620
+    p.sessions.residency.expire(NOW + 600)  # well past the routing's window of 30 s
+    assert p.sessions.residency.tokens_on(node) == 150 * 512
+    p.sessions.residency.expire(NOW + 620)
+    assert p.sessions.residency.tokens_on(node) == 0

@@ -120,6 +120,12 @@ class WeightsCanary:
             self.decided["current"] += 1
         self.base.commit(request, decision, uncached_tokens, now)
 
+    def paused(self, session_id: str, node: str, now: float, until: float) -> None:
+        """Both sides keep their sessions (either may have routed the turn)."""
+        self.base.paused(session_id, node, now, until)
+        if self.candidate is not None:
+            self.candidate.paused(session_id, node, now, until)
+
     def state(self) -> dict[str, Any]:
         return {
             "share": self.share,

@@ -434,3 +434,6 @@ class CompletionCostPolicy(PolicyBase):
             return
         self._avg_uncached += self.w.prefill_ewma * (uncached_tokens - self._avg_uncached)
         self.sessions.commit(request, decision.chosen, now, self.w)
+
+    def paused(self, session_id: str, node: str, now: float, until: float) -> None:
+        self.sessions.paused(session_id, node, now, until, self.w)
