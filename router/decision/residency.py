@@ -78,6 +78,9 @@ class Residency:
     def tokens_on(self, node: str) -> int:
         return self._tokens[node]
 
+    def by_node(self) -> dict[str, int]:
+        return dict(self._tokens)
+
     @staticmethod
     def threshold(share: float, nodes: Sequence[NodeView]) -> float:
         """The prompt tokens from which a session is resident: ``share`` of the largest of

@@ -221,6 +221,11 @@ class Policy(Protocol):
         context worth keeping there until ``until`` (router/decision/turngap.py)."""
         ...
 
+    def resident_tokens(self, now: float) -> dict[str, int]:
+        """Per node, the tokens of the resident sessions' contexts the policy counts there
+        (router/decision/residency.py; empty for a policy that places no sessions)."""
+        ...
+
 
 class PolicyBase:
     """Shared by every policy: no eligible node → no decision; otherwise ``choose``."""
@@ -256,6 +261,9 @@ class PolicyBase:
 
     def paused(self, session_id: str, node: str, now: float, until: float) -> None:
         """Nothing to learn (policies that place sessions override it)."""
+
+    def resident_tokens(self, now: float) -> dict[str, int]:
+        return {}
 
 
 def eligible(nodes: Sequence[NodeView], model: str, now: float) -> list[NodeView]:

@@ -85,4 +85,6 @@ class SessionKeeper:
             "resumed_while_held": self.resumed_held,
             "expired": self.expired,
             "gaps": self.gaps.report(),
+            # the long-context sessions the policy counts on each node (room and overflow)
+            "resident_tokens_by_node": self.policy.resident_tokens(now) if self.policy else {},
         }

@@ -191,3 +191,26 @@ async def test_subagents_start_at_their_parents_home() -> None:
             status, out, got = await e.call("POST", "/v1/completions", body, headers)
             alone.add(got["X-Kvgate-Node"])
         assert len(alone) > 1, alone
+
+
+async def test_long_contexts_are_placed_by_room_and_overflow_to_one_node() -> None:
+    """Long-context sessions through the live router (two engines of 6,400 tokens of KV,
+    contexts of ~2,100): each new session goes where resident contexts leave it room, the
+    fewest first; a longer one that has room nowhere goes to the node most committed already,
+    not to the one with the most left — the reasons in the decision records. Each ended turn
+    keeps its session counted on its node past the window from its routing (the end reaches
+    the policy: ``/v1/kvgate/state``)."""
+    router = {"cost": {"resident_window_s": 1.0}, "session_hold_default_s": 60.0}
+    async with edge(engines=2, blocks=400, router=router) as e:
+        prompt = "tool output " * 700  # 2,101 approximate tokens
+        nodes = [await _turn(e, f"agent-{i}", f"{i} " + prompt) for i in range(5)]
+        first, second = nodes[0], nodes[1]
+        assert first != second and nodes[2:] == [first, second, first]  # 3 and 2 contexts
+        longer = await _turn(e, "agent-long", "long " + "tool output " * 800)  # 2,402 tokens
+        assert longer == first  # 6,303 + 2,402 and 4,202 + 2,402: both over 6,400
+        reasons = [d.reason for d in e.decisions()]
+        assert reasons == ["session_place"] * 5 + ["session_overflow"], reasons
+        await asyncio.sleep(1.2)  # past the routing's window: the ends keep them counted
+        _, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
+        resident = state["sessions"]["resident_tokens_by_node"]
+        assert resident == {first: 3 * 2101 + 2402, second: 2 * 2101}, resident

@@ -126,6 +126,9 @@ class WeightsCanary:
         if self.candidate is not None:
             self.candidate.paused(session_id, node, now, until)
 
+    def resident_tokens(self, now: float) -> dict[str, int]:
+        return self.base.resident_tokens(now)
+
     def state(self) -> dict[str, Any]:
         return {
             "share": self.share,

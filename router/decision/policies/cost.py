@@ -437,3 +437,8 @@ class CompletionCostPolicy(PolicyBase):
 
     def paused(self, session_id: str, node: str, now: float, until: float) -> None:
         self.sessions.paused(session_id, node, now, until, self.w)
+
+    def resident_tokens(self, now: float) -> dict[str, int]:
+        residency = self.sessions.residency
+        residency.expire(now)
+        return residency.by_node()
