@@ -9,16 +9,39 @@ from analytics.sim.bench_report import fmt
 __all__ = ["agentic_markdown"]
 
 
+KEYS = (
+    "tok_s_per_gpu",
+    "tok_s_per_user",
+    "hit_rate",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "slow_sessions",
+    "refused",
+)
+COUNTS = frozenset({"refused", "slow_sessions"})  # medians of counts, shown whole
+
+OVERFLOW = """\
+The sessions alive need about twice the KV the cluster has, so some contexts cannot be kept
+whatever the routing. kvgate places a long-context session where resident contexts leave it
+room, and where no node has room on the node most committed already (`cost.resident_fill`,
+router/decision/residency.py): the other nodes keep their contexts whole (hit rate, tokens per
+user and TTFT p50 follow), and the sessions that overflowed wait in that node's queue — the
+TTFT tail, and `slow_sessions` (sessions whose turns' median TTFT is over 30 s) says how many
+they are. A cache-first router does the same by accident (the node its first turns go to holds
+the excess); a router spreading load spreads the misses over every session instead."""
+
+
+def _cells(m: dict[str, Any], keys: tuple[str, ...] = KEYS) -> str:
+    return " | ".join(fmt(int(m[k]) if k in COUNTS else m[k]) for k in keys)
+
+
+def _run_rows(runs: dict[str, dict[str, Any]]) -> str:
+    """One row per router of a section run once each (no spread to show)."""
+    return "\n".join(f"| {p} | {_cells(m)} | |" for p, m in runs.items())
+
+
 def agentic_markdown(r: dict[str, Any]) -> str:
-    keys = (
-        "tok_s_per_gpu",
-        "tok_s_per_user",
-        "hit_rate",
-        "ttft_p50_s",
-        "ttft_p99_s",
-        "slow_sessions",
-        "refused",
-    )
+    keys = KEYS
     head = (
         "| router | "
         + " | ".join(keys)
@@ -28,25 +51,10 @@ def agentic_markdown(r: dict[str, Any]) -> str:
     rows = []
     for p, m in r["median"].items():
         gpu = [run["tok_s_per_gpu"] for run in r["runs"][p]]
-        rows.append(
-            f"| {p} | "
-            + " | ".join(
-                fmt(int(m[k]) if k in ("refused", "slow_sessions") else m[k]) for k in keys
-            )
-            + f" | {fmt(min(gpu))}–{fmt(max(gpu))} |"
-        )
-    sat = r["all_sessions_at_once"]
-    sat_rows = "\n".join(
-        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |" for p, m in sat["runs"].items()
-    )
-    conc = r["at_concurrency"]
-    conc_rows = "\n".join(
-        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |" for p, m in conc["runs"].items()
-    )
-    larger_rows = "\n".join(
-        f"| {p} | " + " | ".join(fmt(m[k]) for k in keys) + " | |"
-        for p, m in r["larger_kv"]["runs"].items()
-    )
+        rows.append(f"| {p} | {_cells(m)} | {fmt(min(gpu))}–{fmt(max(gpu))} |")
+    sat, conc = r["all_sessions_at_once"], r["at_concurrency"]
+    sat_rows, conc_rows = _run_rows(sat["runs"]), _run_rows(conc["runs"])
+    larger_rows = _run_rows(r["larger_kv"]["runs"])
     crit = "\n".join(
         f"| `{k}` | {fmt(r[k])} | {r['targets'][k]} | {'met' if r['met'][k] else '**not met**'} |"
         for k in r["targets"]
@@ -78,14 +86,7 @@ highest hit rate
 |---|---:|---|---|
 {crit}
 
-The sessions alive need about twice the KV the cluster has, so some contexts cannot be kept
-whatever the routing. kvgate places a long-context session where resident contexts leave it
-room, and where no node has room on the node most committed already (`cost.resident_fill`,
-router/decision/residency.py): the other nodes keep their contexts whole (hit rate, tokens per
-user and TTFT p50 follow), and the sessions that overflowed wait in that node's queue — the
-TTFT tail, and `slow_sessions` (sessions whose turns' median TTFT is over 30 s) says how many
-they are. A cache-first router does the same by accident (the node its first turns go to holds
-the excess); a router spreading load spreads the misses over every session instead.
+{OVERFLOW}
 
 At 80 % load the sessions' own pace bounds the work (a turn waits for its tool), so every
 router moves about the same tokens per GPU; what differs is how fast each turn is served (tokens
@@ -126,7 +127,7 @@ def _pulls_markdown(pulls: dict[str, Any] | None, keys: tuple[str, ...]) -> str:
         return ""
     rows = "\n".join(
         f"| {name} | {fmt(p['kvgate']['pulls'])} | "
-        + " | ".join(fmt(p["kvgate"][k]) for k in keys)
+        + _cells(p["kvgate"], keys)
         + f" | {fmt(p['tok_s_per_gpu_vs_rr'])} | {fmt(p['hit_vs_best_peer'])} | "
         f"{fmt(p['ttft_p99_vs_best_peer'])} |"
         for name in ("open_loop", "at_concurrency")
