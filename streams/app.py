@@ -41,10 +41,11 @@ from streams.faustpatch import (
     set_fetch_wait,
 )
 from streams.folds import is_newer, plan_kv
-from streams.kafka import KafkaBus
+from streams.kafka import KafkaBus, OffsetProbe
 from streams.kafka import dead_letter as kafka_dead_letter
 from streams.ledger import ledger_fold
 from streams.ordered import OrderedInput
+from streams.recoverywatch import RecoveryWatch, reread_lost_changelogs
 from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
 from streams.segments import BASE, NodeSegments, group_records, segment_key
 from streams.settings import KafkaSettings, WorkerSettings
@@ -100,6 +101,10 @@ class WorkerTables:
             self.ledger: LEDGER.name(ns),
         }
         self.ordered = OrderedInput(app, kafka, worker.exactly_once, set(self.inputs), self.folded)
+        self.recovery = RecoveryWatch[Any]()
+        self.recovery_probe = OffsetProbe(
+            kafka, f"{app.conf.id}-recovery-probe", worker.exactly_once
+        )
         self.commit_seconds: dict[str, list[float]] = {}  # phase -> [sum, count, last]
         self.reaper: KafkaBus | None = None
 
@@ -294,9 +299,14 @@ class WorkerTables:
             await self.reaper.publish_raw(KV_EVENTS.name(ns), node.encode(), None)
         await self.reaper.flush()
 
+    async def watch_recovery(self) -> None:
+        """Read again the changelog partitions a table recovery waits for in vain."""
+        await reread_lost_changelogs(self.app, self.recovery, self.recovery_probe, self.folded)
+
     async def stop(self, *_: Any, **__: Any) -> None:
-        """Stop the worker's own Kafka clients (the offset probe, the reaper) with the app."""
+        """Stop the worker's own Kafka clients (the offset probes, the reaper) with the app."""
         await self.ordered.stop()
+        await self.recovery_probe.stop()
         if self.reaper is not None:
             with contextlib.suppress(Exception):
                 await self.reaper.stop()
@@ -368,6 +378,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         w.ordered.reread_quiet
     )
     app.timer(interval=worker.reap_interval_s, name="reap")(w.reap)
+    app.timer(interval=1.0, name="reread_lost_changelogs")(w.watch_recovery)
 
     # the consumer hands each input record straight to its fold (fold_input_inline); the agents
     # subscribe the topics and fold whatever Faust still delivers through a stream

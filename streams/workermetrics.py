@@ -38,9 +38,10 @@ def render_metrics(
     commit_seconds: Mapping[str, list[float]],
     lag: Mapping[str, int],
 ) -> str:
-    """Prometheus text: ``folded`` input by source (and ``dead_lettered``, ``reread``),
-    ``written`` table records by table, ``nodes`` in the load table, ``entries`` in the prefix
-    index, ``commit_seconds`` phase -> [sum, count, last], ``lag`` by source."""
+    """Prometheus text: ``folded`` input by source (and ``dead_lettered``, ``reread``,
+    ``recovery_reread``), ``written`` table records by table, ``nodes`` in the load table,
+    ``entries`` in the prefix index, ``commit_seconds`` phase -> [sum, count, last], ``lag`` by
+    source."""
     lines: list[str] = []
 
     def family(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
@@ -65,6 +66,13 @@ def render_metrics(
         "counter",
         "Times an input partition was read again from a record that was never delivered",
         [("", folded.get("reread", 0))],
+    )
+    family(
+        "kvgate_worker_recovery_rereads",
+        "counter",
+        "Times a changelog partition under recovery was read again: its records were fetched "
+        "and never reached the recovery",
+        [("", folded.get("recovery_reread", 0))],
     )
     family("kvgate_worker_nodes", "gauge", "Nodes in its load table", [("", nodes)])
     family(

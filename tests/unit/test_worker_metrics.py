@@ -11,7 +11,7 @@ from streams.workermetrics import render_metrics
 
 
 def test_the_page_parses_and_says_what_the_worker_did() -> None:
-    folded = Counter(heartbeats=7, kv_events=30, dead_lettered=2)
+    folded = Counter(heartbeats=7, kv_events=30, dead_lettered=2, recovery_reread=1)
     text = render_metrics(
         folded,
         Counter(prefix_index=4, load=3),
@@ -28,6 +28,7 @@ def test_the_page_parses_and_says_what_the_worker_did() -> None:
     assert samples[("kvgate_worker_folded_total", (("source", "kv_events"),))] == 30
     assert samples[("kvgate_worker_folded_total", (("source", "ledger"),))] == 0
     assert samples[("kvgate_worker_dead_lettered_total", ())] == 2
+    assert samples[("kvgate_worker_recovery_rereads_total", ())] == 1
     assert samples[("kvgate_worker_index_entries", ())] == 120
     assert samples[("kvgate_worker_commit_seconds_sum", (("phase", "send"),))] == 1.0
     assert samples[("kvgate_worker_commit_seconds_count", (("phase", "write"),))] == 10
