@@ -17,7 +17,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import faust
@@ -25,21 +24,8 @@ import faust
 from streams.coalesced import CoalescedTable
 from streams.codec import decode, encode
 from streams.exceptions import SchemaError
-from streams.faustcommit import (
-    allow_commit_bursts,
-    commit_on_a_fixed_cadence,
-    commit_transactions_together,
-    flush_before_transaction_commit,
-    write_tables_before_commit,
-)
-from streams.faustpatch import (
-    FAUST_FETCH_WAIT_MS,
-    commit_folded_offsets,
-    dispatch_without_tasks,
-    fold_input_inline,
-    restore_only_settled_changelogs,
-    set_fetch_wait,
-)
+from streams.faustapp import faust_app
+from streams.faustpatch import FAUST_FETCH_WAIT_MS, set_fetch_wait
 from streams.folds import is_newer, plan_kv
 from streams.kafka import KafkaBus, OffsetProbe
 from streams.kafka import dead_letter as kafka_dead_letter
@@ -49,7 +35,7 @@ from streams.recoverywatch import RecoveryWatch, reread_lost_changelogs
 from streams.schemas import Heartbeat, KvEventBatch, LedgerEvent, Message
 from streams.segments import BASE, NodeSegments, group_records, segment_key
 from streams.settings import KafkaSettings, WorkerSettings
-from streams.tables import KV_LEDGER, LOAD, PREFIX_INDEX, app_id
+from streams.tables import KV_LEDGER, LOAD, PREFIX_INDEX
 from streams.topics import DLQ, HEARTBEATS, KV_EVENTS, LEDGER
 from streams.workermetrics import input_lag, render_metrics
 
@@ -59,8 +45,6 @@ log = logging.getLogger(__name__)
 RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 RAW_TOPIC: dict[str, Any] = {**RAW, "key_serializer": "raw", "value_serializer": "raw"}
 M = TypeVar("M", bound=Message)
-PRODUCER_BATCH_BYTES = 512 * 1024  # a commit's table records of one partition: a few batches
-COMMIT_BURST = 100_000  # table records one commit may write before Faust holds the input up
 # changelog segments roll every minute, so compaction keeps what a restarting reader folds close
 # to the tables' size (one base and a few deltas per node) instead of a week of records
 CHANGELOG_CONFIG = {"segment.ms": "60000", "min.cleanable.dirty.ratio": "0.25"}
@@ -312,55 +296,11 @@ class WorkerTables:
                 await self.reaper.stop()
 
 
-def _patch_faust(kafka: KafkaSettings, worker: WorkerSettings) -> None:
-    """Faust as kvgate runs it (streams/faustcommit.py, streams/faustpatch.py)."""
-    write_tables_before_commit()
-    commit_folded_offsets()
-    dispatch_without_tasks()
-    fold_input_inline()
-    allow_commit_bursts(COMMIT_BURST)
-    commit_on_a_fixed_cadence()
-    if worker.exactly_once:
-        flush_before_transaction_commit()
-        commit_transactions_together()
-        restore_only_settled_changelogs(kafka)
-
-
-def _faust_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
-    # Faust creates its data directory without parents: started anywhere, it must exist
-    Path(worker.data_dir).mkdir(parents=True, exist_ok=True)
-    return faust.App(
-        app_id(kafka, worker),
-        broker=f"kafka://{kafka.bootstrap_servers}",
-        store="memory://",
-        processing_guarantee="exactly_once" if worker.exactly_once else "at_least_once",
-        topic_partitions=kafka.partitions,
-        topic_replication_factor=kafka.replication_factor,
-        web_enabled=True,
-        web_bind=worker.web_host,
-        web_port=worker.web_port,
-        web_in_thread=False,
-        broker_commit_interval=worker.commit_interval_s,
-        broker_session_timeout=worker.session_timeout_s,
-        broker_rebalance_timeout=worker.rebalance_timeout_s,
-        broker_heartbeat_interval=worker.heartbeat_interval_s,
-        consumer_auto_offset_reset="earliest",
-        producer_linger_ms=5,
-        producer_max_request_size=8 * 1024 * 1024,
-        producer_max_batch_size=PRODUCER_BATCH_BYTES,
-        table_standby_replicas=0,
-        datadir=worker.data_dir,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
-
-
 def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     """The worker's Faust app: its topics, tables and folds (:class:`WorkerTables`), the
     commit hooks, the timers and ``/metrics``."""
     ns = kafka.namespace
-    _patch_faust(kafka, worker)
-    app = _faust_app(kafka, worker)
+    app = faust_app(kafka, worker)
     topics = [app.topic(t.name(ns), **RAW_TOPIC) for t in (HEARTBEATS, KV_EVENTS, LEDGER)]
     w = WorkerTables(app, kafka, worker, app.topic(DLQ.name(ns), **RAW_TOPIC))
     # what the commit hooks (streams/faustcommit.py) read
