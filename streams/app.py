@@ -12,6 +12,7 @@ offsets and the records that fold them commit together.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -89,6 +90,7 @@ class WorkerTables:
         self.recovery_probe = OffsetProbe(
             kafka, f"{app.conf.id}-recovery-probe", worker.exactly_once
         )
+        self.recovery_task: asyncio.Task[None] | None = None
         self.commit_seconds: dict[str, list[float]] = {}  # phase -> [sum, count, last]
         self.reaper: KafkaBus | None = None
 
@@ -283,13 +285,23 @@ class WorkerTables:
             await self.reaper.publish_raw(KV_EVENTS.name(ns), node.encode(), None)
         await self.reaper.flush()
 
-    async def watch_recovery(self) -> None:
-        """Read again the changelog partitions a table recovery waits for in vain."""
-        await reread_lost_changelogs(self.app, self.recovery, self.recovery_probe, self.folded)
+    def watch_recovery(self, *_: Any, **__: Any) -> None:
+        """From the first assignment on, read again every second the changelog partitions a
+        table recovery waits for in vain (:mod:`streams.recoverywatch`). Not a Faust timer:
+        those start only once the first recovery is over, and that one can stall too."""
+        if self.recovery_task is None:
+            self.recovery_task = asyncio.get_running_loop().create_task(self._watch_recovery())
+
+    async def _watch_recovery(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await reread_lost_changelogs(self.app, self.recovery, self.recovery_probe, self.folded)
 
     async def stop(self, *_: Any, **__: Any) -> None:
         """Stop the worker's own Kafka clients (the offset probes, the reaper) with the app."""
         await self.ordered.stop()
+        if self.recovery_task is not None:
+            self.recovery_task.cancel()
         await self.recovery_probe.stop()
         if self.reaper is not None:
             with contextlib.suppress(Exception):
@@ -308,6 +320,7 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
     app.before_commit = w.write_tables  # type: ignore[attr-defined]
     app.commit_seconds = w.commit_seconds  # type: ignore[attr-defined]
     app.on_rebalance_complete.connect(w.invalidate)
+    app.on_partitions_assigned.connect(w.watch_recovery)
     app.on_before_shutdown.connect(w.stop)
 
     @app.on_partitions_revoked.connect
@@ -318,7 +331,6 @@ def build_app(kafka: KafkaSettings, worker: WorkerSettings) -> faust.App:
         w.ordered.reread_quiet
     )
     app.timer(interval=worker.reap_interval_s, name="reap")(w.reap)
-    app.timer(interval=1.0, name="reread_lost_changelogs")(w.watch_recovery)
 
     # the consumer hands each input record straight to its fold (fold_input_inline); the agents
     # subscribe the topics and fold whatever Faust still delivers through a stream

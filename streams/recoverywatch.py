@@ -5,9 +5,11 @@ until the records up to the end offsets it took at the start have arrived. Aroun
 its consumer drops records it has fetched: a batch that returns while the flow is stopped, or
 after the consumer generation changed, is discarded, and Faust then seeks back only the
 partitions that have committed offsets, which changelogs never have. The consumer's position
-stands at the end of the changelog while recovery still waits for its first record, and the
-worker folds nothing until it is restarted (seen with a worker taking over the partitions of
-one killed -9: recovery waited for minutes, the position at the changelog's end).
+stands at the end of the changelog while recovery still waits for its first record. At
+least once, the worker then folds nothing until it is restarted (seen with a worker taking over
+the partitions of one killed -9: recovery waited for minutes, the position at the changelog's
+end); exactly once, Faust takes the missing records for aborted transactions after 10 s and
+goes on from tables that lack them.
 
 :class:`RecoveryWatch` finds such a partition: recovery still short of its end, nothing of it
 arrived for ``quiet_s``, and the consumer's position past what recovery received (a partition

@@ -4,9 +4,13 @@ and kill a router mid-run. The tables must end exactly equal to the state the in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -60,15 +64,11 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
     sig: signal.Signals,
     exactly_once: bool,
 ) -> None:
-    await ensure_topics(kafka_settings)
-    supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
     stream = synthetic_stream()
     exp = expected_state(stream)
-    bus = KafkaBus(kafka_settings, "t-faults")
-    await bus.start()
-    # follow the changelogs only: this replica shows exactly what the worker's tables hold
-    replica = TableReplica(kafka_settings, worker_settings, "t-faults-replica", follow_input=False)
-    try:
+    async with _worker_input(
+        supervisor, kafka_settings, worker_settings, "faults", exactly_once
+    ) as (bus, replica):
         supervisor.spawn("worker-1", "worker")
         third = len(stream) // 3
         for msg in stream[:third]:
@@ -97,9 +97,6 @@ async def test_worker_killed_mid_stream_tables_equal_recomputed_state(
             assert {n: (h.epoch, h.seq) for n, h in router_view.load.items()} == exp.last_heartbeat
         finally:
             await router_view.stop()
-    finally:
-        await replica.stop()
-        await bus.stop()
 
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
@@ -113,21 +110,13 @@ async def test_a_worker_joining_and_another_dying_mid_stream_keep_the_tables_exa
     """Two rebalances while the input flows: a second worker joins (the first keeps some
     partitions, with changes it has not written yet, and gives the others away), then the first
     is killed -9 (the second takes its partitions from the committed tables and offsets)."""
-    await ensure_topics(kafka_settings)
-    supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
     stream = synthetic_stream(nodes=12, steps=3000, seed=5)
     exp = expected_state(stream)
-    bus = KafkaBus(kafka_settings, "t-rebalance")
-    await bus.start()
-    replica = TableReplica(
-        kafka_settings, worker_settings, "t-rebalance-replica", follow_input=False
-    )
-    try:
-        supervisor.spawn("worker-1", "worker")
+    async with _worker_input(
+        supervisor, kafka_settings, worker_settings, "rebalance", exactly_once
+    ) as (bus, replica):
         quarter = len(stream) // 4
-        await _produce(bus, stream[:quarter])
-        await replica.start()
-        await wait_until(lambda: _progress(replica), 90, "the first worker to fold some input")
+        await _first_worker_folds(supervisor, bus, replica, stream[:quarter])
         producer = asyncio.create_task(_produce(bus, stream[quarter:], every=20, pause=0.08))
         supervisor.spawn(
             "worker-2",
@@ -142,9 +131,43 @@ async def test_a_worker_joining_and_another_dying_mid_stream_keep_the_tables_exa
         await producer
         await _tables_become_exact(replica, exp)
         assert replica.index.entries == sum(len(b) for b in exp.blocks.values())
-    finally:
-        await replica.stop()
-        await bus.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+async def test_a_recovery_that_loses_its_changelog_records_reads_them_again(
+    supervisor: Supervisor,
+    kafka_settings: KafkaSettings,
+    worker_settings: WorkerSettings,
+    exactly_once: bool,
+) -> None:
+    """A worker taking over tables whose recovery loses every changelog record it was about to
+    read (:mod:`tests.lossyworker`: the consumer's positions at the changelogs' ends, as Faust
+    leaves them when it drops a fetched batch around a rebalance) finds the stall, reads the
+    records again, and folds on with the tables it restored: the tables end exact, no KV batch
+    history is missing from its state, and its /metrics counts the re-reads. Without the re-read
+    the recovery never ends (at-least-once), or Faust takes the missing records for aborted
+    transactions after 10 s and starts from empty tables (exactly-once)."""
+    stream = synthetic_stream(nodes=8, steps=1500, seed=11)
+    exp = expected_state(stream)
+    async with _worker_input(
+        supervisor, kafka_settings, worker_settings, "lossy", exactly_once
+    ) as (bus, replica):
+        half = len(stream) // 2
+        await _first_worker_folds(supervisor, bus, replica, stream[:half])
+        supervisor.kill("worker-1", signal.SIGTERM)
+        written = replica.records
+        await _produce(bus, stream[half:])
+        supervisor.spawn_argv("worker-2", [sys.executable, "-m", "tests.lossyworker", "worker"])
+        await _tables_become_exact(replica, exp)
+        assert written > 0  # the second worker had tables to restore
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{worker_settings.web_port}/metrics"
+            async with http.get(url) as resp:
+                text = await resp.text()
+        rereads = [line for line in text.splitlines() if line.startswith("kvgate_worker_recovery")]
+        assert rereads and float(rereads[0].split()[-1]) >= 1, rereads
+        log = supervisor.procs["worker-2"].log.read_text(errors="replace")
+        assert "were lost" not in log, log[-2000:]  # its restored state holds every KV batch
 
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
@@ -214,6 +237,39 @@ class _aborted:
 
     async def __aexit__(self, *_: object) -> None:
         await self.producer.abort_transaction()
+
+
+@contextlib.asynccontextmanager
+async def _worker_input(
+    supervisor: Supervisor,
+    kafka: KafkaSettings,
+    worker: WorkerSettings,
+    label: str,
+    exactly_once: bool,
+) -> AsyncIterator[tuple[KafkaBus, TableReplica]]:
+    """The topics, the workers' mode, a bus to write their input and a replica that follows the
+    changelogs only (it shows exactly what the workers' tables hold; started by the test)."""
+    await ensure_topics(kafka)
+    supervisor.env["KVGATE_WORKER__EXACTLY_ONCE"] = str(exactly_once).lower()
+    bus = KafkaBus(kafka, f"t-{label}")
+    await bus.start()
+    replica = TableReplica(kafka, worker, f"t-{label}-replica", follow_input=False)
+    try:
+        yield bus, replica
+    finally:
+        await replica.stop()
+        await bus.stop()
+
+
+async def _first_worker_folds(
+    supervisor: Supervisor, bus: KafkaBus, replica: TableReplica, msgs: list[object]
+) -> None:
+    """``worker-1`` started on ``msgs`` of input; the replica started and following the tables
+    it has begun to write."""
+    supervisor.spawn("worker-1", "worker")
+    await _produce(bus, msgs)
+    await replica.start()
+    await wait_until(lambda: _progress(replica), 90, "the first worker to fold some input")
 
 
 async def _committed(kafka: KafkaSettings, group: str) -> dict[tuple[str, int], int]:
