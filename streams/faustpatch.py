@@ -25,6 +25,7 @@ from streams.settings import KafkaSettings
 __all__ = [
     "FAUST_FETCH_WAIT_MS",
     "FOLDED",
+    "aiokafka_consumer",
     "commit_folded_offsets",
     "dispatch_without_tasks",
     "fold_input_inline",
@@ -37,6 +38,11 @@ FOLDED = object()  # what a record handed to an inline fold returns to the consu
 
 
 FAUST_FETCH_WAIT_MS = 1_500  # the fetch wait Faust gives the worker's consumer
+
+
+def aiokafka_consumer(app: Any) -> Any:
+    """The aiokafka consumer under Faust ``app``'s consumer thread (None before it runs)."""
+    return getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
 
 
 def set_fetch_wait(app: Any, wait_ms: int) -> bool:
@@ -53,8 +59,7 @@ def set_fetch_wait(app: Any, wait_ms: int) -> bool:
     Faust's back when a rebalance starts: with short waits during the recovery of partitions
     another worker just gave up, the recovery waited out its settle timeout (10 s without
     folding, measured with two workers)."""
-    consumer = getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
-    fetcher = getattr(consumer, "_fetcher", None)
+    fetcher = getattr(aiokafka_consumer(app), "_fetcher", None)
     if fetcher is None:
         return False
     fetcher._fetch_max_wait_ms = wait_ms  # read by each fetch request it builds

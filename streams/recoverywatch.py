@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from streams.faustpatch import aiokafka_consumer
 from streams.kafka import OffsetProbe
 
 __all__ = ["RecoveryWatch", "Restoring", "reread_lost_changelogs"]
@@ -77,28 +78,24 @@ class RecoveryWatch(Generic[TP]):
 
 def _positions(app: Any, tps: set[Any]) -> dict[Any, int]:
     """The consumer's fetch positions of ``tps`` (read from its aiokafka consumer's state)."""
-    consumer = getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
-    subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+    subscription = getattr(
+        getattr(aiokafka_consumer(app), "_subscription", None), "subscription", None
+    )
     assignment = getattr(subscription, "assignment", None)
     if assignment is None:
         return {}
-    out: dict[Any, int] = {}
-    for tp in tps:
-        try:
-            state = assignment.state_value(tp)
-        except KeyError:
-            continue
-        if state is not None and state.has_valid_position:
-            out[tp] = state.position
-    return out
+    states = {tp: assignment.state_value(tp) for tp in tps}  # None: not assigned
+    return {
+        tp: st.position for tp, st in states.items() if st is not None and st.has_valid_position
+    }
 
 
 async def reread_lost_changelogs(
     app: Any, watch: RecoveryWatch[Any], probe: OffsetProbe, counts: Counter[str]
 ) -> None:
-    """One look at the running recovery of Faust ``app`` (a timer calls it): every changelog
-    partition whose records were handed out and never arrived is read again
-    (``counts["recovery_reread"]``)."""
+    """One look at the running recovery of Faust ``app`` (the worker's watch calls it every
+    second): every changelog partition whose records were handed out and never arrived is read
+    again (``counts["recovery_reread"]``)."""
     try:
         await _reread_lost(app, watch, probe, counts)
     except Exception:  # a safeguard: it must never stop the worker
