@@ -7,33 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import (
-    KafkaError,
-    MessageSizeTooLargeError,
-    RecordTooLargeError,
-    TopicAlreadyExistsError,
-)
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from pydantic import BaseModel
 
-from streams.codec import decode, encode, encode_key
-from streams.controlauth import ControlAuth
+from streams.bus import KafkaBus
+from streams.codec import decode
 from streams.exceptions import SchemaError, StreamError
-from streams.schemas import ControlMessage, DeadLetter
+from streams.schemas import DeadLetter
 from streams.settings import KafkaSettings
 from streams.topics import ALL_TOPICS, DLQ, TopicSpec
-
-# what a broker never takes, however often it is sent: retrying it would jam the outbox
-_NEVER_TAKEN = (MessageSizeTooLargeError, RecordTooLargeError)
 
 __all__ = [
     "KafkaBus",
@@ -178,194 +168,6 @@ def make_consumer(
     return AIOKafkaConsumer(
         *topics, group_id=group_id, client_id=client_id, **settings.client_options(), **defaults
     )
-
-
-class KafkaBus:
-    """One producer per process. ``publish`` never waits: messages go to a bounded outbox that
-    a background task hands to the producer (retrying what the broker did not take, in order);
-    when the outbox is full, new messages are dropped and counted per topic. ``send`` waits for
-    the broker's acknowledgement (for callers that need it)."""
-
-    def __init__(self, settings: KafkaSettings, client_id: str, *, linger_ms: int = 5) -> None:
-        self.settings = settings
-        self.client_id = client_id
-        # every control message this process publishes is signed (streams/controlauth.py)
-        self.signer = ControlAuth(settings.control_keys, settings.control_key_id)
-        # the outbox is handed over every linger_ms, all at once: every partition's batch is
-        # then ready at the same moment and goes in one produce request per broker (the
-        # producer's own linger runs per partition, so its requests would not coalesce)
-        self._linger_s = linger_ms / 1000
-        self._producer_obj: AIOKafkaProducer | None = None
-        self._outbox: deque[tuple[str, bytes | None, bytes | None]] = deque()
-        self._outbox_bytes = 0
-        self._wake = asyncio.Event()
-        self._inflight = 0
-        self._drainer: asyncio.Task[None] | None = None
-        self.send_errors = 0
-        self.retried = 0
-        self.dropped: Counter[str] = Counter()  # topic -> messages dropped (outbox full)
-        # topic -> messages the broker will never take (too large): set aside, never retried
-        self.refused: Counter[str] = Counter()
-        self.delivered = 0
-        self.last_delivery_at: float | None = None
-
-    def topic(self, spec: TopicSpec) -> str:
-        return spec.name(self.settings.namespace)
-
-    @property
-    def _producer(self) -> AIOKafkaProducer:
-        if self._producer_obj is None:
-            raise StreamError("KafkaBus.start() was not awaited")
-        return self._producer_obj
-
-    @property
-    def queued(self) -> int:
-        """Messages published but not yet handed to the broker (or being retried)."""
-        return len(self._outbox) + self._inflight
-
-    async def start(self) -> None:
-        self._producer_obj = AIOKafkaProducer(
-            client_id=self.client_id,
-            linger_ms=0,
-            acks="all",
-            enable_idempotence=True,
-            max_batch_size=1 << 20,
-            max_request_size=8 << 20,
-            **self.settings.client_options(),
-        )
-        try:
-            await self._producer.start()
-        except KafkaError as exc:
-            raise StreamError(f"cannot reach Kafka at {self.settings.bootstrap_servers}") from exc
-        self._drainer = asyncio.create_task(self._drain())
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (for at most ``timeout_s``), then stop."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.flush()
-        except (TimeoutError, StreamError) as exc:
-            log.warning("stopping with %d messages undelivered: %r", self.queued, exc)
-        if self._drainer is not None:
-            self._drainer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drainer
-        await self._producer.stop()
-
-    async def flush(self) -> None:
-        """Wait until everything published so far has reached the broker."""
-        while self._outbox or self._inflight:
-            if self._drainer is None or self._drainer.done():
-                raise StreamError("the bus is not running")
-            await asyncio.sleep(0.005)
-        try:
-            await self._producer.flush()
-        except KafkaError as exc:
-            raise StreamError(f"flush failed: {exc}") from exc
-
-    async def send(self, spec: TopicSpec, key: str | None, value: BaseModel) -> None:
-        """Send and wait for the broker's acknowledgement."""
-        if isinstance(value, ControlMessage):
-            value = self.signer.sign(value)
-        try:
-            await self._producer.send_and_wait(self.topic(spec), encode(value), encode_key(key))
-        except KafkaError as exc:
-            raise StreamError(f"send to {self.topic(spec)} failed: {exc}") from exc
-
-    async def publish(self, spec: TopicSpec, key: str | None, value: BaseModel) -> None:
-        """Queue the message for the broker; returns at once (see the class docstring)."""
-        self.post(spec, key, value)
-
-    def post(self, spec: TopicSpec, key: str | None, value: BaseModel | None) -> bool:
-        """:meth:`publish` for code that is not a coroutine (None: a tombstone)."""
-        if isinstance(value, ControlMessage):
-            value = self.signer.sign(value)
-        return self.enqueue(
-            self.topic(spec), encode_key(key), encode(value) if value is not None else None
-        )
-
-    async def publish_raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
-        self.enqueue(topic, key, value)
-
-    def enqueue(self, topic: str, key: bytes | None, value: bytes | None) -> bool:
-        """Queue one message; False (and counted in ``dropped``) when the outbox is full."""
-        size = len(value or b"") + len(key or b"")
-        s = self.settings
-        if len(self._outbox) >= s.outbox_max_messages or self._outbox_bytes + size > (
-            s.outbox_max_bytes
-        ):
-            if not self.dropped:
-                log.warning("Kafka outbox full (%d messages): dropping", len(self._outbox))
-            self.dropped[topic] += 1
-            return False
-        self._outbox.append((topic, key, value))
-        self._outbox_bytes += size
-        self._wake.set()
-        return True
-
-    def _take(self) -> tuple[str, bytes | None, bytes | None]:
-        item = self._outbox.popleft()
-        self._outbox_bytes -= len(item[2] or b"") + len(item[1] or b"")
-        return item
-
-    def _requeue(self, item: tuple[str, bytes | None, bytes | None]) -> None:
-        """Back to the front (order kept as far as it can be) — the broker did not take it."""
-        self._outbox.appendleft(item)
-        self._outbox_bytes += len(item[2] or b"") + len(item[1] or b"")
-        self.retried += 1
-        self._wake.set()
-
-    async def _drain(self) -> None:
-        backoff = 0.05
-        while True:
-            if not self._outbox:
-                self._wake.clear()
-                await self._wake.wait()
-                if self._linger_s:
-                    await asyncio.sleep(self._linger_s)  # what else comes meanwhile goes along
-                continue
-            item = self._take()
-            topic, key, value = item
-            try:
-                fut = await self._producer.send(topic, value, key)
-            except _NEVER_TAKEN as exc:  # larger than the producer may send: never will be
-                self._refuse(item, exc)
-                continue
-            except KafkaError as exc:  # no metadata / buffer full for too long: broker away
-                self._requeue(item)
-                self.send_errors += 1
-                if backoff >= 1.0:
-                    log.warning("Kafka does not take messages (%s); %d queued", exc, self.queued)
-                await asyncio.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
-                continue
-            backoff = 0.05
-            self._inflight += 1
-            fut.add_done_callback(functools.partial(self._delivered, item))
-
-    def _delivered(
-        self, item: tuple[str, bytes | None, bytes | None], fut: asyncio.Future[Any]
-    ) -> None:
-        self._inflight -= 1
-        if not fut.cancelled() and isinstance(fut.exception(), _NEVER_TAKEN):
-            self._refuse(item, fut.exception())
-            return
-        if fut.cancelled() or fut.exception() is not None:
-            self.send_errors += 1
-            log.warning("delivery to %s failed (%r); retrying", item[0], fut.exception())
-            self._requeue(item)
-            return
-        self.delivered += 1
-        self.last_delivery_at = time.time()
-
-    def _refuse(
-        self, item: tuple[str, bytes | None, bytes | None], exc: BaseException | None
-    ) -> None:
-        """A message the broker (or the producer) will never take — retried, it would hold up
-        every message behind it: counted per topic in ``refused`` and set aside."""
-        self.refused[item[0]] += 1
-        size = len(item[2] or b"") + len(item[1] or b"")
-        log.error("Kafka refuses a %d-byte message to %s (%r): dropped", size, item[0], exc)
 
 
 class OffsetProbe:

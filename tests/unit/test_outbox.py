@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, RecordTooLargeError
 
 from streams.kafka import KafkaBus
 from streams.schemas import DeadLetter
@@ -28,15 +28,35 @@ def _letter(i: int) -> DeadLetter:
     )
 
 
+class Batch:
+    """aiokafka's batch builder, as far as the bus uses it: at most ``room`` messages."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.values = room, []  # type: list[bytes]
+
+    def append(self, *, key: bytes | None, value: bytes, timestamp: None) -> object | None:
+        if len(self.values) >= self.room:
+            return None
+        self.values.append(value)
+        return object()
+
+
 class FlakyProducer:
-    """Stands in for aiokafka's producer: refuses the first ``refuse`` sends (as aiokafka does
+    """Stands in for aiokafka's producer: refuses the first ``refuse`` batches (as aiokafka does
     when the broker is away), fails the delivery of the next ``fail`` ones, then takes all."""
 
-    def __init__(self, refuse: int, fail: int) -> None:
-        self.refuse, self.fail = refuse, fail
+    def __init__(self, refuse: int, fail: int, room: int = 8) -> None:
+        self.refuse, self.fail, self.room = refuse, fail, room
         self.taken: list[bytes] = []
+        self.batches = 0
 
-    async def send(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+    def create_batch(self) -> Batch:
+        return Batch(self.room)
+
+    async def send_batch(self, batch: Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.refuse:
             self.refuse -= 1
@@ -45,6 +65,18 @@ class FlakyProducer:
             self.fail -= 1
             fut.set_exception(KafkaTimeoutError("delivery timed out"))
             return fut
+        if len(batch.values) > 1 and b"big" in batch.values:
+            fut.set_exception(RecordTooLargeError("the batch is over the broker's limit"))
+            return fut
+        self.batches += 1
+        self.taken.extend(batch.values)
+        fut.set_result(None)
+        return fut
+
+    async def send(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
+        if value == b"big":
+            raise MessageSizeTooLargeError("over max_request_size")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.taken.append(value)
         fut.set_result(None)
         return fut
@@ -79,8 +111,9 @@ def test_a_full_outbox_drops_and_counts() -> None:
 
 @pytest.mark.parametrize("refuse, fail", [(3, 0), (0, 2), (3, 2)])
 async def test_refused_and_failed_messages_are_retried(refuse: int, fail: int) -> None:
-    """Sends the producer refuses keep their place (the order is exact); deliveries that
-    fail go back to the front of the outbox. Nothing is lost, nothing is sent twice."""
+    """Batches the producer refuses keep their place (the order is exact); batches whose
+    delivery fails go back to the front of the outbox. Nothing is lost, nothing is sent
+    twice."""
     bus = KafkaBus(KafkaSettings(), "t")
     producer = FlakyProducer(refuse, fail)
     bus._producer_obj = producer  # type: ignore[assignment]
@@ -92,6 +125,45 @@ async def test_refused_and_failed_messages_are_retried(refuse: int, fail: int) -
     assert sorted(producer.taken) == values
     if not fail:
         assert producer.taken == values
-    assert bus.retried == refuse + fail and bus.send_errors == refuse + fail
+    assert bus.send_errors == refuse + fail and bus.retried >= refuse + fail
     assert bus.queued == 0 and bus.delivered == 50
+    assert producer.batches == 7  # 50 messages, 8 to a batch
+    await bus.stop()
+
+
+async def test_messages_queued_while_a_pass_waits_are_counted_until_delivered() -> None:
+    """``queued`` counts what a hand-over holds, so ``flush`` waits for it."""
+    bus = KafkaBus(KafkaSettings(), "t")
+    producer = FlakyProducer(0, 0, room=2)
+    gate = asyncio.Event()
+    send_batch = producer.send_batch
+
+    async def slow(batch: Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        await gate.wait()
+        return await send_batch(batch, topic, partition=partition)
+
+    producer.send_batch = slow  # type: ignore[method-assign]
+    bus._producer_obj = producer  # type: ignore[assignment]
+    bus._drainer = asyncio.create_task(bus._drain())
+    for i in range(5):
+        bus.enqueue("t", None, b"%d" % i)
+    await asyncio.sleep(0.05)
+    assert not bus._outbox and bus.queued == 5  # all taken, none delivered
+    gate.set()
+    await asyncio.wait_for(bus.flush(), 10)
+    assert producer.taken == [b"0", b"1", b"2", b"3", b"4"] and bus.queued == 0
+    await bus.stop()
+
+
+async def test_a_batch_refused_whole_goes_again_one_by_one_and_only_the_culprit_is_dropped() -> None:
+    bus = KafkaBus(KafkaSettings(), "t")
+    producer = FlakyProducer(0, 0)
+    bus._producer_obj = producer  # type: ignore[assignment]
+    bus._drainer = asyncio.create_task(bus._drain())
+    values = [b"a", b"b", b"big", b"c"]
+    for v in values:
+        bus.enqueue("t", None, v)
+    await asyncio.wait_for(bus.flush(), 10)
+    assert producer.taken == [b"a", b"b", b"c"] and bus.refused == {"t": 1}
+    assert bus.queued == 0 and bus.delivered == 3 and not bus._alone
     await bus.stop()
