@@ -155,7 +155,7 @@ async def test_messages_queued_while_a_pass_waits_are_counted_until_delivered() 
     await bus.stop()
 
 
-async def test_a_batch_refused_whole_goes_again_one_by_one_and_only_the_culprit_is_dropped() -> None:
+async def test_a_batch_refused_whole_is_sent_again_one_by_one_and_its_culprit_dropped() -> None:
     bus = KafkaBus(KafkaSettings(), "t")
     producer = FlakyProducer(0, 0)
     bus._producer_obj = producer  # type: ignore[assignment]
