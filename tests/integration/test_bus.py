@@ -77,7 +77,10 @@ def own_broker(kafka_up: str) -> Iterator[LocalInfra]:
         yield infra
     finally:
         infra.down()
-        shutil.rmtree(_kafka_home() / f"data-{port}", ignore_errors=True)
+        home = _kafka_home()
+        shutil.rmtree(home / f"data-{port}", ignore_errors=True)
+        for name in (f"kafka-{port}.log", f"kafka-{port}.out", f"server-{port}.properties"):
+            (home / name).unlink(missing_ok=True)
 
 
 def _kafka_home() -> Path:
