@@ -1,5 +1,5 @@
 """What the stream relay costs per chunk, in process: the proxy's SSE reader
-(``router/http/proxy.py`` ``_SseLines``) fed a vLLM-shaped chat stream, without and with the
+(``router/http/sse.py`` ``SseLines``) fed a vLLM-shaped chat stream, without and with the
 mid-stream failover trail (``router/http/resume.py`` ``Trail``: what the client was sent, kept
 so that a broken stream can go on from another node). CPU microseconds per chunk, the trail's
 ratio to the bare relay in the same repetition, median and spread.
@@ -22,8 +22,8 @@ from typing import Any
 import orjson
 
 from router.flow.served import Served
-from router.http.proxy import _SseLines
 from router.http.resume import Trail
+from router.http.sse import SseLines
 from router.parse import parse_request
 
 OUT = Path("docs/benchmarks/relay.json")
@@ -45,7 +45,7 @@ def _chunk(i: int) -> bytes:
 def _per_chunk_us(chunks: list[bytes], trail: bool) -> float:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     p = parse_request(orjson.dumps(body), True, 256)
-    lines = _SseLines(Served(), True, None, time.time(), None, Trail(p) if trail else None)
+    lines = SseLines(Served(), True, None, time.time(), None, Trail(p) if trail else None)
     t = time.process_time()
     for c in chunks:
         lines.feed(c)

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.flow.served import Served
-from router.http.proxy import ClientStalled, StallBudget, _SseLines, _write
+from router.http.proxy import ClientStalled, StallBudget, _write
+from router.http.sse import SseLines
 
 
 def _event(obj: dict[str, object]) -> bytes:
@@ -82,7 +83,7 @@ def test_any_split_of_the_stream_relays_as_read_line_by_line(
     want, want_tokens, want_usage = reference(body, include_usage)
     firsts: list[int] = []
     relay = Served()
-    lines = _SseLines(relay, include_usage, lambda: firsts.append(1), 0.0)
+    lines = SseLines(relay, include_usage, lambda: firsts.append(1), 0.0)
     edges = sorted({0, len(body), *(c for c in cuts if c < len(body))})
     got = b"".join(lines.feed(body[a:b]) for a, b in itertools.pairwise(edges))
     got += lines.feed(b"", final=True)
@@ -94,7 +95,7 @@ def test_any_split_of_the_stream_relays_as_read_line_by_line(
 
 def test_nothing_is_held_back_but_an_unfinished_line() -> None:
     relay = Served()
-    lines = _SseLines(relay, False, None, 0.0)
+    lines = SseLines(relay, False, None, 0.0)
     first = _event({"choices": [{"index": 0, "text": "hi"}]})
     assert lines.feed(first + first[:9]) == first  # the first token goes out at once
     assert relay.ttft_s is not None and lines.rest == first[:9]
