@@ -147,7 +147,8 @@ class KafkaBus:
 
     def enqueue(self, topic: str, key: bytes | None, value: bytes | None) -> bool:
         """Queue one message; False (and counted in ``dropped``) when the outbox is full."""
-        size = len(value or b"") + len(key or b"")
+        item = (topic, key, value)
+        size = _size(item)
         s = self.settings
         if len(self._outbox) >= s.outbox_max_messages or self._outbox_bytes + size > (
             s.outbox_max_bytes
@@ -156,7 +157,7 @@ class KafkaBus:
                 log.warning("Kafka outbox full (%d messages): dropping", len(self._outbox))
             self.dropped[topic] += 1
             return False
-        self._outbox.append((topic, key, value))
+        self._outbox.append(item)
         self._outbox_bytes += size
         self._wake.set()
         return True
@@ -256,7 +257,7 @@ class KafkaBus:
             fut = await self._producer.send(topic, value, key)
         except _NEVER_TAKEN as exc:  # larger than the producer may send: never will be
             self._alone.discard(id(item))
-            self._refuse([item], exc)
+            self._refuse(item, exc)
             return
         self._alone.discard(id(item))
         fut.add_done_callback(functools.partial(self._delivered, [item]))
@@ -265,7 +266,7 @@ class KafkaBus:
         exc = None if fut.cancelled() else fut.exception()
         if isinstance(exc, _NEVER_TAKEN):
             if len(batch) == 1:
-                self._refuse(batch, exc)
+                self._refuse(batch[0], exc)
                 return
             # refused whole: each goes again on its own, and only what is too large is dropped
             self._alone.update(id(i) for i in batch)
@@ -280,10 +281,9 @@ class KafkaBus:
         self.delivered += len(batch)
         self.last_delivery_at = time.time()
 
-    def _refuse(self, batch: list[Item], exc: BaseException | None) -> None:
+    def _refuse(self, item: Item, exc: BaseException | None) -> None:
         """A message the broker (or the producer) will never take — retried, it would hold up
         every message behind it: counted per topic in ``refused`` and set aside."""
-        (item,) = batch
         self._inflight -= 1
         self.refused[item[0]] += 1
         size = _size(item)
