@@ -9,7 +9,6 @@ import asyncio
 import os
 import shutil
 import signal
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -110,9 +109,9 @@ async def test_the_outbox_delivers_everything_through_a_broker_killed_and_restar
     async def publish(phase: str, n: int) -> None:
         for i in range(n):
             rid = f"{phase}-{i:03d}"
-            t0 = time.perf_counter()
-            await bus.publish(OUTCOMES, f"k{i % 8}", outcome(rid))
-            assert time.perf_counter() - t0 < 0.05  # never waits on the broker
+            coro = bus.publish(OUTCOMES, f"k{i % 8}", outcome(rid))
+            with pytest.raises(StopIteration):  # done without suspending: never waits on Kafka
+                coro.send(None)
             sent.append(rid)
             await asyncio.sleep(0.005)
 
