@@ -113,6 +113,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) ready ;;
-  wipe) stop; rm -rf "$data" ;;
+  # its data, log and configuration gone (a broker of a test's own, on a port of its own)
+  wipe) stop; rm -rf "$data" "$logfile" "$home/kafka-$port.out" "$home/server-$port.properties" ;;
   *) echo "usage: $0 install|start|stop|status|wipe" >&2; exit 2 ;;
 esac

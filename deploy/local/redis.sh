@@ -47,5 +47,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) ready ;;
-  *) echo "usage: $0 install|start|stop|status" >&2; exit 2 ;;
+  wipe) stop; rm -f "$home/redis-$port.log" ;;  # (it keeps no data)
+  *) echo "usage: $0 install|start|stop|status|wipe" >&2; exit 2 ;;
 esac

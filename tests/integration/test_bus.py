@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import uuid
 from collections import defaultdict
@@ -76,10 +75,7 @@ def own_broker(kafka_up: str) -> Iterator[LocalInfra]:
         yield infra
     finally:
         infra.down()
-        home = _kafka_home()
-        shutil.rmtree(home / f"data-{port}", ignore_errors=True)
-        for name in (f"kafka-{port}.log", f"kafka-{port}.out", f"server-{port}.properties"):
-            (home / name).unlink(missing_ok=True)
+        infra.run("kafka", "wipe")  # its data, log and configuration
 
 
 def _kafka_home() -> Path:

@@ -175,7 +175,7 @@ def _processes_with(marker: bytes) -> list[int]:
 def test_sigterm_stops_everything_the_demo_started(tmp_path: Path) -> None:
     """SIGTERM (what timeout, CI runners, Docker and systemd send) tears the demo down as Ctrl-C
     does: its engines, agents, worker, router, and the Kafka and Redis it started itself."""
-    kafka, redis = free_port(), free_port()
+    kafka, redis = free_port(span=2), free_port()  # (Kafka's controller listens on port + 1)
     marker = f"127.0.0.1:{kafka}"
     env = {
         **os.environ,
@@ -215,3 +215,5 @@ def test_sigterm_stops_everything_the_demo_started(tmp_path: Path) -> None:
     infra = LocalInfra(kafka_port=kafka, redis_port=redis)
     assert infra.run("kafka", "status").returncode != 0  # stopped: it had started them
     assert infra.run("redis", "status").returncode != 0
+    infra.run("kafka", "wipe")  # the broker's data, log and configuration, on its port alone
+    infra.run("redis", "wipe")
