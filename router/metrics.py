@@ -6,8 +6,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from streams.schemas import Outcome
-
 __all__ = ["MAX_MODELS", "BoundedLabels", "RouterMetrics"]
 
 MAX_MODELS = 32
@@ -354,31 +352,41 @@ class RouterMetrics:
         """``name`` as a label value: the first MAX_MODELS models seen keep theirs."""
         return self._models.get(name)
 
-    def finished(self, o: Outcome, model: str) -> None:
-        """A finished request's latencies and tokens."""
+    def finished(
+        self,
+        model: str,
+        status: str,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        e2e_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        cached_tokens: int | None,
+    ) -> None:
+        """A finished request's latencies and tokens (what its outcome record says)."""
         m = self.model(model)
-        c = self._per_model.get((m, o.status))
+        c = self._per_model.get((m, status))
         if c is None:  # the label children, looked up once per model and status
-            c = self._per_model[(m, o.status)] = (
+            c = self._per_model[(m, status)] = (
                 self.ttft.labels(m),
                 self.tpot.labels(m),
-                self.e2e.labels(m, o.status),
+                self.e2e.labels(m, status),
                 self.tokens.labels(m, "prompt"),
                 self.tokens.labels(m, "generated"),
                 self.tokens.labels(m, "cached"),
-                self._outcomes.labels(o.status),
+                self._outcomes.labels(status),
             )
         ttft, tpot, e2e, prompt, generated, cached, outcome = c
         outcome.inc()
-        if o.ttft_s is not None:
-            ttft.observe(o.ttft_s)
-        if o.tpot_s is not None:
-            tpot.observe(o.tpot_s)
-        e2e.observe(o.e2e_s)
-        prompt.inc(o.prompt_tokens)
-        generated.inc(o.output_tokens)
-        if o.cached_tokens:
-            cached.inc(o.cached_tokens)
+        if ttft_s is not None:
+            ttft.observe(ttft_s)
+        if tpot_s is not None:
+            tpot.observe(tpot_s)
+        e2e.observe(e2e_s)
+        prompt.inc(prompt_tokens)
+        generated.inc(output_tokens)
+        if cached_tokens:
+            cached.inc(cached_tokens)
 
     def decided(self, reason: str, decision_us: float) -> None:
         self._decisions.labels(reason).inc()

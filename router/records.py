@@ -8,13 +8,15 @@ from admission.core import Verdict
 from router.decision.types import NodeView, RouteDecision, RouteRequest
 from router.flow.served import Served
 from router.parse import ParsedRequest
-from streams.schemas import CandidateScore, Decision, EndpointKind, Outcome, PassthroughKind
+from streams.schemas import Decision, EndpointKind, Outcome, PassthroughKind
 
 __all__ = [
     "MAX_RECORDED_BLOCKS",
     "admission_fields",
+    "decision_fields",
     "decision_record",
     "listing_record",
+    "outcome_fields",
     "outcome_record",
     "passthrough_outcome",
     "passthrough_record",
@@ -65,6 +67,16 @@ def decision_record(
     rreq: RouteRequest,
     p: ParsedRequest,
     d: RouteDecision,
+    **kw: Any,
+) -> Decision:
+    """:func:`decision_fields` as the model (what reads it back gets the same)."""
+    return Decision.model_validate(decision_fields(rreq, p, d, **kw))
+
+
+def decision_fields(
+    rreq: RouteRequest,
+    p: ParsedRequest,
+    d: RouteDecision,
     *,
     router_id: str,
     policy: str,
@@ -84,53 +96,56 @@ def decision_record(
     queue_wait_s: float | None = None,
     client_request_id: str | None = None,
     decision_seq: int = 0,
-) -> Decision:
-    return Decision(
-        request_id=rreq.request_id,
-        ts=started,
-        router_id=router_id,
-        model=p.model,
-        session_id=p.session_id,
-        endpoint_kind=p.kind,
-        prompt_tokens=p.prompt_tokens_total,
-        max_tokens=p.max_tokens,
-        block_size=block_size,
-        block_hashes=list(rreq.block_hashes[:MAX_RECORDED_BLOCKS]),  # (a prompt of any size)
-        approximate_tokens=not p.exact_tokens,
-        policy=policy,
-        weights_version=weights_version,
-        chosen_node=d.chosen,
-        reason=d.reason,
-        prefill_node=d.prefill,
-        pull_node=d.pull,
-        pull_blocks=d.pull_blocks,
-        candidates=[
-            CandidateScore(
-                node_id=c.node_id,
-                score=c.score,
-                hit_blocks=c.hit_blocks,
-                hit_fraction=c.hit_fraction,
-                kv_used_ratio=c.kv_used_ratio,
-                queue_len=c.queue_len,
-                healthy=c.healthy,
-                components=dict(c.components),
-                approximate_index=c.node_id in approximate_nodes,
-            )
+) -> dict[str, Any]:
+    """A routed request's decision record, as the fields of :class:`Decision` (the router
+    sends it through :func:`streams.trusted.record_json`: built here, it needs no second
+    validation on the way out)."""
+    return {
+        "request_id": rreq.request_id,
+        "ts": started,
+        "router_id": router_id,
+        "tenant": tenant,
+        "priority": priority,
+        "model": p.model,
+        "session_id": p.session_id,
+        "endpoint_kind": p.kind,
+        "prompt_tokens": p.prompt_tokens_total,
+        "max_tokens": p.max_tokens,
+        "block_size": block_size,
+        "block_hashes": rreq.block_hashes[:MAX_RECORDED_BLOCKS],  # (a prompt of any size)
+        "approximate_tokens": not p.exact_tokens,
+        "admission": admission,
+        "admission_reason": admission_reason,
+        "budget_usage": budget_usage,
+        "kv_blocks_estimate": kv_blocks_estimate,
+        "output_tokens_estimate": output_tokens_estimate,
+        "queue_wait_s": queue_wait_s,
+        "policy": policy,
+        "weights_version": weights_version,
+        "chosen_node": d.chosen,
+        "reason": d.reason,
+        "prefill_node": d.prefill,
+        "pull_node": d.pull,
+        "pull_blocks": d.pull_blocks,
+        "candidates": [
+            {
+                "node_id": c.node_id,
+                "score": c.score,
+                "hit_blocks": c.hit_blocks,
+                "hit_fraction": c.hit_fraction,
+                "kv_used_ratio": c.kv_used_ratio,
+                "queue_len": c.queue_len,
+                "healthy": c.healthy,
+                "components": c.components,
+                "approximate_index": c.node_id in approximate_nodes,
+            }
             for c in d.candidates
         ],
-        index_age_s=index_age_s,
-        decision_us=decision_us,
-        tenant=tenant,
-        priority=priority,
-        admission=admission,
-        admission_reason=admission_reason,
-        budget_usage=budget_usage,
-        kv_blocks_estimate=kv_blocks_estimate,
-        output_tokens_estimate=output_tokens_estimate,
-        queue_wait_s=queue_wait_s,
-        client_request_id=client_request_id,
-        decision_seq=decision_seq,
-    )
+        "index_age_s": index_age_s,
+        "decision_us": decision_us,
+        "client_request_id": client_request_id,
+        "decision_seq": decision_seq,
+    }
 
 
 def _reason(verdict: Verdict) -> str:
@@ -279,30 +294,43 @@ def outcome_record(
     node: str | None,
     relay: Served,
     p: ParsedRequest,
+    **kw: Any,
+) -> Outcome:
+    """:func:`outcome_fields` as the model."""
+    return Outcome.model_validate(outcome_fields(request_id, node, relay, p, **kw))
+
+
+def outcome_fields(
+    request_id: str,
+    node: str | None,
+    relay: Served,
+    p: ParsedRequest,
     *,
     router_id: str,
     started: float,
     now: float,
     reroutes: int = 0,
     resumes: int = 0,
-) -> Outcome:
+) -> dict[str, Any]:
+    """What became of a routed request, as the fields of :class:`Outcome` (sent through
+    :func:`streams.trusted.record_json`, as a decision is)."""
     e2e = now - started
     ttft, n = relay.ttft_s, relay.output_tokens
     tpot = (e2e - ttft) / (n - 1) if ttft is not None and n > 1 else None
-    return Outcome(
-        request_id=request_id,
-        ts=now,
-        router_id=router_id,
-        node_id=node,
-        status=relay.status,
-        http_status=relay.http_status,
-        ttft_s=ttft,
-        tpot_s=tpot,
-        e2e_s=e2e,
-        prompt_tokens=p.prompt_tokens_total,
-        output_tokens=n,
-        cached_tokens=relay.cached_tokens,
-        reroutes=reroutes,
-        resumes=resumes,
-        error=relay.error,
-    )
+    return {
+        "request_id": request_id,
+        "ts": now,
+        "router_id": router_id,
+        "node_id": node,
+        "status": relay.status,
+        "http_status": relay.http_status,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "prompt_tokens": p.prompt_tokens_total,
+        "output_tokens": n,
+        "cached_tokens": relay.cached_tokens,
+        "reroutes": reroutes,
+        "resumes": resumes,
+        "error": relay.error,
+    }

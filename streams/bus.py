@@ -142,6 +142,10 @@ class KafkaBus:
             self.topic(spec), encode_key(key), encode(value) if value is not None else None
         )
 
+    def post_json(self, spec: TopicSpec, key: str | None, value: bytes) -> bool:
+        """:meth:`post` for a record already rendered (streams/trusted.py)."""
+        return self.enqueue(self.topic(spec), encode_key(key), value)
+
     async def publish_raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.enqueue(topic, key, value)
 

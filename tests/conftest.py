@@ -15,8 +15,15 @@ from typing import Any
 
 import pytest
 
+# every record kvgate renders without the model (streams/trusted.py) is checked against it,
+# here and in the processes the tests start
+os.environ["KVGATE_CHECK_RECORDS"] = "1"
+
+import streams.trusted
 from deploy.procs import Supervisor, free_port
 from streams.settings import KafkaSettings, WorkerSettings
+
+streams.trusted.CHECK = True
 
 KAFKA = os.environ.get("KVGATE_TEST_KAFKA", "127.0.0.1:19092")
 REDIS = os.environ.get("KVGATE_TEST_REDIS", "redis://127.0.0.1:16379/0")

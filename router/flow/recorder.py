@@ -19,19 +19,23 @@ from router.metrics import RouterMetrics
 from router.parse import ParsedRequest
 from router.records import (
     admission_fields,
-    decision_record,
+    decision_fields,
     listing_record,
-    outcome_record,
+    outcome_fields,
     passthrough_outcome,
     passthrough_record,
     refusal_record,
 )
 from router.settings import RouterSettings
 from streams.kafka import KafkaBus
-from streams.schemas import ControlMessage, PassthroughKind
+from streams.schemas import ControlMessage, Decision, Outcome, PassthroughKind
 from streams.topics import CONTROL, DECISIONS, OUTCOMES
+from streams.trusted import Shape, record_json
 
 __all__ = ["Recorder"]
+
+DECISION = Shape(Decision)
+OUTCOME = Shape(Outcome)
 
 
 class _TokenBucket:
@@ -140,32 +144,27 @@ class Recorder:
             for c in d.candidates
             if c.hit_blocks
         ]
-        self.bus.post(
-            DECISIONS,
-            rreq.request_id,
-            decision_record(
-                rreq,
-                p,
-                d,
-                router_id=self.router_id,
-                policy=self.policy.name,
-                weights_version=(
-                    d.weights_version
-                    if d.weights_version is not None
-                    else self.policy.weights_version
-                ),
-                started=started,
-                block_size=block_size,
-                decision_us=decision_us,
-                index_age_s=max(ages) if ages else None,
-                approximate_nodes=self.views.approx_nodes,
-                tenant=tenant.name,
-                priority=tenant.priority,
-                **admission_fields(verdict),
-                client_request_id=client_request_id,
-                decision_seq=decision_seq,
+        fields = decision_fields(
+            rreq,
+            p,
+            d,
+            router_id=self.router_id,
+            policy=self.policy.name,
+            weights_version=(
+                d.weights_version if d.weights_version is not None else self.policy.weights_version
             ),
+            started=started,
+            block_size=block_size,
+            decision_us=decision_us,
+            index_age_s=max(ages) if ages else None,
+            approximate_nodes=self.views.approx_nodes,
+            tenant=tenant.name,
+            priority=tenant.priority,
+            **admission_fields(verdict),
+            client_request_id=client_request_id,
+            decision_seq=decision_seq,
         )
+        self.bus.post_json(DECISIONS, rreq.request_id, record_json(DECISION, fields))
 
     def listing(
         self, request_id: str, tenant: Tenant, block_size: int, client_request_id: str | None
@@ -248,7 +247,7 @@ class Recorder:
         slo: Slo | None = None,
         resumes: int = 0,
     ) -> None:
-        record = outcome_record(
+        o = outcome_fields(
             request_id,
             node,
             relay,
@@ -259,14 +258,24 @@ class Recorder:
             reroutes=reroutes,
             resumes=resumes,
         )
-        self.metrics.finished(record, p.model)
-        if slo is not None and record.status != "cancelled":
+        status, ttft, tpot = o["status"], o["ttft_s"], o["tpot_s"]
+        self.metrics.finished(
+            p.model,
+            status,
+            ttft,
+            tpot,
+            o["e2e_s"],
+            o["prompt_tokens"],
+            o["output_tokens"],
+            o["cached_tokens"],
+        )
+        if slo is not None and status != "cancelled":
             name, cls = slo
             met = (
-                record.status == "ok"
-                and record.ttft_s is not None
-                and record.ttft_s <= cls.ttft_s
-                and (record.tpot_s is None or record.tpot_s <= cls.tpot_s)
+                status == "ok"
+                and ttft is not None
+                and ttft <= cls.ttft_s
+                and (tpot is None or tpot <= cls.tpot_s)
             )
             self.metrics.slo.labels(name, "met" if met else "missed").inc()
-        await self.bus.publish(OUTCOMES, request_id, record)
+        self.bus.post_json(OUTCOMES, request_id, record_json(OUTCOME, o))
