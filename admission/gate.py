@@ -9,7 +9,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -22,6 +22,7 @@ from admission.core import (
 )
 from admission.estimate import OutputEstimator
 from admission.exceptions import AdmissionError
+from admission.holdings import Holdings, Publish, PublishJson
 from admission.plan import (
     AdmissionAsk,
     below_yellow,
@@ -45,12 +46,10 @@ from admission.reservations import (
 from admission.settings import AdmissionSettings, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
 from admission.waiting import Waiters
-from streams.schemas import LedgerEvent
 
-__all__ = ["AdmissionGate"]
+__all__ = ["AdmissionGate", "Publish"]
 
 log = logging.getLogger(__name__)
-Publish = Callable[[LedgerEvent], Awaitable[None]]
 
 
 class AdmissionGate:
@@ -62,6 +61,7 @@ class AdmissionGate:
         store: ReservationStore | None = None,
         storm_store: StormStore | None = None,
         rates: RateStore | None = None,
+        publish_json: PublishJson | None = None,
     ) -> None:
         self.settings = settings
         self.rates = TenantRates(rates if rates is not None else InProcessRates(), settings)
@@ -73,8 +73,9 @@ class AdmissionGate:
             settings.retry_guard_max_s,
             settings.retry_guard_client_burst,
         )
-        self._publish = publish
-        self.held: dict[str, Reservation] = {}  # what this router reserved and still holds
+        # what this router reserved and still holds, told to the ledger (admission/holdings.py)
+        self.holdings = Holdings(self.store, router_id, publish, publish_json)
+        self.held = self.holdings.held
         self.queues = AdmissionQueues(settings)
         self.node_blocks: dict[str, list[int]] = {}  # pool -> KV blocks per node, last seen
         # pool -> KV blocks per node now (the router's views), for the queue's pump: a node that
@@ -155,8 +156,7 @@ class AdmissionGate:
         )
 
     async def hold(self, r: Reservation, now: float) -> None:
-        self.held[r.reservation_id] = r
-        await self.record("reserve", r, now)
+        await self.holdings.hold(r, now)
 
     def observe_output(self, tenant: Tenant, model: str, output_tokens: int) -> None:
         """A finished request's actual output length (feeds the learned estimate)."""
@@ -377,32 +377,16 @@ class AdmissionGate:
                 log.warning("retry guard not told of a refusal: %s", exc)
 
     async def release(self, request_id: str, now: float) -> None:
-        """Give the reservation back. Never raises: when the store cannot answer, the release
-        is still recorded on the ledger (the reconciler then drops it from the store)."""
-        mine = self.held.pop(request_id, None)
-        try:
-            r = await self.store.release(request_id, now)
-        except AdmissionError as exc:
-            log.warning("release of %s not applied to the store: %s", request_id, exc)
-            if mine is not None:
-                await self.record("release", mine, now, "the store was unreachable")
-            return
-        if r is None and mine is not None:  # the store lost it (expired, or reset)
-            r = mine
-        if r is not None:
-            await self.record("release", r, now)
+        """Give the reservation back (never raises: admission/holdings.py), then let in what
+        the queue may admit now."""
+        if await self.holdings.give_back(request_id, now):
             if len(self.queues) and not self.waiting.lock.locked():
                 with contextlib.suppress(AdmissionError):
                     await self.pump(now)
 
     async def sweep(self, now: float) -> int:
         """Expire reservations whose lease ran out, with a compensation event each."""
-        dead = await self.store.expire(now)
-        for r in dead:
-            self.held.pop(r.reservation_id, None)
-            log.warning("reservation %s expired (lease ran out)", r.reservation_id)
-            await self.record("expire", r, now, "lease ran out")
-        return len(dead)
+        return await self.holdings.sweep(now)
 
     async def renew(self, request_ids: Iterable[str], now: float, force: bool = False) -> int:
         """Move the leases of requests this router is still serving, once less than
@@ -410,21 +394,8 @@ class AdmissionGate:
         each. Returns how many were renewed; raises :class:`AdmissionError` when the store
         cannot answer (the router's next sweep tries again)."""
         s = self.settings
-        renewed = 0
-        for rid in request_ids:
-            r = self.held.get(rid)
-            if r is None or (not force and r.expires_at - now > s.lease_s * s.lease_renew_at):
-                continue
-            got = await self.store.renew(rid, now + s.lease_s)  # AdmissionError: store down
-            if got is None:  # expired by another router, or the store lost it (restored later)
-                log.warning("reservation %s is not in the store; lease not renewed", rid)
-                continue
-            if rid not in self.held:  # released while the store renewed it: stays released
-                continue
-            self.held[rid] = got
-            await self.record("renew", got, now)
-            renewed += 1
-        return renewed
+        due = None if force else s.lease_s * s.lease_renew_at
+        return await self.holdings.renew(request_ids, now, s.lease_s, due)
 
     async def record(
         self,
@@ -434,18 +405,4 @@ class AdmissionGate:
         cause: str | None = None,
     ) -> None:
         """A ledger event (also written by the reconciler, on a dead router's behalf)."""
-        await self._publish(
-            LedgerEvent(
-                schema_version=2 if kind == "renew" else 1,
-                reservation_id=r.reservation_id,
-                pool=r.pool,
-                kind=kind,
-                kv_blocks=r.kv_blocks,
-                slots=r.slots,
-                tenant=r.tenant or None,
-                router_id=self.router_id,
-                ts=now,
-                lease_expires_at=r.expires_at if kind in ("reserve", "renew") else None,
-                cause=cause,
-            )
-        )
+        await self.holdings.record(kind, r, now, cause)

@@ -162,6 +162,8 @@ def build_router(
         lambda ev: bus.publish(LEDGER, ev.pool, ev),
         store,
         storm_store,
+        # its own events rendered from their fields (streams/trusted.py), keyed by pool
+        publish_json=lambda pool, raw: bus.post_json(LEDGER, pool, raw),
     )
     metrics = RouterMetrics()
     tracing = tracing or Tracing(s.otlp_endpoint, f"kvgate-router/{router_id}")

@@ -7,13 +7,15 @@ import orjson
 import pytest
 
 import streams.trusted as trusted
+from admission.holdings import Holdings
+from admission.reservations import InProcessReservations, Reservation
 from router.decision.types import Candidate, RouteDecision, RouteRequest
 from router.flow.recorder import DECISION, OUTCOME
 from router.flow.served import Served
 from router.parse import parse_request
 from router.records import decision_fields, decision_record, outcome_fields, outcome_record
 from streams.codec import decode, encode
-from streams.schemas import Decision, Outcome
+from streams.schemas import Decision, LedgerEvent, Outcome
 
 
 def _decision(**over: Any) -> tuple[dict[str, Any], Decision]:
@@ -131,3 +133,27 @@ def test_an_outcome_reads_back_as_the_model_renders_it(relay: Served) -> None:
     model = outcome_record("r1", "n1", relay, p, **kw)
     assert decode(Outcome, fast) == model
     assert fast == encode(model)  # (its values have the model's types: byte for byte)
+
+
+@pytest.mark.parametrize("kind", ["reserve", "release", "expire", "renew"])
+@pytest.mark.parametrize("tenant", ["", "acme"])
+async def test_a_ledger_event_reads_back_as_the_model_renders_it(kind: str, tenant: str) -> None:
+    """The router's own ledger events, rendered from their fields, against the same events
+    built as the model (what the reconciler and a gate without ``publish_json`` send)."""
+    models: list[LedgerEvent] = []
+    rendered: list[tuple[str, bytes]] = []
+
+    async def publish(ev: LedgerEvent) -> None:
+        models.append(ev)
+
+    r = Reservation("r1", "pool-a", 12, 1, 130.0, tenant)
+    slow = Holdings(InProcessReservations(), "rt", publish)
+    fast = Holdings(InProcessReservations(), "rt", publish, lambda k, v: rendered.append((k, v)))
+    cause = "lease ran out" if kind == "expire" else None
+    for h in (slow, fast):
+        await h.record(kind, r, 100.0, cause)  # type: ignore[arg-type]
+    ((key, raw),), (model,) = rendered, models
+    assert key == "pool-a" and decode(LedgerEvent, raw) == model
+    assert raw == encode(model)  # byte for byte: its values have the model's types
+    assert model.schema_version == (2 if kind == "renew" else 1)
+    assert model.tenant == (tenant or None)
