@@ -244,14 +244,19 @@ def rss_mb(pid: int) -> float:
 
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of ``pid`` and its descendants so far."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    return sum(cpu_times(pid))
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` and its descendants so far: (user, system)."""
+    tick, user, system = os.sysconf("SC_CLK_TCK"), 0, 0
     for p in _tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+        user, system = user + int(fields[11]), system + int(fields[12])
+    return user / tick, system / tick
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
