@@ -26,7 +26,6 @@ from router.decision.inflight import InflightLedger
 from router.decision.outlier import Failure
 from router.decision.pipeline import (
     Ask,
-    Decision,
     Held,
     Mode,
     Refused,
@@ -41,6 +40,7 @@ from router.decision.placement import FREE, Placement
 from router.decision.types import NodeView, RouteDecision, RouteRequest, eligible
 from router.flow.asks import Gated, queue_weight, route_request
 from router.flow.headers import mint_id
+from router.flow.holding import until_routed
 from router.flow.intake import Intake, IntakeReader, attempt_fingerprint
 from router.flow.offload import OFFLOAD_TOKENS, offloaded
 from router.flow.pressure import Pressure
@@ -49,8 +49,7 @@ from router.flow.refusals import Refusal, rejection_status
 from router.flow.scaleroom import ScaleRoom
 from router.flow.served import Served
 from router.flow.views import ClusterView
-from router.flow.waiting import Held as QueueHeld
-from router.flow.waiting import RouterQueue, Waiting
+from router.flow.waiting import RouterQueue
 from router.metrics import RouterMetrics
 from router.parse import ParsedRequest
 from router.settings import RouterSettings
@@ -232,7 +231,7 @@ class Director:
         who = None if ask.mode == "query" else self.gate.preemptible  # (a dry run: never)
         return Snapshot(nodes, matches, now, block_size, load_only, fit_floor, roles, who)
 
-    def _again(self, ask: Ask, g: Gated) -> Snapshot:
+    def again(self, ask: Ask, g: Gated) -> Snapshot:
         """A waiting request's snapshot now: its candidates still eligible, else its own."""
         now = time.time()
         ids = {n.node_id for n in g.nodes}
@@ -272,7 +271,7 @@ class Director:
             snap = self.snapshot(ask, g.nodes, block_size, g.now)
             start = time.time()
             first = decide(ask, snap, self.rules)
-            got, snap, committed = await self._waited(ask, g, first, snap, p)
+            got, snap, committed = await until_routed(self, ask, g, first, snap, p)
             waited += time.time() - start if got is not None else 0.0
             decision = got.decision
             if isinstance(got, Refused) and decision.reason == "deadline":
@@ -312,69 +311,6 @@ class Director:
         node = next(n for n in g.nodes if n.node_id == decision.chosen)
         return ask, decision, node
 
-    async def _waited(
-        self, ask: Ask, g: Gated, got: Decision, snap: Snapshot, p: ParsedRequest
-    ) -> tuple[Routed | Refused, Snapshot, bool]:
-        """``got``, once the request has waited as long as the pipeline holds it: for its SLO
-        class or for room for its KV (polled), then in the router's queue (the lane rules).
-        Returns the decision it leaves with, the snapshot it was made on, and whether it is
-        committed already (the router's queue commits a request the moment its turn routes
-        it)."""
-        if isinstance(got, Held) and got.why in ("slo", "fit"):
-            self.metrics.held.inc()
-            self.metrics.holds.inc()
-            try:
-                while isinstance(got, Held) and got.why in ("slo", "fit"):
-                    await asyncio.sleep(self.settings.hold_poll_s)
-                    snap = self._again(ask, g)
-                    got = decide(ask, snap, self.rules)
-            finally:
-                self.metrics.held.dec()
-        if not isinstance(got, Held):
-            return got, snap, False
-        if self.queue.full:
-            return got.now, snap, False
-        return await self._queued(ask, g, got, p)
-
-    async def _queued(
-        self, ask: Ask, g: Gated, got: Held, p: ParsedRequest
-    ) -> tuple[Routed | Refused, Snapshot, bool]:
-        """The lane rules' queue (router/decision/lanes.py): the request waits in the router's
-        queue, short requests first, decided again when its turn comes — and committed at once
-        when it is routed, so that the next request of the round sees it on its node — at most
-        ``lanes.hold_max_s`` (or half its lease) since it arrived; then the pipeline sends it to
-        its best node whatever the lane rules say."""
-        lanes = self.rules.lanes
-        assert lanes is not None  # the live router always has its lane rules
-        facts = got.now.facts if isinstance(got.now, Routed) else None
-        long = facts.long if facts is not None else False
-
-        def turn() -> tuple[Routed | Refused, Snapshot] | QueueHeld:
-            again = self._again(ask, g)
-            d = decide(ask, again, self.rules)
-            if isinstance(d, Held):
-                return QueueHeld(d.blocker)
-            if isinstance(d, Routed):
-                self.commit(ask, again, d, p)
-            return d, again
-
-        limit = min(lanes.s.hold_max_s, self.gate.settings.lease_s / 2)
-        limit -= time.time() - ask.arrived_s
-        self.metrics.lane_held.inc()
-        self.metrics.lane_holds.labels("long" if long else "short").inc()
-        try:
-            routed = await self.queue.wait(
-                lanes.key(ask.arrived_s, long), long, Waiting(turn), max(0.0, limit), got.blocker
-            )
-        finally:
-            self.metrics.lane_held.dec()
-        if routed is not None:
-            return routed[0], routed[1], isinstance(routed[0], Routed)
-        # waited long enough: its best node, whatever the lane rules
-        again = self._again(ask, g)
-        d = decide(ask, again, self.rules)
-        return (d.now if isinstance(d, Held) else d), again, False
-
     def reroute(
         self, ask: Ask, g: Gated, failed: Collection[str], p: ParsedRequest, why: str = "reroute"
     ) -> NodeView | None:
@@ -384,7 +320,7 @@ class Director:
         the cluster as it is now, sent whole (no P/D split, no waiting: ``gateway`` mode);
         None when no other node may take it. The new decision is recorded (reason
         ``<why>/<reason>``, its sequence: the failed nodes so far) and committed."""
-        snap = self._again(ask, g)
+        snap = self.again(ask, g)
         others = [n for n in snap.nodes if n.node_id not in failed]
         if not others:
             return None
