@@ -364,13 +364,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await epp.close()
         sup.stop_all()
-        # a broker keeping every run's topics slows the next; never hide why the run ended
-        kafka = load_settings().kafka.model_copy(update={"namespace": namespace})
-        try:
-            await delete_namespace_topics(kafka)
-        except StreamError as exc:
-            print(f"topics of {namespace} left behind: {exc}", file=sys.stderr)
+        await drop_topics(namespace)
     return summarize(result)
+
+
+async def drop_topics(namespace: str) -> None:
+    """A run's topics deleted: a broker keeping every run's topics slows the next (a failure is
+    reported, never raised over why the run ended)."""
+    kafka = load_settings().kafka.model_copy(update={"namespace": namespace})
+    try:
+        await delete_namespace_topics(kafka)
+    except StreamError as exc:
+        print(f"topics of {namespace} left behind: {exc}", file=sys.stderr)
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:

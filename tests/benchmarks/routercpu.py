@@ -29,12 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from deploy.procs import Supervisor, free_port
-from deploy.settings import load_settings
 from router.serve import event_loop_factory
-from streams.exceptions import StreamError
-from streams.kafka import delete_namespace_topics
 from tests.benchmarks.livepeer import wait_http
-from tests.benchmarks.proxy import cpu_times, run_rate
+from tests.benchmarks.proxy import cpu_times, drop_topics, run_rate
 
 __all__ = ["measure", "report"]
 
@@ -76,11 +73,7 @@ async def measure(tree: Path, rate: float, duration: float, seed: int) -> dict[s
         }
     finally:
         sup.stop_all()
-        kafka = load_settings().kafka.model_copy(update={"namespace": namespace})
-        try:
-            await delete_namespace_topics(kafka)
-        except StreamError as exc:
-            print(f"topics of {namespace} left behind: {exc}", file=sys.stderr)
+        await drop_topics(namespace)
 
 
 def report(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
