@@ -47,7 +47,7 @@ from admission.settings import AdmissionSettings, Tenant
 from admission.storm import InProcessStormStore, StormGuard, StormStore
 from admission.waiting import Waiters
 
-__all__ = ["AdmissionGate", "Publish"]
+__all__ = ["AdmissionGate"]
 
 log = logging.getLogger(__name__)
 
