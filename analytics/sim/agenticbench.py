@@ -40,7 +40,7 @@ from analytics.sim.cluster import simulate
 from analytics.sim.metrics import pct
 from analytics.sim.onecache import PULL_PRIORITY
 from analytics.sim.replay import capacity_rps, open_trace
-from analytics.sim.simconfig import Done, SimConfig, acting_on
+from analytics.sim.simconfig import Done, SimConfig, acting_on, node_profile
 from analytics.sim.traces import Trace, TraceRequest
 from router.decision.policies import make_policy
 from router.settings import RouterSettings
@@ -79,6 +79,24 @@ def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, fl
     for d, t in zip(done, ttft, strict=True):
         per_session.setdefault(d.request.session_id, []).append(t)
     slow = sum(statistics.median(ts) > SLOW_SESSION_S for ts in per_session.values())
+    # a session's context is alive from its first turn's arrival to its last turn's end, as
+    # large as its longest prompt: the most KV the sessions alive at once could keep
+    alive: dict[str | None, tuple[float, float, int]] = {}
+    for d in done:
+        a, b, t = alive.get(d.request.session_id, (d.request.arrival_s, d.finish_s, 0))
+        alive[d.request.session_id] = (
+            min(a, d.request.arrival_s),
+            max(b, d.finish_s),
+            max(t, d.request.prompt_tokens),
+        )
+    changes = sorted(
+        [(a, t) for a, _, t in alive.values()] + [(b, -t) for _, b, t in alive.values()],
+        key=lambda c: (c[0], c[1]),  # an end before a start at the same time
+    )
+    level = peak = 0
+    for _, t in changes:
+        level += t
+        peak = max(peak, level)
     return {
         "completed": len(done),
         "refused": requests - len(done),
@@ -89,25 +107,28 @@ def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, fl
         "ttft_p50_s": round(pct(ttft, 0.5) or 0.0, 3),
         "ttft_p99_s": round(pct(ttft, 0.99) or 0.0, 3),
         "slow_sessions": slow,
+        "contexts_peak_tokens": peak,
     }
 
 
 def _started(trace: Trace, sessions_per_s: float, seed: int) -> Trace:
     """The trace with its sessions starting one after another at ``sessions_per_s`` (AIPerf's
     trace starts them all at 0: AIPerf schedules sessions when it runs). Repetition ``seed``
-    moves each start by up to 0.4 of the spacing (seed 0: evenly spaced)."""
+    moves each start by up to 0.4 of the spacing (seed 0: evenly spaced). Every turn of a
+    session moves with its first, so a session's turns stay in order: the closed loop sends a
+    later turn when the one before it in the trace ends (analytics/sim/cluster.py), and a later
+    turn sorted ahead of its session's first would arrive on its own, at its recorded time."""
     rng = random.Random(seed)
-    order: dict[str | None, int] = {}
+    first: dict[str | None, float] = {}
     for r in trace.requests:
         if r.think_s is None:
-            order.setdefault(r.session_id, len(order))
-    starts = {
-        sid: (k + (rng.uniform(-0.4, 0.4) if seed else 0.0)) / sessions_per_s
-        for sid, k in order.items()
+            first.setdefault(r.session_id, r.arrival_s)
+    shift = {
+        sid: max(0.0, (k + (rng.uniform(-0.4, 0.4) if seed else 0.0)) / sessions_per_s) - at
+        for k, (sid, at) in enumerate(first.items())
     }
     moved = [
-        r if r.think_s is not None else replace(r, arrival_s=max(0.0, starts[r.session_id]))
-        for r in trace.requests
+        replace(r, arrival_s=r.arrival_s + shift.get(r.session_id, 0.0)) for r in trace.requests
     ]
     return replace(trace, requests=tuple(sorted(moved, key=lambda r: r.arrival_s)))
 
@@ -295,6 +316,7 @@ def bench_agentic(
     }
     best_hit = max(PEERS, key=lambda p: med[p]["hit_rate"])
     best_ttft = min(PEERS, key=lambda p: med[p]["ttft_p99_s"])
+    kv = node_profile(base, trace.block_size)
     live = _live(out_dir / "livepeer.json")
     cpu_path = out_dir / "longprompt.json"
     cpu = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
@@ -319,6 +341,7 @@ def bench_agentic(
         "capacity_rps": round(cap, 4),
         "sessions_per_s": round(sessions_per_s, 5),
         "requests": len(trace.requests),
+        "cluster_kv_tokens": nodes * kv.num_gpu_blocks * kv.block_size,
         "best_peer": {"hit_rate": best_hit, "ttft_p99_s": best_ttft},
         **results,
         "router_cpu_command": cpu.get("command"),

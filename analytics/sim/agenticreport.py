@@ -20,15 +20,43 @@ KEYS = (
 )
 COUNTS = frozenset({"refused", "slow_sessions"})  # medians of counts, shown whole
 
-OVERFLOW = """\
-The sessions alive need about twice the KV the cluster has, so some contexts cannot be kept
-whatever the routing. kvgate places a long-context session where resident contexts leave it
-room, and where no node has room on the node most committed already (`cost.resident_fill`,
-router/decision/residency.py): the other nodes keep their contexts whole (hit rate, tokens per
-user and TTFT p50 follow), and the sessions that overflowed wait in that node's queue — the
-TTFT tail, and `slow_sessions` (sessions whose turns' median TTFT is over 30 s) says how many
-they are. A cache-first router does the same by accident (the node its first turns go to holds
-the excess); a router spreading load spreads the misses over every session instead."""
+
+def _share(tokens: float, kv: float) -> str:
+    return f"{tokens / 1e6:.2f}M context tokens, {tokens / kv:.2f}× the cluster's KV"
+
+
+def _open_loop_prose(r: dict[str, Any]) -> str:
+    """What the open loop shows and what it cannot: its load bounds everyone's throughput."""
+    med, kv = r["median"], r["cluster_kv_tokens"]
+    rr = med["round_robin"]["tok_s_per_gpu"]
+    best = max((p for p in med if p != "round_robin"), key=lambda p: med[p]["tok_s_per_gpu"])
+    return f"""\
+At its peak the sessions alive at once hold {_share(med["kvgate"]["contexts_peak_tokens"], kv)}
+({kv / 1e6:.2f}M tokens): a router that keeps each session on the node holding its context
+serves most turns from cache, and the tail is a turn queued behind another session's long
+prefill. The sessions' own pace bounds the work (a turn waits for its tool) and every router is
+offered the same turns, so tokens per GPU differ only by how soon each router's last sessions
+end: the most any router reaches against round-robin is
+{fmt(med[best]["tok_s_per_gpu"] / rr)} (`{best}`). The capacity the load is a share of is
+least-requests' (every request queued at once), whose hit rate is round-robin's: round-robin
+runs near its limit here, the cache-aware routers far below theirs."""
+
+
+def _overflow_prose(r: dict[str, Any]) -> str:
+    """Why kvgate's tail, where the sessions alive need more KV than the cluster has."""
+    kv = r["cluster_kv_tokens"]
+    conc = r["at_concurrency"]
+    peak = conc["runs"]["kvgate"]["contexts_peak_tokens"]
+    return f"""\
+With {conc["sessions_at_once"]} sessions at once the sessions alive hold up to
+{_share(peak, kv)}, so some contexts cannot be kept whatever the routing. kvgate places a
+long-context session where resident contexts leave it room, and where no node has room on the
+node most committed already (`cost.resident_fill`, router/decision/residency.py): the other
+nodes keep their contexts whole (hit rate, tokens per user and TTFT p50 follow), and the sessions
+that overflowed wait in that node's queue — the TTFT tail, and `slow_sessions` (sessions whose
+turns' median TTFT is over 30 s) says how many they are. A cache-first router does the same by
+accident (the node its first turns go to holds the excess); a router spreading load spreads the
+misses over every session instead."""
 
 
 def _cells(m: dict[str, Any], keys: tuple[str, ...] = KEYS) -> str:
@@ -86,26 +114,26 @@ highest hit rate
 |---|---:|---|---|
 {crit}
 
-{OVERFLOW}
+{_open_loop_prose(r)}
 
-At 80 % load the sessions' own pace bounds the work (a turn waits for its tool), so every
-router moves about the same tokens per GPU; what differs is how fast each turn is served (tokens
-per user, TTFT). Saturated — AIPerf's own schedule, all 100 sessions at once, one run each —
-throughput is where routing shows: kvgate / round-robin tokens per GPU
-{fmt(sat["tok_s_per_gpu_vs_rr"])}, per user {fmt(sat["tok_s_per_user_vs_rr"])}:
+Saturated — AIPerf's own schedule, all 100 sessions at once, one run each — throughput is where
+routing shows: kvgate / round-robin tokens per GPU {fmt(sat["tok_s_per_gpu_vs_rr"])}, per user
+{fmt(sat["tok_s_per_user_vs_rr"])}:
 
 {head}
 {sat_rows}
 
-The same load read as AIPerf reads it — {conc["sessions_at_once"]} sessions at once, a new one
-started as soon as one ends (`--concurrency {conc["sessions_at_once"]}`; one run each): kvgate /
-round-robin tokens per GPU {fmt(conc["tok_s_per_gpu_vs_rr"])}, per user
-{fmt(conc["tok_s_per_user_vs_rr"])}; hit rate against the best peer's
-{fmt(conc["hit_vs_best_peer"])}, TTFT p99 against the best peer's
+Loaded as AIPerf loads a cluster — {conc["sessions_at_once"]} sessions at once
+({r["load"]:.0%} of the trace's), a new one started as soon as one ends
+(`--concurrency {conc["sessions_at_once"]}`; one run each): kvgate / round-robin tokens per
+GPU {fmt(conc["tok_s_per_gpu_vs_rr"])}, per user {fmt(conc["tok_s_per_user_vs_rr"])}; hit rate
+against the best peer's {fmt(conc["hit_vs_best_peer"])}, TTFT p99 against the best peer's
 {fmt(conc["ttft_p99_vs_best_peer"])}:
 
 {head}
 {conc_rows}
+
+{_overflow_prose(r)}
 
 How much of this is the KV the contexts fight over: the same sessions at {r["load"]:.0%} load
 on engines with an H200's memory ({r["larger_kv"]["kv_blocks_per_engine"]} KV blocks of 16

@@ -6,7 +6,9 @@ its node can hold: moving it recomputes the whole context elsewhere and evicts o
 contexts there, whose next turns then miss and move in turn (measured on AIPerf's agentic trace,
 ``kvgate bench agentic``: a load-priced move per six later turns, every node holding pieces of
 40 sessions, the hit rate 18 points under a cache-first router). Rules for requests whose
-prompt needs at least ``resident_share`` of the node's KV blocks:
+prompt needs at least ``resident_share`` of the node's KV blocks, or has ``resident_tokens``
+tokens (on nodes with much KV a tenth is more than an agent's first turn: priced as a chat
+turn, it is placed by the system prompt every session shares and piles onto its holders):
 
 * **keeping** — a later turn goes to the node holding the longest prefix of its prompt whenever
   that node alone holds it that deep and it is at least ``resident_hold`` of the prompt, busy or
@@ -22,13 +24,13 @@ prompt needs at least ``resident_share`` of the node's KV blocks:
   prompt). A shared system prompt must not decide where a context that will grow to most of a
   node lives: placed by it, most sessions pile onto its holder;
 * **overflow** — where no node has room, the session goes to the node most committed already.
-  When the sessions alive need more KV than the cluster has (on AIPerf's agentic trace at 80 %
-  load about twice), some contexts cannot be kept whatever the routing; an engine's LRU cycling
-  through more contexts than it holds keeps none of them. Spreading the excess (by cost, or by
-  room) puts every node in that cycle; sending it to the node already over keeps the others'
-  contexts whole (measured: hit rate 0.80 → 0.89 on that trace, above the cache-first peer's
-  0.88, whose accident of routing does the same: the node its first turns go to holds the
-  excess). The price is that node's queue: the TTFT tail is the overflow's.
+  When the sessions alive need more KV than the cluster has (AIPerf's agentic trace with 80 of
+  its sessions at once: up to three times), some contexts cannot be kept whatever the routing;
+  an engine's LRU cycling through more contexts than it holds keeps none of them. Spreading the
+  excess (by cost, or by room) puts every node in that cycle; sending it to the node already
+  over keeps the others' contexts whole (measured: hit rate 0.79 → 0.90 on that trace, above
+  the cache-first peer's 0.89, whose accident of routing does the same: the node its first
+  turns go to holds the excess). The price is that node's queue: the TTFT tail is the overflow's.
 
 A session is resident on its node from its turn's routing until ``resident_window_s`` after it
 (a turn whose end never comes back), and from its turn's end for the longer of that window and
@@ -82,12 +84,14 @@ class Residency:
         return dict(self._tokens)
 
     @staticmethod
-    def threshold(share: float, nodes: Sequence[NodeView]) -> float:
+    def threshold(share: float, nodes: Sequence[NodeView], tokens: int = 0) -> float:
         """The prompt tokens from which a session is resident: ``share`` of the largest of
-        ``nodes``' KV (never, where ``share`` is 0 or there are no nodes)."""
+        ``nodes``' KV, or ``tokens`` where that is fewer (never, where ``share`` is 0 or there
+        are no nodes)."""
         if share <= 0 or not nodes:
             return math.inf
-        return share * max(n.kv_blocks_total * n.block_size for n in nodes)
+        by_share = share * max(n.kv_blocks_total * n.block_size for n in nodes)
+        return min(by_share, tokens) if tokens > 0 else by_share
 
     def expire(self, now: float) -> None:
         """Sessions whose time ran out leave their node's count: a turn whose end was never

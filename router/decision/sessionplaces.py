@@ -73,7 +73,7 @@ class SessionPlaces:
         session = request.session_id
         if session is None:
             return None
-        self.resident_from = Residency.threshold(w.resident_share, nodes)
+        self.resident_from = Residency.threshold(w.resident_share, nodes, w.resident_tokens)
         if request.prompt_tokens < self.resident_from:
             return None
         self.residency.expire(now)

@@ -125,6 +125,14 @@ class CostWeights(BaseModel):
         description="a session whose prompt needs this share of a node's KV is resident: placed "
         "by the resident contexts and kept on its holder (router/decision/residency.py; 0: off)",
     )
+    resident_tokens: int = Field(
+        default=48_000,
+        ge=0,
+        le=10_000_000,
+        description="a session whose prompt has this many tokens is resident whatever its share "
+        "of a node's KV: placed by the shared prefix, such contexts pile onto its holders "
+        "(router/decision/residency.py; 0: the share alone)",
+    )
     resident_window_s: float = Field(
         default=120.0, gt=0, le=86_400, description="a resident session counts for this long"
     )

@@ -97,6 +97,24 @@ def test_only_prompts_that_take_a_share_of_a_node_are_resident() -> None:
     assert int(0.11 * capacity) >= Residency.threshold(share, nodes)
     assert int(0.09 * capacity) < Residency.threshold(share, nodes)
     assert Residency.threshold(0.0, nodes) == Residency.threshold(share, []) == float("inf")
+    # a long prompt is resident on nodes whose KV is large, from resident_tokens on
+    big = [node_view("big", kv_blocks_total=BLOCKS * 8, block_size=512)]
+    assert Residency.threshold(share, big) == share * 8 * capacity
+    assert Residency.threshold(share, big, 48_000) == 48_000
+    assert Residency.threshold(share, nodes, 48_000) == share * capacity  # fewer already
+    assert Residency.threshold(0.0, big, 48_000) == float("inf")  # share 0: off
+
+
+def test_long_contexts_spread_on_nodes_with_much_kv() -> None:
+    """Nodes with eight times the KV: a 56k-token first turn is under a tenth of a node, so
+    by its share alone it is priced as a chat turn and every new session piles onto the
+    holder of the system prompt it shares; from ``resident_tokens`` on it is placed by room."""
+    nodes = [node_view(f"n{i}", kv_blocks_total=BLOCKS * 8, block_size=512) for i in range(4)]
+    system = {"n0": 40}
+    for tokens, want in ((CostWeights().resident_tokens, 4), (0, 1)):
+        p = policy(resident_tokens=tokens)
+        placed = {take(p, turn(f"s{i}", 110, f"r{i}"), nodes, system).chosen for i in range(4)}
+        assert len(placed) == want
 
 
 def test_a_chat_turn_of_a_session_is_not_counted_as_resident() -> None:

@@ -290,6 +290,37 @@ def test_a_client_running_sessions_at_once_starts_one_as_another_ends() -> None:
     assert last["a"].finish_s < 9.0
 
 
+def test_sessions_started_one_after_another_keep_their_turns_in_order() -> None:
+    """Open-loop session starts (``kvgate bench agentic``): a session's later turns move with
+    its first, so the closed loop sends each after the one before it ends. A later turn whose
+    recorded time sorts it ahead of its session's moved first turn would arrive on its own, at
+    that recorded time, long before its session began."""
+    from dataclasses import replace
+
+    from analytics.sim.agenticbench import _started
+
+    def session(sid: str, base: int) -> tuple[TraceRequest, ...]:
+        return (
+            replace(req(0.0, range(base, base + 10), out=20), session_id=sid),
+            replace(req(2.0, range(base, base + 12), out=8), session_id=sid, think_s=1.0),
+            replace(req(4.0, range(base, base + 14), out=8), session_id=sid, think_s=1.0),
+        )
+
+    trace = Trace("t", 16, session("a", 0) + session("b", 100) + session("c", 200))
+    started = _started(trace, sessions_per_s=0.1, seed=0)  # a session every 10 s
+    for sid in "abc":
+        turns = [r for r in started.requests if r.session_id == sid]
+        assert [len(r.block_hashes) for r in turns] == [10, 12, 14]
+    done = simulate(started.looped(), seed_policy(), SimConfig(nodes=2, profile=PROFILE))
+    assert len(done) == 9
+    by = {(d.request.session_id, len(d.request.block_hashes)): d for d in done}
+    for k, sid in enumerate("abc"):
+        assert by[(sid, 10)].request.arrival_s == pytest.approx(10.0 * k)
+        # the later turns follow their session's own turns, whenever those end
+        assert by[(sid, 12)].request.arrival_s == pytest.approx(by[(sid, 10)].finish_s + 1.0)
+        assert by[(sid, 14)].request.arrival_s == pytest.approx(by[(sid, 12)].finish_s + 1.0)
+
+
 def test_agentic_metrics_count_tokens_per_gpu_and_per_user() -> None:
     from analytics.sim.agenticbench import agentic_metrics
     from analytics.sim.simconfig import Done
