@@ -58,7 +58,13 @@ def _overflow_prose(r: dict[str, Any]) -> str:
     """Why kvgate's tail, where the sessions alive need more KV than the cluster has."""
     kv = r["cluster_kv_tokens"]
     conc = r["at_concurrency"]
-    peak = conc["runs"]["kvgate"]["contexts_peak_tokens"]
+    runs = conc["runs"]
+    peak = runs["kvgate"]["contexts_peak_tokens"]
+    kg = runs["kvgate"]
+    tail = min(
+        (p for p in runs if p not in ("kvgate", "round_robin")), key=lambda p: runs[p]["ttft_p99_s"]
+    )
+    t = runs[tail]
     return f"""\
 With {conc["sessions_at_once"]} sessions at once the sessions alive hold up to
 {_share(peak, kv)}, so some contexts cannot be kept whatever the routing. kvgate places a
@@ -68,7 +74,11 @@ nodes keep their contexts whole (hit rate, tokens per user and TTFT p50 follow),
 that overflowed wait in that node's queue — the TTFT tail, and `slow_sessions` (sessions whose
 turns' median TTFT is over 30 s) says how many they are. A cache-first router does the same by
 accident (the node its first turns go to holds the excess); a router spreading load spreads the
-misses over every session instead."""
+misses over every session instead. The shortest tail here is `{tail}`'s: TTFT p99
+{fmt(t["ttft_p99_s"])} s against kvgate's {fmt(kg["ttft_p99_s"])} s, tokens per GPU
+{fmt(t["tok_s_per_gpu"])} against {fmt(kg["tok_s_per_gpu"])}, hit rate {fmt(t["hit_rate"])}
+against {fmt(kg["hit_rate"])}, tokens per user {fmt(t["tok_s_per_user"])} against
+{fmt(kg["tok_s_per_user"])}."""
 
 
 def _cells(m: dict[str, Any], keys: tuple[str, ...] = KEYS) -> str:
@@ -139,7 +149,8 @@ routing shows: kvgate / round-robin tokens per GPU {fmt(sat["tok_s_per_gpu_vs_rr
 
 Loaded as AIPerf loads a cluster — {conc["sessions_at_once"]} sessions at once
 ({r["load"]:.0%} of the trace's), a new one started as soon as one ends
-(`--concurrency {conc["sessions_at_once"]}`; one run each): kvgate / round-robin tokens per
+(`--concurrency {conc["sessions_at_once"]}`; one run each; the peers tuned again on this
+schedule: {_tuned_points(conc)}): kvgate / round-robin tokens per
 GPU {fmt(conc["tok_s_per_gpu_vs_rr"])}, per user {fmt(conc["tok_s_per_user_vs_rr"])}; hit rate
 against the best peer's {fmt(conc["hit_vs_best_peer"])}, TTFT p99 against the best peer's
 {fmt(conc["ttft_p99_vs_best_peer"])}:
