@@ -36,6 +36,7 @@ from typing import Any
 
 from analytics.progress import status
 from analytics.sim.agenticreport import agentic_markdown
+from analytics.sim.agenticsweep import sweep_concurrency
 from analytics.sim.agentictuned import tune_peers
 from analytics.sim.bench_targets import TUNED
 from analytics.sim.cluster import simulate
@@ -323,6 +324,13 @@ def bench_agentic(
         PEERS, [concurrent], {p: [r] for p, r in at_concurrency.items()}, tuned_run
     )
     at_concurrency.update({p: _unseeded(rs[0]) for p, rs in conc_tuned.items()})
+    sweep = sweep_concurrency(
+        len({r.session_id for r in trace.requests}),
+        lambda k: _concurrent(trace, k),
+        conc_tuning,
+        lambda t, settings: _run(t, settings, base, nodes),
+        {slots: at_concurrency},
+    )
     larger = _larger_kv(trace, open_loop, base, load, nodes)
     pulls = _with_pulls(
         _started(trace, sessions_per_s, 0),
@@ -386,6 +394,7 @@ def bench_agentic(
             "runs": at_concurrency,
             "tuned": conc_tuning,
         },
+        "concurrency_sweep": sweep,
         "larger_kv": larger,
         "with_pulls": pulls,
         "live": live,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analytics.sim.agenticsweep import sweep_markdown
 from analytics.sim.bench_report import fmt
 from router.decision.policies import grid_points
 
@@ -159,6 +160,8 @@ against the best peer's {fmt(conc["hit_vs_best_peer"])}, TTFT p99 against the be
 {conc_rows}
 
 {_overflow_prose(r)}
+
+{sweep_markdown(r.get("concurrency_sweep"))}
 
 How much of this is the KV the contexts fight over: the same sessions at {r["load"]:.0%} load
 on engines with an H200's memory ({r["larger_kv"]["kv_blocks_per_engine"]} KV blocks of 16

@@ -382,3 +382,39 @@ def test_agentic_peers_are_tuned_by_the_routing_benchmarks_rule() -> None:
     runs, chosen = tune_peers(("vllm_kv_aware",), [trace, trace], defaults, run)
     assert chosen["vllm_kv_aware"]["best"] == default
     assert runs["vllm_kv_aware+tuned"] == defaults["vllm_kv_aware"]
+
+
+def test_the_concurrency_sweep_reuses_runs_and_takes_medians() -> None:
+    """Every router at every share of the sessions, the runs already made not made again, and
+    per router the median of each figure."""
+    from analytics.sim.agenticsweep import SWEEP_SHARES, sweep_concurrency, sweep_markdown
+
+    made: list[tuple[int, str]] = []
+
+    def schedule(slots: int) -> Trace:
+        return Trace(f"{slots}", 16, (req(0.0, range(slots)),))
+
+    def run(t: Trace, settings: RouterSettings) -> dict[str, Any]:
+        slots = int(t.name)
+        made.append((slots, settings.policy))
+        p99 = float(slots) if settings.policy == "kvgate" else 2.0 * slots
+        return {"hit_rate": 0.5, "ttft_p99_s": p99, "tok_s_per_gpu": 1.0, "tok_s_per_user": 1.0}
+
+    tuned = {"dynamo_cost": {"best": {"prefill_load_scale": 2.0}}}
+    known = {
+        8: {
+            "kvgate": {
+                "hit_rate": 0.9,
+                "ttft_p99_s": 1.0,
+                "tok_s_per_gpu": 3.0,
+                "tok_s_per_user": 2.0,
+            }
+        }
+    }
+    sweep = sweep_concurrency(10, schedule, tuned, run, known)
+    assert list(sweep["runs"]) == [str(round(s * 10)) for s in SWEEP_SHARES]
+    assert (8, "kvgate") not in made and (8, "dynamo_cost") in made
+    assert len(made) == 3 * len(SWEEP_SHARES) - 1
+    assert sweep["medians"]["kvgate"]["ttft_p99_s"] == 7.0  # 6, 7, 1 (known), 9, 10
+    assert sweep["medians"]["dynamo_cost+tuned"]["ttft_p99_s"] == 16.0
+    assert "| median |" in sweep_markdown(sweep)
