@@ -1,6 +1,7 @@
 """``kvgate bench agentic``: coding-agent sessions (AIPerf's agentic-coding trace) on a simulated
-cluster, kvgate against round-robin and the peers at their defaults. Writes ``agentic.json``
-(every number, the command beside it) and ``agentic.md``.
+cluster, kvgate against round-robin and the peers at their defaults and tuned on the workload
+(analytics/sim/agentictuned.py). Writes ``agentic.json`` (every number, the command beside it)
+and ``agentic.md``.
 
 The trace is replayed in **closed loop**: a session's next turn is sent its recorded delay (a
 tool call, a person reading) after the previous turn ends, so a router that serves turns faster
