@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import platform
-import random
 import statistics
 import time
 from dataclasses import replace
@@ -36,16 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from analytics.progress import status
+from analytics.sim.agenticload import agentic_metrics, sessions_at_once, sessions_started
 from analytics.sim.agenticreport import agentic_markdown
 from analytics.sim.agenticsweep import sweep_concurrency
-from analytics.sim.agentictuned import tune_peers
+from analytics.sim.agentictuned import TunedRun, tune_peers
 from analytics.sim.bench_targets import TUNED
 from analytics.sim.cluster import simulate
-from analytics.sim.metrics import pct
 from analytics.sim.onecache import PULL_PRIORITY
 from analytics.sim.replay import capacity_rps, open_trace
-from analytics.sim.simconfig import Done, SimConfig, acting_on, node_profile
-from analytics.sim.traces import Trace, TraceRequest
+from analytics.sim.simconfig import SimConfig, acting_on, node_profile
+from analytics.sim.traces import Trace
 from router.decision.policies import make_policy
 from router.settings import RouterSettings
 
@@ -60,100 +59,6 @@ TARGETS = {
     "ttft_p99_vs_best_peer": ("<=", 0.9),
     "router_cpu_ms_per_request_100k": ("<=", 200.0),
 }
-
-
-SLOW_SESSION_S = 30.0  # a session whose turns' median TTFT is longer is counted as slow
-
-
-def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, float | int]:
-    """What a run gave its users and its GPUs (see the module's docstring)."""
-    if not done:
-        return {"completed": 0, "refused": requests}
-    start = min(d.request.arrival_s for d in done)
-    end = max(d.finish_s for d in done)
-    output = sum(d.request.output_tokens for d in done)
-    speeds = [
-        d.request.output_tokens / max(1e-9, d.finish_s - d.first_token_s)
-        for d in done
-        if d.request.output_tokens > 1
-    ]
-    ttft = [d.first_token_s - d.request.arrival_s for d in done]
-    prompt = sum(d.request.prompt_tokens for d in done)
-    per_session: dict[str | None, list[float]] = {}
-    for d, t in zip(done, ttft, strict=True):
-        per_session.setdefault(d.request.session_id, []).append(t)
-    slow = sum(statistics.median(ts) > SLOW_SESSION_S for ts in per_session.values())
-    # a session's context is alive from its first turn's arrival to its last turn's end, as
-    # large as its longest prompt: the most KV the sessions alive at once could keep
-    alive: dict[str | None, tuple[float, float, int]] = {}
-    for d in done:
-        a, b, t = alive.get(d.request.session_id, (d.request.arrival_s, d.finish_s, 0))
-        alive[d.request.session_id] = (
-            min(a, d.request.arrival_s),
-            max(b, d.finish_s),
-            max(t, d.request.prompt_tokens),
-        )
-    changes = sorted(
-        [(a, t) for a, _, t in alive.values()] + [(b, -t) for _, b, t in alive.values()],
-        key=lambda c: (c[0], c[1]),  # an end before a start at the same time
-    )
-    level = peak = 0
-    for _, t in changes:
-        level += t
-        peak = max(peak, level)
-    return {
-        "completed": len(done),
-        "refused": requests - len(done),
-        "span_s": round(end - start, 1),
-        "tok_s_per_gpu": round(output / max(1e-9, end - start) / nodes, 2),
-        "tok_s_per_user": round(statistics.median(speeds), 2) if speeds else 0.0,
-        "hit_rate": round(sum(d.cached_tokens for d in done) / max(1, prompt), 4),
-        "ttft_p50_s": round(pct(ttft, 0.5) or 0.0, 3),
-        "ttft_p99_s": round(pct(ttft, 0.99) or 0.0, 3),
-        "slow_sessions": slow,
-        "contexts_peak_tokens": peak,
-    }
-
-
-def _started(trace: Trace, sessions_per_s: float, seed: int) -> Trace:
-    """The trace with its sessions starting one after another at ``sessions_per_s`` (AIPerf's
-    trace starts them all at 0: AIPerf schedules sessions when it runs). Repetition ``seed``
-    moves each start by up to 0.4 of the spacing (seed 0: evenly spaced). Every turn of a
-    session moves with its first, so a session's turns stay in order: the closed loop sends a
-    later turn when the one before it in the trace ends (analytics/sim/cluster.py), and a later
-    turn sorted ahead of its session's first would arrive on its own, at its recorded time."""
-    rng = random.Random(seed)
-    first: dict[str | None, float] = {}
-    for r in trace.requests:
-        if r.think_s is None:
-            first.setdefault(r.session_id, r.arrival_s)
-    shift = {
-        sid: max(0.0, (k + (rng.uniform(-0.4, 0.4) if seed else 0.0)) / sessions_per_s) - at
-        for k, (sid, at) in enumerate(first.items())
-    }
-    moved = [
-        replace(r, arrival_s=r.arrival_s + shift.get(r.session_id, 0.0)) for r in trace.requests
-    ]
-    return replace(trace, requests=tuple(sorted(moved, key=lambda r: r.arrival_s)))
-
-
-def _concurrent(trace: Trace, slots: int) -> Trace:
-    """The trace as a client running ``slots`` sessions at once runs it (AIPerf's
-    ``--concurrency``): the first ``slots`` sessions start at 0, and session *k* starts as soon
-    as session *k* − ``slots`` has ended (each slot runs its sessions one after another)."""
-    turns: dict[str | None, list[TraceRequest]] = {}
-    for r in trace.requests:
-        turns.setdefault(r.session_id, []).append(r)
-    order = list(turns)
-    out: list[TraceRequest] = []
-    for k, sid in enumerate(order):
-        first, *later = turns[sid]
-        if k < slots:
-            first = replace(first, arrival_s=0.0)
-        else:
-            first = replace(first, think_s=0.0, after_session=order[k - slots])
-        out += [first, *later]
-    return replace(trace, requests=tuple(out))
 
 
 LARGER_KV_GIB = 140.4  # an H200's memory (141 GB) as CUDA reports it
@@ -198,7 +103,7 @@ def _larger_kv(
     )
     big = replace(base, profile=profile)
     cap, rate = _session_rate(open_loop, big, load)
-    out = _each_once(_started(trace, rate, 0), big, nodes, "larger KV")
+    out = _each_once(sessions_started(trace, rate, 0), big, nodes, "larger KV")
     return {
         "what": f"{load:.0%} load on engines with {LARGER_KV_GIB} GiB (an H200's memory; "
         "H100 step times), one run each",
@@ -282,6 +187,50 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(float(r[key]) for r in runs))
 
 
+def _criteria(
+    med: dict[str, dict[str, Any]], cpu_path: Path
+) -> tuple[dict[str, float | None], dict[str, bool], dict[str, Any]]:
+    """The issue's figures from the medians and the live CPU measurement (``cpu_path``: its
+    own benchmark's file, empty where it has not run), whether each is met, and that file."""
+    cpu = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
+    results: dict[str, float | None] = {
+        **_versus(med),
+        "router_cpu_ms_per_request_100k": cpu.get("router_cpu_ms_per_request_100k"),
+    }
+    met = {
+        k: v is not None and (v >= t if op == ">=" else v <= t)
+        for k, v in results.items()
+        for op, t in [TARGETS[k]]
+    }
+    return results, met, cpu
+
+
+def _at_concurrency(
+    trace: Trace, concurrent: Trace, slots: int, base: SimConfig, nodes: int, tuned_run: TunedRun
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``concurrent``: ``trace`` with ``slots`` sessions at once (AIPerf's ``--concurrency``).
+    Its section — every router once, the peers tuned again on this schedule (where the KV is
+    oversubscribed other points win) — and the sweep of concurrencies around it."""
+    runs = _each_once(concurrent, base, nodes, f"{slots} at once")
+    tuned, tuning = tune_peers(PEERS, [concurrent], {p: [r] for p, r in runs.items()}, tuned_run)
+    runs.update({p: _unseeded(rs[0]) for p, rs in tuned.items()})
+    sweep = sweep_concurrency(
+        len({r.session_id for r in trace.requests}),
+        lambda k: sessions_at_once(trace, k),
+        tuning,
+        lambda t, settings: _run(t, settings, base, nodes),
+        {slots: runs},
+    )
+    return {
+        "what": f"{slots} sessions at once (AIPerf's --concurrency {slots}): a session starts "
+        "when one ends",
+        "sessions_at_once": slots,
+        **_versus(runs),
+        "runs": runs,
+        "tuned": tuning,
+    }, sweep
+
+
 def bench_agentic(
     *,
     out_dir: Path,
@@ -302,14 +251,17 @@ def bench_agentic(
         for rep in range(repetitions):
             with status(f"agentic: {policy} #{rep + 1}"):
                 got = _run(
-                    _started(trace, sessions_per_s, rep), policy, replace(base, seed=rep), nodes
+                    sessions_started(trace, sessions_per_s, rep),
+                    policy,
+                    replace(base, seed=rep),
+                    nodes,
                 )
             runs.setdefault(policy, []).append({"seed": rep, **got})
 
     def tuned_run(t: Trace, settings: RouterSettings, rep: int) -> dict[str, Any]:
         return {"seed": rep, **_run(t, settings, replace(base, seed=rep), nodes)}
 
-    reps = [_started(trace, sessions_per_s, rep) for rep in range(repetitions)]
+    reps = [sessions_started(trace, sessions_per_s, rep) for rep in range(repetitions)]
     tuned, tuning = tune_peers(PEERS, reps, runs, tuned_run)
     runs.update(tuned)
     # AIPerf's own schedule: all 100 sessions at once (its concurrency 100), the cluster
@@ -318,28 +270,16 @@ def bench_agentic(
     # AIPerf's way of loading a cluster: a number of sessions at once (here the load's share
     # of the trace's sessions), a new one started as one ends; one run each
     slots = max(1, round(load * len({r.session_id for r in trace.requests})))
-    concurrent = _concurrent(trace, slots)
-    at_concurrency = _each_once(concurrent, base, nodes, f"{slots} at once")
-    # the peers tuned again on this schedule: where the KV is oversubscribed other points win
-    conc_tuned, conc_tuning = tune_peers(
-        PEERS, [concurrent], {p: [r] for p, r in at_concurrency.items()}, tuned_run
-    )
-    at_concurrency.update({p: _unseeded(rs[0]) for p, rs in conc_tuned.items()})
-    sweep = sweep_concurrency(
-        len({r.session_id for r in trace.requests}),
-        lambda k: _concurrent(trace, k),
-        conc_tuning,
-        lambda t, settings: _run(t, settings, base, nodes),
-        {slots: at_concurrency},
-    )
+    concurrent = sessions_at_once(trace, slots)
+    at_concurrency, sweep = _at_concurrency(trace, concurrent, slots, base, nodes, tuned_run)
     larger = _larger_kv(trace, open_loop, base, load, nodes)
     pulls = _with_pulls(
-        _started(trace, sessions_per_s, 0),
+        sessions_started(trace, sessions_per_s, 0),
         concurrent,
         base,
         nodes,
         {p: rs[0] for p, rs in runs.items()},
-        at_concurrency,
+        at_concurrency["runs"],
     )
     med = {
         p: {k: _median(rs, k) for k in rs[0] if k != "seed" and isinstance(rs[0][k], int | float)}
@@ -350,17 +290,7 @@ def bench_agentic(
     best_ttft = min(peers, key=lambda p: med[p]["ttft_p99_s"])
     kv = node_profile(base, trace.block_size)
     live = _live(out_dir / "livepeer.json")
-    cpu_path = out_dir / "longprompt.json"
-    cpu = json.loads(cpu_path.read_text()) if cpu_path.exists() else {}
-    results: dict[str, float | None] = {
-        **_versus(med),
-        "router_cpu_ms_per_request_100k": cpu.get("router_cpu_ms_per_request_100k"),
-    }
-    met = {
-        k: v is not None and (v >= t if op == ">=" else v <= t)
-        for k, v in results.items()
-        for op, t in [TARGETS[k]]
-    }
+    results, met, cpu = _criteria(med, out_dir / "longprompt.json")
     report = {
         "command": command,
         "machine": f"{platform.machine()}, Python {platform.python_version()}",
@@ -387,14 +317,7 @@ def bench_agentic(
             **_versus(saturated),
             "runs": saturated,
         },
-        "at_concurrency": {
-            "what": f"{slots} sessions at once (AIPerf's --concurrency {slots}): a session starts "
-            "when one ends",
-            "sessions_at_once": slots,
-            **_versus(at_concurrency),
-            "runs": at_concurrency,
-            "tuned": conc_tuning,
-        },
+        "at_concurrency": at_concurrency,
         "concurrency_sweep": sweep,
         "larger_kv": larger,
         "with_pulls": pulls,

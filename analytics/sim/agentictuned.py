@@ -16,9 +16,9 @@ from analytics.sim.traces import Trace
 from router.decision.policies import TUNING_GRID, grid_points
 from router.settings import RouterSettings
 
-__all__ = ["tune_peers"]
+__all__ = ["TunedRun", "tune_peers"]
 
-Run = Callable[[Trace, RouterSettings, int], dict[str, Any]]
+TunedRun = Callable[[Trace, RouterSettings, int], dict[str, Any]]
 
 
 def _order(grid: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -30,7 +30,7 @@ def tune_peers(
     peers: tuple[str, ...],
     traces: list[Trace],
     defaults: dict[str, list[dict[str, Any]]],
-    run: Run,
+    run: TunedRun,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """Each of ``peers`` with a grid tuned on ``traces[0]`` (its defaults' runs: the first of
     ``defaults[peer]``), then the chosen point on every trace (``run(trace, settings, rep)``;

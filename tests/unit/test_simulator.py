@@ -272,7 +272,7 @@ def test_a_client_running_sessions_at_once_starts_one_as_another_ends() -> None:
     meanwhile."""
     from dataclasses import replace
 
-    from analytics.sim.agenticbench import _concurrent
+    from analytics.sim.agenticload import sessions_at_once
 
     def session(sid: str, at: float, base: int) -> tuple[TraceRequest, ...]:
         return (
@@ -282,7 +282,7 @@ def test_a_client_running_sessions_at_once_starts_one_as_another_ends() -> None:
 
     trace = Trace("t", 16, session("a", 0.0, 0) + session("b", 0.0, 100) + session("c", 9.0, 200))
     cfg = SimConfig(nodes=2, profile=PROFILE)
-    done = simulate(_concurrent(trace, 2).looped(), seed_policy(), cfg)
+    done = simulate(sessions_at_once(trace, 2).looped(), seed_policy(), cfg)
     first = {d.request.session_id: d for d in done if len(d.request.block_hashes) == 10}
     last = {d.request.session_id: d for d in done if len(d.request.block_hashes) == 12}
     assert len(done) == 6
@@ -298,7 +298,7 @@ def test_sessions_started_one_after_another_keep_their_turns_in_order() -> None:
     that recorded time, long before its session began."""
     from dataclasses import replace
 
-    from analytics.sim.agenticbench import _started
+    from analytics.sim.agenticload import sessions_started
 
     def session(sid: str, base: int) -> tuple[TraceRequest, ...]:
         return (
@@ -308,7 +308,7 @@ def test_sessions_started_one_after_another_keep_their_turns_in_order() -> None:
         )
 
     trace = Trace("t", 16, session("a", 0) + session("b", 100) + session("c", 200))
-    started = _started(trace, sessions_per_s=0.1, seed=0)  # a session every 10 s
+    started = sessions_started(trace, sessions_per_s=0.1, seed=0)  # a session every 10 s
     for sid in "abc":
         turns = [r for r in started.requests if r.session_id == sid]
         assert [len(r.block_hashes) for r in turns] == [10, 12, 14]
@@ -323,7 +323,7 @@ def test_sessions_started_one_after_another_keep_their_turns_in_order() -> None:
 
 
 def test_agentic_metrics_count_tokens_per_gpu_and_per_user() -> None:
-    from analytics.sim.agenticbench import agentic_metrics
+    from analytics.sim.agenticload import agentic_metrics
     from analytics.sim.simconfig import Done
 
     a = Done(req(0.0, range(10), out=100), "n1", "x", 0, 80, first_token_s=1.0, finish_s=11.0)
