@@ -246,22 +246,17 @@ def bench_agentic(
     # sessions start at the rate whose turns offer load × capacity requests per second
     cap, sessions_per_s = _session_rate(open_loop, base, load)
     trace: Trace = open_loop.looped(True)
+    reps = [sessions_started(trace, sessions_per_s, rep) for rep in range(repetitions)]
     runs: dict[str, list[dict[str, Any]]] = {}
     for policy in POLICIES:
-        for rep in range(repetitions):
+        for rep, started_at in enumerate(reps):
             with status(f"agentic: {policy} #{rep + 1}"):
-                got = _run(
-                    sessions_started(trace, sessions_per_s, rep),
-                    policy,
-                    replace(base, seed=rep),
-                    nodes,
-                )
+                got = _run(started_at, policy, replace(base, seed=rep), nodes)
             runs.setdefault(policy, []).append({"seed": rep, **got})
 
     def tuned_run(t: Trace, settings: RouterSettings, rep: int) -> dict[str, Any]:
         return {"seed": rep, **_run(t, settings, replace(base, seed=rep), nodes)}
 
-    reps = [sessions_started(trace, sessions_per_s, rep) for rep in range(repetitions)]
     tuned, tuning = tune_peers(PEERS, reps, runs, tuned_run)
     runs.update(tuned)
     # AIPerf's own schedule: all 100 sessions at once (its concurrency 100), the cluster
@@ -274,7 +269,7 @@ def bench_agentic(
     at_concurrency, sweep = _at_concurrency(trace, concurrent, slots, base, nodes, tuned_run)
     larger = _larger_kv(trace, open_loop, base, load, nodes)
     pulls = _with_pulls(
-        sessions_started(trace, sessions_per_s, 0),
+        reps[0],
         concurrent,
         base,
         nodes,
