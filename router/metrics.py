@@ -294,6 +294,7 @@ class RouterMetrics:
         # request latencies and tokens, per model (at most MAX_MODELS label values)
         self._models = BoundedLabels(MAX_MODELS)
         self._per_model: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._per_reason: dict[str, Any] = {}  # decisions' counters by reason (a bounded set)
         self.ttft = Histogram(
             "kvgate_router_ttft_seconds",
             "Time to first token, from the router's receipt of the request",
@@ -389,7 +390,10 @@ class RouterMetrics:
             cached.inc(cached_tokens)
 
     def decided(self, reason: str, decision_us: float) -> None:
-        self._decisions.labels(reason).inc()
+        counter = self._per_reason.get(reason)
+        if counter is None:
+            counter = self._per_reason[reason] = self._decisions.labels(reason)
+        counter.inc()
         self._latency.observe(decision_us / 1e6)
 
     def rejected(self, reason: str) -> None:

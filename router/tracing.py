@@ -12,6 +12,8 @@ from typing import Any
 
 __all__ = ["Tracing"]
 
+_OFF: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()  # (reusable)
+
 
 class Tracing:
     """Spans when tracing is on; cheap no-ops when it is off."""
@@ -39,17 +41,22 @@ class Tracing:
     def on(self) -> bool:
         return self.tracer is not None
 
-    @contextlib.contextmanager
     def span(
         self,
         name: str,
         attributes: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> Iterator[Any]:
-        """A span (the current one's child; ``headers``: continue the client's trace)."""
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A span (the current one's child; ``headers``: continue the client's trace); with
+        tracing off, one shared context that gives None (no generator made per request)."""
         if self.tracer is None:
-            yield None
-            return
+            return _OFF
+        return self._span(name, attributes, headers)
+
+    @contextlib.contextmanager
+    def _span(
+        self, name: str, attributes: Mapping[str, Any] | None, headers: Mapping[str, str] | None
+    ) -> Iterator[Any]:
         context = None
         if headers is not None:
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

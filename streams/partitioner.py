@@ -39,6 +39,17 @@ def murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
+# the hashes of recent keys: a request's decision and outcome share its id, a pool's ledger
+# events their pool (bounded: emptied when full)
+_RECENT_MAX = 4096
+_recent: dict[bytes, int] = {}
+
+
 def partition_of(key: bytes, partitions: int) -> int:
     """The partition (0 … ``partitions`` − 1) of a record keyed ``key``."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    h = _recent.get(key)
+    if h is None:
+        if len(_recent) >= _RECENT_MAX:
+            _recent.clear()
+        h = _recent[key] = murmur2(key) & 0x7FFFFFFF
+    return h % partitions

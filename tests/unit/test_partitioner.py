@@ -27,3 +27,15 @@ def test_partition_of_matches_the_default_partitioner() -> None:
         for _ in range(200):
             key = f"req-{rng.getrandbits(64):x}".encode()
             assert partition_of(key, n) == partitioner(key, parts, parts)
+
+
+def test_a_key_seen_again_lands_where_the_default_partitioner_puts_it() -> None:
+    """The hashes of recent keys are remembered: the same key asked for with other partition
+    counts, and after the memory was emptied, still lands where Kafka's partitioner puts it."""
+    partitioner = DefaultPartitioner()
+    keys = [f"pool-{i}".encode() for i in range(5000)]  # more than the memory holds
+    for _ in range(2):
+        for key in keys:
+            for n in (3, 4, 7):
+                parts = list(range(n))
+                assert partition_of(key, n) == partitioner(key, parts, parts)
