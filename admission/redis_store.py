@@ -153,8 +153,11 @@ class RedisReservations:
         prefix: str,
         drain_window_s: float = 30.0,
         bucket_s: float = 5.0,
+        release_linger_s: float = 0.0,
     ) -> None:
         self.r = client
+        # a release waits this long for a reservation to share its round trip with
+        self.release_linger_s = release_linger_s
         self.prefix = prefix
         self.drain_window_s = drain_window_s
         self.bucket_s = bucket_s
@@ -168,9 +171,11 @@ class RedisReservations:
         self._present = client.register_script(_PRESENT)
         self._renew = client.register_script(_RENEW)
 
-    async def _run(self, script: Any, keys: list[str], args: list[str | int]) -> Any:
+    async def _run(
+        self, script: Any, keys: list[str], args: list[str | int], linger_s: float = 0.0
+    ) -> Any:
         try:
-            return await self.batch.run(script, keys, args)
+            return await self.batch.run(script, keys, args, linger_s)
         except (RedisError, OSError) as exc:
             if "KVGATE_STORE_RESET" in str(exc):
                 raise StoreReset(
@@ -245,6 +250,7 @@ class RedisReservations:
                 int(now // self.bucket_s),
                 int(self.drain_window_s + 2 * self.bucket_s),
             ],
+            self.release_linger_s,
         )
         return None if value is None else _parse(rid, value)
 

@@ -49,19 +49,29 @@ class Batching:
         self.max_batch = max_batch
         self._pending: list[ScriptCall] = []
         self._soon: asyncio.Handle | None = None  # a flush at the end of this loop turn
+        self._lingering = False  # ``_soon`` is a lingered call's timer, not this turn's end
         self._tasks: set[asyncio.Task[None]] = set()  # round trips under way
         self.round_trips = 0
         self.calls = 0
 
-    async def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``script(keys, args)``, sent with the other calls of this loop turn."""
+    async def run(
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], linger_s: float = 0.0
+    ) -> Any:
+        """``script(keys, args)``, sent with the other calls of this loop turn; ``linger_s``:
+        a call that may wait that long for others to go with it (a release: it goes with the
+        next reservation instead of a round trip of its own)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append((script, keys, args, fut))
         if len(self._pending) >= self.max_batch:
             self.flush()
+        elif linger_s <= 0:
+            if self._soon is None or self._lingering:
+                if self._soon is not None:
+                    self._soon.cancel()
+                self._soon, self._lingering = loop.call_soon(self.flush), False
         elif self._soon is None:
-            self._soon = loop.call_soon(self.flush)
+            self._soon, self._lingering = loop.call_later(linger_s, self.flush), True
         return await fut
 
     def flush(self) -> None:
@@ -69,7 +79,7 @@ class Batching:
         shutdown)."""
         if self._soon is not None:
             self._soon.cancel()
-            self._soon = None
+            self._soon, self._lingering = None, False
         batch, self._pending = self._pending, []
         if batch:
             self.round_trips += 1

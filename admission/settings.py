@@ -153,6 +153,14 @@ class AdmissionSettings(BaseModel):
     backend: Literal["inproc", "redis"] = Field(
         default="inproc", description="inproc: one router; redis: several routers share a budget"
     )
+    release_linger_ms: float = Field(
+        default=5.0,
+        ge=0,
+        le=100,
+        description="with backend=redis, a reservation's release waits up to this long to go "
+        "to Redis with the next reservation (one round trip instead of two; the budget comes "
+        "back that much later; 0: at once)",
+    )
     yellow_watermark: float = Field(default=0.8, gt=0, le=1)
     red_watermark: float = Field(default=0.9, gt=0, le=1)
     safety_factor: float = Field(default=1.1, ge=1)

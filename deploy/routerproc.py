@@ -51,7 +51,9 @@ def _stores(
 
     client = redis_client(s.redis)
     prefix = f"kvgate:{s.kafka.namespace}"
-    shared = RedisReservations(client, prefix)
+    shared = RedisReservations(
+        client, prefix, release_linger_s=s.admission.release_linger_ms / 1000
+    )
     store = FailoverReservations(shared, s.admission.store_down_share)
     storm = FailoverStorm(RedisStormStore(client, prefix), store)
     return store, storm, SharedRates(RedisRates(client, prefix), store), (client, shared)

@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -57,6 +58,29 @@ async def test_calls_of_one_turn_share_a_round_trip_and_get_their_own_replies(
     assert sorted(replies) == sorted(set(replies))  # every call its own reply
     assert max(replies) == sum(range(1, 51)) == int(await client.get(key) or 0)
     assert link.round_trips == 1 and link.calls == 50
+    await link.aclose()
+
+
+@pytest.mark.parametrize("make", [ScriptLink.of, ScriptBatcher])
+async def test_a_lingering_call_goes_with_the_next_call_or_after_its_linger(
+    client: Redis, make: Any
+) -> None:
+    """A release lingers for the next reservation: the two share one round trip; alone, it
+    goes when its linger is over (not at the end of its loop turn, not never)."""
+    link = make(client)
+    assert link is not None
+    incr = client.register_script(_INCR)
+    key = f"test:link:{uuid.uuid4().hex[:8]}"
+    lingering = asyncio.ensure_future(link.run(incr, [key], [1], 0.5))
+    await asyncio.sleep(0.01)  # loop turns pass: the lingering call waits
+    assert not lingering.done() and link.round_trips == 0
+    assert await link.run(incr, [key], [10]) in (10, 11)  # sent at once, the lingerer with it
+    assert await lingering in (1, 11)
+    assert link.round_trips == 1 and link.calls == 2
+    started = time.monotonic()
+    assert await link.run(incr, [key], [100], 0.05) == 111  # alone: after its linger
+    assert 0.04 <= time.monotonic() - started < 2.0
+    assert link.round_trips == 2
     await link.aclose()
 
 
