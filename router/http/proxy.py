@@ -225,7 +225,20 @@ async def _stream(
             reply.start(200, "text/event-stream", (*headers, ("Cache-Control", "no-cache")))
 
     lines = SseLines(relay, p.include_usage, on_first_token, started, p.api, trail, splice)
-    async for data in up.chunks():  # as the engine wrote it
+
+    def take(data: bytes) -> bool:
+        """A piece relayed as it arrives (the connection's callback); False: the client's
+        buffer is full (the loop below waits for it, with the stall budget)."""
+        out = lines.feed(data)
+        if not out:
+            return True
+        begin()
+        return reply.write_nowait(out)
+
+    async for data in up.chunks(take):  # as the engine wrote it
+        if not data:  # ``take`` wrote, and the client's buffer is full
+            await _write(reply, b"", stall)
+            continue
         out = lines.feed(data)
         if out:
             begin()

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from urllib.parse import urlsplit
 
 import httptools
@@ -109,6 +109,8 @@ class Answer:
         "_done",
         "_error",
         "_ready",
+        "_sink",
+        "_sink_error",
         "_waiter",
         "headers",
         "keep_alive",
@@ -122,6 +124,9 @@ class Answer:
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
+        # while the reader waits with nothing queued: takes each piece as it arrives
+        self._sink: Callable[[bytes], bool] | None = None
+        self._sink_error: BaseException | None = None
         self._done = False
         self._error: Exception | None = None
         self.status = 0
@@ -136,6 +141,17 @@ class Answer:
     # from the connection
     def _chunk(self, data: bytes) -> None:
         self.last = self._conn._loop.time()
+        sink = self._sink
+        if sink is not None:  # the reader waits with nothing queued: nothing goes before it
+            try:
+                if sink(data):
+                    return
+                self._chunks.append(b"")  # taken, but the reader must wait for its consumer
+            except Exception as exc:  # raised to the reader, where it would have been
+                self._sink_error = exc
+            self._sink = None
+            self._wake()
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER and self._conn.transport is not None:
@@ -160,11 +176,23 @@ class Answer:
             w.set_result(None)
 
     # for the caller
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body's bytes as they arrive (several small pieces may come as one)."""
+    async def chunks(self, sink: Callable[[bytes], bool] | None = None) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (several small pieces may come as one). With a
+        ``sink``, a piece that arrives while the reader waits with nothing queued goes to the
+        sink at once, from the connection's callback — no wake-up of the reader per piece; the
+        sink returns False when its consumer is full (it took the piece: the reader then gets
+        an empty piece, its cue to wait for the consumer) and whatever it raises, the reader
+        raises. Pieces queued otherwise come out here as without a sink, in order."""
         conn = self._conn
         while True:
+            if self._sink_error is not None:
+                exc, self._sink_error = self._sink_error, None
+                raise exc
             if self._chunks:
+                if not self._chunks[0]:  # the sink's cue (always first: it found none queued)
+                    self._chunks.popleft()
+                    yield b""
+                    continue
                 data = (
                     self._chunks.popleft()
                     if len(self._chunks) == 1
@@ -181,8 +209,12 @@ class Answer:
             if self._error is not None:
                 raise self._error
             self._waiter = conn._loop.create_future()
-            await self._waiter
-            self._waiter = None
+            self._sink = sink
+            try:
+                await self._waiter
+            finally:
+                self._sink = None
+                self._waiter = None
 
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])

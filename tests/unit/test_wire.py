@@ -4,7 +4,7 @@ by aiohttp's client and by raw sockets, its client speaking to an aiohttp server
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -219,6 +219,52 @@ async def test_the_client_speaks_to_an_aiohttp_server_and_keeps_its_connection(e
     assert b"".join(pieces) == b"".join(b"data: %d\n\n" % i for i in range(5))
     with pytest.raises(UpstreamError):
         await pool.request("POST", "/drop", b"{}")
+    pool.close()
+
+
+async def test_a_sink_takes_each_piece_as_it_arrives_and_hands_back_what_it_cannot(
+    engine: str,
+) -> None:
+    """The relay's sink: pieces that arrive while the reader waits go to it from the
+    connection's callback, in order; one it takes with its consumer full gives the reader an
+    empty piece (wait for the consumer), later pieces queue for the reader; what it raises,
+    the reader raises."""
+    host, port = engine.split(":")
+    pool = Pool(host, int(port))
+    want = [b"data: %d\n\n" % i for i in range(5)]
+
+    log: list[tuple[str, bytes]] = []  # who got which piece, in the order they got it
+
+    def taking(full: bool) -> Callable[[bytes], bool]:
+        def sink(data: bytes) -> bool:
+            log.append(("sink", data))
+            return not full
+
+        return sink
+
+    a = await pool.request("POST", "/stream", b"{}")
+    async for c in a.chunks(taking(False)):
+        log.append(("read", c))
+    assert b"".join(d for _, d in log) == b"".join(want)
+    assert ("sink" in {w for w, _ in log}) and all(d for _, d in log)
+
+    log.clear()
+    a = await pool.request("POST", "/stream", b"{}")
+    async for c in a.chunks(taking(True)):  # its consumer always full
+        log.append(("read", c))
+    assert b"".join(d for _, d in log) == b"".join(want)
+    sunk = [i for i, (w, _) in enumerate(log) if w == "sink"]
+    assert sunk and all(log[i + 1] == ("read", b"") for i in sunk)  # each: the reader's cue
+
+    a = await pool.request("POST", "/stream", b"{}")
+
+    def broken(data: bytes) -> bool:
+        raise RuntimeError("the consumer broke")
+
+    with pytest.raises(RuntimeError, match="the consumer broke"):
+        async for _ in a.chunks(broken):
+            pass
+    a.release()
     pool.close()
 
 
