@@ -18,7 +18,8 @@ SLOW_SESSION_S = 30.0  # a session whose turns' median TTFT is longer is counted
 
 
 def agentic_metrics(done: list[Done], requests: int, nodes: int) -> dict[str, float | int]:
-    """What a run gave its users and its GPUs (see the module's docstring)."""
+    """What a run gave its users and its GPUs (analytics/sim/agenticbench.py's docstring says
+    what each figure is)."""
     if not done:
         return {"completed": 0, "refused": requests}
     start = min(d.request.arrival_s for d in done)

@@ -71,15 +71,18 @@ async def test_a_lingering_call_goes_with_the_next_call_or_after_its_linger(
     assert link is not None
     incr = client.register_script(_INCR)
     key = f"test:link:{uuid.uuid4().hex[:8]}"
-    lingering = asyncio.ensure_future(link.run(incr, [key], [1], 0.5))
-    await asyncio.sleep(0.01)  # loop turns pass: the lingering call waits
+    lingering = asyncio.ensure_future(link.run(incr, [key], [1], 30.0))
+    for _ in range(5):  # loop turns pass: the lingering call waits
+        await asyncio.sleep(0)
     assert not lingering.done() and link.round_trips == 0
     assert await link.run(incr, [key], [10]) in (10, 11)  # sent at once, the lingerer with it
     assert await lingering in (1, 11)
     assert link.round_trips == 1 and link.calls == 2
-    started = time.monotonic()
-    assert await link.run(incr, [key], [100], 0.05) == 111  # alone: after its linger
-    assert 0.04 <= time.monotonic() - started < 2.0
+    alone = asyncio.ensure_future(link.run(incr, [key], [100], 0.05))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not alone.done() and link.round_trips == 1  # not at the end of its loop turn
+    assert await alone == 111  # ... but once its linger is over
     assert link.round_trips == 2
     await link.aclose()
 
