@@ -61,6 +61,7 @@ TARGETS = {
 }
 
 
+UNCONTENDED = 8  # the bound's cluster: this many times the nodes, so that no turn waits
 LARGER_KV_GIB = 140.4  # an H200's memory (141 GB) as CUDA reports it
 POLICIES = ("round_robin", "kvgate", *PEERS)
 
@@ -89,6 +90,32 @@ def _each_once(trace: Trace, cfg: SimConfig, nodes: int, what: str) -> dict[str,
         with status(f"agentic: {policy}, {what}"):
             out[policy] = _run(trace, policy, cfg, nodes)
     return out
+
+
+def _uncontended(
+    reps: list[Trace], base: SimConfig, nodes: int, rr: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The most any router can gain over round-robin in tokens per GPU on these sessions: each
+    repetition's sessions on a cluster :data:`UNCONTENDED` × as large (kvgate's routing, the
+    same engines), where every turn is served as it arrives and from its session's cache. Its
+    span is the sessions' own pace — their recorded delays and each turn's service alone —
+    which no router goes below on any number of these GPUs; tokens per GPU can rise over
+    round-robin's (``rr``: its runs, repetition by repetition) by at most round-robin's span
+    over it."""
+    runs = []
+    for rep, started_at in enumerate(reps):
+        with status(f"agentic: uncontended #{rep + 1}"):
+            big = replace(base, nodes=UNCONTENDED * nodes, seed=rep)
+            runs.append({"seed": rep, **_run(started_at, "kvgate", big, UNCONTENDED * nodes)})
+    bounds = [r["span_s"] / u["span_s"] for r, u in zip(rr, runs, strict=True)]
+    return {
+        "what": f"kvgate on {UNCONTENDED * nodes} nodes, the same sessions: no turn waits; "
+        "round-robin's span over this one bounds tok_s_per_gpu_vs_rr",
+        "nodes": UNCONTENDED * nodes,
+        "tok_s_per_gpu_vs_rr_bound": round(statistics.median(bounds), 3),
+        "bounds": [round(b, 3) for b in bounds],
+        "runs": runs,
+    }
 
 
 def _larger_kv(
@@ -268,6 +295,7 @@ def bench_agentic(
     concurrent = sessions_at_once(trace, slots)
     at_concurrency, sweep = _at_concurrency(trace, concurrent, slots, base, nodes, tuned_run)
     larger = _larger_kv(trace, open_loop, base, load, nodes)
+    floor = _uncontended(reps, base, nodes, runs["round_robin"])
     pulls = _with_pulls(
         reps[0],
         concurrent,
@@ -301,6 +329,7 @@ def bench_agentic(
         "cluster_kv_tokens": nodes * kv.num_gpu_blocks * kv.block_size,
         "best_peer": {"hit_rate": best_hit, "ttft_p99_s": best_ttft},
         **results,
+        "tok_s_per_gpu_vs_rr_bound": floor["tok_s_per_gpu_vs_rr_bound"],
         "router_cpu_command": cpu.get("command"),
         "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()},
         "met": met,
@@ -315,6 +344,7 @@ def bench_agentic(
         "at_concurrency": at_concurrency,
         "concurrency_sweep": sweep,
         "larger_kv": larger,
+        "uncontended": floor,
         "with_pulls": pulls,
         "live": live,
     }

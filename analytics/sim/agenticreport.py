@@ -43,6 +43,7 @@ def _open_loop_prose(r: dict[str, Any]) -> str:
     rr = med["round_robin"]["tok_s_per_gpu"]
     best = max((p for p in med if p != "round_robin"), key=lambda p: med[p]["tok_s_per_gpu"])
     peak = med["kvgate"]["contexts_peak_tokens"]
+    un, bound, gain = r["uncontended"], r["tok_s_per_gpu_vs_rr_bound"], r["tok_s_per_gpu_vs_rr"]
     return f"""\
 At the peak of kvgate's runs the sessions alive at once hold {_share(peak, kv)}
 ({kv / 1e6:.2f}M tokens): a router that keeps each session on the node holding its context
@@ -50,7 +51,12 @@ serves most turns from cache, and the tail is a turn queued behind another sessi
 prefill. The sessions' own pace bounds the work (a turn waits for its tool) and every router is
 offered the same turns, so tokens per GPU differ only by how soon each router's last sessions
 end: the most any router reaches against round-robin is
-{fmt(med[best]["tok_s_per_gpu"] / rr)} (`{best}`). The capacity the load is a share of is
+{fmt(med[best]["tok_s_per_gpu"] / rr)} (`{best}`), and none can pass
+{fmt(bound)}: on a cluster {un["nodes"] // r["nodes"]}× as large, where no turn waits and each
+is served from its session's cache, the same sessions end only that much sooner than under
+round-robin (`uncontended` in `agentic.json`; per repetition {", ".join(map(fmt, un["bounds"]))}).
+kvgate's {fmt(gain)} is {(gain - 1) / max(1e-9, bound - 1):.0%} of the gain there is to make.
+The capacity the load is a share of is
 least-requests' (every request queued at once), whose hit rate is round-robin's: round-robin
 runs near its limit here, the cache-aware routers far below theirs."""
 

@@ -322,6 +322,38 @@ def test_sessions_started_one_after_another_keep_their_turns_in_order() -> None:
         assert by[(sid, 14)].request.arrival_s == pytest.approx(by[(sid, 12)].finish_s + 1.0)
 
 
+def test_no_router_passes_the_uncontended_bound_on_tokens_per_gpu() -> None:
+    """``kvgate bench agentic``'s bound: the same sessions on a cluster eight times as large
+    end no later than on the real one under any router, so round-robin's span over theirs
+    bounds what any router gains over round-robin in tokens per GPU; here round-robin queues
+    turns behind each other and the bound is above 1."""
+    from dataclasses import replace
+
+    from analytics.sim.agenticbench import _run, _uncontended
+    from analytics.sim.agenticload import sessions_started
+
+    def session(sid: str, base: int) -> tuple[TraceRequest, ...]:
+        first = replace(req(0.0, range(base, base + 100), out=100), session_id=sid)
+        later = (
+            replace(req(1.0 + t, range(base, base + 100 + 8 * t), out=100), session_id=sid)
+            for t in range(1, 4)
+        )
+        return (first, *(replace(r, think_s=0.5) for r in later))
+
+    trace = Trace("t", 16, tuple(r for k in range(16) for r in session(f"s{k}", 1000 * k)))
+    started = [sessions_started(trace, 20.0, rep).looped() for rep in range(2)]
+    cfg = SimConfig(nodes=2, profile=PROFILE)
+    rr = [_run(t, "round_robin", replace(cfg, seed=i), 2) for i, t in enumerate(started)]
+    got = _uncontended(started, cfg, 2, rr)
+    assert got["nodes"] == 16 and len(got["runs"]) == 2
+    assert got["tok_s_per_gpu_vs_rr_bound"] > 1.5  # round-robin queues: room to gain
+    for policy in ("kvgate", "least_requests", "round_robin"):
+        for rep, t in enumerate(started):
+            run = _run(t, policy, replace(cfg, seed=rep), 2)
+            assert run["span_s"] >= got["runs"][rep]["span_s"]
+            assert rr[rep]["span_s"] / run["span_s"] <= got["bounds"][rep]
+
+
 def test_agentic_metrics_count_tokens_per_gpu_and_per_user() -> None:
     from analytics.sim.agenticload import agentic_metrics
     from analytics.sim.simconfig import Done
