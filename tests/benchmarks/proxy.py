@@ -26,7 +26,11 @@ so the proxy is what is measured) at rising offered rates (× ``--step`` from ``
 rate is not sustained — sustained: no request failed and the requests completed at ≥ 95 % of
 the rate they were sent at (Poisson: a point sends about, not exactly, its offered rate). A
 failed point is tried once more before the ramp stops. The max rate is the highest sustained
-one.
+one. The client is one process at one address standing in for all of a router's users, as an
+ingress in front of it is: kvgate's routers exempt it from the per-client share of connections
+(``router.connection_share_exempt``; near the knee the client holds more than the 256 one
+address may, and kvgate's limit, not its capacity, ended the ramp); ``router.max_connections``
+stays.
 
 **Added TTFT.** At half of each target's max rate, the target and ``direct`` are run for
 ``--latency-duration`` s each; added p50 / p99 = the target's TTFT percentile minus direct's.
@@ -46,6 +50,7 @@ import os
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +68,7 @@ from tests.benchmarks.livepeer import MODEL, pct, report_header, wait_http
 OUT = Path("docs/benchmarks")
 EPP_KEY = "bench-epp-key"  # the gateway key the picker's router takes
 ACHIEVED = 0.95  # of the offered rate, for a rate to count as sustained
+HTTP_ERRORS: Counter[str] = Counter()  # why :func:`one`'s requests failed, so far
 CLIENT_LAG_MS = 50.0  # the client sent later than this (p99): the point measured the client
 
 
@@ -91,15 +97,23 @@ async def one(http: aiohttp.ClientSession, url: str, i: int) -> float | None:
     try:
         async with http.post(url + "/v1/completions", json=body) as r:
             if r.status != 200:
-                await r.read()
+                got = await r.read()
+                try:
+                    why = str(json.loads(got)["error"]["message"])[:80]
+                except (ValueError, KeyError, TypeError):
+                    why = got[:80].decode(errors="replace")
+                HTTP_ERRORS[f"{r.status} {why}"] += 1
                 return None
             async for line in r.content:
                 if ttft is None and line.startswith(b"data: {"):
                     ttft = time.perf_counter() - started
                 elif line.startswith(b"data: [DONE]"):
                     done = True
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        HTTP_ERRORS[type(exc).__name__] += 1
         return None
+    if not done:
+        HTTP_ERRORS["stream without [DONE]"] += 1
     return ttft if done else None
 
 
@@ -109,7 +123,10 @@ async def run_rate(
     """Poisson arrivals at ``rate`` for ``duration`` s, spread round-robin over ``urls``, each
     sent with ``send`` (default: :func:`one`)."""
     send = send or one
-    counted = getattr(getattr(send, "__self__", None), "errors", None)  # the picker's client
+    # why requests failed: the picker's client counts its own, :func:`one` in HTTP_ERRORS
+    counted = (
+        HTTP_ERRORS if send is one else getattr(getattr(send, "__self__", None), "errors", None)
+    )
     before = dict(counted or {})
     rng = random.Random(seed)
     arrivals, t = [], 0.0
@@ -290,7 +307,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 str(port),
                 "--workers",
                 str(n),
-                env={"KVGATE_ADMISSION__BACKEND": "redis"},  # what several routers share
+                env={
+                    "KVGATE_ADMISSION__BACKEND": "redis",  # what several routers share
+                    # the client is every user at one address, as an ingress is
+                    "KVGATE_ROUTER__CONNECTION_SHARE_EXEMPT": json.dumps(["127.0.0.1/32"]),
+                },
             )
             targets.append(Target(f"kvgate-w{n}", [f"http://127.0.0.1:{port}"], proc))
         # the endpoint picker: kvgate's share when Envoy proxies (the ext_proc exchange), on
