@@ -68,6 +68,7 @@ from tests.benchmarks.livepeer import MODEL, pct, report_header, wait_http
 OUT = Path("docs/benchmarks")
 EPP_KEY = "bench-epp-key"  # the gateway key the picker's router takes
 ACHIEVED = 0.95  # of the offered rate, for a rate to count as sustained
+PROMPTS = itertools.count()  # each request's prompt number, never the same twice in a run
 HTTP_ERRORS: Counter[str] = Counter()  # why :func:`one`'s requests failed, so far
 CLIENT_LAG_MS = 50.0  # the client sent later than this (p99): the point measured the client
 
@@ -143,12 +144,15 @@ async def run_rate(
     ) as http:
         start = time.perf_counter()
         tasks = []
-        for i, at in enumerate(arrivals):
+        for at in arrivals:
             delay = at - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
             lag.append(max(0.0, -delay))
-            tasks.append(asyncio.create_task(send(http, next(targets), i)))
+            # a prompt no earlier request of the run sent: the same prompt again is a client's
+            # retry, and kvgate's retry-storm guard takes it for one (the ramp retries a
+            # failed point with the prompts it has just sent)
+            tasks.append(asyncio.create_task(send(http, next(targets), next(PROMPTS))))
         results = await asyncio.gather(*tasks)
         span = max(duration, time.perf_counter() - start)
     ok = [r for r in results if r is not None]
