@@ -99,10 +99,10 @@ async def one(http: aiohttp.ClientSession, url: str, i: int) -> float | None:
         async with http.post(url + "/v1/completions", json=body) as r:
             if r.status != 200:
                 got = await r.read()
-                try:
-                    why = str(json.loads(got)["error"]["message"])[:80]
+                try:  # the error's type (its message may carry numbers: one key each)
+                    why = str(json.loads(got)["error"]["type"])[:40]
                 except (ValueError, KeyError, TypeError):
-                    why = got[:80].decode(errors="replace")
+                    why = "unreadable body"
                 HTTP_ERRORS[f"{r.status} {why}"] += 1
                 return None
             async for line in r.content:
