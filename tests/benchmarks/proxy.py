@@ -100,8 +100,9 @@ async def one(http: aiohttp.ClientSession, url: str, i: int) -> float | None:
             if r.status != 200:
                 got = await r.read()
                 try:  # the error's type (its message may carry numbers: one key each)
-                    why = str(json.loads(got)["error"]["type"])[:40]
-                except (ValueError, KeyError, TypeError):
+                    error = json.loads(got)["error"]
+                    why = str(error.get("type") or error.get("message"))[:60]
+                except (ValueError, KeyError, TypeError, AttributeError):
                     why = "unreadable body"
                 HTTP_ERRORS[f"{r.status} {why}"] += 1
                 return None
