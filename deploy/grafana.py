@@ -113,7 +113,8 @@ GROUP BY time, reason ORDER BY time"""),
             "prefix_hit, least_cost, spread, overload_fallback, all_overloaded, session_home, "
             "session_place (a long-context session's first turn, or one whose context was "
             "evicted, placed where resident contexts leave it room), session_overflow (no node "
-            "has room: to the node most committed), "
+            "has room: to the node most committed), session_move (a later turn off an overflow "
+            "node whose queue is long), "
             "kv_pull (its prefix's KV loaded from the busy node holding it).",
             stack=True,
         ),

@@ -81,11 +81,14 @@ nodes keep their contexts whole (hit rate, tokens per user and TTFT p50 follow),
 that overflowed wait in that node's queue — the TTFT tail, and `slow_sessions` (sessions whose
 turns' median TTFT is over 30 s) says how many they are. A cache-first router does the same by
 accident (the node its first turns go to holds the excess); a router spreading load spreads the
-misses over every session instead. The shortest tail here is `{tail}`'s: TTFT p99
-{fmt(t["ttft_p99_s"])} s against kvgate's {fmt(kg["ttft_p99_s"])} s, tokens per GPU
-{fmt(t["tok_s_per_gpu"])} against {fmt(kg["tok_s_per_gpu"])}, hit rate {fmt(t["hit_rate"])}
-against {fmt(kg["hit_rate"])}, tokens per user {fmt(t["tok_s_per_user"])} against
-{fmt(kg["tok_s_per_user"])}."""
+misses over every session instead. kvgate bounds that queue (`cost.resident_overflow_wait_s`):
+past it a second node takes the overflow, and a turn on the overflow node moves where it starts
+`cost.resident_move_gain` × sooner (`session_move`), which shortens the queue for the sessions
+that stay and costs the moved context's hits. Of the others the shortest tail here is
+`{tail}`'s: TTFT p99 {fmt(t["ttft_p99_s"])} s against kvgate's {fmt(kg["ttft_p99_s"])} s, tokens
+per GPU {fmt(t["tok_s_per_gpu"])} against {fmt(kg["tok_s_per_gpu"])}, hit rate
+{fmt(t["hit_rate"])} against {fmt(kg["hit_rate"])}, tokens per user {fmt(t["tok_s_per_user"])}
+against {fmt(kg["tok_s_per_user"])}."""
 
 
 def _cells(m: dict[str, Any], keys: tuple[str, ...] = KEYS) -> str:

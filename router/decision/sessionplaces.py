@@ -66,7 +66,8 @@ class SessionPlaces:
         w: CostWeights,
     ) -> tuple[int, str] | None:
         """A resident session's node (its index in ``nodes``) and reason: a later turn (or a
-        subagent's first) kept on the node holding its context (``prefix_hit``); a first turn,
+        subagent's first) kept on the node holding its context (``prefix_hit``), or moved off
+        an overflow node whose queue is long (``session_move``); a first turn,
         or a turn whose context no node holds any more, placed where resident contexts leave
         room for it (``session_place``) or, where none does, on the node most committed
         (``session_overflow``: router/decision/residency.py); None where the cost decides."""
@@ -82,9 +83,30 @@ class SessionPlaces:
             need = -(-request.prompt_tokens // nodes[0].block_size)
             kept = Residency.keep(nodes, matches, need, w.resident_hold)
             if kept is not None:
+                moved = self.residency.relieve(
+                    kept,
+                    nodes,
+                    matches,
+                    over,
+                    request.prompt_tokens,
+                    key,
+                    w.resident_fill,
+                    w.resident_overflow_wait_s,
+                    w.resident_move_gain,
+                    w.prefill_tokens_per_s,
+                )
+                if moved is not None:
+                    return next(i for i, n in enumerate(nodes) if n is moved), "session_move"
                 return next(i for i, n in enumerate(nodes) if n is kept), "prefix_hit"
         placed = self.residency.place(
-            nodes, matches, over, request.prompt_tokens, w.resident_fill, key
+            nodes,
+            matches,
+            over,
+            request.prompt_tokens,
+            w.resident_fill,
+            key,
+            w.resident_overflow_wait_s,
+            w.prefill_tokens_per_s,
         )
         if placed is None:
             return None

@@ -148,6 +148,22 @@ class CostWeights(BaseModel):
         "the node most committed (router/decision/residency.py; 0: the fewest resident tokens, "
         "no room asked)",
     )
+    resident_overflow_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="a resident session that overflows goes to the most committed node whose "
+        "queued prefill clears within this, and a later turn leaves an overflow node whose queue "
+        "is longer where it starts `resident_move_gain` × sooner (router/decision/residency.py; "
+        "0: the most committed node whatever its queue, and no turn leaves it)",
+    )
+    resident_move_gain: float = Field(
+        default=1.5,
+        ge=1,
+        le=100,
+        description="a turn leaves an overflow node only where it would start this many times "
+        "sooner (router/decision/residency.py)",
+    )
     kv_pull: bool = Field(
         default=True,
         description="price loading a prefix's KV from the node holding it, where both engines "

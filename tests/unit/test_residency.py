@@ -192,6 +192,61 @@ def test_sessions_beyond_the_clusters_kv_overflow_to_one_node() -> None:
     assert (d.chosen, d.reason) == ("n0", "session_overflow")
 
 
+def test_an_overflow_passes_over_a_node_whose_queue_is_long() -> None:
+    """Where no node has room the session overflows to the most committed node, but not
+    onto a queue that takes longer than ``resident_overflow_wait_s`` to clear: then to the
+    most committed of the others (0: the most committed whatever its queue)."""
+    nodes = [agent_node(f"n{i}") for i in range(3)]
+    for wait_s, chosen in ((30.0, "n1"), (0.0, "n0")):
+        p = policy(resident_overflow_wait_s=wait_s)
+        for i in range(6):
+            take(p, turn(f"s{i}", 400, f"r{i}"), nodes, {})
+        p.sessions.residency.commit(hash("s0"), "n0", 430 * 512, NOW + 120)
+        # n0's queued prefill: 40 s at the configured 25,000 tokens/s
+        busy = [replace(nodes[0], prefill_backlog_tokens=1_000_000), *nodes[1:]]
+        d = take(p, turn("s6", 400, "r6"), busy, {})
+        assert (d.chosen, d.reason) == (chosen, "session_overflow"), wait_s
+
+
+def overflowed(**over: object) -> CompletionCostPolicy:
+    """n0 holds more resident contexts than its KV (an overflow node) and ``s0`` lives there;
+    n1 is nearly full, n2 has room."""
+    p = policy(**over)
+    res = p.sessions.residency
+    res.commit(hash("s0"), "n0", 500 * 512, NOW + 120)
+    res.commit(hash("s1"), "n0", 400 * 512, NOW + 120)
+    res.commit(hash("s2"), "n1", 700 * 512, NOW + 120)
+    p.sessions.homes[hash("s0")] = "n0"
+    return p
+
+
+def test_a_turn_leaves_an_overflow_node_whose_queue_is_long() -> None:
+    """A later turn on an overflow node whose queue takes longer than
+    ``resident_overflow_wait_s`` moves where it starts ``resident_move_gain`` × sooner: 40 s
+    behind n0's queue (its context held) against 8 s computing all of it on n2."""
+    nodes = [agent_node("n0", prefill_backlog_tokens=1_000_000), agent_node("n1"), agent_node("n2")]
+    d = overflowed().decide(turn("s0", 400, "t"), nodes, {"n0": 400}, NOW)
+    assert (d.chosen, d.reason) == ("n2", "session_move")
+
+
+def test_a_turn_stays_where_moving_gains_too_little() -> None:
+    """It stays on its holder: where the queue is short (20 s), where the node with room is
+    queued too (40 s against 1.5 × (20 + 8) s), where the holder is not over-committed, and
+    with ``resident_overflow_wait_s`` 0."""
+    long_q = agent_node("n0", prefill_backlog_tokens=1_000_000)
+    cases = [
+        (overflowed(), [replace(long_q, prefill_backlog_tokens=500_000)]),
+        (overflowed(), [long_q, agent_node("n2", prefill_backlog_tokens=500_000)]),
+        (policy(), [long_q, agent_node("n2")]),
+        (overflowed(resident_overflow_wait_s=0.0), [long_q, agent_node("n2")]),
+    ]
+    for p, given in cases:
+        p.sessions.homes[hash("s0")] = "n0"
+        by_id = {n.node_id: n for n in (long_q, agent_node("n1"), agent_node("n2"), *given)}
+        d = p.decide(turn("s0", 400, "t"), list(by_id.values()), {"n0": 400}, NOW)
+        assert (d.chosen, d.reason) == ("n0", "prefix_hit"), given
+
+
 def test_a_subagent_starts_where_its_parent_lives() -> None:
     nodes = [agent_node("a"), agent_node("b")]
     p = policy()
