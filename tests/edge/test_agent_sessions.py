@@ -214,3 +214,38 @@ async def test_long_contexts_are_placed_by_room_and_overflow_to_one_node() -> No
         _, state, _ = await e.call("GET", "/v1/kvgate/state", headers=bearer(ADMIN))
         resident = state["sessions"]["resident_tokens_by_node"]
         assert resident == {first: 3 * 2101 + 2402, second: 2 * 2101}, resident
+
+
+@pytest.mark.parametrize(("wait_s", "moves"), [(0.25, True), (0.0, False)])
+async def test_turns_leave_an_overflow_node_whose_queue_is_long(wait_s: float, moves: bool) -> None:
+    """Through the live router, engines computing 2,000 prompt tokens a second: 18 sessions of
+    ~700-token contexts fill both engines' KV by room, a 19th overflows onto the node most
+    committed. Eight turns of that session arrive at once, each its context and a few hundred
+    new tokens: the first ones queue on the node holding the context, and once that queue is
+    longer than ``resident_overflow_wait_s`` a turn that starts sooner computing its whole
+    prompt on the other node goes there (``session_move``). With the bound at 0 every turn
+    stays."""
+    router = {
+        "cost": {
+            "resident_overflow_wait_s": wait_s,
+            "resident_move_gain": 1.0,
+            "prefill_tokens_per_s": 2_000.0,
+        },
+        "session_hold_default_s": 60.0,
+    }
+    profile = {"prefill_tokens_per_s": 2_000.0}
+    async with edge(engines=2, blocks=400, router=router, profile=profile) as e:
+        for i in range(18):
+            await _turn(e, f"agent-{i}", f"{i} " + "tool output " * 230)
+        context = "long " + "tool output " * 260
+        home = await _turn(e, "agent-long", context)
+        assert e.decisions()[-1].reason == "session_overflow"
+        more = [f"{context} result {k} " + "line " * 150 for k in range(8)]
+        turns = [_turn(e, "agent-long", prompt) for prompt in more]
+        nodes = await asyncio.gather(*turns)
+        later = e.decisions()[19:]
+        reasons = [d.reason for d in later]
+        assert ("session_move" in reasons) is moves, (reasons, nodes)
+        assert all(d.chosen_node != home for d in later if d.reason == "session_move"), later
+        if not moves:
+            assert set(nodes) == {home}, nodes
