@@ -218,13 +218,14 @@ async def test_long_contexts_are_placed_by_room_and_overflow_to_one_node() -> No
 
 @pytest.mark.parametrize(("wait_s", "moves"), [(0.25, True), (0.0, False)])
 async def test_turns_leave_an_overflow_node_whose_queue_is_long(wait_s: float, moves: bool) -> None:
-    """Through the live router, engines computing 2,000 prompt tokens a second: 18 sessions of
-    ~700-token contexts fill both engines' KV by room, a 19th overflows onto the node most
-    committed. Eight turns of that session arrive at once, each its context and a few hundred
-    new tokens: the first ones queue on the node holding the context, and once that queue is
-    longer than ``resident_overflow_wait_s`` a turn that starts sooner computing its whole
-    prompt on the other node goes there (``session_move``). With the bound at 0 every turn
-    stays."""
+    """Through the live router, engines computing 2,000 prompt tokens a second: nine sessions
+    of ~700-token contexts placed by room (five on one node, four on the other), then a
+    4,000-token one that has room nowhere overflows onto the node of five. Eight turns of the
+    last small session there arrive at once, each its context and ~200 new tokens: the first
+    ones queue on the node holding the context, and once that queue is longer than
+    ``resident_overflow_wait_s`` a turn that starts sooner computing its whole prompt on the
+    other node, where it has room, goes there (``session_move``). With the bound at 0 every
+    turn stays."""
     router = {
         "cost": {
             "resident_overflow_wait_s": wait_s,
@@ -235,15 +236,14 @@ async def test_turns_leave_an_overflow_node_whose_queue_is_long(wait_s: float, m
     }
     profile = {"prefill_tokens_per_s": 2_000.0}
     async with edge(engines=2, blocks=400, router=router, profile=profile) as e:
-        for i in range(18):
-            await _turn(e, f"agent-{i}", f"{i} " + "tool output " * 230)
-        context = "long " + "tool output " * 260
-        home = await _turn(e, "agent-long", context)
+        placed = [await _turn(e, f"agent-{i}", f"{i} " + "tool output " * 230) for i in range(9)]
+        home = await _turn(e, "agent-big", "big " + "tool output " * 1330)
         assert e.decisions()[-1].reason == "session_overflow"
+        assert placed.count(home) == 5 and placed[-1] == home, (placed, home)
+        context = "8 " + "tool output " * 230
         more = [f"{context} result {k} " + "line " * 150 for k in range(8)]
-        turns = [_turn(e, "agent-long", prompt) for prompt in more]
-        nodes = await asyncio.gather(*turns)
-        later = e.decisions()[19:]
+        nodes = await asyncio.gather(*(_turn(e, "agent-8", prompt) for prompt in more))
+        later = e.decisions()[10:]
         reasons = [d.reason for d in later]
         assert ("session_move" in reasons) is moves, (reasons, nodes)
         assert all(d.chosen_node != home for d in later if d.reason == "session_move"), later

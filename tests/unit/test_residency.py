@@ -247,6 +247,14 @@ def test_a_turn_stays_where_moving_gains_too_little() -> None:
         assert (d.chosen, d.reason) == ("n0", "prefix_hit"), given
 
 
+def test_a_turn_does_not_move_onto_contexts_that_would_be_kept() -> None:
+    """The only other node is nearly full (700 of 842 blocks resident, no overflow): the turn
+    would evict contexts kept there, so it stays in the overflow node's queue."""
+    nodes = [agent_node("n0", prefill_backlog_tokens=1_000_000), agent_node("n1")]
+    d = overflowed().decide(turn("s0", 400, "t"), nodes, {"n0": 400}, NOW)
+    assert (d.chosen, d.reason) == ("n0", "prefix_hit")
+
+
 def test_a_subagent_starts_where_its_parent_lives() -> None:
     nodes = [agent_node("a"), agent_node("b")]
     p = policy()
