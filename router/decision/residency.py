@@ -120,8 +120,9 @@ class Residency:
         need_tokens: int,
         fill: float,
         session: int | None = None,
+        *,
         wait_s: float = 0.0,
-        rate: float = 25_000.0,
+        rate: float = 0.0,
     ) -> tuple[NodeView, bool] | None:
         """A session's node when it has none holding its context (a first turn, or a context
         lost), and whether it overflowed: among ``nodes`` not ``over`` their limits (all of
@@ -134,9 +135,10 @@ class Residency:
         would have been kept, where on a node with room it would start the eviction cycle that
         leaves every node's contexts missing (an LRU cycling through more contexts than it
         holds keeps none of them). With ``wait_s``, only a node whose queued prefill clears
-        within it takes the overflow while any does (``rate``: the prefill rate of a node that
-        has not learned its own): a second node joins the overflow when the first one's queue
-        is long, where every session overflowing onto one node made that queue the tail."""
+        within it takes the overflow while any does (``rate``, needed with it: the configured
+        prefill rate, for a node that has not learned its own): a second node joins the
+        overflow when the first one's queue is long, where every session overflowing onto one
+        node made that queue the tail."""
         pool = [n for n in nodes if not over(n)] or list(nodes)
         if not pool:
             return None
@@ -184,16 +186,16 @@ class Residency:
         among the others where it evicts no context that would be kept (nodes with room for
         it, and overflow nodes), where the turn would start ``gain`` × sooner — its whole
         prompt behind that node's queue against the part ``kept`` no longer holds behind
-        ``kept``'s.
-        The overflow node's queue is the TTFT tail; a session that leaves it for a node with
-        room (or with a short queue) shortens that queue for every session that stays."""
+        ``kept``'s. The overflow node's queue is the TTFT tail; a session that leaves it for a
+        node with room (or with a short queue) shortens that queue for every session that
+        stays."""
         if wait_s <= 0 or self._tokens[kept.node_id] <= kept.kv_blocks_total * kept.block_size:
             return None
         queue_s = _wait_s(kept, rate)
         if queue_s <= wait_s:
             return None
         held = min(prompt_tokens, matches.get(kept.node_id, 0) * kept.block_size)
-        stay_s = queue_s + (prompt_tokens - held) / (kept.prefill_tokens_per_s or rate)
+        stay_s = queue_s + (prompt_tokens - held) / _rate(kept, rate)
         tokens = self._tokens
 
         def evicts_nothing_kept(n: NodeView) -> bool:  # room for it, or cycling already
@@ -203,11 +205,13 @@ class Residency:
         others = [n for n in nodes if n is not kept and evicts_nothing_kept(n)]
         if not others:
             return None
-        placed = self.place(others, matches, over, prompt_tokens, fill, session, wait_s, rate)
+        placed = self.place(
+            others, matches, over, prompt_tokens, fill, session, wait_s=wait_s, rate=rate
+        )
         if placed is None:
             return None
         to = placed[0]
-        go_s = _wait_s(to, rate) + prompt_tokens / (to.prefill_tokens_per_s or rate)
+        go_s = _wait_s(to, rate) + prompt_tokens / _rate(to, rate)
         return to if stay_s > gain * go_s else None
 
     @staticmethod
@@ -274,6 +278,11 @@ class Residency:
             del self._tokens[r.node]
 
 
+def _rate(n: NodeView, rate: float) -> float:
+    """``n``'s prefill rate: learned or reported, else ``rate`` (the configured one)."""
+    return n.prefill_tokens_per_s or rate
+
+
 def _wait_s(n: NodeView, rate: float) -> float:
-    """The seconds ``n``'s queued prefill takes (``rate``: where it has not learned its own)."""
-    return n.prefill_backlog_tokens / (n.prefill_tokens_per_s or rate)
+    """The seconds this router's prefill queued on ``n`` takes."""
+    return n.prefill_backlog_tokens / _rate(n, rate)

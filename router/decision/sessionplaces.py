@@ -105,8 +105,8 @@ class SessionPlaces:
             request.prompt_tokens,
             w.resident_fill,
             key,
-            w.resident_overflow_wait_s,
-            w.prefill_tokens_per_s,
+            wait_s=w.resident_overflow_wait_s,
+            rate=w.prefill_tokens_per_s,
         )
         if placed is None:
             return None
