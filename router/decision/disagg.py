@@ -91,7 +91,7 @@ def plan_pd(
             rreq.prompt_tokens, kv_bytes_per_token, n.kv_link_gbps or default_link_gbps
         )
 
-    costing = getattr(policy, "cost", None)
+    costing = getattr(getattr(policy, "model", None), "cost", None)  # its cost model's prices
     if callable(costing):
         d = _cheapest_decode(costing, rreq, decode_nodes, moved)
     else:  # a policy without a cost model: its own choice, as if the node held the prompt

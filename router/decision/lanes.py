@@ -32,8 +32,8 @@ placement and fleet rules and before the policy:
   the same nodes. It takes capacity from short requests: it pays only where long prompts are a
   large share of the work (docs/benchmarks/fleet.md).
 
-The cost policy (router/decision/policies/cost.py) counts each node's remaining decode, so that the
-KV growth of long generations already running there weighs on new requests.
+The cost policy's model (router/decision/policies/costmodel.py) counts each node's remaining
+decode, so that the KV growth of long generations already running there weighs on new requests.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the blocks for the transfer (it skips its queue: it computes nothing new), and t
 the link between the two engines. For Llama-3.1-8B a token's KV is 128 KiB: a 4,000-token
 prefix is ~512 MiB, ~40 ms over a 100 Gb/s link, against ~250 ms to compute it on an H100.
 
-The completion-cost policy (router/decision/policies/cost.py) prices it per node: the prefill
+The completion-cost policy prices it per node (router/decision/policies/costmodel.py): the prefill
 of the tokens the pull brings is replaced by :func:`pull_s` (the holder's answer, then the bytes
 over the slower of the two links). Only nodes whose engines say they can give and take KV
 (``NodeView.kv_pull``, from their agents' heartbeats) pull or are pulled from; a pull that

@@ -26,11 +26,11 @@ async def test_a_dry_run_changes_no_routing_state() -> None:
         newer = base.w.model_copy(update={"version": base.w.version + 1}).model_dump()
         canary.set_candidate(newer, 0.5)
         body = completion("a long prompt " * 200, user="session-42")
-        before = (dict(base.sessions.homes), base._avg_uncached, dict(canary.decided))
+        before = (dict(base.sessions.homes), base.model.avg_uncached, dict(canary.decided))
         for _ in range(3):
             status, out, _ = await e.call("POST", "/v1/kvgate/decide", body, bearer(ADMIN))
             assert status == 200 and out["chosen_node"] in e.engines
-        assert (dict(base.sessions.homes), base._avg_uncached, dict(canary.decided)) == before
+        assert (dict(base.sessions.homes), base.model.avg_uncached, dict(canary.decided)) == before
         status, _, _ = await e.call("POST", "/v1/completions", body, bearer("sk-alpha"))
         assert status == 200
         learned = canary.candidate if canary.decided["candidate"] else base

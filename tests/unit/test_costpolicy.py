@@ -187,12 +187,12 @@ def test_deciding_learns_nothing_only_a_commit_does() -> None:
     p = policy()
     nodes = [node(f"n{i}") for i in range(4)]
     req = RouteRequest("s1", "m", [], prompt_tokens=4000, max_tokens=8, session_id="chat-9")
-    before = p._avg_uncached
+    before = p.model.avg_uncached
     for _ in range(20):
         p.decide(req, nodes, {}, NOW)
-    assert p.sessions.homes == {} and p._avg_uncached == before
+    assert p.sessions.homes == {} and p.model.avg_uncached == before
     d = take(p, req, nodes, {})
-    assert p.sessions.homes == {hash("chat-9"): d.chosen} and p._avg_uncached != before
+    assert p.sessions.homes == {hash("chat-9"): d.chosen} and p.model.avg_uncached != before
 
 
 def test_heartbeat_load_is_smoothed() -> None:
@@ -201,9 +201,9 @@ def test_heartbeat_load_is_smoothed() -> None:
     p.decide(LONG, [a], {}, NOW)
     spike = node("a", running=100, heartbeat_ts=NOW - 0.5)
     p.decide(LONG, [spike], {}, NOW)
-    assert p._smooth["a"].running == pytest.approx(100 * W.load_ewma)
+    assert p.model.smooth["a"].running == pytest.approx(100 * W.load_ewma)
     p.decide(LONG, [spike], {}, NOW)  # the same heartbeat again: no second update
-    assert p._smooth["a"].running == pytest.approx(100 * W.load_ewma)
+    assert p.model.smooth["a"].running == pytest.approx(100 * W.load_ewma)
 
 
 def test_weights_change_at_runtime_only_forward_and_only_when_valid() -> None:
@@ -244,8 +244,10 @@ def test_the_fast_total_equals_the_recorded_components() -> None:
     home: str | None = p.sessions.homes[hash("s1")]  # the node of the session's last turn
     if matches.get(home or "", 0) < max(matches.values()):
         home = None  # another node holds more of the prompt: no bonus
-    floor = p._congestion(req, nodes, matches)
+    floor = p.model.congestion(req, nodes, matches)
     assert 0 < floor < 2  # the least queued node's 2, less the share a copy would relieve
-    expected = {n.node_id: -p._total(req, n, matches.get(n.node_id, 0), home, floor) for n in nodes}
+    expected = {
+        n.node_id: -p.model.total(req, n, matches.get(n.node_id, 0), home, floor) for n in nodes
+    }
     d = p.decide(req, nodes, matches, NOW)
     assert {c.node_id: c.score for c in d.candidates} == pytest.approx(expected)

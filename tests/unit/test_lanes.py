@@ -225,7 +225,7 @@ def test_the_cost_counts_the_kv_growth_of_decodes_still_ahead_of_a_node() -> Non
     req = RouteRequest("r", "m", (), 160, 64)
     calm = node_view("calm", used=60)
     growing = node_view("growing", used=60, decode_backlog_tokens=40 * 16)
-    assert policy.cost(req, growing, 0)["kv_s"] > policy.cost(req, calm, 0)["kv_s"]
+    assert policy.model.cost(req, growing, 0)["kv_s"] > policy.model.cost(req, calm, 0)["kv_s"]
     assert policy.decide(req, [growing, calm], {}, NOW).chosen == "calm"
 
 

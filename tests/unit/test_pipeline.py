@@ -223,16 +223,18 @@ def test_decide_learns_nothing_and_commit_learns_once() -> None:
     ask = Ask(request(prompt_tokens=3200, blocks=200, session="s1"), 16, NOW)
     snap = Snapshot(nodes, {"a": 190}, NOW, 16)
     assert isinstance(r.policy, CompletionCostPolicy) and r.lanes is not None
-    before = copy.deepcopy((r.policy.sessions.homes, r.policy._avg_uncached, r.lanes.long_share()))
+    before = copy.deepcopy(
+        (r.policy.sessions.homes, r.policy.model.avg_uncached, r.lanes.long_share())
+    )
     for _ in range(1000):
         got = decide(ask, snap, r)
-    assert (r.policy.sessions.homes, r.policy._avg_uncached, r.lanes.long_share()) == before
+    assert (r.policy.sessions.homes, r.policy.model.avg_uncached, r.lanes.long_share()) == before
     assert isinstance(got, Routed)
     ledger = InflightLedger()
     commit(ask, snap, got, r, ledger)
     assert len(ledger) == 1
     assert ledger.prefill_backlog("a") == got.uncached_tokens == 3200 - 190 * 16
-    assert r.policy.sessions.homes == {hash("s1"): "a"} and r.policy._avg_uncached != before[1]
+    assert r.policy.sessions.homes == {hash("s1"): "a"} and r.policy.model.avg_uncached != before[1]
 
 
 def test_an_index_lag_does_not_discount_the_hits_of_approximate_tokens() -> None:

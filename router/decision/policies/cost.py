@@ -1,51 +1,15 @@
 """kvgate's default policy: route on the expected completion cost of the request, in seconds.
 
-For every eligible node the policy estimates, from that node's performance model (the weights
-below; the prefill rate is the one this router observed on the node, router/decision/inflight.py,
-once it has seen a few prefills there, else ``prefill_tokens_per_s``):
-
-* ``queue_s`` — prefill already queued there: this router's own dispatches awaiting their first
-  token (exact), or the node's waiting requests × the average uncached prompt (other routers);
-* ``prefill_s`` — the prefill of the part of the prompt the node does not hold. The cache hit is
-  a discount on prefill, not a bonus; a hit counts only as much as the index can be trusted
-  (``confidence``: 1 when the index has every KV batch the node's heartbeat announced, decaying
-  with the time the index has been behind);
-* ``decode_s`` — the request's decode at the node's current step time (batch size and context
-  held), over a bounded horizon (the batch changes; far-future TPOT is not predictable);
-* ``stall_s`` — the stall its prefill imposes on the decodes already running there (chunked
-  prefill shares the step with them), weighted by ``interference``;
-* ``congestion_s`` — the delay its prefill imposes on the requests that will queue behind it,
-  weighted by ``congestion``: the prefill × the queue of the cluster's least queued node (0
-  while any node is free). A hit adds little work where it queues; a copy of a prefix some node
-  already holds adds a whole prefill to a cluster with no node free, and every request behind
-  it waits for it: near saturation copies cost capacity, misses queue more requests and make
-  the next copies look cheaper — the cascade that kept a loaded cluster at half its hit rate.
-  A copy of a prefix asked for by more than its holders' share of the traffic (its share of
-  this router's recent requests × the nodes > its holders, router/decision/hotprefix.py) is
-  discounted by that much: it relieves the holders;
-* ``kv_s`` — KV pressure: the request's blocks beyond the node's soft limit (an engine out of
-  blocks queues or preempts), counting the growth still ahead of the requests running there
-  (this router's remaining decode, router/decision/inflight.py: a node whose running requests will
-  soon finish has more room than one whose long generations have far to go);
-* ``affinity_s`` — a request with a session key gets a small bonus on the session's home node:
-  the node this router sent the session's previous turn to, while it is a candidate and no
-  other node holds more of this prompt (the node that holds the conversation; a home kept
-  through a short overload, where the load bound of a hash ring would move it and pull the next
-  turn away from its context — but a turn that shares more with another node, another bot's
-  system prompt, goes by its hits); for a session this
-  router has not seen, when no node holds any of its prompt, the node of consistent hashing
-  with bounded loads (:mod:`router.decision.affinity`, the same on every router replica; where
-  some node holds a prefix, that node's hit decides, not a node the session's hash names). A
-  soft preference that load outweighs. After the first turn the prefix hit on the node holding
-  the conversation is the stronger pull, and it works across router replicas because it comes
-  from the shared index.
+The prices are :class:`~router.decision.policies.costmodel.CostModel`'s, for every eligible
+node: queued prefill, the prefill of what the node does not hold (a cache hit is a discount on
+prefill, trusted as far as the index is), decode at the node's step time, the stall and the
+congestion a prefill causes, KV pressure, a pull's transfer, and a session's home bonus. This
+module chooses among them.
 
 **Resident sessions** (an agent's context that fills a share of a node's KV) are placed and kept
 by their own rules, not priced turn by turn: router/decision/sessionplaces.py, residency.py.
 
-Load signals from heartbeats are smoothed (EWMA per node, router/decision/policies/smoothing.py)
-so that noisy samples do not make decisions ping-pong; the router's own in-flight work is added
-exactly. The cheapest node wins. A node over its queue limit, or where the request's new blocks
+The cheapest node wins. A node over its queue limit, or where the request's new blocks
 do not fit under its KV limit, is only chosen when every node is; when the node holding the
 longest prefix is not chosen, the reason says why (``overload_fallback`` when it is over its
 limits, ``spread`` when load made another node cheaper). Where the holder is passed over and
@@ -56,14 +20,12 @@ a node that pulls is chosen with the reason ``kv_pull``.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping, Sequence
 
 from router.decision.fit import over_limits
-from router.decision.policies.smoothing import LoadSmoother
-from router.decision.policies.terms import index_confidence
-from router.decision.pull import PullSource, answering, priced, pull_source
+from router.decision.policies.costmodel import CostModel
+from router.decision.pull import PullSource
 from router.decision.sessionplaces import SessionPlaces
 from router.decision.types import Candidate, NodeView, PolicyBase, RouteDecision, RouteRequest
 from router.decision.weights import CostWeights
@@ -85,15 +47,10 @@ class CompletionCostPolicy(PolicyBase):
         pull_skips_queue: bool = False,
     ) -> None:
         self.w = w
-        self.pull_skips_queue = pull_skips_queue  # a pull's leg goes ahead of the holder's queue
-        self.kv_bytes_per_token = kv_bytes_per_token  # a pull's bytes (router/decision/pull.py)
-        self.kv_link_gbps = kv_link_gbps  # the link of nodes that do not say theirs
+        self.model = CostModel(w, kv_bytes_per_token, kv_link_gbps, pull_skips_queue)  # prices
         self.weights_version = w.version
         self.max_kv_used_ratio = max_kv_used_ratio
         self.max_queue = max_queue
-        self._avg_uncached = 2048.0  # EWMA of the uncached prompt tokens this router sends
-        self._smooth = LoadSmoother()  # heartbeats, smoothed per node
-        self._terms_of: dict[str, tuple[NodeView, tuple[float, ...]]] = {}  # _terms, per view
         self.sessions = SessionPlaces(w)  # where its sessions live
         self.record_candidates = record_candidates
 
@@ -102,228 +59,8 @@ class CompletionCostPolicy(PolicyBase):
         w = CostWeights.model_validate(raw)
         self.w = w
         self.weights_version = w.version
-        self._terms_of.clear()  # the confidence terms depend on the weights
+        self.model.reweigh(w)
         self.sessions.reweigh(w)
-
-    def saturation(self, nodes: Sequence[NodeView]) -> float:
-        """Requests queued on the least queued of ``nodes`` (waiting there, smoothed, and this
-        router's own dispatches awaiting their first token): 0 while any node is free."""
-        floor = math.inf
-        known = self._terms_of
-        for n in nodes:
-            got = known.get(n.node_id)
-            queued = (got[1] if got is not None and got[0] is n else self._terms(n))[5]
-            if queued <= 0:
-                return 0.0  # a free node: the common case ends the pass at once
-            if queued < floor:
-                floor = queued
-        return 0.0 if floor == math.inf else floor
-
-    def _congestion(
-        self, request: RouteRequest, nodes: Sequence[NodeView], matches: Mapping[str, int]
-    ) -> float:
-        """How many queued requests a prefill delays, as :meth:`cost` counts them: the
-        cluster's :meth:`saturation`, less the share of it a copy of the request's prefix
-        relieves. A prefix asked for by more than its holders' share of the traffic
-        (``prefix_share`` × nodes > holders) is worth copying: its holders queue its followers,
-        and each copy takes a part of them. Any other copy only adds a prefill to a cluster
-        that has no node free: every request behind it waits for it."""
-        floor = self.saturation(nodes)
-        if not floor or not request.prefix_share:
-            return floor
-        depth = max(matches.values(), default=0)
-        holders = sum(1 for n in nodes if matches.get(n.node_id, 0) >= depth)
-        return floor * max(0.0, 1.0 - request.prefix_share * len(nodes) / max(1, holders))
-
-    def cost(
-        self,
-        request: RouteRequest,
-        n: NodeView,
-        hit: int,
-        floor: float = 0.0,
-        src: PullSource | None = None,
-    ) -> dict[str, float]:
-        """The components of the expected completion cost of ``request`` on ``n`` (seconds);
-        ``floor``: the queued requests its prefill delays (:meth:`_congestion`); ``src``: the
-        node a pull would read the prefix from (:meth:`_pull`)."""
-        w = self.w
-        s = self._smooth.of(n, self.w.load_ewma)
-        bs = n.block_size
-        conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s)
-        hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
-        rate = n.prefill_tokens_per_s or w.prefill_tokens_per_s  # learned, else configured
-        pulled, moved_s = self._pull(request, n, hit_tokens, src, s.running, floor, 1.0 / rate)
-        uncached = request.prompt_tokens - hit_tokens - pulled
-        prefill_s = uncached / rate
-        queued = max(float(n.prefill_backlog_tokens), (s.waiting + n.pending) * self._avg_uncached)
-        batch = s.running + n.pending + 1
-        context = s.kv_used * bs + request.prompt_tokens
-        tpot_s = w.step_base_s + w.step_per_seq_s * batch + w.step_per_context_token_s * context
-        need = math.ceil((request.prompt_tokens + request.max_tokens) / bs) - hit_tokens / bs
-        growth = n.decode_backlog_tokens / bs
-        after = (s.kv_used + growth + need) / n.kv_blocks_total if n.kv_blocks_total else 1.0
-        return {
-            "queue_s": queued / rate * request.queue_weight,
-            "prefill_s": prefill_s * w.prefill_weight,
-            "decode_s": min(request.max_tokens, w.decode_horizon_tokens) * tpot_s,
-            "stall_s": prefill_s * s.running * w.interference,
-            "congestion_s": prefill_s * floor * w.congestion,
-            "kv_s": w.kv_pressure_s * max(0.0, after - w.kv_soft_limit),
-            "pull_s": moved_s,
-            "confidence": conf,
-        }
-
-    def _pull(
-        self,
-        request: RouteRequest,
-        n: NodeView,
-        hit_tokens: float,
-        src: PullSource | None,
-        running: float,
-        floor: float,
-        inv_rate: float,
-    ) -> tuple[float, float]:
-        """The prompt tokens a pull from ``src`` brings to ``n`` and its seconds, where it
-        costs less than computing them there (router/decision/pull.py :func:`priced`)."""
-        if src is None or not n.kv_pull or src.node_id == n.node_id:
-            return 0.0, 0.0
-        w = self.w
-        slowdown = running * w.interference + floor * w.congestion
-        return priced(
-            request.prompt_tokens,
-            n,
-            hit_tokens,
-            src,
-            slowdown,
-            inv_rate,
-            w,
-            self.kv_bytes_per_token,
-            self.kv_link_gbps,
-        )
-
-    def _source(self, nodes: Sequence[NodeView], matches: Mapping[str, int]) -> PullSource | None:
-        """Where a pull reads the prompt's prefix, with the time until it answers
-        (router/decision/pull.py :func:`answering`): the holder's queue as :meth:`cost` counts
-        it, or only the prefill it is computing when the leg goes ahead of its queue."""
-        src = pull_source(nodes, matches)
-        if src is None:
-            return None
-        view = next(n for n in nodes if n.node_id == src.node_id)
-        inv, _, _, _, backlog, queued, *_ = self._terms(view)
-        rate = 1.0 / inv if inv else self.w.prefill_tokens_per_s
-        waiting = queued * self._avg_uncached
-        return answering(src, backlog, waiting, rate, self.pull_skips_queue)
-
-    def pull_for(
-        self, request: RouteRequest, n: NodeView, hit: int, src: PullSource | None, floor: float
-    ) -> int:
-        """The leading blocks of the prompt ``n`` would hold after a pull from ``src`` for
-        ``request`` (0: no pull)."""
-        parts = self.cost(request, n, hit, floor, src)
-        return src.blocks if src is not None and parts["pull_s"] > 0 else 0
-
-    def _total(
-        self, request: RouteRequest, n: NodeView, hit: int, home: str | None, floor: float = 0.0
-    ) -> float:
-        return self._scores(request, home, floor, (n,), {n.node_id: hit})[0][0]
-
-    def _terms(self, n: NodeView) -> tuple[float, ...]:
-        """What the per-node loop reads of ``n``, read once per view (the router hands the
-        same view object back while nothing of the node moved: InflightLedger.view), with its
-        smoothed load: (inverse prefill rate or 0: the configured one, block size, index
-        confidence, running, prefill backlog, queued requests, running + pending + 1, cached
-        context tokens, KV blocks, KV blocks held and growing)."""
-        got = self._terms_of.get(n.node_id)
-        if got is not None and got[0] is n:
-            return got[1]
-        s = self._smooth.of(n, self.w.load_ewma)
-        w = self.w
-        bs = n.block_size
-        learned = n.prefill_tokens_per_s
-        conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s) if n.kv_index_gap > 0 else 1.0
-        terms = (
-            1.0 / learned if learned else 0.0,
-            float(bs),
-            conf,
-            s.running,
-            float(n.prefill_backlog_tokens),
-            s.waiting + n.pending,
-            s.running + n.pending + 1,
-            s.kv_used * bs,
-            float(n.kv_blocks_total),
-            s.kv_used + n.decode_backlog_tokens / bs,
-        )
-        self._terms_of[n.node_id] = (n, terms)
-        return terms
-
-    def _scores(
-        self,
-        request: RouteRequest,
-        home: str | None,
-        floor: float,
-        nodes: Sequence[NodeView],
-        matches: Mapping[str, int],
-        rot: int = 0,
-        src: PullSource | None = None,
-    ) -> list[tuple[float, int, int]]:
-        """Per node of ``nodes``, (the sum of :meth:`cost`'s components for ``request`` there,
-        its place in the tie order rotated by ``rot``, its index) — without building the
-        components: the decision's per-node loop, with everything that does not depend on the
-        node hoisted and what depends only on the node read once per view (:meth:`_terms`)."""
-        w = self.w
-        known = self._terms_of
-        read = self._terms
-        mget = matches.get
-        prompt = request.prompt_tokens
-        last = max(0, prompt - 1)
-        default_inv_rate = 1.0 / w.prefill_tokens_per_s
-        queue_weight = request.queue_weight
-        prefill_weight, interference = w.prefill_weight, w.interference
-        congestion = floor * w.congestion
-        horizon = min(request.max_tokens, w.decode_horizon_tokens)
-        decode_base = horizon * (w.step_base_s + w.step_per_context_token_s * prompt)
-        per_seq, per_ctx = horizon * w.step_per_seq_s, horizon * w.step_per_context_token_s
-        kv_pressure, kv_soft = w.kv_pressure_s, w.kv_soft_limit
-        demand = prompt + request.max_tokens
-        avg_uncached = self._avg_uncached
-        affinity = w.session_affinity_s
-        count = len(nodes)
-        out: list[tuple[float, int, int]] = []
-        for i, n in enumerate(nodes):
-            node = n.node_id
-            got = known.get(node)
-            terms = got[1] if got is not None and got[0] is n else read(n)
-            inv, bs, conf, running, backlog, queued, batch, ctx, blocks, held = terms
-            if not inv:
-                inv = default_inv_rate
-            hit = mget(node, 0)
-            hit_tokens = min(last, hit * bs) * conf if hit else 0.0
-            waiting_tokens = queued * avg_uncached
-            pulled, moved_s = (
-                self._pull(request, n, hit_tokens, src, running, floor, inv)
-                if src is not None and n.kv_pull
-                else (0.0, 0.0)
-            )
-            total = (
-                (backlog if backlog > waiting_tokens else waiting_tokens) * inv * queue_weight
-                + (prompt - hit_tokens - pulled)
-                * inv
-                * (prefill_weight + running * interference + congestion)
-                + moved_s
-                + decode_base
-                + per_seq * batch
-                + per_ctx * ctx
-            )
-            if blocks:
-                over = (held - hit_tokens / bs + (-(-demand // bs))) / blocks - kv_soft
-                if over > 0:
-                    total += kv_pressure * over
-            elif kv_soft < 1.0:
-                total += kv_pressure * (1.0 - kv_soft)
-            if node == home:
-                total -= affinity
-            out.append((total, (i + rot) % count, i))
-        return out
 
     def _over(self, n: NodeView, prompt_tokens: int, hit: int) -> bool:
         """Over its limits for this request (router/decision/fit.py :func:`over_limits`)."""
@@ -339,7 +76,7 @@ class CompletionCostPolicy(PolicyBase):
         floor: float,
         src: PullSource | None = None,
     ) -> Candidate:
-        parts = self.cost(request, n, hit, floor, src)
+        parts = self.model.cost(request, n, hit, floor, src)
         parts["affinity_s"] = -self.w.session_affinity_s if n.node_id == home else 0.0
         score = -sum(v for k, v in parts.items() if k != "confidence")
         return Candidate(
@@ -360,7 +97,7 @@ class CompletionCostPolicy(PolicyBase):
         """The nodes scored in order, the chosen one's index and the reason (``src``: where a
         pull would read the prefix; None: no pull priced)."""
         mget = matches.get
-        scored = self._scores(request, home, floor, nodes, matches, rot, src)
+        scored = self.model.scores(request, home, floor, nodes, matches, rot, src)
         scored.sort()
         prompt = request.prompt_tokens
 
@@ -401,16 +138,16 @@ class CompletionCostPolicy(PolicyBase):
         # ties (idle, identical nodes) go to a per-request rotation of the node order, so that
         # several routers do not pile onto the same node
         rot = zlib.crc32(request.request_id.encode())
-        floor = self._congestion(request, nodes, matches) if self.w.congestion else 0.0
+        floor = self.model.congestion(request, nodes, matches) if self.w.congestion else 0.0
         scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, None)
         src = None  # a pull is priced only where the holder is passed over, or not a candidate
         if self.w.kv_pull and (reason in ("spread", "overload_fallback") or request.givers):
-            src = self._source((*nodes, *request.givers), matches)
+            src = self.model.source((*nodes, *request.givers), matches)
         if src is not None:  # loading the holder's prefix may beat computing it again
             scored, best_i, reason = self._pick(request, nodes, matches, now, home, floor, rot, src)
         mget = matches.get
         best = nodes[best_i]
-        pull = self.pull_for(request, best, mget(best.node_id, 0), src, floor) if src else 0
+        pull = self.model.pull_for(request, best, mget(best.node_id, 0), src, floor) if src else 0
         # the decision record keeps the best few candidates with their components
         keep = [i for _, _, i in scored[: self.record_candidates]]
         if best_i not in keep:
@@ -432,7 +169,7 @@ class CompletionCostPolicy(PolicyBase):
         that costs other routers' queued requests, and the node is its session's home."""
         if decision.chosen is None:
             return
-        self._avg_uncached += self.w.prefill_ewma * (uncached_tokens - self._avg_uncached)
+        self.model.sent(uncached_tokens)
         self.sessions.commit(request, decision.chosen, now, self.w)
 
     def paused(self, session_id: str, node: str, now: float, until: float) -> None:
