@@ -36,8 +36,10 @@ turn, it is placed by the system prompt every session shares and piles onto its 
   the overflow), and a later turn kept on an overflow node whose queue is longer moves to the
   node a placement chooses among the others where it evicts nothing that would be kept (room
   for it, or overflowing already) and starts ``resident_move_gain`` × sooner
-  (measured on that trace at 60–100 sessions at once, medians: TTFT p99 108 → 67 s against
-  the tuned cache-first peer's 73, hit rate 0.907 → 0.888 against its 0.887).
+  (measured on that trace at 60–100 sessions at once, medians: TTFT p99 108 → 65 s against
+  the tuned cache-first peer's 73, hit rate 0.907 → 0.882 against its 0.887). A node's queue
+  is read as the cost reads it (``queued``): with several routers, each one's own backlog is
+  only its share.
 
 A session is resident on its node from its turn's routing until ``resident_window_s`` after it
 (a turn whose end never comes back), and from its turn's end for the longer of that window and
@@ -61,6 +63,8 @@ from router.decision.types import NodeView
 __all__ = ["Residency"]
 
 RESIDENT_SESSIONS = 100_000  # sessions a router tracks (least recent go first)
+
+Queued = Callable[[NodeView], float]  # the prompt tokens queued on a node
 
 
 @dataclass(slots=True)
@@ -123,6 +127,7 @@ class Residency:
         *,
         wait_s: float = 0.0,
         rate: float = 0.0,
+        queued: Queued | None = None,
     ) -> tuple[NodeView, bool] | None:
         """A session's node when it has none holding its context (a first turn, or a context
         lost), and whether it overflowed: among ``nodes`` not ``over`` their limits (all of
@@ -136,9 +141,11 @@ class Residency:
         leaves every node's contexts missing (an LRU cycling through more contexts than it
         holds keeps none of them). With ``wait_s``, only a node whose queued prefill clears
         within it takes the overflow while any does (``rate``, needed with it: the configured
-        prefill rate, for a node that has not learned its own): a second node joins the
-        overflow when the first one's queue is long, where every session overflowing onto one
-        node made that queue the tail."""
+        prefill rate, for a node that has not learned its own; ``queued``: the prompt tokens
+        queued on a node, as the cost counts them — this router's own backlog, or the node's
+        waiting requests where other routers' are more — default this router's own): a second
+        node joins the overflow when the first one's queue is long, where every session
+        overflowing onto one node made that queue the tail."""
         pool = [n for n in nodes if not over(n)] or list(nodes)
         if not pool:
             return None
@@ -155,7 +162,7 @@ class Residency:
             ]
             if not room:
                 if wait_s > 0:
-                    pool = [n for n in pool if _wait_s(n, rate) < wait_s] or pool
+                    pool = [n for n in pool if _wait_s(n, rate, queued) < wait_s] or pool
                 top = max(
                     pool,
                     key=lambda n: (
@@ -179,6 +186,7 @@ class Residency:
         wait_s: float,
         gain: float,
         rate: float,
+        queued: Queued | None = None,
     ) -> NodeView | None:
         """Where a later turn :meth:`keep` sent to ``kept`` goes instead, if anywhere: only
         from a node over-committed (its resident contexts more than its KV: an overflow node)
@@ -191,7 +199,7 @@ class Residency:
         stays."""
         if wait_s <= 0 or self._tokens[kept.node_id] <= kept.kv_blocks_total * kept.block_size:
             return None
-        queue_s = _wait_s(kept, rate)
+        queue_s = _wait_s(kept, rate, queued)
         if queue_s <= wait_s:
             return None
         held = min(prompt_tokens, matches.get(kept.node_id, 0) * kept.block_size)
@@ -206,12 +214,20 @@ class Residency:
         if not others:
             return None
         placed = self.place(
-            others, matches, over, prompt_tokens, fill, session, wait_s=wait_s, rate=rate
+            others,
+            matches,
+            over,
+            prompt_tokens,
+            fill,
+            session,
+            wait_s=wait_s,
+            rate=rate,
+            queued=queued,
         )
         if placed is None:
             return None
         to = placed[0]
-        go_s = _wait_s(to, rate) + prompt_tokens / _rate(to, rate)
+        go_s = _wait_s(to, rate, queued) + prompt_tokens / _rate(to, rate)
         return to if stay_s > gain * go_s else None
 
     @staticmethod
@@ -283,6 +299,8 @@ def _rate(n: NodeView, rate: float) -> float:
     return n.prefill_tokens_per_s or rate
 
 
-def _wait_s(n: NodeView, rate: float) -> float:
-    """The seconds this router's prefill queued on ``n`` takes."""
-    return n.prefill_backlog_tokens / _rate(n, rate)
+def _wait_s(n: NodeView, rate: float, queued: Queued | None = None) -> float:
+    """The seconds the prefill queued on ``n`` takes: ``queued``'s tokens (default this
+    router's own backlog there) at ``n``'s rate."""
+    tokens = queued(n) if queued is not None else n.prefill_backlog_tokens
+    return tokens / _rate(n, rate)

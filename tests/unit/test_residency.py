@@ -255,6 +255,27 @@ def test_a_turn_does_not_move_onto_contexts_that_would_be_kept() -> None:
     assert (d.chosen, d.reason) == ("n0", "prefix_hit")
 
 
+def test_the_queue_relief_reads_counts_other_routers_requests() -> None:
+    """With several routers, a node's queue is mostly other routers' turns: this router's own
+    backlog on n0 is empty, but its heartbeat shows 30 requests waiting, at this router's
+    average uncached prompt (30,000 tokens) 36 s of prefill — the queue the cost counts. A
+    session overflows past it, and a turn kept there moves off it."""
+    busy = [agent_node("n0", waiting=30), agent_node("n1"), agent_node("n2")]
+    for avg, chosen in ((30_000.0, "n1"), (2048.0, "n0")):  # 2,048: 2.5 s queued there
+        p = policy()
+        for i in range(6):
+            take(p, turn(f"s{i}", 400, f"r{i}"), busy, {})
+        p.sessions.residency.commit(hash("s0"), "n0", 430 * 512, NOW + 120)
+        p.model.avg_uncached = avg
+        d = take(p, turn("s6", 400, "r6"), busy, {})
+        assert (d.chosen, d.reason) == (chosen, "session_overflow"), avg
+    p = overflowed()
+    p.model.avg_uncached = 30_000.0
+    queued = [agent_node("n0", waiting=30), agent_node("n1"), agent_node("n2")]
+    d = p.decide(turn("s0", 400, "t"), queued, {"n0": 400}, NOW)
+    assert (d.chosen, d.reason) == ("n2", "session_move")
+
+
 def test_a_subagent_starts_where_its_parent_lives() -> None:
     nodes = [agent_node("a"), agent_node("b")]
     p = policy()

@@ -141,7 +141,7 @@ class CostModel:
         pulled, moved_s = self.pull(request, n, hit_tokens, src, s.running, floor, 1.0 / rate)
         uncached = request.prompt_tokens - hit_tokens - pulled
         prefill_s = uncached / rate
-        queued = max(float(n.prefill_backlog_tokens), (s.waiting + n.pending) * self.avg_uncached)
+        queued = self.queued_tokens(n)
         batch = s.running + n.pending + 1
         context = s.kv_used * bs + request.prompt_tokens
         tpot_s = w.step_base_s + w.step_per_seq_s * batch + w.step_per_context_token_s * context
@@ -212,6 +212,15 @@ class CostModel:
         self, request: RouteRequest, n: NodeView, hit: int, home: str | None, floor: float = 0.0
     ) -> float:
         return self.scores(request, home, floor, (n,), {n.node_id: hit})[0][0]
+
+    def queued_tokens(self, n: NodeView) -> float:
+        """The prompt tokens queued on ``n`` as ``queue_s`` counts them: this router's own
+        prefill backlog there, or the node's waiting requests (every router's, smoothed) × the
+        average uncached prompt, whichever is more."""
+        known = self._terms_of.get(n.node_id)
+        terms = known[1] if known is not None and known[0] is n else self.terms(n)
+        waiting = terms[5] * self.avg_uncached
+        return terms[4] if terms[4] > waiting else waiting
 
     def terms(self, n: NodeView) -> tuple[float, ...]:
         """What the per-node loop reads of ``n``, read once per view (the router hands the
