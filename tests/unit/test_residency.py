@@ -255,7 +255,7 @@ def test_a_turn_does_not_move_onto_contexts_that_would_be_kept() -> None:
     assert (d.chosen, d.reason) == ("n0", "prefix_hit")
 
 
-def test_the_queue_relief_reads_counts_other_routers_requests() -> None:
+def test_the_relief_counts_other_routers_requests_in_a_nodes_queue() -> None:
     """With several routers, a node's queue is mostly other routers' turns: this router's own
     backlog on n0 is empty, but its heartbeat shows 30 requests waiting, at this router's
     average uncached prompt (30,000 tokens) 36 s of prefill — the queue the cost counts. A
