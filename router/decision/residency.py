@@ -38,8 +38,8 @@ turn, it is placed by the system prompt every session shares and piles onto its 
   for it, or overflowing already) and starts ``resident_move_gain`` × sooner
   (measured on that trace at 60–100 sessions at once, medians: TTFT p99 108 → 65 s against
   the tuned cache-first peer's 73, hit rate 0.907 → 0.882 against its 0.887). A node's queue
-  is read as the cost reads it (``queued``): with several routers, each one's own backlog is
-  only its share.
+  is read as the cost reads it (:class:`Pace`): with several routers, each one's own backlog
+  is only its share.
 
 A session is resident on its node from its turn's routing until ``resident_window_s`` after it
 (a turn whose end never comes back), and from its turn's end for the longer of that window and
@@ -57,14 +57,23 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from router.decision.types import NodeView
 
-__all__ = ["Residency"]
+__all__ = ["Pace", "Residency"]
 
 RESIDENT_SESSIONS = 100_000  # sessions a router tracks (least recent go first)
 
-Queued = Callable[[NodeView], float]  # the prompt tokens queued on a node
+
+class Pace(Protocol):
+    """A node's prefill as the cost counts it (router/decision/policies/costmodel.py): the
+    queue there — this router's own backlog, or the node's waiting requests (every router's)
+    where they are more — and the time a prompt takes, at its learned or configured rate."""
+
+    def queue_s(self, n: NodeView) -> float: ...
+
+    def prefill_s(self, n: NodeView, tokens: float) -> float: ...
 
 
 @dataclass(slots=True)
@@ -126,8 +135,7 @@ class Residency:
         session: int | None = None,
         *,
         wait_s: float = 0.0,
-        rate: float = 0.0,
-        queued: Queued | None = None,
+        pace: Pace | None = None,
     ) -> tuple[NodeView, bool] | None:
         """A session's node when it has none holding its context (a first turn, or a context
         lost), and whether it overflowed: among ``nodes`` not ``over`` their limits (all of
@@ -139,13 +147,10 @@ class Residency:
         held): its contexts are being evicted anyway, and one more there evicts nothing that
         would have been kept, where on a node with room it would start the eviction cycle that
         leaves every node's contexts missing (an LRU cycling through more contexts than it
-        holds keeps none of them). With ``wait_s``, only a node whose queued prefill clears
-        within it takes the overflow while any does (``rate``, needed with it: the configured
-        prefill rate, for a node that has not learned its own; ``queued``: the prompt tokens
-        queued on a node, as the cost counts them — this router's own backlog, or the node's
-        waiting requests where other routers' are more — default this router's own): a second
-        node joins the overflow when the first one's queue is long, where every session
-        overflowing onto one node made that queue the tail."""
+        holds keeps none of them). With ``wait_s`` and ``pace``, only a node whose queued
+        prefill clears within it takes the overflow while any does: a second node joins the
+        overflow when the first one's queue is long, where every session overflowing onto one
+        node made that queue the tail."""
         pool = [n for n in nodes if not over(n)] or list(nodes)
         if not pool:
             return None
@@ -161,8 +166,8 @@ class Residency:
                 n for n in pool if held(n) + need_tokens <= fill * n.kv_blocks_total * n.block_size
             ]
             if not room:
-                if wait_s > 0:
-                    pool = [n for n in pool if _wait_s(n, rate, queued) < wait_s] or pool
+                if wait_s > 0 and pace is not None:
+                    pool = [n for n in pool if pace.queue_s(n) < wait_s] or pool
                 top = max(
                     pool,
                     key=lambda n: (
@@ -185,8 +190,7 @@ class Residency:
         fill: float,
         wait_s: float,
         gain: float,
-        rate: float,
-        queued: Queued | None = None,
+        pace: Pace,
     ) -> NodeView | None:
         """Where a later turn :meth:`keep` sent to ``kept`` goes instead, if anywhere: only
         from a node over-committed (its resident contexts more than its KV: an overflow node)
@@ -199,11 +203,11 @@ class Residency:
         stays."""
         if wait_s <= 0 or self._tokens[kept.node_id] <= kept.kv_blocks_total * kept.block_size:
             return None
-        queue_s = _wait_s(kept, rate, queued)
+        queue_s = pace.queue_s(kept)
         if queue_s <= wait_s:
             return None
         held = min(prompt_tokens, matches.get(kept.node_id, 0) * kept.block_size)
-        stay_s = queue_s + (prompt_tokens - held) / _rate(kept, rate)
+        stay_s = queue_s + pace.prefill_s(kept, prompt_tokens - held)
         tokens = self._tokens
 
         def evicts_nothing_kept(n: NodeView) -> bool:  # room for it, or cycling already
@@ -221,13 +225,12 @@ class Residency:
             fill,
             session,
             wait_s=wait_s,
-            rate=rate,
-            queued=queued,
+            pace=pace,
         )
         if placed is None:
             return None
         to = placed[0]
-        go_s = _wait_s(to, rate, queued) + prompt_tokens / _rate(to, rate)
+        go_s = pace.queue_s(to) + pace.prefill_s(to, prompt_tokens)
         return to if stay_s > gain * go_s else None
 
     @staticmethod
@@ -292,15 +295,3 @@ class Residency:
             self._tokens[r.node] = left
         else:
             del self._tokens[r.node]
-
-
-def _rate(n: NodeView, rate: float) -> float:
-    """``n``'s prefill rate: learned or reported, else ``rate`` (the configured one)."""
-    return n.prefill_tokens_per_s or rate
-
-
-def _wait_s(n: NodeView, rate: float, queued: Queued | None = None) -> float:
-    """The seconds the prefill queued on ``n`` takes: ``queued``'s tokens (default this
-    router's own backlog there) at ``n``'s rate."""
-    tokens = queued(n) if queued is not None else n.prefill_backlog_tokens
-    return tokens / _rate(n, rate)

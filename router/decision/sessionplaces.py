@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from router.decision.affinity import HashRing, point
-from router.decision.residency import Queued, Residency
+from router.decision.residency import Pace, Residency
 from router.decision.types import NodeView, RouteRequest
 from router.decision.weights import CostWeights
 
@@ -64,7 +64,7 @@ class SessionPlaces:
         now: float,
         over: Callable[[NodeView], bool],
         w: CostWeights,
-        queued: Queued | None = None,
+        pace: Pace,
     ) -> tuple[int, str] | None:
         """A resident session's node (its index in ``nodes``) and reason: a later turn (or a
         subagent's first) kept on the node holding its context (``prefix_hit``), or moved off
@@ -72,8 +72,7 @@ class SessionPlaces:
         or a turn whose context no node holds any more, placed where resident contexts leave
         room for it (``session_place``) or, where none does, on the node most committed
         (``session_overflow``: router/decision/residency.py); None where the cost decides.
-        ``queued``: the prompt tokens queued on a node, as the cost counts them (the relief's
-        queue; default this router's own backlog)."""
+        ``pace``: a node's queue and prefill as the cost counts them (the relief's)."""
         session = request.session_id
         if session is None:
             return None
@@ -96,8 +95,7 @@ class SessionPlaces:
                     w.resident_fill,
                     w.resident_overflow_wait_s,
                     w.resident_move_gain,
-                    w.prefill_tokens_per_s,
-                    queued,
+                    pace,
                 )
                 if moved is not None:
                     return next(i for i, n in enumerate(nodes) if n is moved), "session_move"
@@ -110,8 +108,7 @@ class SessionPlaces:
             w.resident_fill,
             key,
             wait_s=w.resident_overflow_wait_s,
-            rate=w.prefill_tokens_per_s,
-            queued=queued,
+            pace=pace,
         )
         if placed is None:
             return None

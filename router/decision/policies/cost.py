@@ -107,9 +107,7 @@ class CompletionCostPolicy(PolicyBase):
         best_i = next((i for _, _, i in scored if not over(nodes[i])), None)
         longest_node = max(matches, key=mget, default=None)  # type: ignore[arg-type]
         longest = mget(longest_node, 0) if longest_node is not None else 0
-        resident = self.sessions.resident(
-            request, nodes, matches, now, over, self.w, self.model.queued_tokens
-        )
+        resident = self.sessions.resident(request, nodes, matches, now, over, self.w, self.model)
         if resident is not None:
             best_i, reason = resident
         elif best_i is None:

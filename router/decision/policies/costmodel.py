@@ -137,7 +137,7 @@ class CostModel:
         bs = n.block_size
         conf = index_confidence(n, w.stale_grace_s, w.stale_tau_s)
         hit_tokens = min(max(0, request.prompt_tokens - 1), hit * bs) * conf
-        rate = n.prefill_tokens_per_s or w.prefill_tokens_per_s  # learned, else configured
+        rate = self.rate(n)
         pulled, moved_s = self.pull(request, n, hit_tokens, src, s.running, floor, 1.0 / rate)
         uncached = request.prompt_tokens - hit_tokens - pulled
         prefill_s = uncached / rate
@@ -212,6 +212,18 @@ class CostModel:
         self, request: RouteRequest, n: NodeView, hit: int, home: str | None, floor: float = 0.0
     ) -> float:
         return self.scores(request, home, floor, (n,), {n.node_id: hit})[0][0]
+
+    def rate(self, n: NodeView) -> float:
+        """``n``'s prefill rate (tokens per second): learned or reported, else configured."""
+        return n.prefill_tokens_per_s or self.w.prefill_tokens_per_s
+
+    def queue_s(self, n: NodeView) -> float:
+        """The seconds the prefill queued on ``n`` takes (:meth:`queued_tokens` at its rate)."""
+        return self.queued_tokens(n) / self.rate(n)
+
+    def prefill_s(self, n: NodeView, tokens: float) -> float:
+        """The seconds ``n`` takes to compute ``tokens`` of prompt."""
+        return tokens / self.rate(n)
 
     def queued_tokens(self, n: NodeView) -> float:
         """The prompt tokens queued on ``n`` as ``queue_s`` counts them: this router's own
